@@ -1,0 +1,45 @@
+"""The experience store: what the agent did, what came of it, and what it learned.
+
+SQLite (through sqlite-utils) is the source of truth; a Chroma index over
+trajectories, insights and tools answers similarity queries, fused with FTS5
+keyword search. This package depends on no other package of the project.
+"""
+
+from . import _offline  # noqa: F401  (before chromadb, transformers, litellm)
+from .embedder import Embedder, bundled_model_path
+from .errors import (
+    EmbeddingMismatch,
+    IndexBusy,
+    NotFound,
+    StoreCorrupt,
+    StoreError,
+    StoreFull,
+    StoreLocked,
+    StoreReadOnly,
+)
+from .records import (
+    Context,
+    Evaluation,
+    Event,
+    Insight,
+    InsightHit,
+    LedgerEntry,
+    Node,
+    Outcome,
+    Step,
+    Task,
+    ToolHit,
+    ToolRecord,
+    Trajectory,
+    TrajectoryHit,
+)
+from .search import Filters
+from .store import NewTrajectory, Store, StoreOptions, new_id
+
+__all__ = [
+    "Store", "StoreOptions", "NewTrajectory", "Filters", "Embedder", "bundled_model_path", "new_id",
+    "Task", "Trajectory", "Step", "Outcome", "Insight", "ToolRecord", "Node", "Evaluation",
+    "LedgerEntry", "Event", "TrajectoryHit", "InsightHit", "ToolHit", "Context",
+    "StoreError", "StoreCorrupt", "StoreLocked", "StoreReadOnly", "StoreFull", "IndexBusy",
+    "EmbeddingMismatch", "NotFound",
+]

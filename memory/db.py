@@ -1,0 +1,249 @@
+"""The SQLite side of the store: connection settings and named migrations.
+
+SQLite is the source of truth. Anything acknowledged to a client must survive a
+power loss, so the connection runs in WAL mode with ``synchronous=FULL`` (WAL
+with NORMAL can lose the last commits). Migrations are named, recorded in
+``_sqlite_migrations`` and each runs in its own transaction (sqlite-utils'
+``Migrations``), so a failed one leaves nothing half-applied.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from .errors import StoreCorrupt, translate_os_error, translate_sqlite_error
+
+__all__ = ["connect", "MIGRATIONS", "INDEXED_COLLECTIONS"]
+
+# Collections of the vector index and the SQLite table behind each.
+INDEXED_COLLECTIONS = ("trajectories", "insights", "tools")
+
+MIGRATIONS = Migrations("evolver")
+
+
+def connect(path: Path, *, busy_timeout_ms: int, readonly: bool = False) -> sqlite_utils.Database:
+    """Open (creating if needed) the store's database with the settings it relies on."""
+    try:
+        if readonly:
+            conn = sqlite3.connect(
+                f"file:{path}?mode=ro", uri=True, check_same_thread=False,
+                timeout=busy_timeout_ms / 1000,
+            )
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, check_same_thread=False, timeout=busy_timeout_ms / 1000)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        # Reading the schema is the cheapest way to learn the file is a database at all.
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        if not readonly:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreCorrupt(f"{path}: could not switch to WAL journal mode (got {mode!r}).")
+            conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except sqlite3.Error as exc:
+        raise translate_sqlite_error(exc, path) from exc
+    except OSError as exc:
+        raise translate_os_error(exc, path) from exc
+    return sqlite_utils.Database(conn, execute_plugins=False)
+
+
+def _enqueue_trigger(table: str, collection: str, key: str, event: str) -> str:
+    return f"""
+    CREATE TRIGGER {table}_{event.split()[0].lower()}_{collection}_outbox
+    AFTER {event} ON {table}
+    BEGIN
+        INSERT INTO index_outbox (collection, item_id) VALUES ('{collection}', {key})
+        ON CONFLICT (collection, item_id) DO UPDATE SET generation = generation + 1;
+    END;
+    """
+
+
+@MIGRATIONS(name="0001_initial")
+def _initial(db: sqlite_utils.Database) -> None:
+    db.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+
+        CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            prompt TEXT NOT NULL,
+            "check" TEXT,
+            status TEXT NOT NULL,
+            priority INTEGER NOT NULL DEFAULT 0,
+            source TEXT NOT NULL DEFAULT 'inbox',
+            metadata TEXT NOT NULL DEFAULT '{}',
+            idempotency_key TEXT UNIQUE,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            finished_at REAL,
+            error TEXT
+        );
+        CREATE INDEX tasks_status ON tasks (status, priority DESC, created_at);
+
+        CREATE TABLE nodes (
+            id TEXT PRIMARY KEY,
+            parent_id TEXT REFERENCES nodes (id),
+            scaffold_hash TEXT NOT NULL,
+            status TEXT NOT NULL,
+            diff TEXT NOT NULL DEFAULT '',
+            rationale TEXT NOT NULL DEFAULT '',
+            cost_usd REAL NOT NULL DEFAULT 0,
+            tokens INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX nodes_parent ON nodes (parent_id);
+
+        CREATE TABLE trajectories (
+            id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL REFERENCES tasks (id),
+            node_id TEXT REFERENCES nodes (id),
+            prompt TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 1,
+            final_answer TEXT,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            tokens_in INTEGER NOT NULL DEFAULT 0,
+            tokens_out INTEGER NOT NULL DEFAULT 0,
+            cost_usd REAL NOT NULL DEFAULT 0
+        );
+        CREATE INDEX trajectories_task ON trajectories (task_id);
+        CREATE INDEX trajectories_started ON trajectories (started_at);
+
+        CREATE TABLE steps (
+            trajectory_id TEXT NOT NULL REFERENCES trajectories (id),
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            tool_calls TEXT,
+            tool_results TEXT,
+            tokens_in INTEGER NOT NULL DEFAULT 0,
+            tokens_out INTEGER NOT NULL DEFAULT 0,
+            cost_usd REAL NOT NULL DEFAULT 0,
+            duration_ms REAL NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (trajectory_id, seq)
+        );
+
+        CREATE TABLE outcomes (
+            trajectory_id TEXT PRIMARY KEY REFERENCES trajectories (id),
+            success INTEGER,
+            score REAL,
+            verifier TEXT,
+            verifier_output TEXT,
+            feedback TEXT,
+            decided_at REAL NOT NULL
+        );
+
+        CREATE TABLE insights (
+            id INTEGER PRIMARY KEY,
+            text TEXT NOT NULL,
+            importance INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            provenance TEXT NOT NULL DEFAULT '[]',
+            node_id TEXT REFERENCES nodes (id),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+
+        CREATE TABLE tools (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            description TEXT NOT NULL,
+            code_hash TEXT NOT NULL,
+            status TEXT NOT NULL,
+            origin TEXT NOT NULL,
+            node_id TEXT REFERENCES nodes (id),
+            event_id INTEGER,
+            uses INTEGER NOT NULL DEFAULT 0,
+            successes INTEGER NOT NULL DEFAULT 0,
+            failures INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            UNIQUE (name, version)
+        );
+
+        CREATE TABLE evaluations (
+            id INTEGER PRIMARY KEY,
+            node_id TEXT NOT NULL REFERENCES nodes (id),
+            task_ref TEXT NOT NULL,
+            split TEXT NOT NULL,
+            status TEXT NOT NULL,
+            success INTEGER,
+            trajectory_id TEXT REFERENCES trajectories (id),
+            started_at REAL NOT NULL,
+            finished_at REAL
+        );
+        CREATE INDEX evaluations_node ON evaluations (node_id);
+
+        CREATE TABLE ledger (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            model TEXT NOT NULL,
+            purpose TEXT NOT NULL,
+            tokens_in INTEGER NOT NULL,
+            tokens_out INTEGER NOT NULL,
+            cost_usd REAL NOT NULL,
+            latency_ms REAL NOT NULL,
+            task_id TEXT,
+            node_id TEXT
+        );
+        CREATE INDEX ledger_at ON ledger (at);
+
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            what TEXT NOT NULL,
+            why TEXT NOT NULL DEFAULT '',
+            evidence TEXT NOT NULL DEFAULT '[]',
+            cost_usd REAL NOT NULL DEFAULT 0,
+            node_id TEXT,
+            payload TEXT NOT NULL DEFAULT '{}',
+            reverts INTEGER REFERENCES events (id)
+        );
+        -- The evolution log is evidence: it only ever grows.
+        CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'the evolution event log is append-only'); END;
+        CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'the evolution event log is append-only'); END;
+
+        -- Rows whose vector-index entry may be stale. Filled by triggers in the
+        -- same transaction as the change, emptied after the index has it, so a
+        -- crash between the SQLite commit and the Chroma write loses nothing.
+        CREATE TABLE index_outbox (
+            collection TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            -- bumped by every change, so a sync that read an older state
+            -- does not clear a newer one
+            generation INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (collection, item_id)
+        ) WITHOUT ROWID;
+        """
+    )
+    triggers = [
+        _enqueue_trigger("trajectories", "trajectories", "NEW.id", "INSERT"),
+        _enqueue_trigger("trajectories", "trajectories", "NEW.id", "UPDATE OF prompt, final_answer, node_id"),
+        _enqueue_trigger("trajectories", "trajectories", "OLD.id", "DELETE"),
+        _enqueue_trigger("outcomes", "trajectories", "NEW.trajectory_id", "INSERT"),
+        _enqueue_trigger("outcomes", "trajectories", "NEW.trajectory_id", "UPDATE OF success"),
+        _enqueue_trigger("insights", "insights", "NEW.id", "INSERT"),
+        _enqueue_trigger("insights", "insights", "NEW.id", "UPDATE OF text, status"),
+        _enqueue_trigger("insights", "insights", "OLD.id", "DELETE"),
+        _enqueue_trigger("tools", "tools", "NEW.id", "INSERT"),
+        _enqueue_trigger("tools", "tools", "NEW.id", "UPDATE OF description, status, name"),
+        _enqueue_trigger("tools", "tools", "OLD.id", "DELETE"),
+    ]
+    for sql in triggers:
+        db.execute(sql)
+    db["trajectories"].enable_fts(
+        ["prompt", "final_answer"], create_triggers=True, tokenize="porter unicode61"
+    )
+    db["insights"].enable_fts(["text"], create_triggers=True, tokenize="porter unicode61")
+    db["tools"].enable_fts(["name", "description"], create_triggers=True, tokenize="porter unicode61")

@@ -1,0 +1,205 @@
+"""The vector index: Chroma collections over rows whose truth lives in SQLite.
+
+One process owns the index. Two processes writing one Chroma directory corrupt
+it silently, and a second reader sees a frozen snapshot, so the owner holds an
+exclusive ``flock`` on ``writer.lock`` for as long as the index is open and any
+other process gets ``IndexBusy`` (the daemon answers its clients' searches).
+
+Embeddings are always passed in explicitly. Each collection is still given an
+embedding function, one that refuses to run, because Chroma's default would
+download a model the first time something asked it to embed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import _offline  # noqa: F401  (must precede chromadb)
+from .errors import EmbeddingMismatch, IndexBusy, StoreError, translate_os_error
+
+__all__ = ["VectorIndex"]
+
+# Chroma's cap on ids per call is larger, but get() of very many ids at once
+# runs into SQLite's variable limit; page everything.
+PAGE = 5000
+
+
+def _refusing_embedding_function():
+    from chromadb.api.types import EmbeddingFunction
+
+    class ExplicitEmbeddingsOnly(EmbeddingFunction):
+        """Stands where Chroma's downloading default would; evolver always passes vectors."""
+
+        def __init__(self) -> None:
+            pass
+
+        def __call__(self, input):  # noqa: A002  (Chroma's signature)
+            raise StoreError("evolver passes embeddings explicitly; Chroma must never embed text itself")
+
+        @staticmethod
+        def name() -> str:
+            return "evolver-explicit"
+
+        def get_config(self) -> dict:
+            return {}
+
+        @staticmethod
+        def build_from_config(config: dict) -> "ExplicitEmbeddingsOnly":
+            return ExplicitEmbeddingsOnly()
+
+    return ExplicitEmbeddingsOnly()
+
+
+class VectorIndex:
+    """Cosine-space Chroma collections, one per indexed kind of row."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        collections: Sequence[str],
+        model_id: str,
+        hnsw: dict[str, Any],
+        rebuild: bool = False,
+    ) -> None:
+        self.path = path
+        self._rebuild = rebuild
+        self.model_id = model_id
+        self._hnsw = {"space": "cosine", **hnsw}
+        self._lock_file = self._take_lock(path)
+        try:
+            import chromadb
+            from chromadb.config import Settings
+
+            self._client = chromadb.PersistentClient(
+                path=str(path / "chroma"),
+                settings=Settings(anonymized_telemetry=False, allow_reset=True),
+            )
+            self._embedding_function = _refusing_embedding_function()
+            self._collections: dict[str, Any] = {}
+            for name in collections:
+                self._collections[name] = self._open_collection(name)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- ownership -----------------------------------------------------------
+
+    @staticmethod
+    def _take_lock(path: Path):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            lock_file = open(path / "writer.lock", "a+")
+        except OSError as exc:
+            raise translate_os_error(exc, path) from exc
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            owner = lock_file.read().strip() or "unknown"
+            lock_file.close()
+            raise IndexBusy(
+                f"The vector index at {path} is owned by another process (pid {owner}). "
+                "Only one process may write it; talk to that process (the daemon) instead, "
+                "or stop it first."
+            ) from None
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(str(os.getpid()))
+        lock_file.flush()
+        return lock_file
+
+    def close(self) -> None:
+        lock_file, self._lock_file = getattr(self, "_lock_file", None), None
+        if lock_file is not None:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+            lock_file.close()
+
+    # --- collections ---------------------------------------------------------
+
+    def _open_collection(self, name: str):
+        try:
+            existing = {c.name for c in self._client.list_collections()}
+            if name in existing:
+                collection = self._client.get_collection(name, embedding_function=self._embedding_function)
+                built_with = (collection.metadata or {}).get("embedding_model")
+                if built_with != self.model_id and self._rebuild:
+                    self.reset(name)
+                    return self._collections[name]
+                if built_with != self.model_id:
+                    raise EmbeddingMismatch(
+                        f"The vector index at {self.path} was built with the embedding model "
+                        f"{built_with!r}, but the configured model is {self.model_id!r}. "
+                        "Run `evolver memory reindex` to rebuild it from the database "
+                        "(nothing stored in the database is touched)."
+                    )
+                return collection
+            return self._client.create_collection(
+                name,
+                embedding_function=self._embedding_function,
+                configuration={"hnsw": self._hnsw},
+                metadata={"embedding_model": self.model_id},
+            )
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"The vector index at {self.path} could not be opened ({exc}). "
+                             "Run `evolver memory reindex` to rebuild it from the database.") from exc
+
+    def reset(self, name: str) -> None:
+        """Drop one collection and create it empty, for the current model."""
+        try:
+            self._client.delete_collection(name)
+        except Exception:
+            pass  # it may not exist; what matters is that a fresh one does now
+        self._collections[name] = self._client.create_collection(
+            name,
+            embedding_function=self._embedding_function,
+            configuration={"hnsw": self._hnsw},
+            metadata={"embedding_model": self.model_id},
+        )
+
+    # --- reads and writes ----------------------------------------------------
+
+    def upsert(self, name: str, ids: list[str], vectors, metadatas: list[dict]) -> None:
+        if ids:
+            self._collections[name].upsert(ids=ids, embeddings=vectors, metadatas=metadatas)
+
+    def update_metadata(self, name: str, ids: list[str], metadatas: list[dict]) -> None:
+        if ids:
+            self._collections[name].update(ids=ids, metadatas=metadatas)
+
+    def delete(self, name: str, ids: list[str]) -> None:
+        if ids:
+            self._collections[name].delete(ids=ids)
+
+    def metadata_of(self, name: str, ids: list[str]) -> dict[str, dict]:
+        """The stored metadata of those ids that the collection has."""
+        found: dict[str, dict] = {}
+        for start in range(0, len(ids), PAGE):
+            got = self._collections[name].get(ids=ids[start:start + PAGE], include=["metadatas"])
+            found.update(zip(got["ids"], got["metadatas"]))
+        return found
+
+    def query(self, name: str, vector, n: int, where: dict | None = None) -> list[tuple[str, float]]:
+        """The ``n`` nearest ids with their cosine similarity, best first."""
+        collection = self._collections[name]
+        result = collection.query(
+            query_embeddings=[vector], n_results=n, where=where or None, include=["distances"]
+        )
+        return [(i, 1.0 - d) for i, d in zip(result["ids"][0], result["distances"][0])]
+
+    def count(self, name: str) -> int:
+        return self._collections[name].count()
+
+    def all_ids(self, name: str) -> set[str]:
+        collection, ids, offset = self._collections[name], set(), 0
+        while True:
+            page = collection.get(include=[], limit=PAGE, offset=offset)["ids"]
+            ids.update(page)
+            if len(page) < PAGE:
+                return ids
+            offset += PAGE

@@ -1,0 +1,246 @@
+"""Typed records of the experience store: what a row means, not how it is stored.
+
+Every record is a frozen dataclass built from a SQLite row. JSON columns
+(check, metadata, tool calls, provenance, evidence) are decoded here, so the
+rest of the program never sees a raw string where a structure belongs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = [
+    "Task",
+    "Trajectory",
+    "Step",
+    "Outcome",
+    "Insight",
+    "ToolRecord",
+    "Node",
+    "Evaluation",
+    "LedgerEntry",
+    "Event",
+    "TrajectoryHit",
+    "InsightHit",
+    "ToolHit",
+    "Context",
+]
+
+JSON_COLUMNS = {
+    "check",
+    "metadata",
+    "tool_calls",
+    "tool_results",
+    "provenance",
+    "evidence",
+    "payload",
+    "stats",
+}
+
+
+class _Record:
+    @classmethod
+    def from_row(cls, row: dict[str, Any]):
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        values = {}
+        for key, value in row.items():
+            if key not in names:
+                continue
+            if key in JSON_COLUMNS and isinstance(value, str):
+                value = json.loads(value)
+            if key == "success" and value is not None:
+                value = bool(value)
+            values[key] = value
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Task(_Record):
+    id: str
+    prompt: str
+    status: str
+    created_at: float
+    updated_at: float
+    check: dict | None = None
+    priority: int = 0
+    source: str = "inbox"
+    metadata: dict = field(default_factory=dict)
+    idempotency_key: str | None = None
+    finished_at: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Trajectory(_Record):
+    id: str
+    task_id: str
+    prompt: str
+    status: str
+    started_at: float
+    node_id: str | None = None
+    attempt: int = 1
+    final_answer: str | None = None
+    finished_at: float | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class Step(_Record):
+    trajectory_id: str
+    seq: int
+    role: str
+    content: str
+    created_at: float
+    tool_calls: list | None = None
+    tool_results: list | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outcome(_Record):
+    trajectory_id: str
+    success: bool | None
+    decided_at: float
+    score: float | None = None
+    verifier: str | None = None
+    verifier_output: str | None = None
+    feedback: str | None = None
+
+
+@dataclass(frozen=True)
+class Insight(_Record):
+    id: int
+    text: str
+    importance: int
+    status: str
+    created_at: float
+    updated_at: float
+    provenance: list = field(default_factory=list)
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolRecord(_Record):
+    id: int
+    name: str
+    version: int
+    description: str
+    code_hash: str
+    status: str
+    origin: str
+    created_at: float
+    updated_at: float
+    node_id: str | None = None
+    event_id: int | None = None
+    uses: int = 0
+    successes: int = 0
+    failures: int = 0
+
+
+@dataclass(frozen=True)
+class Node(_Record):
+    id: str
+    scaffold_hash: str
+    status: str
+    created_at: float
+    parent_id: str | None = None
+    diff: str = ""
+    rationale: str = ""
+    cost_usd: float = 0.0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Evaluation(_Record):
+    id: int
+    node_id: str
+    task_ref: str
+    split: str
+    status: str
+    started_at: float
+    success: bool | None = None
+    trajectory_id: str | None = None
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True)
+class LedgerEntry(_Record):
+    id: int
+    at: float
+    model: str
+    purpose: str
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    latency_ms: float
+    task_id: str | None = None
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Event(_Record):
+    id: int
+    at: float
+    kind: str
+    what: str
+    why: str = ""
+    evidence: list = field(default_factory=list)
+    cost_usd: float = 0.0
+    node_id: str | None = None
+    payload: dict = field(default_factory=dict)
+    reverts: int | None = None
+
+
+# --- retrieval results -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrajectoryHit:
+    """A past trajectory found for a query, with how it was found."""
+
+    trajectory_id: str
+    task_id: str
+    prompt: str
+    final_answer: str | None
+    success: bool | None
+    score: float  # fused reciprocal-rank score; higher is better
+    similarity: float | None  # cosine similarity, when the vector search found it
+    keyword_rank: int | None  # 1-based rank in the keyword search, when it found it
+
+
+@dataclass(frozen=True)
+class InsightHit:
+    insight_id: int
+    text: str
+    importance: int
+    score: float
+    similarity: float | None
+    keyword_rank: int | None
+
+
+@dataclass(frozen=True)
+class ToolHit:
+    tool_id: int
+    name: str
+    version: int
+    description: str
+    score: float
+    similarity: float | None
+    keyword_rank: int | None
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything memory offers one task: examples, insights and tools."""
+
+    trajectories: list[TrajectoryHit]
+    insights: list[InsightHit]
+    tools: list[ToolHit]
+    vector_search: bool = True  # False when the index is owned by another process

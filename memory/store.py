@@ -1,0 +1,801 @@
+"""The experience store: SQLite as the source of truth, Chroma as its index.
+
+Every write commits to SQLite first; triggers put the changed rows into
+``index_outbox`` in the same transaction; ``sync_index`` then embeds them and
+writes Chroma, and only afterwards clears their outbox rows. A crash between
+the two stores therefore leaves the work in the outbox, and ``open`` finishes it
+(``reconcile``). The index can always be rebuilt from SQLite (``reindex``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import sqlite_utils
+
+from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
+from .embedder import Embedder
+from .errors import IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
+from .index import VectorIndex
+from .records import (
+    Context, Event, Evaluation, Insight, InsightHit, LedgerEntry, Node, Outcome,
+    Step, Task, ToolHit, ToolRecord, Trajectory, TrajectoryHit,
+)
+from .search import Filters, fuse, keyword_search
+
+__all__ = ["Store", "StoreOptions", "NewTrajectory", "new_id"]
+
+DB_FILE = "evolver.db"
+INDEX_DIR = "index"
+
+
+def new_id(prefix: str) -> str:
+    """A time-ordered, collision-resistant id such as ``task_0193a1b2c3d4e5f6a7b8c9``."""
+    return f"{prefix}_{int(time.time() * 1000):011x}{secrets.token_hex(5)}"
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _text_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """The knobs of the store; ``evolver.config`` fills them from ``[memory]``."""
+
+    busy_timeout_ms: int = 5000
+    rrf_k: int = 60
+    # How many candidates each ranking contributes before fusion, per result wanted.
+    candidates_per_result: int = 4
+    hnsw_ef_construction: int = 100
+    hnsw_ef_search: int = 100
+    hnsw_max_neighbors: int = 16
+    index_batch: int = 256
+
+    def hnsw(self) -> dict:
+        return {
+            "ef_construction": self.hnsw_ef_construction,
+            "ef_search": self.hnsw_ef_search,
+            "max_neighbors": self.hnsw_max_neighbors,
+        }
+
+
+@dataclass
+class NewTrajectory:
+    """A whole finished trajectory to import at once (benchmarks, imports, replays)."""
+
+    prompt: str
+    final_answer: str | None = None
+    success: bool | None = None
+    node_id: str | None = None
+    steps: list[dict] = field(default_factory=list)
+    started_at: float | None = None
+    check: dict | None = None
+    source: str = "import"
+
+
+class Store:
+    """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        options: StoreOptions | None = None,
+        readonly: bool = False,
+        rebuild_index: bool = False,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.db_path = self.data_dir / DB_FILE
+        self.options = options or StoreOptions()
+        self.readonly = readonly
+        self.embedder = embedder or Embedder()
+        self._lock = threading.RLock()  # one writer at a time inside this process
+        self._index_lock = threading.Lock()
+        self.index: VectorIndex | None = None
+        if readonly and not self.db_path.exists():
+            raise NotFound(f"There is no store at {self.db_path} yet; start the daemon once to create it.")
+        self.db: sqlite_utils.Database = connect(
+            self.db_path, busy_timeout_ms=self.options.busy_timeout_ms, readonly=readonly
+        )
+        try:
+            if not readonly:
+                self._migrate()
+            self._open_index(rebuild=rebuild_index)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def open(cls, data_dir: Path, **kwargs) -> "Store":
+        store = cls(data_dir, **kwargs)
+        if store.index is not None and not store.readonly:
+            store.reconcile()
+        return store
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+            self.index = None
+        db = getattr(self, "db", None)
+        if db is not None:
+            db.conn.close()
+
+    # --- plumbing ------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        with self._sqlite_errors():
+            MIGRATIONS.apply(self.db)
+            stored = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()
+            if stored is None:
+                with self.db.atomic():
+                    self.db.execute(
+                        "INSERT INTO meta (key, value) VALUES ('embedding_model', ?)", [self.embedder.model_id]
+                    )
+
+    def _open_index(self, *, rebuild: bool) -> None:
+        try:
+            self.index = VectorIndex(
+                self.data_dir / INDEX_DIR,
+                collections=INDEXED_COLLECTIONS,
+                model_id=self.embedder.model_id,
+                hnsw=self.options.hnsw(),
+                rebuild=rebuild,
+            )
+        except IndexBusy:
+            if not self.readonly:
+                raise
+            # A reader while the daemon runs: keyword search still works.
+            self.index = None
+
+    @contextmanager
+    def _sqlite_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise translate_sqlite_error(exc, self.db_path) from exc
+        except OSError as exc:
+            raise translate_os_error(exc, self.db_path) from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite_utils.Database]:
+        """One durable transaction; committed (fsynced) when the block ends."""
+        if self.readonly:
+            raise StoreError(f"{self.db_path} was opened read-only.")
+        with self._lock, self._sqlite_errors(), self.db.atomic():
+            yield self.db
+
+    def _one(self, sql: str, params: Iterable = ()) -> dict | None:
+        with self._sqlite_errors():
+            cursor = self.db.execute(sql, list(params))
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            return dict(zip([c[0] for c in cursor.description], row))
+
+    def _all(self, sql: str, params: Iterable = ()) -> list[dict]:
+        with self._sqlite_errors():
+            cursor = self.db.execute(sql, list(params))
+            names = [c[0] for c in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    def _require(self, row: dict | None, what: str, key: Any) -> dict:
+        if row is None:
+            raise NotFound(f"No {what} with id {key!r}.")
+        return row
+
+    def check(self) -> list[str]:
+        """SQLite's full integrity check: ``['ok']`` when the file is sound."""
+        return [r["integrity_check"] for r in self._all("PRAGMA integrity_check")]
+
+    def migrations(self) -> list[str]:
+        return [m.name for m in MIGRATIONS.applied(self.db)]
+
+    # --- tasks ---------------------------------------------------------------
+
+    def add_task(
+        self, prompt: str, *, check: dict | None = None, priority: int = 0, source: str = "inbox",
+        metadata: dict | None = None, idempotency_key: str | None = None, status: str = "queued",
+    ) -> tuple[Task, bool]:
+        """Commit a task durably. Returns the task and whether it is new.
+
+        With an idempotency key already used, the earlier task comes back
+        unchanged: a client retrying after a lost reply never makes a duplicate.
+        """
+        if not prompt or not prompt.strip():
+            raise ValueError("A task needs a non-empty prompt.")
+        now = time.time()
+        with self._write() as db:
+            if idempotency_key is not None:
+                row = self._one("SELECT * FROM tasks WHERE idempotency_key = ?", [idempotency_key])
+                if row is not None:
+                    return Task.from_row(row), False
+            task_id = new_id("task")
+            db.execute(
+                """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
+                   idempotency_key, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
+                [task_id, prompt, _json(check), status, priority, source, _json(metadata or {}),
+                 idempotency_key, now, now],
+            )
+        return self.get_task(task_id), True
+
+    def get_task(self, task_id: str) -> Task:
+        return Task.from_row(self._require(self._one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id))
+
+    def list_tasks(self, *, status: str | None = None, limit: int = 50, offset: int = 0) -> list[Task]:
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        rows = self._all(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
+                         [*params, limit, offset])
+        return [Task.from_row(r) for r in rows]
+
+    def set_task_status(self, task_id: str, status: str, *, error: str | None = None) -> Task:
+        now = time.time()
+        finished = now if status in ("done", "failed", "cancelled", "dead") else None
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET status = ?, error = ?, updated_at = ?, finished_at = coalesce(?, finished_at) WHERE id = ?",
+                [status, error, now, finished, task_id],
+            )
+            if cursor.rowcount == 0:
+                raise NotFound(f"No task with id {task_id!r}.")
+        return self.get_task(task_id)
+
+    # --- trajectories, steps and outcomes -------------------------------------
+
+    def start_trajectory(self, task_id: str, *, node_id: str | None = None, attempt: int = 1) -> Trajectory:
+        task = self.get_task(task_id)
+        trajectory_id = new_id("traj")
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO trajectories (id, task_id, node_id, prompt, status, attempt, started_at) VALUES (?,?,?,?,?,?,?)",
+                [trajectory_id, task.id, node_id, task.prompt, "running", attempt, time.time()],
+            )
+        return self.get_trajectory(trajectory_id)
+
+    def add_step(
+        self, trajectory_id: str, *, role: str, content: str, tool_calls: list | None = None,
+        tool_results: list | None = None, tokens_in: int = 0, tokens_out: int = 0,
+        cost_usd: float = 0.0, duration_ms: float = 0.0,
+    ) -> Step:
+        """Append one step durably; its sequence number follows the last one."""
+        now = time.time()
+        with self._write() as db:
+            seq = db.execute(
+                "SELECT coalesce(max(seq), 0) + 1 FROM steps WHERE trajectory_id = ?", [trajectory_id]
+            ).fetchone()[0]
+            try:
+                db.execute(
+                    """INSERT INTO steps (trajectory_id, seq, role, content, tool_calls, tool_results,
+                       tokens_in, tokens_out, cost_usd, duration_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
+                    [trajectory_id, seq, role, content, _json(tool_calls), _json(tool_results),
+                     tokens_in, tokens_out, cost_usd, duration_ms, now],
+                )
+            except sqlite3.IntegrityError as exc:
+                raise NotFound(f"No trajectory with id {trajectory_id!r}.") from exc
+            db.execute(
+                "UPDATE trajectories SET tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, cost_usd = cost_usd + ? WHERE id = ?",
+                [tokens_in, tokens_out, cost_usd, trajectory_id],
+            )
+        return Step(trajectory_id=trajectory_id, seq=seq, role=role, content=content, created_at=now,
+                    tool_calls=tool_calls, tool_results=tool_results, tokens_in=tokens_in,
+                    tokens_out=tokens_out, cost_usd=cost_usd, duration_ms=duration_ms)
+
+    def finish_trajectory(self, trajectory_id: str, *, status: str, final_answer: str | None = None) -> Trajectory:
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE trajectories SET status = ?, final_answer = ?, finished_at = ? WHERE id = ?",
+                [status, final_answer, time.time(), trajectory_id],
+            )
+            if cursor.rowcount == 0:
+                raise NotFound(f"No trajectory with id {trajectory_id!r}.")
+        self.sync_index()
+        return self.get_trajectory(trajectory_id)
+
+    def get_trajectory(self, trajectory_id: str) -> Trajectory:
+        row = self._one("SELECT * FROM trajectories WHERE id = ?", [trajectory_id])
+        return Trajectory.from_row(self._require(row, "trajectory", trajectory_id))
+
+    def trajectories_of(self, task_id: str) -> list[Trajectory]:
+        rows = self._all("SELECT * FROM trajectories WHERE task_id = ? ORDER BY attempt, started_at", [task_id])
+        return [Trajectory.from_row(r) for r in rows]
+
+    def steps(self, trajectory_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Step]:
+        rows = self._all(
+            "SELECT * FROM steps WHERE trajectory_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            [trajectory_id, after_seq, limit],
+        )
+        return [Step.from_row(r) for r in rows]
+
+    def record_outcome(
+        self, trajectory_id: str, *, success: bool | None, score: float | None = None,
+        verifier: str | None = None, verifier_output: str | None = None,
+    ) -> Outcome:
+        self.get_trajectory(trajectory_id)
+        with self._write() as db:
+            db.execute(
+                """INSERT INTO outcomes (trajectory_id, success, score, verifier, verifier_output, decided_at)
+                   VALUES (?,?,?,?,?,?)
+                   ON CONFLICT (trajectory_id) DO UPDATE SET success = excluded.success, score = excluded.score,
+                   verifier = excluded.verifier, verifier_output = excluded.verifier_output,
+                   decided_at = excluded.decided_at""",
+                [trajectory_id, None if success is None else int(success), score, verifier, verifier_output, time.time()],
+            )
+        self.sync_index()
+        return self.outcome(trajectory_id)
+
+    def add_feedback(self, trajectory_id: str, *, good: bool, note: str = "") -> Outcome:
+        """A person's verdict: it decides success where no verifier did."""
+        self.get_trajectory(trajectory_id)
+        with self._write() as db:
+            db.execute(
+                """INSERT INTO outcomes (trajectory_id, success, feedback, decided_at) VALUES (?,?,?,?)
+                   ON CONFLICT (trajectory_id) DO UPDATE SET feedback = excluded.feedback,
+                   success = coalesce(outcomes.success, excluded.success)""",
+                [trajectory_id, int(good), note or ("good" if good else "bad"), time.time()],
+            )
+        self.sync_index()
+        return self.outcome(trajectory_id)
+
+    def outcome(self, trajectory_id: str) -> Outcome | None:
+        row = self._one("SELECT * FROM outcomes WHERE trajectory_id = ?", [trajectory_id])
+        return None if row is None else Outcome.from_row(row)
+
+    def ingest(self, items: list[NewTrajectory], *, sync: bool = True) -> list[str]:
+        """Import whole trajectories in one transaction (task, steps, outcome); returns their ids."""
+        ids: list[str] = []
+        now = time.time()
+        with self._write() as db:
+            for item in items:
+                if not item.prompt.strip():
+                    raise ValueError("A trajectory needs a non-empty prompt.")
+                task_id, trajectory_id = new_id("task"), new_id("traj")
+                started = item.started_at or now
+                db.execute(
+                    """INSERT INTO tasks (id, prompt, "check", status, source, metadata, created_at, updated_at, finished_at)
+                       VALUES (?,?,?,?,?,?,?,?,?)""",
+                    [task_id, item.prompt, _json(item.check), "done", item.source, "{}", started, started, started],
+                )
+                db.execute(
+                    """INSERT INTO trajectories (id, task_id, node_id, prompt, status, final_answer, started_at, finished_at)
+                       VALUES (?,?,?,?,?,?,?,?)""",
+                    [trajectory_id, task_id, item.node_id, item.prompt, "finished", item.final_answer, started, started],
+                )
+                for seq, step in enumerate(item.steps, start=1):
+                    db.execute(
+                        """INSERT INTO steps (trajectory_id, seq, role, content, tool_calls, tool_results, created_at)
+                           VALUES (?,?,?,?,?,?,?)""",
+                        [trajectory_id, seq, step.get("role", "assistant"), step.get("content", ""),
+                         _json(step.get("tool_calls")), _json(step.get("tool_results")), started],
+                    )
+                if item.success is not None:
+                    db.execute(
+                        "INSERT INTO outcomes (trajectory_id, success, decided_at) VALUES (?,?,?)",
+                        [trajectory_id, int(item.success), started],
+                    )
+                ids.append(trajectory_id)
+        if sync:
+            self.sync_index()
+        return ids
+
+    # --- insights --------------------------------------------------------------
+
+    def add_insight(self, text: str, *, importance: int = 2, provenance: list | None = None,
+                    node_id: str | None = None) -> Insight:
+        if not text.strip():
+            raise ValueError("An insight needs text.")
+        now = time.time()
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT INTO insights (text, importance, status, provenance, node_id, created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
+                [text, importance, "active", _json(provenance or []), node_id, now, now],
+            )
+            insight_id = cursor.lastrowid
+        self.sync_index()
+        return self.get_insight(insight_id)
+
+    def update_insight(self, insight_id: int, *, text: str | None = None, importance: int | None = None,
+                       status: str | None = None, provenance: list | None = None) -> Insight:
+        current = self.get_insight(insight_id)
+        with self._write() as db:
+            db.execute(
+                "UPDATE insights SET text = ?, importance = ?, status = ?, provenance = ?, updated_at = ? WHERE id = ?",
+                [text if text is not None else current.text,
+                 importance if importance is not None else current.importance,
+                 status or current.status,
+                 _json(provenance if provenance is not None else current.provenance),
+                 time.time(), insight_id],
+            )
+        self.sync_index()
+        return self.get_insight(insight_id)
+
+    def get_insight(self, insight_id: int) -> Insight:
+        row = self._one("SELECT * FROM insights WHERE id = ?", [insight_id])
+        return Insight.from_row(self._require(row, "insight", insight_id))
+
+    def list_insights(self, *, status: str | None = "active", limit: int = 100) -> list[Insight]:
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        rows = self._all(f"SELECT * FROM insights {where} ORDER BY importance DESC, id LIMIT ?", [*params, limit])
+        return [Insight.from_row(r) for r in rows]
+
+    # --- tools -----------------------------------------------------------------
+
+    def add_tool(self, name: str, *, description: str, code_hash: str, origin: str, status: str = "active",
+                 version: int | None = None, node_id: str | None = None, event_id: int | None = None) -> ToolRecord:
+        now = time.time()
+        with self._write() as db:
+            if version is None:
+                version = db.execute("SELECT coalesce(max(version), 0) + 1 FROM tools WHERE name = ?", [name]).fetchone()[0]
+            cursor = db.execute(
+                """INSERT INTO tools (name, version, description, code_hash, status, origin, node_id, event_id,
+                   created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
+                [name, version, description, code_hash, status, origin, node_id, event_id, now, now],
+            )
+            tool_id = cursor.lastrowid
+        self.sync_index()
+        return self.get_tool(tool_id)
+
+    def set_tool_status(self, tool_id: int, status: str) -> ToolRecord:
+        with self._write() as db:
+            cursor = db.execute("UPDATE tools SET status = ?, updated_at = ? WHERE id = ?", [status, time.time(), tool_id])
+            if cursor.rowcount == 0:
+                raise NotFound(f"No tool with id {tool_id!r}.")
+        self.sync_index()
+        return self.get_tool(tool_id)
+
+    def record_tool_use(self, tool_id: int, *, ok: bool) -> ToolRecord:
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tools SET uses = uses + 1, successes = successes + ?, failures = failures + ?, updated_at = ? WHERE id = ?",
+                [int(ok), int(not ok), time.time(), tool_id],
+            )
+            if cursor.rowcount == 0:
+                raise NotFound(f"No tool with id {tool_id!r}.")
+        return self.get_tool(tool_id)
+
+    def get_tool(self, tool_id: int) -> ToolRecord:
+        return ToolRecord.from_row(self._require(self._one("SELECT * FROM tools WHERE id = ?", [tool_id]), "tool", tool_id))
+
+    def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]:
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        return [ToolRecord.from_row(r) for r in self._all(f"SELECT * FROM tools {where} ORDER BY name, version", params)]
+
+    # --- scaffold nodes and evaluations ---------------------------------------
+
+    def add_node(self, scaffold_hash: str, *, parent_id: str | None = None, status: str = "proposed",
+                 diff: str = "", rationale: str = "", cost_usd: float = 0.0, tokens: int = 0,
+                 node_id: str | None = None) -> Node:
+        node_id = node_id or new_id("node")
+        with self._write() as db:
+            db.execute(
+                """INSERT INTO nodes (id, parent_id, scaffold_hash, status, diff, rationale, cost_usd, tokens, created_at)
+                   VALUES (?,?,?,?,?,?,?,?,?)""",
+                [node_id, parent_id, scaffold_hash, status, diff, rationale, cost_usd, tokens, time.time()],
+            )
+        return self.get_node(node_id)
+
+    def set_node_status(self, node_id: str, status: str) -> Node:
+        with self._write() as db:
+            if db.execute("UPDATE nodes SET status = ? WHERE id = ?", [status, node_id]).rowcount == 0:
+                raise NotFound(f"No node with id {node_id!r}.")
+        return self.get_node(node_id)
+
+    def get_node(self, node_id: str) -> Node:
+        return Node.from_row(self._require(self._one("SELECT * FROM nodes WHERE id = ?", [node_id]), "node", node_id))
+
+    def list_nodes(self) -> list[Node]:
+        return [Node.from_row(r) for r in self._all("SELECT * FROM nodes ORDER BY created_at, id")]
+
+    def start_evaluation(self, node_id: str, task_ref: str, *, split: str = "train") -> Evaluation:
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT INTO evaluations (node_id, task_ref, split, status, started_at) VALUES (?,?,?,?,?)",
+                [node_id, task_ref, split, "running", time.time()],
+            )
+            evaluation_id = cursor.lastrowid
+        return self.get_evaluation(evaluation_id)
+
+    def finish_evaluation(self, evaluation_id: int, *, success: bool, trajectory_id: str | None = None) -> Evaluation:
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE evaluations SET status = 'done', success = ?, trajectory_id = ?, finished_at = ? WHERE id = ?",
+                [int(success), trajectory_id, time.time(), evaluation_id],
+            )
+            if cursor.rowcount == 0:
+                raise NotFound(f"No evaluation with id {evaluation_id!r}.")
+        return self.get_evaluation(evaluation_id)
+
+    def get_evaluation(self, evaluation_id: int) -> Evaluation:
+        row = self._one("SELECT * FROM evaluations WHERE id = ?", [evaluation_id])
+        return Evaluation.from_row(self._require(row, "evaluation", evaluation_id))
+
+    def evaluations_of(self, node_id: str) -> list[Evaluation]:
+        rows = self._all("SELECT * FROM evaluations WHERE node_id = ? ORDER BY id", [node_id])
+        return [Evaluation.from_row(r) for r in rows]
+
+    # --- budget ledger and evolution events -------------------------------------
+
+    def record_call(self, *, model: str, purpose: str, tokens_in: int, tokens_out: int, cost_usd: float,
+                    latency_ms: float, task_id: str | None = None, node_id: str | None = None) -> LedgerEntry:
+        with self._write() as db:
+            cursor = db.execute(
+                """INSERT INTO ledger (at, model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id, node_id)
+                   VALUES (?,?,?,?,?,?,?,?,?)""",
+                [time.time(), model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id, node_id],
+            )
+            entry_id = cursor.lastrowid
+        return LedgerEntry.from_row(self._one("SELECT * FROM ledger WHERE id = ?", [entry_id]))
+
+    def spent(self, *, since: float = 0.0, purpose: str | None = None, task_id: str | None = None) -> tuple[int, float]:
+        """Tokens (in + out) and USD spent since a time, optionally for one purpose or task."""
+        sql = "SELECT coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_usd), 0) FROM ledger WHERE at >= ?"
+        params: list = [since]
+        if purpose is not None:
+            sql, params = sql + " AND purpose = ?", [*params, purpose]
+        if task_id is not None:
+            sql, params = sql + " AND task_id = ?", [*params, task_id]
+        with self._sqlite_errors():
+            tokens, usd = self.db.execute(sql, params).fetchone()
+        return int(tokens), float(usd)
+
+    def append_event(self, kind: str, what: str, *, why: str = "", evidence: list | None = None,
+                     cost_usd: float = 0.0, node_id: str | None = None, payload: dict | None = None,
+                     reverts: int | None = None) -> Event:
+        with self._write() as db:
+            cursor = db.execute(
+                """INSERT INTO events (at, kind, what, why, evidence, cost_usd, node_id, payload, reverts)
+                   VALUES (?,?,?,?,?,?,?,?,?)""",
+                [time.time(), kind, what, why, _json(evidence or []), cost_usd, node_id, _json(payload or {}), reverts],
+            )
+            event_id = cursor.lastrowid
+        return Event.from_row(self._one("SELECT * FROM events WHERE id = ?", [event_id]))
+
+    def list_events(self, *, kind: str | None = None, since: float = 0.0, limit: int = 100) -> list[Event]:
+        sql, params = "SELECT * FROM events WHERE at >= ?", [since]
+        if kind:
+            sql, params = sql + " AND kind = ?", [*params, kind]
+        rows = self._all(sql + " ORDER BY id DESC LIMIT ?", [*params, limit])
+        return [Event.from_row(r) for r in rows]
+
+    # --- the vector index: sync, reconcile, rebuild ---------------------------
+
+    def _documents(self, collection: str, ids: list[str]) -> dict[str, tuple[str, dict]]:
+        """The text to embed and the metadata of each indexable row among ``ids``."""
+        marks = ",".join("?" * len(ids))
+        docs: dict[str, tuple[str, dict]] = {}
+        if collection == "trajectories":
+            for r in self._all(
+                f"""SELECT t.id, t.prompt, t.node_id, t.started_at, o.success FROM trajectories t
+                    LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""", ids):
+                success = -1 if r["success"] is None else int(r["success"])
+                docs[r["id"]] = (r["prompt"], {"success": success, "started_at": r["started_at"],
+                                               "node_id": r["node_id"] or ""})
+        elif collection == "insights":
+            for r in self._all(f"SELECT id, text FROM insights WHERE status = 'active' AND id IN ({marks})", ids):
+                docs[str(r["id"])] = (r["text"], {})
+        else:
+            for r in self._all(f"SELECT id, name, description FROM tools WHERE status = 'active' AND id IN ({marks})", ids):
+                docs[str(r["id"])] = (f"{r['name']}: {r['description']}", {})
+        for text, metadata in docs.values():
+            metadata["text_hash"] = _text_hash(text)
+        return docs
+
+    def _index_items(self, collection: str, ids: list[str]) -> None:
+        assert self.index is not None
+        docs = self._documents(collection, ids)
+        gone = [i for i in ids if i not in docs]
+        stored = self.index.metadata_of(collection, list(docs))
+        # Unchanged text: only the metadata (say, a new outcome) needs writing.
+        same = [i for i in docs if (stored.get(i) or {}).get("text_hash") == docs[i][1]["text_hash"]]
+        changed = [i for i in docs if i not in set(same)]
+        self.index.delete(collection, gone)
+        self.index.update_metadata(collection, same, [docs[i][1] for i in same])
+        if changed:
+            vectors = self.embedder.embed_documents([docs[i][0] for i in changed])
+            self.index.upsert(collection, changed, vectors, [docs[i][1] for i in changed])
+
+    def sync_index(self, *, progress: Callable[[int], None] | None = None) -> int:
+        """Bring the index up to date with the outbox; returns how many rows it wrote."""
+        if self.index is None or self.readonly:
+            return 0
+        done = 0
+        with self._index_lock:
+            while True:
+                pending = self._all(
+                    "SELECT collection, item_id, generation FROM index_outbox LIMIT ?", [self.options.index_batch]
+                )
+                if not pending:
+                    return done
+                by_collection: dict[str, list[str]] = defaultdict(list)
+                for row in pending:
+                    by_collection[row["collection"]].append(row["item_id"])
+                try:
+                    for collection, ids in by_collection.items():
+                        self._index_items(collection, ids)
+                except StoreError:
+                    raise
+                except Exception as exc:
+                    raise StoreError(f"Writing the vector index at {self.index.path} failed ({exc}); "
+                                     "the changes stay queued and are retried on the next write or start.") from exc
+                with self._write() as db:
+                    db.conn.executemany(
+                        "DELETE FROM index_outbox WHERE collection = ? AND item_id = ? AND generation = ?",
+                        [(r["collection"], r["item_id"], r["generation"]) for r in pending],
+                    )
+                done += len(pending)
+                if progress:
+                    progress(done)
+
+    def _indexable_ids_sql(self, collection: str) -> str:
+        return {
+            "trajectories": "SELECT id FROM trajectories",
+            "insights": "SELECT CAST(id AS TEXT) FROM insights WHERE status = 'active'",
+            "tools": "SELECT CAST(id AS TEXT) FROM tools WHERE status = 'active'",
+        }[collection]
+
+    def reconcile(self) -> dict[str, int]:
+        """Make the index agree with SQLite; returns how many rows each collection fixed."""
+        assert self.index is not None
+        fixed = {"outbox": self.sync_index()}
+        for collection in INDEXED_COLLECTIONS:
+            sql = self._indexable_ids_sql(collection)
+            expected = self._one(f"SELECT count(*) AS n FROM ({sql})")["n"]
+            if expected == self.index.count(collection):
+                continue
+            truth = {r[0] for r in self.db.execute(sql).fetchall()}
+            present = self.index.all_ids(collection)
+            stale = sorted((present - truth) | (truth - present))
+            with self._write() as db:
+                db.conn.executemany(
+                    "INSERT OR IGNORE INTO index_outbox (collection, item_id) VALUES (?, ?)",
+                    [(collection, i) for i in stale],
+                )
+            fixed[collection] = len(stale)
+        self.sync_index()
+        return fixed
+
+    def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Rebuild the whole index from SQLite, with the configured embedding model."""
+        if self.readonly or self.index is None:
+            raise StoreError(f"{self.db_path} was opened read-only; reindexing writes the index.")
+        with self._write() as db:
+            for collection in INDEXED_COLLECTIONS:
+                db.execute(
+                    f"INSERT OR IGNORE INTO index_outbox (collection, item_id) SELECT ?, id FROM ({self._indexable_ids_sql(collection)})",
+                    [collection],
+                )
+        total = self._one("SELECT count(*) AS n FROM index_outbox")["n"]
+        for collection in INDEXED_COLLECTIONS:
+            self.index.reset(collection)
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('embedding_model', ?)", [self.embedder.model_id])
+        return self.sync_index(progress=(lambda n: progress(n, total)) if progress else None)
+
+    # --- retrieval --------------------------------------------------------------
+
+    def _vector_hits(self, collection: str, vector, k: int, filters: Filters | None) -> list[tuple[str, float]]:
+        """Nearest ids, filtered. Unfiltered HNSW search is fast and metadata-filtered
+        search in Chroma is not, so over-fetch, filter in SQLite, and fall back to
+        Chroma's filtered search only when too few candidates survive."""
+        if self.index is None:
+            return []
+        size = self.index.count(collection)
+        if size == 0:
+            return []
+        fetch = min(size, max(k * self.options.candidates_per_result, 20))
+        hits = self.index.query(collection, vector, fetch)
+        if filters is None or filters.is_empty():
+            return hits
+        allowed = self._filter_trajectories([i for i, _ in hits], filters)
+        kept = [(i, s) for i, s in hits if i in allowed]
+        if len(kept) >= k or fetch == size:
+            return kept
+        return self.index.query(collection, vector, min(size, fetch), where=filters.chroma_where())
+
+    def _filter_trajectories(self, ids: list[str], filters: Filters) -> set[str]:
+        if not ids:
+            return set()
+        where, params = filters.sql("t")
+        marks = ",".join("?" * len(ids))
+        rows = self.db.execute(
+            f"SELECT t.id FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+            f"WHERE t.id IN ({marks}) AND {where}", [*ids, *params],
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def search_trajectories(self, query: str, *, k: int = 5, filters: Filters | None = None,
+                            vector=None) -> list[TrajectoryHit]:
+        if vector is None and self.index is not None:
+            vector = self.embedder.embed_query(query)
+        fetch = max(k * self.options.candidates_per_result, 20)
+        with self._sqlite_errors():
+            vector_hits = self._vector_hits("trajectories", vector, k, filters) if vector is not None else []
+            where, params = (filters or Filters()).sql("t")
+            keyword_ids = keyword_search(
+                self.db, "trajectories", query, fetch, where=where, params=params,
+                join="LEFT JOIN outcomes o ON o.trajectory_id = t.id",
+            )
+            fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
+            if not fused:
+                return []
+            similarity = dict(vector_hits)
+            keyword_rank = {i: n for n, i in enumerate(keyword_ids, start=1)}
+            marks = ",".join("?" * len(fused))
+            rows = {r["id"]: r for r in self._all(
+                f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success FROM trajectories t
+                    LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
+                [i for i, _ in fused])}
+        return [
+            TrajectoryHit(
+                trajectory_id=i, task_id=rows[i]["task_id"], prompt=rows[i]["prompt"],
+                final_answer=rows[i]["final_answer"],
+                success=None if rows[i]["success"] is None else bool(rows[i]["success"]),
+                score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i),
+            )
+            for i, score in fused if i in rows
+        ]
+
+    def _search_small(self, collection: str, query: str, k: int, vector) -> tuple[list[tuple[str, float]], dict, dict]:
+        fetch = max(k * self.options.candidates_per_result, 20)
+        vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
+        keyword_ids = keyword_search(self.db, collection, query, fetch, where="t.status = 'active'")
+        fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
+        return fused, dict(vector_hits), {i: n for n, i in enumerate(keyword_ids, start=1)}
+
+    def search_insights(self, query: str, *, k: int = 5, vector=None) -> list[InsightHit]:
+        if vector is None and self.index is not None:
+            vector = self.embedder.embed_query(query)
+        with self._sqlite_errors():
+            fused, similarity, keyword_rank = self._search_small("insights", query, k, vector)
+            hits = []
+            for i, score in fused:
+                row = self._one("SELECT id, text, importance FROM insights WHERE id = ? AND status = 'active'", [int(i)])
+                if row:
+                    hits.append(InsightHit(insight_id=row["id"], text=row["text"], importance=row["importance"],
+                                           score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
+        return hits
+
+    def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]:
+        if vector is None and self.index is not None:
+            vector = self.embedder.embed_query(query)
+        with self._sqlite_errors():
+            fused, similarity, keyword_rank = self._search_small("tools", query, k, vector)
+            hits = []
+            for i, score in fused:
+                row = self._one("SELECT id, name, version, description FROM tools WHERE id = ? AND status = 'active'", [int(i)])
+                if row:
+                    hits.append(ToolHit(tool_id=row["id"], name=row["name"], version=row["version"],
+                                        description=row["description"], score=score,
+                                        similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
+        return hits
+
+    def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
+                successful_only: bool = True) -> Context:
+        """One task's full context from memory, for one query embedding."""
+        vector = self.embedder.embed_query(query) if self.index is not None else None
+        filters = Filters(success=True) if successful_only else None
+        return Context(
+            trajectories=self.search_trajectories(query, k=trajectories, filters=filters, vector=vector),
+            insights=self.search_insights(query, k=insights, vector=vector),
+            tools=self.search_tools(query, k=tools, vector=vector),
+            vector_search=self.index is not None,
+        )
