@@ -1,0 +1,261 @@
+"""The `evolver` command: a thin layer, one store or API call per subcommand.
+
+Errors from the layers below become one readable line and a distinct exit code
+in one place (``main``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from memory import Filters, NewTrajectory, StoreError
+
+from .config import ConfigError, default_config_path, load_config, render_config
+from .storage import open_store
+
+# Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused.
+EXIT_USAGE, EXIT_STORE = 2, 3
+
+out = Console()
+err = Console(stderr=True)
+
+
+class State:
+    def __init__(self, config_path: str | None, data_dir: str | None) -> None:
+        self.config_path = config_path
+        self.data_dir = Path(data_dir) if data_dir else None
+        self._config = None
+
+    @property
+    def config(self):
+        if self._config is None:
+            self._config = load_config(self.config_path)
+        return self._config
+
+    def store(self, **kwargs):
+        return open_store(self.config, data_dir=self.data_dir, **kwargs)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Settings file (default: $EVOLVER_CONFIG or ~/.config/evolver/config.toml).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Store location, overriding [daemon] data_dir.")
+@click.version_option(package_name="evolver")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
+    """evolver: a self-evolving agent daemon with experience memory."""
+    ctx.obj = State(config_path, data_dir)
+
+
+# --- config ------------------------------------------------------------------------
+
+
+@cli.group()
+def config() -> None:
+    """Show, check and create the settings file."""
+
+
+@config.command("show")
+@click.option("--defaults", is_flag=True, help="Print the documented defaults (the repository's config.toml).")
+@click.pass_obj
+def config_show(state: State, defaults: bool) -> None:
+    """Print the settings in effect, as TOML-like sections."""
+    if defaults:
+        click.echo(render_config(), nl=False)
+        return
+    cfg = state.config
+    click.echo(f"# from {cfg.source}")
+    for section, values in cfg.model_dump().items():
+        click.echo(f"\n[{section}]")
+        for key, value in values.items():
+            click.echo(f"{key} = {json.dumps(value)}")
+
+
+@config.command("path")
+def config_path() -> None:
+    """Print where the user's settings file is read from."""
+    click.echo(str(default_config_path()))
+
+
+@config.command("init")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def config_init(force: bool) -> None:
+    """Write the documented defaults to the user's settings file."""
+    path = default_config_path()
+    if path.exists() and not force:
+        raise click.UsageError(f"{path} already exists; pass --force to overwrite it.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_config(), encoding="utf-8")
+    click.echo(f"wrote {path}")
+
+
+@config.command("check")
+@click.pass_obj
+def config_check(state: State) -> None:
+    """Load the settings and say whether they are valid."""
+    cfg = state.config
+    click.echo(f"ok: {cfg.source}; data dir {state.data_dir or cfg.data_dir}")
+
+
+# --- memory ------------------------------------------------------------------------
+
+
+@cli.group()
+def memory() -> None:
+    """Search and maintain the experience store."""
+
+
+def _hits_table(title: str, rows: list[dict], columns: list[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*[("" if row.get(c) is None else f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]))
+                        for c in columns])
+    return table
+
+
+@memory.command("search")
+@click.argument("text")
+@click.option("--kind", type=click.Choice(["trajectories", "insights", "tools"]), default="trajectories",
+              show_default=True)
+@click.option("-k", "--limit", "k", type=click.IntRange(1, 100), default=5, show_default=True)
+@click.option("--successful/--failed", "success", default=None, help="Only successful (or failed) trajectories.")
+@click.option("--node", default=None, help="Only trajectories run by this scaffold node.")
+@click.option("--since-hours", type=click.FloatRange(min=0), default=None, help="Only trajectories this recent.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def memory_search(state: State, text: str, kind: str, k: int, success: bool | None, node: str | None,
+                  since_hours: float | None, as_json: bool) -> None:
+    """Find past trajectories, insights or tools similar to TEXT."""
+    if not text.strip():
+        raise click.UsageError("TEXT is empty; give some words to search for.")
+    with state.store(readonly=True) as store:
+        if kind == "trajectories":
+            since = time.time() - since_hours * 3600 if since_hours is not None else None
+            hits = store.search_trajectories(text, k=k, filters=Filters(success=success, node_id=node, since=since))
+        elif kind == "insights":
+            hits = store.search_insights(text, k=k)
+        else:
+            hits = store.search_tools(text, k=k)
+        vector = store.index is not None
+    rows = [asdict(h) for h in hits]
+    if as_json:
+        click.echo(json.dumps({"kind": kind, "vector_search": vector, "hits": rows}, indent=2))
+        return
+    columns = {"trajectories": ["score", "similarity", "keyword_rank", "success", "prompt"],
+               "insights": ["score", "similarity", "keyword_rank", "importance", "text"],
+               "tools": ["score", "similarity", "keyword_rank", "name", "description"]}[kind]
+    out.print(_hits_table(f"{kind} like {text!r}", rows, columns))
+    if not vector:
+        err.print("note: the daemon owns the vector index, so these are keyword matches only.")
+
+
+@memory.command("reindex")
+@click.pass_obj
+def memory_reindex(state: State) -> None:
+    """Rebuild the vector index from the database (after a model change or damage)."""
+    with state.store(rebuild_index=True) as store:
+        with out.status("re-embedding…") as status:
+            total = store.reindex(progress=lambda done, of: status.update(f"re-embedding {done}/{of}"))
+    click.echo(f"reindexed {total} rows with {store.embedder.model_id}")
+
+
+@memory.command("check")
+@click.pass_obj
+def memory_check(state: State) -> None:
+    """Check the database's integrity and reconcile the index with it."""
+    with state.store() as store:
+        verdict = store.check()
+        fixed = store.reconcile()
+        counts = {c: store.index.count(c) for c in ("trajectories", "insights", "tools")}
+    click.echo(f"database: {', '.join(verdict)}")
+    click.echo(f"index: {counts}; repaired {sum(fixed.values())} entries")
+    if verdict != ["ok"]:
+        sys.exit(1)
+
+
+# --- demo ----------------------------------------------------------------------------
+
+
+def _sample(name: str) -> list[dict]:
+    text = resources.files("evolver").joinpath("data", name).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@cli.command()
+@click.option("--keep", is_flag=True, help="Keep the temporary data dir and print where it is.")
+@click.pass_obj
+def demo(state: State, keep: bool) -> None:
+    """Build a store from bundled sample trajectories and show what memory retrieves.
+
+    Runs fully offline in a temporary data dir; your own store is not touched.
+    """
+    data_dir = Path(tempfile.mkdtemp(prefix="evolver-demo-"))
+    try:
+        with out.status("loading the embedding model…"):
+            store = open_store(state.config, data_dir=data_dir)
+        with store:
+            trajectories = [NewTrajectory(prompt=t["prompt"], final_answer=t["final_answer"],
+                                          success=t["success"], source="demo") for t in _sample("sample_trajectories.jsonl")]
+            started = time.perf_counter()
+            store.ingest(trajectories)
+            for insight in _sample("sample_insights.jsonl"):
+                store.add_insight(insight["text"])
+            elapsed = time.perf_counter() - started
+            out.print(f"stored and indexed {len(trajectories)} trajectories and "
+                      f"{len(_sample('sample_insights.jsonl'))} insights in {elapsed:.2f} s at {data_dir}")
+            for query in ("Add up the price column of invoices.csv; values look like '$1,024.00'.",
+                          "Combine two nested JSON settings files into one."):
+                started = time.perf_counter()
+                context = store.context(query)
+                ms = (time.perf_counter() - started) * 1000
+                out.print(f"\n[bold]task:[/bold] {query}  [dim](context in {ms:.1f} ms)[/dim]")
+                out.print(_hits_table("similar successful trajectories",
+                                      [asdict(h) for h in context.trajectories], ["score", "similarity", "prompt"]))
+                out.print(_hits_table("relevant insights", [asdict(h) for h in context.insights][:3],
+                                      ["score", "similarity", "text"]))
+            failed = store.search_trajectories("sum money column csv", k=3, filters=Filters(success=False))
+            out.print(_hits_table("past failures on similar tasks", [asdict(h) for h in failed],
+                                  ["score", "similarity", "prompt", "final_answer"]))
+    finally:
+        if keep:
+            out.print(f"kept {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def main() -> None:
+    """Entry point: run the CLI, turning known errors into one line and an exit code."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except ConfigError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(EXIT_USAGE)
+    except StoreError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(EXIT_STORE)
+
+
+if __name__ == "__main__":
+    main()

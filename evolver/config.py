@@ -1,0 +1,427 @@
+"""Settings: one pydantic model per section, documented once, loaded strictly.
+
+The docstring under each field is its documentation: ``render_config()`` turns
+the models into the commented ``config.toml`` at the repository root (a test
+keeps the two identical), and the same text appears in error messages.
+
+Where settings come from, later wins:
+  1. the defaults below;
+  2. the file: ``--config PATH``, else ``$EVOLVER_CONFIG``, else
+     ``config.toml`` in the user's config dir (if it exists);
+  3. environment overrides ``EVOLVER_<SECTION>_<KEY>``, for example
+     ``EVOLVER_AGENT_MAX_STEPS=40`` (values are read as TOML, so ``40`` is a
+     number and ``true`` a boolean; anything else is a string).
+
+An unknown section or key, a value of the wrong type or an impossible value is
+refused with a ``ConfigError`` that names where it came from, the key, and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ModelSettings",
+    "AgentSettings",
+    "MemorySettings",
+    "SandboxSettings",
+    "DaemonSettings",
+    "EvolutionSettings",
+    "BudgetSettings",
+    "load_config",
+    "render_config",
+    "default_config_path",
+]
+
+APP = "evolver"
+ENV_PREFIX = "EVOLVER_"
+
+
+class ConfigError(Exception):
+    """A setting was refused; the message says where, which key, and what is allowed."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True,
+                              validate_default=True, frozen=True)
+
+
+class ModelSettings(_Section):
+    """[model] Which language model answers, through litellm."""
+
+    name: str = Field(default="scripted/demo", min_length=1)
+    """The litellm model string, for example "ollama/llama3.1", "openai/gpt-4o-mini" or
+    "anthropic/claude-sonnet-4-5". "scripted/demo" is the built-in offline model that
+    answers from a script; it needs no server and no key."""
+
+    api_base: str = ""
+    """The server's base URL, for example "http://localhost:11434" for Ollama. Empty: the
+    provider's default."""
+
+    api_key_env: str = ""
+    """The name of the environment variable that holds the API key (never the key itself).
+    Empty: litellm's usual variable for the provider, such as OPENAI_API_KEY."""
+
+    fallbacks: list[str] = []
+    """Models to try, in order, when the main one keeps failing."""
+
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds to wait for one model reply."""
+
+    max_retries: int = Field(default=3, ge=0, le=10)
+    """Retries, with exponential backoff, after a transient error (rate limit, timeout,
+    server error)."""
+
+
+class AgentSettings(_Section):
+    """[agent] How the agent works on one task (the scaffold can override these)."""
+
+    max_steps: int = Field(default=20, ge=1, le=500)
+    """The most model turns one attempt at a task may take."""
+
+    context_tokens: int = Field(default=4000, ge=256)
+    """The token budget for what memory adds to a task's prompt (examples, insights, tools)."""
+
+    similar_trajectories: int = Field(default=3, ge=0, le=50)
+    """How many similar successful past trajectories to show as worked examples."""
+
+    insights: int = Field(default=5, ge=0, le=100)
+    """How many of the most relevant insights to show."""
+
+    tools: int = Field(default=8, ge=0, le=100)
+    """How many of the most relevant tools to offer (besides the built-in ones)."""
+
+
+class MemorySettings(_Section):
+    """[memory] The experience store: SQLite, the Chroma index and the embedder."""
+
+    quantize_queries: bool = True
+    """Embed single queries with an int8-quantized copy of the model: about twice as fast
+    on a CPU, with recall@5 against full precision checked by benchmarks/memory_bench.py.
+    Stored vectors are always full precision."""
+
+    embed_batch_size: int = Field(default=64, ge=1, le=4096)
+    """Texts per batch when embedding documents."""
+
+    embed_threads: int = Field(default=0, ge=0, le=256)
+    """CPU threads for the embedding model; 0 lets torch decide."""
+
+    busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
+    """How long a write waits for another connection's lock before giving up."""
+
+    rrf_k: int = Field(default=60, ge=1)
+    """The constant k of reciprocal rank fusion, 1/(k + rank): larger flattens the ranking."""
+
+    hnsw_ef_search: int = Field(default=100, ge=1)
+    """HNSW search breadth: higher finds more true neighbours, more slowly."""
+
+    hnsw_ef_construction: int = Field(default=100, ge=1)
+    """HNSW build breadth: higher builds a better graph, more slowly."""
+
+    hnsw_max_neighbors: int = Field(default=16, ge=2, le=128)
+    """HNSW links per node (M)."""
+
+
+class SandboxSettings(_Section):
+    """[sandbox] Where model-written code runs: bubblewrap, limits, timeouts."""
+
+    require_isolation: bool = True
+    """Refuse to run code when bubblewrap is missing, instead of running it in the clearly
+    logged degraded mode (a plain subprocess with limits)."""
+
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """Wall-clock seconds one sandboxed run may take; then its whole process group is killed."""
+
+    cpu_s: int = Field(default=30, ge=1)
+    """CPU seconds one sandboxed run may use."""
+
+    memory_mb: int = Field(default=1024, ge=64)
+    """Address space of a sandboxed process, in MiB."""
+
+    max_processes: int = Field(default=64, ge=1)
+    """Processes the sandbox user may run at once (a fork bomb stops here)."""
+
+    max_open_files: int = Field(default=256, ge=16)
+    """Open files per sandboxed process."""
+
+    max_file_mb: int = Field(default=64, ge=1)
+    """The largest file a sandboxed process may write, in MiB."""
+
+    tmp_mb: int = Field(default=64, ge=1)
+    """Size of the sandbox's private /tmp, in MiB."""
+
+    unprivileged_uid: int = Field(default=65534, ge=1)
+    """The uid (and gid) sandboxed code runs as when the daemon runs as root (process limits
+    do not bind root)."""
+
+
+class DaemonSettings(_Section):
+    """[daemon] The background service, its files and its socket."""
+
+    data_dir: str = ""
+    """Where the store, the index and synthesized tools live. Empty: the user's data dir
+    (~/.local/share/evolver on Linux)."""
+
+    runtime_dir: str = ""
+    """Where the socket lives (a 0700 directory). Empty: the user's runtime dir
+    ($XDG_RUNTIME_DIR/evolver)."""
+
+    workers: int = Field(default=2, ge=1, le=64)
+    """Tasks worked on at once."""
+
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    """The largest request body the API accepts."""
+
+    lease_s: float = Field(default=300.0, gt=0)
+    """How long a worker's claim on a task lasts before another may take it over."""
+
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    """Attempts at a task before it is dead-lettered with the reason."""
+
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, how long running tasks get to reach a step boundary."""
+
+    tcp_port: int = Field(default=0, ge=0, le=65535)
+    """Also listen on 127.0.0.1 at this port (0: no TCP listener, only the socket)."""
+
+    tcp_token_env: str = ""
+    """The environment variable holding the bearer token the TCP listener requires."""
+
+    @model_validator(mode="after")
+    def _tcp_needs_token(self) -> "DaemonSettings":
+        if self.tcp_port and not self.tcp_token_env:
+            raise ValueError("tcp_port is set but tcp_token_env is empty: a TCP listener needs a token")
+        return self
+
+
+class EvolutionSettings(_Section):
+    """[evolution] The background meta-agent and the self-modification tree."""
+
+    enabled: bool = True
+    """Run background jobs (distill insights, synthesize tools, evolve the scaffold)."""
+
+    distill_every_min: float = Field(default=60.0, gt=0)
+    """Distil insights at least this often, in minutes."""
+
+    distill_after: int = Field(default=10, ge=1)
+    """...or as soon as this many new trajectories have been recorded."""
+
+    synthesize_every_min: float = Field(default=120.0, gt=0)
+    """Look for tools to synthesize at least this often, in minutes."""
+
+    synthesize_after: int = Field(default=20, ge=1)
+    """...or after this many new trajectories."""
+
+    evolve_every_min: float = Field(default=240.0, gt=0)
+    """Take a step of the self-modification tree search at least this often, in minutes."""
+
+    wait_for_idle: bool = True
+    """Hold background jobs while the inbox has work."""
+
+    max_insights: int = Field(default=50, ge=1)
+    """The cap on active insights; over it, downvotes weigh more."""
+
+    alpha: float = Field(default=0.6, gt=0, le=1)
+    """Expand the tree when t^alpha >= number of nodes (t: evaluations spent)."""
+
+    promotion_quantile: float = Field(default=0.05, gt=0, lt=0.5)
+    """A node must beat the incumbent on this lower quantile of its Beta posterior."""
+
+    min_evaluations: int = Field(default=10, ge=1)
+    """Held-out evaluations a node needs before it can be promoted."""
+
+    require_approval: bool = False
+    """Wait for `evolver promote NODE` instead of promoting automatically."""
+
+
+class BudgetSettings(_Section):
+    """[budget] Caps on model spending, in tokens and US dollars."""
+
+    tokens_per_day: int = Field(default=2_000_000, ge=0)
+    """Tokens (in + out) all model calls may use per day (0: no cap)."""
+
+    usd_per_day: float = Field(default=5.0, ge=0)
+    """Dollars all model calls may cost per day (0: no cap)."""
+
+    tokens_per_task: int = Field(default=200_000, ge=0)
+    """Tokens one task may use (0: no cap)."""
+
+    usd_per_task: float = Field(default=0.5, ge=0)
+    """Dollars one task may cost (0: no cap)."""
+
+    background_share: float = Field(default=0.5, ge=0, le=1)
+    """The share of the daily caps that background evolution may spend."""
+
+    @model_validator(mode="after")
+    def _task_within_day(self) -> "BudgetSettings":
+        if self.tokens_per_day and self.tokens_per_task > self.tokens_per_day:
+            raise ValueError("tokens_per_task exceeds tokens_per_day: one task could never use it")
+        if self.usd_per_day and self.usd_per_task > self.usd_per_day:
+            raise ValueError("usd_per_task exceeds usd_per_day: one task could never use it")
+        return self
+
+
+class Config(BaseModel):
+    """All settings, one attribute per section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSettings = ModelSettings()
+    agent: AgentSettings = AgentSettings()
+    memory: MemorySettings = MemorySettings()
+    sandbox: SandboxSettings = SandboxSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    evolution: EvolutionSettings = EvolutionSettings()
+    budget: BudgetSettings = BudgetSettings()
+    source: str = Field(default="defaults", exclude=True)
+    """Where the file came from, for messages."""
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.daemon.data_dir).expanduser() if self.daemon.data_dir else Path(
+            platformdirs.user_data_dir(APP))
+
+    @property
+    def runtime_dir(self) -> Path:
+        if self.daemon.runtime_dir:
+            return Path(self.daemon.runtime_dir).expanduser()
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            return Path(platformdirs.user_runtime_dir(APP))
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    name: field.annotation for name, field in Config.model_fields.items() if name != "source"
+}
+
+
+def default_config_path() -> Path:
+    return Path(platformdirs.user_config_dir(APP)) / "config.toml"
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+_KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
+          list[str]: "a list of strings"}
+
+
+def _allowed(section: str, key: str) -> str:
+    model = SECTIONS[section]
+    field = model.model_fields[key]
+    constraints = []
+    for meta in field.metadata:
+        for attr, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "length >=")):
+            if getattr(meta, attr, None) is not None:
+                constraints.append(f"{word} {getattr(meta, attr)}")
+    kind = _KINDS.get(field.annotation, str(field.annotation))
+    return kind + (f" {' and '.join(constraints)}" if constraints else "")
+
+
+def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None = None) -> Config:
+    """Read the settings. Raises ``ConfigError`` with a readable message, never a traceback."""
+    env = os.environ if env is None else env
+    explicit = path is not None or bool(env.get("EVOLVER_CONFIG"))
+    file = Path(path or env.get("EVOLVER_CONFIG") or default_config_path()).expanduser()
+    data: dict[str, Any] = {}
+    origin: dict[tuple[str, str], str] = {}
+    if file.exists() or explicit:
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{file}: no such config file.") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: cannot be read ({exc}).") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}.") from None
+        for section, values in data.items():
+            if section not in SECTIONS:
+                raise ConfigError(
+                    f"{file}: unknown section [{section}]; the sections are "
+                    + ", ".join(f"[{s}]" for s in SECTIONS) + "."
+                )
+            if not isinstance(values, dict):
+                raise ConfigError(f"{file}: {section} must be a [{section}] table, not a single value.")
+            for key in values:
+                origin[(section, key)] = str(file)
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or name == "EVOLVER_CONFIG":
+            continue
+        section, _, key = name[len(ENV_PREFIX):].lower().partition("_")
+        if section not in SECTIONS or not key:
+            raise ConfigError(
+                f"environment variable {name}: not a setting; use EVOLVER_<SECTION>_<KEY> with a section among "
+                + ", ".join(SECTIONS) + "."
+            )
+        data.setdefault(section, {})[key] = _parse_env_value(raw)
+        origin[(section, key)] = f"environment variable {name}"
+    try:
+        return Config(**data, source=str(file) if file.exists() else "defaults")
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, origin, file)) from None
+
+
+def _explain(exc: ValidationError, origin: dict[tuple[str, str], str], file: Path) -> str:
+    lines = []
+    for error in exc.errors():
+        loc = [str(p) for p in error["loc"]]
+        section = loc[0] if loc else ""
+        key = loc[1] if len(loc) > 1 else ""
+        where = origin.get((section, key), str(file))
+        if error["type"] == "extra_forbidden" and section in SECTIONS:
+            allowed = ", ".join(SECTIONS[section].model_fields)
+            lines.append(f"{where}: unknown key {key!r} in [{section}]; the keys of [{section}] are: {allowed}.")
+        elif key and section in SECTIONS and key in SECTIONS[section].model_fields:
+            lines.append(f"{where}: [{section}] {key} = {error.get('input')!r} is refused: "
+                         f"{error['msg']} (allowed: {_allowed(section, key)}).")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: [{section}] {message}.")
+    return "\n".join(lines)
+
+
+# --- the documented config.toml -------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def render_config() -> str:
+    """The documented default config.toml, generated from the models' docstrings."""
+    out = [
+        "# evolver configuration. Every setting, with its default and what it does.",
+        "# Copy to ~/.config/evolver/config.toml (or pass --config PATH) and change what you need;",
+        "# any setting can also be overridden by an environment variable EVOLVER_<SECTION>_<KEY>.",
+        "# This file is generated from evolver/config.py (`evolver config show --defaults`).",
+    ]
+    for name, model in SECTIONS.items():
+        out += ["", f"# {(model.__doc__ or '').strip()}", f"[{name}]"]
+        for key, field in model.model_fields.items():
+            out.append("")
+            for line in (field.description or "").splitlines():
+                out.append(f"# {line.strip()}")
+            out.append(f"{key} = {_toml_value(field.default)}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,39 @@
+"""Opening the experience store with the user's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memory import Embedder, Store, StoreOptions
+
+from .config import Config
+
+__all__ = ["open_store", "store_options", "embedder_for"]
+
+
+def store_options(config: Config) -> StoreOptions:
+    m = config.memory
+    return StoreOptions(
+        busy_timeout_ms=m.busy_timeout_ms,
+        rrf_k=m.rrf_k,
+        hnsw_ef_search=m.hnsw_ef_search,
+        hnsw_ef_construction=m.hnsw_ef_construction,
+        hnsw_max_neighbors=m.hnsw_max_neighbors,
+    )
+
+
+def embedder_for(config: Config) -> Embedder:
+    m = config.memory
+    return Embedder(quantize_queries=m.quantize_queries, batch_size=m.embed_batch_size, threads=m.embed_threads)
+
+
+def open_store(config: Config, *, data_dir: Path | None = None, readonly: bool = False,
+               rebuild_index: bool = False, embedder: Embedder | None = None) -> Store:
+    """The store under the configured data dir (reconciled with its index when writable)."""
+    return Store.open(
+        data_dir or config.data_dir,
+        embedder=embedder or embedder_for(config),
+        options=store_options(config),
+        readonly=readonly,
+        rebuild_index=rebuild_index,
+    )

@@ -1,0 +1,94 @@
+"""Settings: documented defaults, strict loading, and messages that say what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evolver.config import SECTIONS, Config, ConfigError, load_config, render_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_repository_config_toml_is_the_documented_defaults():
+    assert (REPO / "config.toml").read_text(encoding="utf-8") == render_config()
+
+
+def test_every_setting_is_documented_and_the_file_loads_to_the_defaults():
+    for name, model in SECTIONS.items():
+        assert model.__doc__ and model.__doc__.strip().startswith(f"[{name}]")
+        for key, field in model.model_fields.items():
+            assert field.description, f"[{name}] {key} has no docstring"
+    assert load_config(REPO / "config.toml", env={}).model_dump() == Config().model_dump()
+
+
+def test_no_file_means_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    config = load_config(env={})
+    assert config.source == "defaults"
+    assert config.agent.max_steps == 20
+
+
+def test_file_and_environment_overrides(tmp_path):
+    path = write(tmp_path, '[model]\nname = "ollama/llama3.1"\n[agent]\nmax_steps = 7\n')
+    config = load_config(path, env={"EVOLVER_AGENT_MAX_STEPS": "40", "EVOLVER_MEMORY_QUANTIZE_QUERIES": "false"})
+    assert config.model.name == "ollama/llama3.1"
+    assert config.agent.max_steps == 40  # the environment wins over the file
+    assert config.memory.quantize_queries is False
+    assert config.source == str(path)
+
+
+def test_evolver_config_variable_names_the_file(tmp_path):
+    path = write(tmp_path, "[agent]\nmax_steps = 9\n")
+    assert load_config(env={"EVOLVER_CONFIG": str(path)}).agent.max_steps == 9
+
+
+def test_paths_follow_the_data_dir_setting(tmp_path):
+    config = load_config(env={"EVOLVER_DAEMON_DATA_DIR": str(tmp_path / "d")})
+    assert config.data_dir == tmp_path / "d"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[agent]\nmax_stepz = 2\n", ["unknown key 'max_stepz' in [agent]", "max_steps"]),
+        ("[agnt]\nmax_steps = 2\n", ["unknown section [agnt]", "[agent]"]),
+        ("[agent]\nmax_steps = 2.5\n", ["[agent] max_steps = 2.5", "valid integer", "whole number >= 1 and <= 500"]),
+        ("[agent]\nmax_steps = '20'\n", ["[agent] max_steps = '20'", "whole number"]),
+        ("[agent]\nmax_steps = 0\n", ["[agent] max_steps = 0", "greater than or equal to 1"]),
+        ("[model]\ntimeout_s = -1.0\n", ["[model] timeout_s = -1.0", "a number > 0"]),
+        ("[sandbox]\nrequire_isolation = 'yes'\n", ["require_isolation", "true or false"]),
+        ("[model]\nfallbacks = ['a', 2]\n", ["[model] fallbacks", "list of strings"]),
+        ("[budget]\nusd_per_task = 10.0\n", ["[budget]", "usd_per_task exceeds usd_per_day"]),
+        ("[daemon]\ntcp_port = 8080\n", ["[daemon]", "needs a token"]),
+        ("[agent\n", ["not valid TOML", "line 1"]),
+        ("agent = 3\n", ["must be a [agent] table"]),
+    ],
+)
+def test_bad_values_are_refused_naming_file_key_and_what_is_allowed(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    message = str(caught.value)
+    assert message.startswith(str(path))
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_bad_environment_override_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match=r"environment variable EVOLVER_AGENT_MAX_STEPS: \[agent\] max_steps = 0"):
+        load_config(env={"EVOLVER_AGENT_MAX_STEPS": "0"})
+    with pytest.raises(ConfigError, match="EVOLVER_NOPE_X: not a setting"):
+        load_config(env={"EVOLVER_NOPE_X": "1"})
+
+
+def test_a_missing_explicit_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "absent.toml", env={})
