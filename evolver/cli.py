@@ -250,10 +250,10 @@ def main() -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except ConfigError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     except StoreError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_STORE)
 
 

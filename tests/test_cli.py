@@ -1,0 +1,113 @@
+"""The `evolver` command as a person runs it: the installed console script, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EVOLVER = str(Path(sys.executable).parent / "evolver")
+
+
+def run(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVER_")}
+    full_env.update(env or {})
+    return subprocess.run([EVOLVER, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def test_defaults_printed_by_the_cli_are_the_repository_config_toml():
+    result = run("config", "show", "--defaults")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (REPO / "config.toml").read_text(encoding="utf-8")
+
+
+def test_a_bad_config_is_one_line_and_exit_code_2_never_a_traceback(tmp_path):
+    bad = tmp_path / "config.toml"
+    bad.write_text("[agent]\nmax_steps = -3\n")
+    result = run("--config", str(bad), "config", "check")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"{bad}: [agent] max_steps = -3 is refused" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_config_check_accepts_the_documented_file():
+    result = run("--config", str(REPO / "config.toml"), "config", "check")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"ok: {REPO / 'config.toml'}")
+
+
+def test_search_without_a_store_says_how_to_create_one(tmp_path):
+    result = run("--data-dir", str(tmp_path / "none"), "memory", "search", "csv")
+    assert result.returncode == 3
+    assert "There is no store at" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_empty_search_text_is_a_usage_error(tmp_path):
+    result = run("--data-dir", str(tmp_path), "memory", "search", "   ")
+    assert result.returncode == 2
+    assert "TEXT is empty" in result.stderr
+
+
+def test_memory_commands_on_a_real_store(tmp_path):
+    from memory import NewTrajectory, Store
+
+    with Store.open(tmp_path) as store:
+        store.ingest([
+            NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True),
+            NewTrajectory(prompt="Count ERROR lines in server.log", final_answer="37", success=False),
+        ])
+    found = run("--data-dir", str(tmp_path), "memory", "search", "add up a csv column", "--json", "-k", "1")
+    assert found.returncode == 0, found.stderr
+    payload = json.loads(found.stdout)
+    assert payload["vector_search"] is True
+    assert [h["prompt"] for h in payload["hits"]] == ["Sum the amount column of sales.csv"]
+
+    failed = run("--data-dir", str(tmp_path), "memory", "search", "log errors", "--failed", "--json")
+    assert [h["success"] for h in json.loads(failed.stdout)["hits"]] == [False]
+
+    checked = run("--data-dir", str(tmp_path), "memory", "check")
+    assert checked.returncode == 0, checked.stderr
+    assert "database: ok" in checked.stdout and "'trajectories': 2" in checked.stdout
+
+    rebuilt = run("--data-dir", str(tmp_path), "memory", "reindex")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "reindexed 2 rows" in rebuilt.stdout
+
+
+def test_demo_runs_offline_and_retrieves_the_relevant_past():
+    result = run("demo")
+    assert result.returncode == 0, result.stderr
+    assert "stored and indexed 24 trajectories and 5 insights" in result.stdout
+    # The money-column task finds the earlier failure about currency strings.
+    assert "refunds.csv" in result.stdout
+    assert "Strip currency symbols" in result.stdout
+
+
+def _commands(group, prefix=()):
+    import click
+
+    for name, command in group.commands.items():
+        path = (*prefix, name)
+        if isinstance(command, click.Group):
+            yield from _commands(command, path)
+        else:
+            yield " ".join(path)
+
+
+def test_every_command_is_documented_in_the_readme_and_has_help():
+    from evolver.cli import cli
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    commands = list(_commands(cli))
+    assert "memory search" in commands
+    for command in commands:
+        assert re.search(rf"evolver {re.escape(command)}\b", readme), f"`evolver {command}` is not in the README"
+        helped = run(*command.split(), "--help")
+        assert helped.returncode == 0 and "Usage:" in helped.stdout
