@@ -9,7 +9,7 @@ Where settings come from, later wins:
   2. the file: ``--config PATH``, else ``$EVOLVER_CONFIG``, else
      ``config.toml`` in the user's config dir (if it exists);
   3. environment overrides ``EVOLVER_<SECTION>_<KEY>``, for example
-     ``EVOLVER_AGENT_MAX_STEPS=40`` (values are read as TOML, so ``40`` is a
+     ``EVOLVER_MODEL_TIMEOUT_S=300`` (values are read as TOML, so ``300`` is a
      number and ``true`` a boolean; anything else is a string).
 
 An unknown section or key, a value of the wrong type or an impossible value is
@@ -84,22 +84,19 @@ class ModelSettings(_Section):
 
 
 class AgentSettings(_Section):
-    """[agent] How the agent works on one task (the scaffold can override these)."""
+    """[agent] How the agent works on tasks. What evolution may change (prompts, step limit,
+    temperature, retrieval sizes, tools) lives in the scaffold, not here."""
 
-    max_steps: int = Field(default=20, ge=1, le=500)
-    """The most model turns one attempt at a task may take."""
+    seed_scaffold: str = ""
+    """A scaffold file (JSON) to grow the self-modification tree from. Empty: the bundled
+    seed (evolver/data/scaffold.json)."""
 
-    context_tokens: int = Field(default=4000, ge=256)
-    """The token budget for what memory adds to a task's prompt (examples, insights, tools)."""
+    observation_chars: int = Field(default=4000, ge=200, le=1_000_000)
+    """How many characters of a tool's output go back to the model; the rest is cut, and
+    the model is told so."""
 
-    similar_trajectories: int = Field(default=3, ge=0, le=50)
-    """How many similar successful past trajectories to show as worked examples."""
-
-    insights: int = Field(default=5, ge=0, le=100)
-    """How many of the most relevant insights to show."""
-
-    tools: int = Field(default=8, ge=0, le=100)
-    """How many of the most relevant tools to offer (besides the built-in ones)."""
+    keep_workspaces: bool = False
+    """Keep each task's workspace directory after the task ends (for debugging)."""
 
 
 class MemorySettings(_Section):
@@ -418,7 +415,9 @@ def render_config() -> str:
         "# This file is generated from evolver/config.py (`evolver config show --defaults`).",
     ]
     for name, model in SECTIONS.items():
-        out += ["", f"# {(model.__doc__ or '').strip()}", f"[{name}]"]
+        out.append("")
+        out += [f"# {line.strip()}" for line in (model.__doc__ or "").strip().splitlines()]
+        out.append(f"[{name}]")
         for key, field in model.model_fields.items():
             out.append("")
             for line in (field.description or "").splitlines():

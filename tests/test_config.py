@@ -33,21 +33,21 @@ def test_no_file_means_defaults(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     config = load_config(env={})
     assert config.source == "defaults"
-    assert config.agent.max_steps == 20
+    assert config.agent.observation_chars == 4000
 
 
 def test_file_and_environment_overrides(tmp_path):
-    path = write(tmp_path, '[model]\nname = "ollama/llama3.1"\n[agent]\nmax_steps = 7\n')
-    config = load_config(path, env={"EVOLVER_AGENT_MAX_STEPS": "40", "EVOLVER_MEMORY_QUANTIZE_QUERIES": "false"})
+    path = write(tmp_path, '[model]\nname = "ollama/llama3.1"\n[agent]\nobservation_chars = 700\n')
+    config = load_config(path, env={"EVOLVER_AGENT_OBSERVATION_CHARS": "900", "EVOLVER_MEMORY_QUANTIZE_QUERIES": "false"})
     assert config.model.name == "ollama/llama3.1"
-    assert config.agent.max_steps == 40  # the environment wins over the file
+    assert config.agent.observation_chars == 900  # the environment wins over the file
     assert config.memory.quantize_queries is False
     assert config.source == str(path)
 
 
 def test_evolver_config_variable_names_the_file(tmp_path):
-    path = write(tmp_path, "[agent]\nmax_steps = 9\n")
-    assert load_config(env={"EVOLVER_CONFIG": str(path)}).agent.max_steps == 9
+    path = write(tmp_path, "[agent]\nobservation_chars = 999\n")
+    assert load_config(env={"EVOLVER_CONFIG": str(path)}).agent.observation_chars == 999
 
 
 def test_paths_follow_the_data_dir_setting(tmp_path):
@@ -58,11 +58,12 @@ def test_paths_follow_the_data_dir_setting(tmp_path):
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("[agent]\nmax_stepz = 2\n", ["unknown key 'max_stepz' in [agent]", "max_steps"]),
+        ("[agent]\nmax_stepz = 2\n", ["unknown key 'max_stepz' in [agent]", "observation_chars"]),
         ("[agnt]\nmax_steps = 2\n", ["unknown section [agnt]", "[agent]"]),
-        ("[agent]\nmax_steps = 2.5\n", ["[agent] max_steps = 2.5", "valid integer", "whole number >= 1 and <= 500"]),
-        ("[agent]\nmax_steps = '20'\n", ["[agent] max_steps = '20'", "whole number"]),
-        ("[agent]\nmax_steps = 0\n", ["[agent] max_steps = 0", "greater than or equal to 1"]),
+        ("[agent]\nobservation_chars = 2.5\n", ["[agent] observation_chars = 2.5", "valid integer",
+                                                  "whole number >= 200 and <= 1000000"]),
+        ("[agent]\nobservation_chars = '900'\n", ["[agent] observation_chars = '900'", "whole number"]),
+        ("[agent]\nobservation_chars = 0\n", ["[agent] observation_chars = 0", "greater than or equal to 200"]),
         ("[model]\ntimeout_s = -1.0\n", ["[model] timeout_s = -1.0", "a number > 0"]),
         ("[sandbox]\nrequire_isolation = 'yes'\n", ["require_isolation", "true or false"]),
         ("[model]\nfallbacks = ['a', 2]\n", ["[model] fallbacks", "list of strings"]),
@@ -83,8 +84,8 @@ def test_bad_values_are_refused_naming_file_key_and_what_is_allowed(tmp_path, te
 
 
 def test_bad_environment_override_names_the_variable(tmp_path):
-    with pytest.raises(ConfigError, match=r"environment variable EVOLVER_AGENT_MAX_STEPS: \[agent\] max_steps = 0"):
-        load_config(env={"EVOLVER_AGENT_MAX_STEPS": "0"})
+    with pytest.raises(ConfigError, match=r"environment variable EVOLVER_AGENT_OBSERVATION_CHARS: \[agent\] observation_chars = 0"):
+        load_config(env={"EVOLVER_AGENT_OBSERVATION_CHARS": "0"})
     with pytest.raises(ConfigError, match="EVOLVER_NOPE_X: not a setting"):
         load_config(env={"EVOLVER_NOPE_X": "1"})
 
