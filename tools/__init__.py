@@ -1,7 +1,11 @@
-"""Tool specs, the tool registry, built-in tools and loading synthesized tools.
+"""Tools: specs with schemas derived from typed signatures, the registry, the built-ins,
+and running a task's tool calls in the sandbox. Depends only on ``sandbox``."""
 
-Empty until the agent lands (issue: the agent that solves tasks); it depends
-only on ``sandbox``, where every tool runs.
-"""
+from .builtin import BUILTIN_SOURCES, Observation, TaskTools, builtin_specs
+from .registry import ToolRegistry
+from .spec import ToolSpec, ToolSpecError, schema_for_call, spec_from_source
 
-__all__: list[str] = []
+__all__ = [
+    "ToolSpec", "ToolSpecError", "spec_from_source", "schema_for_call", "ToolRegistry",
+    "builtin_specs", "BUILTIN_SOURCES", "TaskTools", "Observation",
+]

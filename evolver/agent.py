@@ -1,0 +1,275 @@
+"""The agent loop: build context, ask the model, run tool calls, record, repeat.
+
+The loop is short on purpose (after mini-swe-agent): ``run_task`` → attempts →
+``_step`` → query the model + execute its tool calls. Every way an attempt ends
+is an exception carrying its final message (``Submitted``, ``StepLimit``,
+``Cancelled``, ``BudgetExceeded``, ``ModelError``), and each step is written to
+the store as it happens, so a crash leaves a readable prefix of the trajectory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from memory import Context, Step, Store, Task
+from sandbox import Limits, Sandbox, write_text
+from tools import TaskTools, ToolRegistry
+
+from .budget import BudgetExceeded
+from .checks import parse_check
+from .model import ModelClient, ModelError, ModelReply
+from .scaffold import Scaffold
+from .verify import Verdict, verify
+
+__all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context"]
+
+log = logging.getLogger(__name__)
+
+
+class Submitted(Exception):
+    """The model called finish; carries the answer."""
+
+    def __init__(self, answer: str) -> None:
+        super().__init__(answer)
+        self.answer = answer
+
+
+class StepLimit(Exception):
+    """The scaffold's step limit was reached without an answer."""
+
+
+class Cancelled(Exception):
+    """Someone cancelled the task."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task_id: str
+    status: str  # done, failed, cancelled
+    answer: str | None
+    success: bool | None
+    attempts: int
+    trajectory_ids: list[str]
+    verdict: str | None = None
+    error: str | None = None
+
+
+def _clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: max(0, chars - 3)] + "..."
+
+
+def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
+    """Worked examples and insights as prompt text, within a token budget (4 chars a token)."""
+    left = budget_tokens * 4
+    examples, insights = [], []
+    for hit in context.trajectories:
+        block = f"- Task: {_clip(hit.prompt, 400)}\n  Answer: {_clip(hit.final_answer or '', 300)}"
+        if len(block) > left:
+            break
+        examples.append(block)
+        left -= len(block)
+    for hit in context.insights:
+        line = f"- {hit.text}"
+        if len(line) > left:
+            break
+        insights.append(line)
+        left -= len(line)
+    examples_text = ("\nSimilar tasks solved before:\n" + "\n".join(examples) + "\n") if examples else ""
+    insights_text = ("\nLessons from experience:\n" + "\n".join(insights) + "\n") if insights else ""
+    return examples_text, insights_text
+
+
+class Agent:
+    """Solves tasks with one scaffold; everything it does is parameterized by it."""
+
+    def __init__(self, *, store: Store, model: ModelClient, sandbox: Sandbox, registry: ToolRegistry,
+                 scaffold: Scaffold, workspace_root: Path, node_id: str | None = None,
+                 observation_chars: int = 4000, keep_workspaces: bool = False,
+                 limits: Limits | None = None) -> None:
+        self.store = store
+        self.model = model
+        self.sandbox = sandbox
+        self.registry = registry
+        self.scaffold = scaffold
+        self.workspace_root = Path(workspace_root)
+        self.node_id = node_id
+        self.observation_chars = observation_chars
+        self.keep_workspaces = keep_workspaces
+        self.limits = limits
+
+    # --- one task ----------------------------------------------------------------
+
+    def run_task(self, task: Task, *, cancel: threading.Event | None = None,
+                 on_step: Callable[[Step], None] | None = None, purpose: str = "task") -> TaskResult:
+        cancel = cancel or threading.Event()
+        params = self.scaffold.parameters
+        workspace = self._prepare_workspace(task)
+        context = self.store.context(task.prompt, trajectories=params.similar_trajectories,
+                                     insights=params.insights, tools=params.tools)
+        tool_names = self._tool_names(context)
+        schemas = self.registry.schemas(tool_names)
+        check = parse_check(task.check) if task.check else None
+        self.store.set_task_status(task.id, "running")
+        trajectory_ids: list[str] = []
+        reflection: str | None = None
+        answer: str | None = None
+        verdict: Verdict | None = None
+        status, error = "failed", None
+        try:
+            with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
+                           observation_chars=self.observation_chars) as tools:
+                for attempt in range(1, params.max_attempts + 1):
+                    trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
+                    trajectory_ids.append(trajectory.id)
+                    messages = self._opening(task, context, reflection)
+                    answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
+                                                  on_step, purpose)
+                    verdict = verify(check, answer=answer, sandbox=self.sandbox, workspace=workspace,
+                                     limits=self.limits) if check else None
+                    self.store.finish_trajectory(trajectory.id, status=ended, final_answer=answer)
+                    if verdict is not None:
+                        self.store.record_outcome(trajectory.id, success=verdict.success, score=verdict.score,
+                                                  verifier=verdict.verifier, verifier_output=verdict.output)
+                    if verdict is None or verdict.success:
+                        if verdict is None and answer is None:  # no check to fall back on
+                            status, error = "failed", f"no answer ({ended})"
+                        else:
+                            status = "done"
+                        break
+                    if not (params.reflect_retry and attempt < params.max_attempts):
+                        error = verdict.output
+                        break
+                    reflection = self._reflect(trajectory.id, task, messages, verdict, on_step, purpose)
+        except Cancelled:
+            status, error = "cancelled", "cancelled"
+            self._close_open(trajectory_ids, "cancelled")
+        except BudgetExceeded as exc:
+            status, error = "failed", str(exc)
+            self._close_open(trajectory_ids, "budget")
+        except ModelError as exc:
+            status, error = "failed", f"model error: {exc}"
+            self._close_open(trajectory_ids, "error")
+        finally:
+            if not self.keep_workspaces:
+                shutil.rmtree(workspace, ignore_errors=True)
+        self.store.set_task_status(task.id, status, error=error)
+        return TaskResult(task_id=task.id, status=status, answer=answer,
+                          success=None if verdict is None else verdict.success, attempts=len(trajectory_ids),
+                          trajectory_ids=trajectory_ids, verdict=verdict.output if verdict else None, error=error)
+
+    def _close_open(self, trajectory_ids: list[str], status: str) -> None:
+        if trajectory_ids and self.store.get_trajectory(trajectory_ids[-1]).status == "running":
+            self.store.finish_trajectory(trajectory_ids[-1], status=status)
+
+    def _prepare_workspace(self, task: Task) -> Path:
+        workspace = self.workspace_root / task.id
+        if workspace.exists():
+            shutil.rmtree(workspace)
+        workspace.mkdir(parents=True)
+        os.chmod(workspace, 0o700)
+        for path, text in (task.metadata.get("files") or {}).items():
+            write_text(workspace, path, text)
+        return workspace
+
+    def _tool_names(self, context: Context) -> list[str]:
+        enabled = [n for n in self.scaffold.tools if self.registry.get(n) is not None]
+        relevant = [hit.name for hit in context.tools
+                    if self.registry.get(hit.name) is not None and hit.name not in enabled]
+        return enabled + relevant
+
+    def _opening(self, task: Task, context: Context, reflection: str | None) -> list[dict]:
+        prompts = self.scaffold.prompts
+        examples, insights = render_context(context, self.scaffold.parameters.context_tokens)
+        user = prompts.task.format(task=task.prompt, examples=examples, insights=insights)
+        if reflection is not None:
+            user += "\n\n" + prompts.retry.format(task=task.prompt, reflection=reflection)
+        return [{"role": "system", "content": prompts.system}, {"role": "user", "content": user}]
+
+    # --- one attempt ---------------------------------------------------------------
+
+    def _attempt(self, trajectory_id: str, task: Task, messages: list[dict], schemas: list[dict],
+                 tools: TaskTools, cancel: threading.Event, on_step, purpose: str) -> tuple[str | None, str]:
+        """Run steps until an answer or a limit; returns the answer and how it ended."""
+        params = self.scaffold.parameters
+        record = self._recorder(trajectory_id, on_step)
+        if params.plan_first and self.scaffold.prompts.plan:
+            reply = self._ask(messages + [{"role": "user", "content": self.scaffold.prompts.plan.format(task=task.prompt)}],
+                              None, task, purpose)
+            record("plan", reply.content, reply=reply)
+            messages.append({"role": "assistant", "content": reply.content})
+        idle = 0
+        try:
+            for _ in range(params.max_steps):
+                if cancel.is_set():
+                    raise Cancelled()
+                idle = self._step(messages, schemas, tools, task, record, purpose, idle)
+            raise StepLimit(f"no answer after {params.max_steps} steps")
+        except Submitted as done:
+            return done.answer, "finished"
+        except StepLimit:
+            return None, "step_limit"
+
+    def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str) -> ModelReply:
+        return self.model.complete(messages, tools=schemas, temperature=self.scaffold.parameters.temperature,
+                                   purpose=purpose, task_id=task.id, node_id=self.node_id)
+
+    def _recorder(self, trajectory_id: str, on_step):
+        def record(role: str, content: str, *, reply: ModelReply | None = None, tool_calls=None,
+                   tool_results=None, duration_ms: float = 0.0) -> None:
+            step = self.store.add_step(
+                trajectory_id, role=role, content=content, tool_calls=tool_calls, tool_results=tool_results,
+                tokens_in=reply.tokens_in if reply else 0, tokens_out=reply.tokens_out if reply else 0,
+                cost_usd=reply.cost_usd if reply else 0.0,
+                duration_ms=reply.latency_ms if reply else duration_ms,
+            )
+            if on_step is not None:
+                on_step(step)
+        return record
+
+    def _step(self, messages, schemas, tools: TaskTools, task: Task, record, purpose: str, idle: int) -> int:
+        """One model turn and its tool calls; returns how many turns in a row had no tool call."""
+        reply = self._ask(messages, schemas, task, purpose)
+        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error} for c in reply.tool_calls]
+        record("assistant", reply.content, reply=reply, tool_calls=calls or None)
+        messages.append(reply.assistant_message)
+        if not reply.tool_calls:
+            if idle >= 1 and reply.content.strip():
+                raise Submitted(reply.content.strip())  # said twice without a tool: that is its answer
+            note = ("You did not call a tool. If that is your final answer, call finish with it; "
+                    "otherwise continue with a tool.")
+            messages.append({"role": "user", "content": note})
+            return idle + 1
+        finished: str | None = None
+        for call in reply.tool_calls:
+            if call.error is not None:
+                text, ok, took = f"Tool call refused: {call.name or 'the call'}: {call.error}", False, 0.0
+            else:
+                observation = tools.run(call.name, call.arguments)
+                text, ok, took = observation.text, observation.ok, observation.duration_ms
+                if observation.finished and finished is None:
+                    finished = observation.answer
+            record("tool", text, tool_results=[{"id": call.id, "name": call.name, "ok": ok}], duration_ms=took)
+            messages.append(self._tool_message(reply, call, text))
+        if finished is not None:
+            raise Submitted(finished)
+        return 0
+
+    @staticmethod
+    def _tool_message(reply: ModelReply, call, text: str) -> dict:
+        if "tool_calls" in reply.assistant_message:
+            return {"role": "tool", "tool_call_id": call.id, "content": text}
+        return {"role": "user", "content": f"Result of {call.name}:\n{text}"}  # JSON-in-text models
+
+    def _reflect(self, trajectory_id: str, task: Task, messages: list[dict], verdict: Verdict, on_step,
+                 purpose: str) -> str:
+        prompt = self.scaffold.prompts.reflection.format(task=task.prompt, verdict=verdict.output)
+        reply = self._ask(messages + [{"role": "user", "content": prompt}], None, task, purpose)
+        self._recorder(trajectory_id, on_step)("reflection", reply.content, reply=reply)
+        return reply.content

@@ -1,0 +1,76 @@
+"""Wiring: the parts of the agent built from the user's settings, in one place."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from memory import Store
+from sandbox import Limits, Sandbox, make_sandbox
+from tools import ToolRegistry, builtin_specs
+
+from .agent import Agent
+from .budget import BudgetGuard
+from .config import Config
+from .model import ModelClient
+from .scaffold import Scaffold, default_scaffold, load_scaffold
+from .storage import open_store
+
+__all__ = ["Engine", "sandbox_limits"]
+
+log = logging.getLogger(__name__)
+
+
+def sandbox_limits(config: Config) -> Limits:
+    s = config.sandbox
+    return Limits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, max_processes=s.max_processes,
+                  max_open_files=s.max_open_files, max_file_mb=s.max_file_mb, tmp_mb=s.tmp_mb)
+
+
+@dataclass
+class Engine:
+    config: Config
+    store: Store
+    model: ModelClient
+    sandbox: Sandbox
+    registry: ToolRegistry
+    data_dir: Path
+
+    @classmethod
+    def open(cls, config: Config, *, data_dir: Path | None = None, store: Store | None = None,
+             sandbox: Sandbox | None = None) -> "Engine":
+        data_dir = Path(data_dir or config.data_dir)
+        store = store or open_store(config, data_dir=data_dir)
+        try:
+            limits = sandbox_limits(config)
+            sandbox = sandbox or make_sandbox(require_isolation=config.sandbox.require_isolation,
+                                              unprivileged_uid=config.sandbox.unprivileged_uid, limits=limits)
+            if not sandbox.isolated:
+                log.warning("SANDBOX DEGRADED: bubblewrap is unavailable; model-written code runs as a plain "
+                            "subprocess with limits, not isolated from your files")
+            model = ModelClient(config.model, store=store, budget=BudgetGuard(config.budget, store))
+        except BaseException:
+            store.close()
+            raise
+        return cls(config=config, store=store, model=model, sandbox=sandbox,
+                   registry=ToolRegistry(builtin_specs()), data_dir=data_dir)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def seed_scaffold(self) -> Scaffold:
+        path = self.config.agent.seed_scaffold
+        return load_scaffold(Path(path).expanduser()) if path else default_scaffold()
+
+    def agent(self, scaffold: Scaffold | None = None, *, node_id: str | None = None) -> Agent:
+        return Agent(store=self.store, model=self.model, sandbox=self.sandbox, registry=self.registry,
+                     scaffold=scaffold or self.seed_scaffold(), workspace_root=self.data_dir / "workspaces",
+                     node_id=node_id, observation_chars=self.config.agent.observation_chars,
+                     keep_workspaces=self.config.agent.keep_workspaces, limits=sandbox_limits(self.config))

@@ -1,0 +1,217 @@
+"""The model layer: every model call goes through litellm, is budgeted and ledgered.
+
+``ModelClient.complete`` takes OpenAI-style messages and tool schemas and
+returns a ``ModelReply`` (text, parsed tool calls, tokens, cost, latency). It
+retries transient errors with exponential backoff, then moves down the
+fallback list; it checks the budget before each call and writes one ledger row
+after it. Models without native tool calling get the tools described in the
+system prompt and their JSON-in-text replies parsed back into tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memory import Store, _offline  # noqa: F401  (before litellm)
+
+from .budget import BudgetGuard
+from .config import ModelSettings
+from . import scripted
+
+__all__ = ["ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls"]
+
+log = logging.getLogger(__name__)
+
+PURPOSES = ("task", "distill", "synthesize", "propose", "evaluate", "chat", "reflect")
+
+
+class ModelError(Exception):
+    """The model could not answer (after retries and fallbacks); the message says why."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any] | None
+    error: str | None = None  # set when the arguments were not a JSON object
+    raw_arguments: str = ""
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    content: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    model: str
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    latency_ms: float
+    assistant_message: dict = field(default_factory=dict)  # to append to the conversation
+
+
+_JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+
+
+def parse_text_tool_calls(text: str) -> list[ToolCall]:
+    """Tool calls written as JSON in text: ```json {"tool": ..., "arguments": {...}}```."""
+    calls = []
+    blocks = _JSON_BLOCK.findall(text) or ([text.strip()] if text.strip().startswith("{") else [])
+    for n, block in enumerate(blocks):
+        try:
+            data = json.loads(block)
+        except json.JSONDecodeError as exc:
+            calls.append(ToolCall(id=f"text_{n}", name="", arguments=None, error=f"invalid JSON ({exc})",
+                                  raw_arguments=block))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("tool") or data.get("name"), str):
+            continue  # JSON that is not a tool call is just text
+        arguments = data.get("arguments", data.get("args", {}))
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(id=f"text_{n}", name=data.get("tool") or data["name"], arguments=None,
+                                  error="arguments must be a JSON object", raw_arguments=json.dumps(arguments)))
+            continue
+        calls.append(ToolCall(id=f"text_{n}", name=data.get("tool") or data["name"], arguments=arguments,
+                              raw_arguments=json.dumps(arguments)))
+    return calls
+
+
+def _tools_as_text(tools: list[dict]) -> str:
+    lines = ["You can call these tools. To call one, reply with only a JSON block:",
+             '```json\n{"tool": "NAME", "arguments": {...}}\n```', ""]
+    for tool in tools:
+        fn = tool.get("function", tool)
+        lines.append(f"- {fn['name']}: {fn.get('description', '')}\n  parameters: {json.dumps(fn.get('parameters', {}))}")
+    return "\n".join(lines)
+
+
+def _transient_errors() -> tuple[type[Exception], ...]:
+    import litellm
+
+    return (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
+            litellm.InternalServerError, litellm.ServiceUnavailableError)
+
+
+class ModelClient:
+    def __init__(self, settings: ModelSettings, *, store: Store, budget: BudgetGuard,
+                 sleep: Callable[[float], None] = time.sleep, backoff_s: float = 0.5) -> None:
+        import litellm
+
+        scripted.install()
+        litellm.suppress_debug_info = True
+        self.settings = settings
+        self.store = store
+        self.budget = budget
+        self._sleep = sleep
+        self._backoff_s = backoff_s
+        self._litellm = litellm
+
+    def _native_tools(self, model: str) -> bool:
+        if model.startswith(f"{scripted.PROVIDER}/"):
+            return scripted._script_for(model).native_tools
+        try:
+            return bool(self._litellm.supports_function_calling(model))
+        except Exception:
+            return False
+
+    def _count_tokens(self, model: str, messages: list[dict]) -> int:
+        try:
+            return int(self._litellm.token_counter(model=model, messages=messages))
+        except Exception:
+            return sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+
+    def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
+                 purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
+                 max_tokens: int | None = None) -> ModelReply:
+        if purpose not in PURPOSES:
+            raise ValueError(f"unknown purpose {purpose!r}; one of {PURPOSES}")
+        models = [self.settings.name, *self.settings.fallbacks]
+        failures = []
+        for model in models:
+            try:
+                return self._complete_with(model, messages, tools, temperature, purpose, task_id, node_id, max_tokens)
+            except ModelError as exc:
+                failures.append(f"{model}: {exc}")
+                log.warning("model %s failed, %s", model, "trying the next fallback" if model != models[-1] else "no fallback left")
+        raise ModelError("; ".join(failures))
+
+    def _complete_with(self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens) -> ModelReply:
+        native = self._native_tools(model) if tools else True
+        call_messages = list(messages)
+        if tools and not native:
+            call_messages = [{"role": "system", "content": _tools_as_text(tools)}, *messages]
+        self.budget.check(purpose=purpose, tokens=self._count_tokens(model, call_messages), task_id=task_id)
+        kwargs: dict[str, Any] = {"model": model, "messages": call_messages, "temperature": temperature,
+                                  "timeout": self.settings.timeout_s, "num_retries": 0}
+        if tools and native:
+            kwargs["tools"] = tools
+        if max_tokens:
+            kwargs["max_tokens"] = max_tokens
+        if self.settings.api_base:
+            kwargs["api_base"] = self.settings.api_base
+        if self.settings.api_key_env:
+            kwargs["api_key"] = os.environ.get(self.settings.api_key_env, "")
+        transient = _transient_errors()
+        attempt = 0
+        while True:
+            started = time.perf_counter()
+            try:
+                response = self._litellm.completion(**kwargs)
+                break
+            except transient as exc:
+                attempt += 1
+                if attempt > self.settings.max_retries:
+                    raise ModelError(f"gave up after {attempt} attempts: {type(exc).__name__}: {exc}") from exc
+                delay = self._backoff_s * 2 ** (attempt - 1)
+                log.info("model %s: %s; retrying in %.1f s", model, type(exc).__name__, delay)
+                self._sleep(delay)
+            except Exception as exc:  # bad request, auth, unknown model: retrying will not help
+                raise ModelError(f"{type(exc).__name__}: {exc}") from exc
+        latency_ms = (time.perf_counter() - started) * 1000
+        return self._record(model, response, native, latency_ms, purpose, task_id, node_id)
+
+    def _record(self, model, response, native, latency_ms, purpose, task_id, node_id) -> ModelReply:
+        choice = response.choices[0]
+        message = choice.message
+        usage = getattr(response, "usage", None)
+        tokens_in = int(getattr(usage, "prompt_tokens", 0) or 0)
+        tokens_out = int(getattr(usage, "completion_tokens", 0) or 0)
+        cost = 0.0
+        if not model.startswith(f"{scripted.PROVIDER}/"):
+            try:
+                cost = float(self._litellm.completion_cost(completion_response=response) or 0.0)
+            except Exception:
+                cost = 0.0  # a model litellm has no price for (a local server) costs nothing
+        content = message.content or ""
+        if native:
+            calls = []
+            for raw in message.tool_calls or []:
+                text = raw.function.arguments or "{}"
+                try:
+                    arguments = json.loads(text)
+                    error = None if isinstance(arguments, dict) else "arguments must be a JSON object"
+                except json.JSONDecodeError as exc:
+                    arguments, error = None, f"invalid JSON ({exc})"
+                calls.append(ToolCall(id=raw.id, name=raw.function.name or "",
+                                      arguments=arguments if error is None else None,
+                                      error=error, raw_arguments=text))
+        else:
+            calls = parse_text_tool_calls(content)
+        assistant: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if native and calls:
+            assistant["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments}}
+                for c in calls
+            ]
+        self.store.record_call(model=model, purpose=purpose, tokens_in=tokens_in, tokens_out=tokens_out,
+                               cost_usd=cost, latency_ms=latency_ms, task_id=task_id, node_id=node_id)
+        return ModelReply(content=content, tool_calls=calls, finish_reason=choice.finish_reason or "stop",
+                          model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost,
+                          latency_ms=latency_ms, assistant_message=assistant)

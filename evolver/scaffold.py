@@ -1,0 +1,114 @@
+"""The scaffold: the editable part of the agent, as a content-addressed snapshot.
+
+Everything the agent loop does that evolution may vary lives here: the prompt
+templates, the agent's parameters, the enabled tools and optional policy hooks.
+The engine's core (verifiers, evaluation harness, budget, sandbox policy, the
+store) is not part of it and cannot be reached from it. A scaffold is plain
+data, validated strictly; its id is the hash of its canonical JSON, so two
+equal scaffolds are one version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["Scaffold", "Prompts", "Parameters", "ScaffoldError", "load_scaffold", "default_scaffold"]
+
+FORMAT_VERSION = 1
+BUILTIN_TOOLS = ("run_python", "run_shell", "read_file", "write_file", "list_files", "finish")
+
+
+class ScaffoldError(ValueError):
+    """A scaffold that cannot be used; the message names the field and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Prompts(_Strict):
+    system: str = Field(min_length=1)
+    """The system message. Placeholders: none."""
+    task: str = Field(min_length=1)
+    """The first user message. Placeholders: {task}, {examples}, {insights}."""
+    reflection: str = Field(min_length=1)
+    """Asked after a failed attempt. Placeholders: {task}, {verdict}."""
+    retry: str = Field(min_length=1)
+    """Opens the next attempt. Placeholders: {task}, {reflection}."""
+    plan: str = ""
+    """Asked before the first step when plan_first is on. Placeholders: {task}."""
+
+
+class Parameters(_Strict):
+    max_steps: int = Field(default=20, ge=1, le=500)
+    temperature: float = Field(default=0.2, ge=0, le=2)
+    similar_trajectories: int = Field(default=3, ge=0, le=20)
+    insights: int = Field(default=5, ge=0, le=50)
+    tools: int = Field(default=5, ge=0, le=50)
+    context_tokens: int = Field(default=2000, ge=0, le=100_000)
+    reflect_retry: bool = True
+    max_attempts: int = Field(default=2, ge=1, le=10)
+    plan_first: bool = False
+
+
+class Scaffold(_Strict):
+    format: int = FORMAT_VERSION
+    prompts: Prompts
+    parameters: Parameters = Parameters()
+    tools: tuple[str, ...] = BUILTIN_TOOLS
+    """Enabled tools: built-in names, and synthesized ones by name."""
+    hooks: str = ""
+    """Optional policy hooks (Python source), run only inside the sandboxed worker."""
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+
+def _from_data(data: object, where: str) -> Scaffold:
+    if not isinstance(data, dict):
+        raise ScaffoldError(f"{where}: a scaffold is a JSON object")
+    if data.get("format", FORMAT_VERSION) != FORMAT_VERSION:
+        raise ScaffoldError(f"{where}: scaffold format {data.get('format')!r} is not supported (this is {FORMAT_VERSION})")
+    if "tools" in data and isinstance(data["tools"], list):
+        data = {**data, "tools": tuple(data["tools"])}
+    try:
+        scaffold = Scaffold.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ScaffoldError(f"{where}: {problems}") from None
+    if "finish" not in scaffold.tools:
+        raise ScaffoldError(f"{where}: tools must include finish, or no task could ever end")
+    return scaffold
+
+
+def load_scaffold(source: Path | str | dict) -> Scaffold:
+    """A scaffold from a file path, a JSON string or a dict."""
+    if isinstance(source, dict):
+        return _from_data(source, "scaffold")
+    if isinstance(source, Path):
+        try:
+            text = source.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScaffoldError(f"{source}: cannot be read ({exc})") from None
+        where = str(source)
+    else:
+        text, where = source, "scaffold"
+    try:
+        return _from_data(json.loads(text), where)
+    except json.JSONDecodeError as exc:
+        raise ScaffoldError(f"{where}: not valid JSON ({exc})") from None
+
+
+def default_scaffold() -> Scaffold:
+    """The seed scaffold the tree grows from (evolver/data/scaffold.json)."""
+    text = resources.files("evolver").joinpath("data", "scaffold.json").read_text(encoding="utf-8")
+    return load_scaffold(text)

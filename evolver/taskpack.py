@@ -1,0 +1,129 @@
+"""Task packs: evaluation and demo tasks in a documented JSONL format.
+
+One JSON object per line:
+
+    {"id": "arith-001",                      unique within the pack
+     "prompt": "A train leaves at ...",      the task text
+     "check": {"type": "answer", ...},       required; see evolver/checks.py
+     "tags": ["arithmetic"],                 optional
+     "split": "train",                       "train" (default) or "test" (held out)
+     "files": {"data.csv": "a,b\\n1,2\\n"}}  optional: files put in the workspace first
+
+Blank lines and lines starting with ``#`` are skipped. A bad line is refused
+with its file and line number; a pack with any bad line is refused whole, so a
+half-read pack never feeds an evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path, PurePosixPath
+
+from .checks import AnswerCheck, CheckError, CommandCheck, PythonCheck, parse_check
+
+__all__ = ["PackTask", "TaskPackError", "load_pack", "parse_pack", "bundled_pack", "SPLITS"]
+
+SPLITS = ("train", "test")
+_KEYS = {"id", "prompt", "check", "tags", "split", "files"}
+
+
+class TaskPackError(ValueError):
+    """A pack that cannot be used; the message lists every bad line."""
+
+
+@dataclass(frozen=True)
+class PackTask:
+    id: str
+    prompt: str
+    check: AnswerCheck | CommandCheck | PythonCheck
+    tags: tuple[str, ...] = ()
+    split: str = "train"
+    files: dict[str, str] = field(default_factory=dict)
+
+    def check_data(self) -> dict:
+        return self.check.model_dump()
+
+
+def _safe_relative(path: str) -> bool:
+    p = PurePosixPath(path)
+    return bool(path) and not p.is_absolute() and ".." not in p.parts and "\\" not in path
+
+
+def _task(data: object, where: str) -> PackTask:
+    if not isinstance(data, dict):
+        raise TaskPackError(f"{where}: a task is a JSON object")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise TaskPackError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+    task_id = data.get("id")
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise TaskPackError(f"{where}: id must be a non-empty string")
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise TaskPackError(f"{where}: task {task_id}: prompt must be a non-empty string")
+    if "check" not in data:
+        raise TaskPackError(f"{where}: task {task_id} has no check; every pack task needs one")
+    try:
+        check = parse_check(data["check"])
+    except CheckError as exc:
+        raise TaskPackError(f"{where}: task {task_id}: {exc}") from None
+    tags = data.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise TaskPackError(f"{where}: task {task_id}: tags must be a list of strings")
+    split = data.get("split", "train")
+    if split not in SPLITS:
+        raise TaskPackError(f"{where}: task {task_id}: split must be one of {SPLITS}, not {split!r}")
+    files = data.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise TaskPackError(f"{where}: task {task_id}: files must map relative paths to text")
+    for path in files:
+        if not _safe_relative(path):
+            raise TaskPackError(f"{where}: task {task_id}: file path {path!r} must be relative, inside the workspace")
+    return PackTask(id=task_id, prompt=prompt, check=check, tags=tuple(tags), split=split, files=dict(files))
+
+
+def parse_pack(text: str, source: str = "pack") -> list[PackTask]:
+    tasks, problems, seen = [], [], {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{source}:{number}"
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        try:
+            task = _task(data, where)
+        except TaskPackError as exc:
+            problems.append(str(exc))
+            continue
+        if task.id in seen:
+            problems.append(f"{where}: duplicate id {task.id!r} (first on line {seen[task.id]})")
+            continue
+        seen[task.id] = number
+        tasks.append(task)
+    if problems:
+        raise TaskPackError("\n".join(problems))
+    if not tasks:
+        raise TaskPackError(f"{source}: the pack has no tasks")
+    return tasks
+
+
+def load_pack(path: Path | str) -> list[PackTask]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskPackError(f"{path}: cannot be read ({exc})") from None
+    return parse_pack(text, str(path))
+
+
+def bundled_pack(name: str = "basic") -> list[PackTask]:
+    """A pack shipped with evolver (evolver/data/packs/NAME.jsonl)."""
+    resource = resources.files("evolver").joinpath("data", "packs", f"{name}.jsonl")
+    if not resource.is_file():
+        raise TaskPackError(f"there is no bundled pack named {name!r}")
+    return parse_pack(resource.read_text(encoding="utf-8"), f"{name}.jsonl")
