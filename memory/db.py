@@ -9,13 +9,14 @@ with NORMAL can lose the last commits). Migrations are named, recorded in
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .errors import StoreCorrupt, translate_os_error, translate_sqlite_error
+from .errors import StoreCorrupt, StoreReadOnly, translate_os_error, translate_sqlite_error
 
 __all__ = ["connect", "MIGRATIONS", "INDEXED_COLLECTIONS"]
 
@@ -27,14 +28,17 @@ MIGRATIONS = Migrations("evolver")
 
 def connect(path: Path, *, busy_timeout_ms: int, readonly: bool = False) -> sqlite_utils.Database:
     """Open (creating if needed) the store's database with the settings it relies on."""
+    conn: sqlite3.Connection | None = None
     try:
         if readonly:
+            # as_uri() percent-encodes the path: a '?', '#' or '%' in it must not end the file name.
             conn = sqlite3.connect(
-                f"file:{path}?mode=ro", uri=True, check_same_thread=False,
+                f"{path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False,
                 timeout=busy_timeout_ms / 1000,
             )
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
+            _require_writable(path)
             conn = sqlite3.connect(path, check_same_thread=False, timeout=busy_timeout_ms / 1000)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         # Reading the schema is the cheapest way to learn the file is a database at all.
@@ -45,11 +49,32 @@ def connect(path: Path, *, busy_timeout_ms: int, readonly: bool = False) -> sqli
                 raise StoreCorrupt(f"{path}: could not switch to WAL journal mode (got {mode!r}).")
             conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
-    except sqlite3.Error as exc:
-        raise translate_sqlite_error(exc, path) from exc
-    except OSError as exc:
-        raise translate_os_error(exc, path) from exc
+    except BaseException as exc:
+        # Never leave a half-set-up connection (and its file handle) behind.
+        if conn is not None:
+            conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise translate_sqlite_error(exc, path) from exc
+        if isinstance(exc, OSError):
+            raise translate_os_error(exc, path) from exc
+        raise
     return sqlite_utils.Database(conn, execute_plugins=False)
+
+
+def _require_writable(path: Path) -> None:
+    """Refuse a database this process cannot write, at open rather than at the first write.
+
+    SQLite opens a file it may not write read-only without a word (and an
+    existing WAL database even reads fine), so a daemon would start, accept a
+    task, and only then fail to commit it.
+    """
+    for target in (path.parent, path):
+        if target.exists() and not os.access(target, os.W_OK):
+            raise StoreReadOnly(
+                f"{path} cannot be written ({target} is read-only for this user). Check that the "
+                f"data dir {path.parent} is writable by this user and is not on a read-only mount, "
+                "or choose another with [daemon] data_dir."
+            )
 
 
 def _enqueue_trigger(table: str, collection: str, key: str, event: str) -> str:

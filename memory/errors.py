@@ -66,26 +66,55 @@ class NotFound(StoreError, KeyError):
         return str(self.args[0]) if self.args else "not found"
 
 
+# SQLite's primary result codes (the low byte of an extended code) and what they mean here.
+_KIND_BY_CODE = {
+    11: "corrupt",  # SQLITE_CORRUPT
+    26: "corrupt",  # SQLITE_NOTADB
+    5: "locked",  # SQLITE_BUSY
+    6: "locked",  # SQLITE_LOCKED
+    8: "readonly",  # SQLITE_READONLY
+    14: "readonly",  # SQLITE_CANTOPEN
+    3: "readonly",  # SQLITE_PERM
+    13: "full",  # SQLITE_FULL
+}
+
+
+def _kind(exc: sqlite3.Error, low: str) -> str | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        # The code, not the text: "no such column: fullname" is not a full disk.
+        return _KIND_BY_CODE.get(code & 0xFF)
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return "corrupt"
+    if "locked" in low or "busy" in low:
+        return "locked"
+    if "readonly" in low or "read-only" in low or "unable to open" in low:
+        return "readonly"
+    if "database or disk is full" in low:
+        return "full"
+    return None
+
+
 def translate_sqlite_error(exc: sqlite3.Error, path: Path) -> StoreError:
     """Turn a sqlite3 error into the store error that tells the user what to do."""
     text = str(exc)
-    low = text.lower()
-    if "not a database" in low or "malformed" in low or "corrupt" in low:
+    kind = _kind(exc, text.lower())
+    if kind == "corrupt":
         return StoreCorrupt(
             f"{path} is not a readable SQLite database ({text}). Nothing was changed. "
             "Restore it from a backup, or move it aside to start a new store."
         )
-    if "locked" in low or "busy" in low:
+    if kind == "locked":
         return StoreLocked(
             f"{path} is locked by another connection ({text}). "
             "Another process is writing it; try again, or stop the other process."
         )
-    if "readonly" in low or "read-only" in low or "unable to open" in low:
+    if kind == "readonly":
         return StoreReadOnly(
             f"{path} cannot be written ({text}). Check that the data dir "
             f"{path.parent} exists, is writable by this user and is not on a read-only mount."
         )
-    if "full" in low:
+    if kind == "full":
         return StoreFull(
             f"{path}: the disk is full ({text}). Nothing already stored was lost; "
             "free some space and try again."

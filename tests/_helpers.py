@@ -1,0 +1,56 @@
+"""Helpers of the store's tests that run code in other processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def run_python(code: str, *args: str, prefix: list[str] | None = None, env: dict | None = None,
+               timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter of this venv (optionally under ``prefix``, e.g. unshare)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [*(prefix or []), PYTHON, "-c", code, *args],
+        capture_output=True, text=True, timeout=timeout, env=full_env, input=input, cwd=str(REPO),
+    )
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    """The JSON object a helper script printed last; fails with its output otherwise."""
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON from the script (rc={proc.returncode})\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return json.loads(lines[-1])
+
+
+def works(*command: str) -> bool:
+    """Whether a command (a namespace or privilege tool) runs here."""
+    if shutil.which(command[0]) is None:
+        return False
+    try:
+        return subprocess.run(list(command), capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class OtherModel:
+    """The session's embedder under another model's name: a different vector space to the index."""
+
+    def __init__(self, inner: Embedder, model_id: str = "some-other-model/384") -> None:
+        self._inner = inner
+        self.model_id = model_id
+        self.dimensions = inner.dimensions
+
+    def embed_documents(self, texts):
+        return self._inner.embed_documents(texts)
+
+    def embed_query(self, text, **kwargs):
+        return self._inner.embed_query(text, **kwargs)

@@ -1,0 +1,144 @@
+"""The model layer through litellm with the scripted provider: replies, retries, fallbacks,
+the JSON-in-text fallback, the budget guard and the ledger."""
+
+from __future__ import annotations
+
+import pytest
+
+from evolver import scripted
+from evolver.budget import BudgetExceeded, BudgetGuard
+from evolver.config import BudgetSettings, ModelSettings
+from evolver.model import ModelClient, ModelError, parse_text_tool_calls
+from evolver.scripted import ScriptError
+
+TOOLS = [{"type": "function", "function": {
+    "name": "run_python", "description": "run code",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]
+
+
+@pytest.fixture
+def client_for(store):
+    sleeps: list[float] = []
+
+    def make(model: str, budget: BudgetSettings | None = None, **settings) -> ModelClient:
+        client = ModelClient(ModelSettings(name=model, **settings), store=store,
+                             budget=BudgetGuard(budget or BudgetSettings(), store), sleep=sleeps.append)
+        client.sleeps = sleeps
+        return client
+
+    return make
+
+
+def test_scripted_tool_calls_go_through_litellm_and_are_ledgered(client_for, store):
+    scripted.register_script("m-tools", {"rules": [
+        {"match": r"What is (\d+) \+ (\d+)", "tool": "run_python", "arguments": {"code": r"print(\1 + \2)"}},
+    ]})
+    reply = client_for("scripted/m-tools").complete([{"role": "user", "content": "What is 2 + 3?"}], tools=TOOLS,
+                                                    task_id=None, purpose="task")
+    assert reply.finish_reason == "tool_calls"
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("run_python", {"code": "print(2 + 3)"})]
+    assert reply.assistant_message["tool_calls"][0]["function"]["name"] == "run_python"
+    tokens, usd = store.spent()
+    assert tokens == reply.tokens_in + reply.tokens_out > 0 and usd == 0.0
+    row = store.db.execute("SELECT model, purpose FROM ledger").fetchall()
+    assert row == [("scripted/m-tools", "task")]
+
+
+def test_transient_errors_are_retried_with_backoff(client_for):
+    scripted.register_script("m-flaky", {"rules": [
+        {"match": "", "error": "rate_limit", "times": 2},
+        {"match": "", "reply": "fine now"},
+    ]})
+    client = client_for("scripted/m-flaky", max_retries=3)
+    assert client.complete([{"role": "user", "content": "hi"}]).content == "fine now"
+    assert client.sleeps == [0.5, 1.0]
+
+
+def test_giving_up_moves_to_the_fallback_model(client_for, store):
+    scripted.register_script("m-down", {"rules": [{"match": "", "error": "server"}]})
+    scripted.register_script("m-backup", {"rules": [{"match": "", "reply": "from the backup"}]})
+    client = client_for("scripted/m-down", max_retries=1, fallbacks=["scripted/m-backup"])
+    reply = client.complete([{"role": "user", "content": "hi"}])
+    assert (reply.content, reply.model) == ("from the backup", "scripted/m-backup")
+
+
+def test_a_bad_request_is_not_retried_and_names_the_error(client_for):
+    scripted.register_script("m-bad", {"rules": [{"match": "", "error": "bad_request"}]})
+    client = client_for("scripted/m-bad", max_retries=3)
+    with pytest.raises(ModelError, match="BadRequestError"):
+        client.complete([{"role": "user", "content": "hi"}])
+    assert client.sleeps == []
+
+
+def test_models_without_native_tools_get_tools_in_text_and_their_json_parsed(client_for):
+    scripted.register_script("m-text", {"native_tools": False, "rules": [
+        {"match": "You can call these tools", "on": "all", "tool": "run_python", "arguments": {"code": "1"}},
+    ]})
+    reply = client_for("scripted/m-text").complete([{"role": "user", "content": "go"}], tools=TOOLS)
+    assert reply.finish_reason == "stop" and "```json" in reply.content
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("run_python", {"code": "1"})]
+    assert "tool_calls" not in reply.assistant_message
+
+
+def test_text_tool_call_parser_reports_bad_json_and_ignores_prose():
+    calls = parse_text_tool_calls('thinking...\n```json\n{"tool": "finish", "arguments": {"answer": "4"}}\n```')
+    assert [(c.name, c.arguments) for c in calls] == [("finish", {"answer": "4"})]
+    broken = parse_text_tool_calls('```json\n{"tool": "finish", "arguments": {"answer": }\n```')
+    assert broken[0].error.startswith("invalid JSON")
+    assert parse_text_tool_calls("The answer is 4.") == []
+    assert parse_text_tool_calls('```json\n{"tool": "x", "arguments": [1]}\n```')[0].error == \
+        "arguments must be a JSON object"
+
+
+def test_malformed_native_arguments_become_a_call_error(client_for):
+    scripted.register_script("m-args", {"rules": [{"match": "", "tool": "run_python", "arguments": {}}]})
+    client = client_for("scripted/m-args")
+    reply = client.complete([{"role": "user", "content": "x"}], tools=TOOLS)
+    assert reply.tool_calls[0].arguments == {} and reply.tool_calls[0].error is None
+
+
+def test_budget_guard_refuses_a_call_past_the_daily_and_task_caps(client_for, store):
+    scripted.register_script("m-cheap", {"rules": [{"match": "", "reply": "ok"}]})
+    client = client_for("scripted/m-cheap", BudgetSettings(tokens_per_day=1000, tokens_per_task=20))
+    task, _ = store.add_task("count things")
+    client.complete([{"role": "user", "content": "x" * 40}], task_id=task.id)  # ~10 + 1 tokens
+    with pytest.raises(BudgetExceeded, match="per-task token cap of 20 tokens"):
+        client.complete([{"role": "user", "content": "x" * 80}], task_id=task.id)
+    store.record_call(model="other", purpose="task", tokens_in=995, tokens_out=0, cost_usd=0, latency_ms=1)
+    with pytest.raises(BudgetExceeded, match="daily token cap of 1000 tokens"):
+        client.complete([{"role": "user", "content": "y" * 40}])
+
+
+def test_background_work_is_held_to_its_share(client_for, store):
+    scripted.register_script("m-bg", {"rules": [{"match": "", "reply": "ok"}]})
+    client = client_for("scripted/m-bg", BudgetSettings(tokens_per_day=1000, tokens_per_task=0, background_share=0.1))
+    store.record_call(model="x", purpose="distill", tokens_in=99, tokens_out=0, cost_usd=0, latency_ms=1)
+    with pytest.raises(BudgetExceeded, match="background token share of 100 tokens"):
+        client.complete([{"role": "user", "content": "z" * 40}], purpose="distill")
+    assert client.complete([{"role": "user", "content": "z" * 40}], purpose="task").content == "ok"
+
+
+def test_dollar_caps_refuse_once_reached(client_for, store):
+    scripted.register_script("m-usd", {"rules": [{"match": "", "reply": "ok"}]})
+    client = client_for("scripted/m-usd", BudgetSettings(usd_per_day=1.0, usd_per_task=0.5, tokens_per_task=0))
+    store.record_call(model="paid", purpose="task", tokens_in=1, tokens_out=1, cost_usd=1.0, latency_ms=1)
+    with pytest.raises(BudgetExceeded, match="daily dollar cap"):
+        client.complete([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(("script", "message"), [
+    ({"rules": "x"}, 'a script is an object with a "rules" list'),
+    ({"rules": [{"match": "(", "reply": "x"}]}, "not a valid regex"),
+    ({"rules": [{"match": "", "reply": "x", "tool": "y"}]}, "exactly one of reply, tool, calls or error"),
+    ({"rules": [{"match": "", "error": "meteor"}]}, "unknown error kind"),
+    ({"rules": [{"match": "", "reply": "x", "colour": 1}]}, "rule 0"),
+    ({"rules": [], "extra": 1}, "unknown script keys"),
+])
+def test_bad_scripts_are_refused_with_the_reason(script, message):
+    with pytest.raises(ScriptError, match=message):
+        scripted.register_script("m-broken", script)
+
+
+def test_an_unknown_script_is_a_model_error(client_for):
+    with pytest.raises(ModelError, match="no script named 'nobody'"):
+        client_for("scripted/nobody").complete([{"role": "user", "content": "hi"}])

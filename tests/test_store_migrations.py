@@ -1,0 +1,106 @@
+"""Named migrations and the connection settings durability relies on."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from sqlite_utils.migrations import Migrations
+
+import memory.store as store_module
+from memory import StoreError, StoreOptions
+from memory.db import MIGRATIONS
+
+
+def migration_rows(path):
+    with sqlite3.connect(path) as conn:
+        return conn.execute(
+            "SELECT migration_set, name, applied_at FROM _sqlite_migrations ORDER BY id"
+        ).fetchall()
+
+
+def test_fresh_store_records_the_initial_migration(store):
+    assert store.migrations() == ["0001_initial"]
+    assert MIGRATIONS.pending(store.db) == []
+    rows = store.db.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
+    assert rows == [("evolver", "0001_initial")]
+    tables = set(store.db.table_names())
+    assert {
+        "meta", "tasks", "trajectories", "steps", "outcomes", "insights", "tools", "nodes",
+        "evaluations", "ledger", "events", "index_outbox", "trajectories_fts", "insights_fts", "tools_fts",
+    } <= tables
+    model = store.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
+    assert model == store.embedder.model_id
+    assert store.check() == ["ok"]
+
+
+def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
+    first = open_store()
+    task, _ = first.add_task("survive a restart")
+    first.close()
+    before = migration_rows(data_dir / "evolver.db")
+    assert [r[1] for r in before] == ["0001_initial"]
+
+    second = open_store()
+    assert migration_rows(data_dir / "evolver.db") == before  # same row, same applied_at
+    assert second.get_task(task.id) == task
+    second.close()
+
+
+def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeypatch):
+    open_store().close()
+    migrations = Migrations("evolver")
+    migrations._migrations = list(MIGRATIONS._migrations)
+
+    @migrations(name="0002_task_labels")
+    def _labels(db):
+        db.execute("ALTER TABLE tasks ADD COLUMN label TEXT")
+
+    monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
+    store = open_store()
+    assert store.migrations() == ["0001_initial", "0002_task_labels"]
+    assert "label" in store.db["tasks"].columns_dict
+    store.close()
+    store = open_store()  # and not again
+    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == ["0001_initial", "0002_task_labels"]
+
+
+def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, monkeypatch):
+    open_store().close()
+    migrations = Migrations("evolver")
+    migrations._migrations = list(MIGRATIONS._migrations)
+
+    @migrations(name="0002_broken")
+    def _broken(db):
+        db.execute("CREATE TABLE half_done (x INTEGER)")
+        db.execute("INSERT INTO no_such_table VALUES (1)")
+
+    monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
+    with pytest.raises(StoreError, match="no such table"):
+        open_store()
+    with sqlite3.connect(data_dir / "evolver.db") as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert "half_done" not in names
+    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == ["0001_initial"]
+
+
+def test_connection_pragmas(open_store):
+    store = open_store(options=StoreOptions(busy_timeout_ms=1234))
+    pragma = lambda name: store.db.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+    assert pragma("journal_mode") == "wal"
+    assert pragma("synchronous") == 2  # FULL: WAL with NORMAL can lose the last commits
+    assert pragma("busy_timeout") == 1234
+    assert pragma("foreign_keys") == 1
+
+
+def test_foreign_keys_are_enforced(store):
+    task, _ = store.add_task("needs a real node")
+    with pytest.raises(StoreError, match="FOREIGN KEY"):
+        store.start_trajectory(task.id, node_id="node_that_does_not_exist")
+    assert store.trajectories_of(task.id) == []
+
+
+def test_wal_mode_persists_in_the_file(open_store, data_dir):
+    open_store().close()
+    with sqlite3.connect(data_dir / "evolver.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
