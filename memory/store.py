@@ -52,6 +52,29 @@ def _text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+class _Pending:
+    """A call running on its own thread; ``result()`` waits for it and re-raises its error."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn(*args)
+            except BaseException as exc:  # handed to result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="evolver-embed-query", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     """The knobs of the store; ``evolver.config`` fills them from ``[memory]``."""
@@ -113,9 +136,11 @@ class Store:
             self.db_path, busy_timeout_ms=self.options.busy_timeout_ms, readonly=readonly
         )
         try:
+            # Own the index before changing anything: a second writer that will be
+            # refused (IndexBusy) must not have migrated the database under the owner.
+            self._open_index(rebuild=rebuild_index)
             if not readonly:
                 self._migrate()
-            self._open_index(rebuild=rebuild_index)
         except BaseException:
             self.close()
             raise
@@ -124,7 +149,11 @@ class Store:
     def open(cls, data_dir: Path, **kwargs) -> "Store":
         store = cls(data_dir, **kwargs)
         if store.index is not None and not store.readonly:
-            store.reconcile()
+            try:
+                store.reconcile()
+            except BaseException:
+                store.close()  # or the index stays locked by a store nobody holds
+                raise
         return store
 
     def __enter__(self) -> "Store":
@@ -147,10 +176,12 @@ class Store:
         with self._sqlite_errors():
             MIGRATIONS.apply(self.db)
             stored = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()
-            if stored is None:
+            # The index opened, so it is (now) built with this model; say so where the data lives.
+            if stored is None or stored[0] != self.embedder.model_id:
                 with self.db.atomic():
                     self.db.execute(
-                        "INSERT INTO meta (key, value) VALUES ('embedding_model', ?)", [self.embedder.model_id]
+                        "INSERT OR REPLACE INTO meta (key, value) VALUES ('embedding_model', ?)",
+                        [self.embedder.model_id],
                     )
 
     def _open_index(self, *, rebuild: bool) -> None:
@@ -291,6 +322,8 @@ class Store:
                      tokens_in, tokens_out, cost_usd, duration_ms, now],
                 )
             except sqlite3.IntegrityError as exc:
+                if "FOREIGN KEY" not in str(exc):
+                    raise  # say, a missing content: not a missing trajectory
                 raise NotFound(f"No trajectory with id {trajectory_id!r}.") from exc
             db.execute(
                 "UPDATE trajectories SET tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, cost_usd = cost_usd + ? WHERE id = ?",
@@ -350,7 +383,8 @@ class Store:
             db.execute(
                 """INSERT INTO outcomes (trajectory_id, success, feedback, decided_at) VALUES (?,?,?,?)
                    ON CONFLICT (trajectory_id) DO UPDATE SET feedback = excluded.feedback,
-                   success = coalesce(outcomes.success, excluded.success)""",
+                   success = CASE WHEN outcomes.verifier IS NULL THEN excluded.success ELSE outcomes.success END,
+                   decided_at = CASE WHEN outcomes.verifier IS NULL THEN excluded.decided_at ELSE outcomes.decided_at END""",
                 [trajectory_id, int(good), note or ("good" if good else "bad"), time.time()],
             )
         self.sync_index()
@@ -369,23 +403,28 @@ class Store:
                 if not item.prompt.strip():
                     raise ValueError("A trajectory needs a non-empty prompt.")
                 task_id, trajectory_id = new_id("task"), new_id("traj")
-                started = item.started_at or now
+                started = now if item.started_at is None else item.started_at
                 db.execute(
                     """INSERT INTO tasks (id, prompt, "check", status, source, metadata, created_at, updated_at, finished_at)
                        VALUES (?,?,?,?,?,?,?,?,?)""",
                     [task_id, item.prompt, _json(item.check), "done", item.source, "{}", started, started, started],
                 )
+                # A step's accounting is kept as add_step keeps it, and summed on the trajectory.
+                totals = [sum(step.get(key) or 0 for step in item.steps) for key in ("tokens_in", "tokens_out", "cost_usd")]
                 db.execute(
-                    """INSERT INTO trajectories (id, task_id, node_id, prompt, status, final_answer, started_at, finished_at)
-                       VALUES (?,?,?,?,?,?,?,?)""",
-                    [trajectory_id, task_id, item.node_id, item.prompt, "finished", item.final_answer, started, started],
+                    """INSERT INTO trajectories (id, task_id, node_id, prompt, status, final_answer, started_at, finished_at,
+                       tokens_in, tokens_out, cost_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
+                    [trajectory_id, task_id, item.node_id, item.prompt, "finished", item.final_answer, started, started,
+                     *totals],
                 )
                 for seq, step in enumerate(item.steps, start=1):
                     db.execute(
-                        """INSERT INTO steps (trajectory_id, seq, role, content, tool_calls, tool_results, created_at)
-                           VALUES (?,?,?,?,?,?,?)""",
+                        """INSERT INTO steps (trajectory_id, seq, role, content, tool_calls, tool_results,
+                           tokens_in, tokens_out, cost_usd, duration_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
                         [trajectory_id, seq, step.get("role", "assistant"), step.get("content", ""),
-                         _json(step.get("tool_calls")), _json(step.get("tool_results")), started],
+                         _json(step.get("tool_calls")), _json(step.get("tool_results")),
+                         step.get("tokens_in") or 0, step.get("tokens_out") or 0, step.get("cost_usd") or 0.0,
+                         step.get("duration_ms") or 0.0, started],
                     )
                 if item.success is not None:
                     db.execute(
@@ -648,8 +687,8 @@ class Store:
     def _indexable_ids_sql(self, collection: str) -> str:
         return {
             "trajectories": "SELECT id FROM trajectories",
-            "insights": "SELECT CAST(id AS TEXT) FROM insights WHERE status = 'active'",
-            "tools": "SELECT CAST(id AS TEXT) FROM tools WHERE status = 'active'",
+            "insights": "SELECT CAST(id AS TEXT) AS id FROM insights WHERE status = 'active'",
+            "tools": "SELECT CAST(id AS TEXT) AS id FROM tools WHERE status = 'active'",
         }[collection]
 
     def reconcile(self) -> dict[str, int]:
@@ -661,7 +700,7 @@ class Store:
             expected = self._one(f"SELECT count(*) AS n FROM ({sql})")["n"]
             if expected == self.index.count(collection):
                 continue
-            truth = {r[0] for r in self.db.execute(sql).fetchall()}
+            truth = {r["id"] for r in self._all(sql)}
             present = self.index.all_ids(collection)
             stale = sorted((present - truth) | (truth - present))
             with self._write() as db:
@@ -728,12 +767,16 @@ class Store:
             vector = self.embedder.embed_query(query)
         fetch = max(k * self.options.candidates_per_result, 20)
         with self._sqlite_errors():
-            vector_hits = self._vector_hits("trajectories", vector, k, filters) if vector is not None else []
+            # Keyword search first: it needs no vector, so while it runs a vector
+            # still being computed (``context`` passes one in the making) gets done.
             where, params = (filters or Filters()).sql("t")
             keyword_ids = keyword_search(
                 self.db, "trajectories", query, fetch, where=where, params=params,
                 join="LEFT JOIN outcomes o ON o.trajectory_id = t.id",
             )
+            if isinstance(vector, _Pending):
+                vector = vector.result()
+            vector_hits = self._vector_hits("trajectories", vector, k, filters) if vector is not None else []
             fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
             if not fused:
                 return []
@@ -790,11 +833,20 @@ class Store:
 
     def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
                 successful_only: bool = True) -> Context:
-        """One task's full context from memory, for one query embedding."""
-        vector = self.embedder.embed_query(query) if self.index is not None else None
+        """One task's full context from memory, for one query embedding.
+
+        The query is embedded on another thread while the trajectories' keyword
+        search runs here (torch and SQLite both release the GIL), so the two
+        overlap on a multi-core machine; the vector is then shared by all three
+        collections.
+        """
+        vector = _Pending(self.embedder.embed_query, query) if self.index is not None else None
         filters = Filters(success=True) if successful_only else None
+        hits = self.search_trajectories(query, k=trajectories, filters=filters, vector=vector)
+        if isinstance(vector, _Pending):
+            vector = vector.result()
         return Context(
-            trajectories=self.search_trajectories(query, k=trajectories, filters=filters, vector=vector),
+            trajectories=hits,
             insights=self.search_insights(query, k=insights, vector=vector),
             tools=self.search_tools(query, k=tools, vector=vector),
             vector_search=self.index is not None,
