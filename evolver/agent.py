@@ -124,7 +124,7 @@ class Agent:
         status, error = "failed", None
         try:
             with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
-                           observation_chars=self.observation_chars) as tools:
+                           observation_chars=self.observation_chars, allowed=tool_names) as tools:
                 for attempt in range(1, params.max_attempts + 1):
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)

@@ -124,8 +124,11 @@ class TaskTools:
     """The tools of one task, bound to its workspace and sandbox."""
 
     def __init__(self, registry: ToolRegistry, sandbox: Sandbox, workspace: str | os.PathLike[str], *,
-                 limits: Limits | None = None, observation_chars: int = 4000) -> None:
+                 limits: Limits | None = None, observation_chars: int = 4000,
+                 allowed: list[str] | None = None) -> None:
         self.registry = registry
+        # The tools offered to the model for this task; None offers every registered tool.
+        self.allowed = None if allowed is None else set(allowed)
         self.sandbox = sandbox
         self.workspace = os.fspath(workspace)
         self.limits = limits
@@ -154,6 +157,10 @@ class TaskTools:
         """Carry out one call. A bad call is an observation telling the model what was wrong."""
         started = time.perf_counter()
         problems = self.registry.check_call(name, arguments)
+        if self.allowed is not None and name not in self.allowed:
+            offered = ", ".join(sorted(self.allowed))
+            problems = [f"{'unknown tool' if self.registry.get(name) is None else 'tool'} {name!r} is not "
+                        f"available for this task; use one of: {offered}"]
         if problems:
             return Observation(text="Tool call refused: " + "; ".join(problems), ok=False,
                                duration_ms=(time.perf_counter() - started) * 1000)

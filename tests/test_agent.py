@@ -1,0 +1,218 @@
+"""The agent loop end to end: scripted model through litellm, real store, real sandbox."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from evolver import scripted
+from evolver.config import load_config
+from evolver.engine import Engine
+from evolver.scaffold import default_scaffold
+from memory import NewTrajectory
+from sandbox import make_sandbox
+from tools import spec_from_source
+
+ADD = [
+    {"match": r"What is (\d+) \+ (\d+)\?", "role": "user", "tool": "run_python",
+     "arguments": {"code": r"print(\1 + \2)"}},
+    {"match": r"^(?P<out>-?\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<out>"}},
+]
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return make_sandbox()
+
+
+@pytest.fixture
+def engine_for(open_store, sandbox, tmp_path):
+    engines = []
+
+    def make(script: dict, name: str, **env) -> Engine:
+        scripted.register_script(name, script)
+        config = load_config(env={"EVOLVER_MODEL_NAME": f"scripted/{name}",
+                                  **{f"EVOLVER_{k.upper()}": str(v) for k, v in env.items()}})
+        store = open_store(tmp_path / name)
+        engine = Engine.open(config, data_dir=tmp_path / name, store=store, sandbox=sandbox)
+        engines.append(engine)
+        return engine
+
+    yield make
+
+
+def scaffold_with(**parameters):
+    base = default_scaffold()
+    return base.model_copy(update={"parameters": base.parameters.model_copy(update=parameters)})
+
+
+def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_for):
+    engine = engine_for({"rules": ADD}, "a-add")
+    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    seen = []
+    result = engine.agent().run_task(task, on_step=lambda step: seen.append((step.seq, step.role)))
+    assert (result.status, result.answer, result.success, result.attempts) == ("done", "42", True, 1)
+    assert seen == [(1, "assistant"), (2, "tool"), (3, "assistant"), (4, "tool")]
+    steps = engine.store.steps(result.trajectory_ids[0])
+    assert steps[0].tool_calls[0]["name"] == "run_python" and steps[1].content == "42"
+    assert steps[0].tokens_in > 0
+    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    assert (trajectory.status, trajectory.final_answer) == ("finished", "42")
+    assert trajectory.tokens_in == sum(s.tokens_in for s in steps)
+    outcome = engine.store.outcome(trajectory.id)
+    assert outcome.success and outcome.verifier == "answer:exact"
+    assert engine.store.get_task(task.id).status == "done"
+
+
+def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
+    script = {"rules": [
+        {"match": "wrote 41", "on": "all", "role": "user", "tool": "finish", "arguments": {"answer": "42"}},
+        {"match": "previous attempt at this task failed", "role": "user", "reply": "I wrote 41 by mistake."},
+        {"match": "What is", "role": "user", "tool": "finish", "arguments": {"answer": "41"}},
+    ]}
+    engine = engine_for(script, "a-retry")
+    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
+    assert (result.status, result.answer, result.attempts) == ("done", "42", 2)
+    first, second = (engine.store.get_trajectory(t) for t in result.trajectory_ids)
+    assert engine.store.outcome(first.id).success is False and engine.store.outcome(second.id).success is True
+    assert [s.role for s in engine.store.steps(first.id)][-1] == "reflection"
+    assert (second.attempt, first.attempt) == (2, 1)
+
+
+def test_without_reflect_retry_a_wrong_answer_fails_the_task_with_the_verdict(engine_for):
+    engine = engine_for({"rules": [{"match": "", "tool": "finish", "arguments": {"answer": "41"}}]}, "a-wrong")
+    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(scaffold_with(reflect_retry=False)).run_task(task)
+    assert (result.status, result.success, result.attempts) == ("failed", False, 1)
+    assert result.error == "answer '41' is not expected '42'"
+    assert engine.store.get_task(task.id).error == result.error
+
+
+def test_the_step_limit_ends_an_attempt(engine_for):
+    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-loop")
+    task, _ = engine.store.add_task("Loop forever")
+    result = engine.agent(scaffold_with(max_steps=3)).run_task(task)
+    assert result.status == "failed" and result.error == "no answer (step_limit)"
+    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    assert trajectory.status == "step_limit" and len(engine.store.steps(trajectory.id)) == 6
+
+
+def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
+    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-budget",
+                        budget_tokens_per_task=400)
+    task, _ = engine.store.add_task("Spend everything")
+    result = engine.agent(scaffold_with(max_steps=50)).run_task(task)
+    assert result.status == "failed" and "per-task token cap of 400 tokens" in result.error
+    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    assert trajectory.status == "budget" and engine.store.steps(trajectory.id)
+    assert engine.store.spent(task_id=task.id)[0] <= 400
+
+
+def test_cancellation_stops_at_the_next_step(engine_for):
+    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-cancel")
+    task, _ = engine.store.add_task("Run until cancelled")
+    cancel = threading.Event()
+
+    def on_step(step):
+        if step.seq == 4:
+            cancel.set()
+
+    result = engine.agent(scaffold_with(max_steps=50)).run_task(task, cancel=cancel, on_step=on_step)
+    assert result.status == "cancelled"
+    assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "cancelled"
+    assert len(engine.store.steps(result.trajectory_ids[0])) == 4
+
+
+def test_malformed_tool_calls_become_observations_and_the_task_goes_on(engine_for):
+    script = {"rules": [
+        {"match": "Tool call refused: unknown tool 'teleport'", "role": "tool", "tool": "read_file",
+         "arguments": {"name": "x"}},
+        {"match": "Tool call refused: missing required argument 'path'", "role": "tool", "tool": "finish",
+         "arguments": {"answer": "recovered"}},
+        {"match": "", "role": "user", "tool": "teleport", "arguments": {}},
+    ]}
+    engine = engine_for(script, "a-malformed")
+    task, _ = engine.store.add_task("Do something odd")
+    result = engine.agent().run_task(task)
+    assert (result.status, result.answer) == ("done", "recovered")
+    observations = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.role == "tool"]
+    assert observations[0].startswith("Tool call refused: unknown tool 'teleport'")
+
+
+def test_a_model_without_native_tools_works_through_json_in_text(engine_for):
+    script = {"native_tools": False, "rules": [
+        {"match": r"Result of run_python:\n(?P<out>\d+)", "role": "user", "tool": "finish",
+         "arguments": {"answer": r"\g<out>"}},
+        {"match": r"What is (\d+) \+ (\d+)\?", "role": "user", "tool": "run_python",
+         "arguments": {"code": r"print(\1 + \2)"}},
+    ]}
+    engine = engine_for(script, "a-text")
+    task, _ = engine.store.add_task("What is 2 + 2?", check={"type": "answer", "expected": "4"})
+    result = engine.agent().run_task(task)
+    assert (result.status, result.answer, result.success) == ("done", "4", True)
+
+
+def test_a_plain_text_answer_said_twice_is_taken(engine_for):
+    engine = engine_for({"rules": [{"match": "", "reply": "Paris"}]}, "a-plain")
+    task, _ = engine.store.add_task("Capital of France?", check={"type": "answer", "expected": "Paris"})
+    result = engine.agent().run_task(task)
+    assert (result.status, result.answer, result.success) == ("done", "Paris", True)
+
+
+def test_retrieved_experience_reaches_the_prompt(engine_for):
+    script = {"rules": [
+        {"match": "Similar tasks solved before:.*Sum the amount column of sales.csv.*Lessons from experience:"
+                  ".*Strip currency symbols", "on": "all", "role": "user", "tool": "finish",
+         "arguments": {"answer": "used memory"}},
+        {"match": "", "role": "user", "tool": "finish", "arguments": {"answer": "no memory"}},
+    ]}
+    engine = engine_for(script, "a-memory")
+    engine.store.ingest([NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200",
+                                       success=True)])
+    engine.store.add_insight("Strip currency symbols before converting money to float.")
+    task, _ = engine.store.add_task("Add up the price column of invoices.csv")
+    assert engine.agent().run_task(task).answer == "used memory"
+
+
+def test_only_offered_tools_can_be_called(engine_for):
+    script = {"rules": [
+        {"match": "is not available for this task", "role": "tool", "tool": "finish", "arguments": {"answer": "no"}},
+        {"match": r"^9$", "role": "tool", "tool": "finish", "arguments": {"answer": "yes"}},
+        {"match": "", "role": "user", "tool": "triple", "arguments": {"x": 3}},
+    ]}
+    engine = engine_for(script, "a-offered")
+    engine.registry.register(spec_from_source(
+        'def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n    return 3 * x\n'))
+    task, _ = engine.store.add_task("Triple three")
+    assert engine.agent().run_task(task).answer == "no"  # registered, but neither enabled nor relevant
+    engine.store.add_tool("triple", description="Multiply a whole number by three", code_hash="h", origin="synthesized")
+    task, _ = engine.store.add_task("Multiply a whole number by three: 3")
+    assert engine.agent().run_task(task).answer == "yes"  # now retrieved as relevant
+
+
+def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):
+    script = {"rules": [
+        {"match": "^1$", "role": "tool", "error": "bad_request"},
+        {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(1)"}},
+    ]}
+    engine = engine_for(script, "a-crash")
+    task, _ = engine.store.add_task("Start, then break")
+    result = engine.agent().run_task(task)
+    assert result.status == "failed" and result.error.startswith("model error: ")
+    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    assert trajectory.status == "error"
+    assert [s.role for s in engine.store.steps(trajectory.id)] == ["assistant", "tool"]
+
+
+def test_pack_files_are_put_in_the_workspace(engine_for):
+    script = {"rules": [
+        {"match": r"^(?P<n>\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<n>"}},
+        {"match": "", "role": "user", "tool": "run_shell", "arguments": {"command": "wc -l < data.txt"}},
+    ]}
+    engine = engine_for(script, "a-files")
+    task, _ = engine.store.add_task("How many lines in data.txt?", check={"type": "answer", "expected": "3"},
+                                    metadata={"files": {"data.txt": "a\nb\nc\n"}})
+    result = engine.agent().run_task(task)
+    assert (result.answer, result.success) == ("3", True)
