@@ -1,0 +1,123 @@
+"""The persistent Python worker's loop, run INSIDE the sandbox (standard library only).
+
+It is passed to the interpreter with ``-c``, so it imports nothing from the project.
+Protocol: one JSON object per line. The host sends ``{"op": "exec", "code": …}`` or
+``{"op": "call", "name": …, "kwargs": {…}}`` on stdin; the worker answers each with
+one line on its stdout carrying ``ok``, ``stdout``, ``stderr`` (what the call printed,
+its subprocesses included), ``value``, ``error`` and ``error_type``.
+
+The protocol pipes are moved to private descriptors at start; descriptors 1 and 2
+then point at capture files and 0 at /dev/null, so nothing the code prints or reads
+can corrupt the conversation.
+"""
+
+import ast
+import builtins
+import json
+import linecache
+import os
+import sys
+import tempfile
+import traceback
+
+_OWN_FILE = "<string>"  # the file name of this loop's frames, as run by ``python -c``
+
+
+def main():
+    cap = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    requests = os.fdopen(os.dup(0), "rb")
+    replies = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    captures = (tempfile.TemporaryFile(buffering=0), tempfile.TemporaryFile(buffering=0))
+    os.dup2(captures[0].fileno(), 1)
+    os.dup2(captures[1].fileno(), 2)
+    real_out, real_err = sys.stdout, sys.stderr
+
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    sys.path.insert(0, os.getcwd())
+    cells = 0
+
+    def reply(message):
+        replies.write(json.dumps(message).encode() + b"\n")
+        replies.flush()
+
+    reply({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})
+    for line in requests:
+        try:
+            request = json.loads(line)
+        except ValueError as exc:
+            reply({"ok": False, "error": f"unreadable request: {exc}", "error_type": "ProtocolError"})
+            continue
+        sys.stdout, sys.stderr = real_out, real_err
+        for fd in (1, 2):
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+        response = {"ok": True, "value": None, "error": None, "error_type": None}
+        try:
+            if request.get("op") == "exec":
+                cells += 1
+                response["value"] = _run_cell(request.get("code", ""), cells, namespace, cap)
+            elif request.get("op") == "call":
+                response["value"] = _call(namespace, request.get("name"), request.get("kwargs") or {})
+            else:
+                raise ValueError(f"unknown op {request.get('op')!r}")
+        except BaseException as exc:  # noqa: BLE001 - everything the code raises is data
+            response.update(ok=False, error=_format(exc), error_type=type(exc).__name__)
+        for stream in (sys.stdout, sys.stderr, real_out, real_err):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a stream the code closed or replaced
+                pass
+        for name, fd in (("stdout", 1), ("stderr", 2)):
+            size = os.fstat(fd).st_size
+            response[name] = os.pread(fd, min(size, cap), 0).decode("utf-8", "replace")
+            response[name + "_truncated"] = size > cap
+        reply(response)
+
+
+def _run_cell(code, number, namespace, cap):
+    """Execute a cell like a notebook does; the repr of a final expression is its value."""
+    filename = f"<cell {number}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    tree = ast.parse(code, filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, filename, "exec"), namespace)
+    if last is None:
+        return None
+    value = eval(compile(last, filename, "eval"), namespace)
+    if value is None:
+        return None
+    namespace["_"] = value
+    text = repr(value)
+    return text if len(text) <= cap else text[:cap] + " …[truncated]"
+
+
+def _call(namespace, name, kwargs):
+    """Call a function defined by earlier cells; its result must be JSON."""
+    function = namespace.get(name) if isinstance(name, str) else None
+    if not callable(function):
+        raise NameError(f"no function named {name!r} is defined in the worker")
+    if not isinstance(kwargs, dict):
+        raise TypeError("call arguments must be a JSON object of keyword arguments")
+    result = function(**kwargs)
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name}() returned a value that is not JSON: {exc}") from None
+    return result
+
+
+def _format(exc):
+    """The traceback without this loop's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == _OWN_FILE:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+if __name__ == "__main__":
+    main()
