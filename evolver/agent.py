@@ -174,6 +174,9 @@ class Agent:
             shutil.rmtree(workspace)
         workspace.mkdir(parents=True)
         os.chmod(workspace, 0o700)
+        # Hand the directory to the sandbox's user first: files written into it are
+        # then theirs too, so sandboxed code can change, add and delete them.
+        self.sandbox.workspace_dir(workspace)
         for path, text in (task.metadata.get("files") or {}).items():
             write_text(workspace, path, text)
         return workspace

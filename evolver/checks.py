@@ -39,6 +39,9 @@ class AnswerCheck(_Check):
     expected: str | float | int
     match: Literal["exact", "numeric", "regex"] = "exact"
     tolerance: float = Field(default=1e-6, ge=0)
+    """Absolute: |answer - expected| <= tolerance passes (numeric match)."""
+    rel_tolerance: float = Field(default=0.0, ge=0, le=1)
+    """Relative: also passes within this fraction of expected (numeric match)."""
     casefold: bool = False
 
     @model_validator(mode="after")

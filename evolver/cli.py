@@ -20,12 +20,18 @@ from rich.console import Console
 from rich.table import Table
 
 from memory import Filters, NewTrajectory, StoreError
+from sandbox import SandboxError
+
+from .budget import BudgetExceeded
 
 from .config import ConfigError, default_config_path, load_config, render_config
+from .model import ModelError
+from .scaffold import ScaffoldError
 from .storage import open_store
 
-# Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused.
-EXIT_USAGE, EXIT_STORE = 2, 3
+# Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused,
+# 4 the engine could not work (no sandbox, the model unreachable, a bad scaffold, no budget).
+EXIT_USAGE, EXIT_STORE, EXIT_ENGINE = 2, 3, 4
 
 out = Console()
 err = Console(stderr=True)
@@ -187,6 +193,113 @@ def memory_check(state: State) -> None:
         sys.exit(1)
 
 
+# --- solving tasks in the foreground ----------------------------------------------------
+
+
+def _check_from_options(answer: str | None, numeric: float | None, regex: str | None, cmd: str | None) -> dict | None:
+    given = [c for c in (answer, numeric, regex, cmd) if c is not None]
+    if len(given) > 1:
+        raise click.UsageError("give at most one of --check-answer, --check-numeric, --check-regex, --check-cmd")
+    if answer is not None:
+        return {"type": "answer", "expected": answer}
+    if numeric is not None:
+        return {"type": "answer", "expected": numeric, "match": "numeric"}
+    if regex is not None:
+        return {"type": "answer", "expected": regex, "match": "regex"}
+    if cmd is not None:
+        return {"type": "command", "command": cmd}
+    return None
+
+
+def _print_step(step) -> None:
+    text = step.content.strip().replace("\n", " ")
+    calls = ", ".join(f"{c['name']}({json.dumps(c.get('arguments'))[:80]})" for c in (step.tool_calls or []))
+    line = calls if step.role == "assistant" and calls else text
+    err.print(f"[dim]{step.seq:>3} {step.role:<10}[/dim] {line[:160]}", markup=True, highlight=False)
+
+
+@cli.command()
+@click.argument("text")
+@click.option("--check-answer", default=None, help="Success when the final answer equals this.")
+@click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number.")
+@click.option("--check-regex", default=None, help="Success when the whole answer matches this regex.")
+@click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace.")
+@click.option("--quiet", is_flag=True, help="Do not show the steps.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def run(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, quiet: bool,
+        as_json: bool) -> None:
+    """Solve one task now, in the foreground, and record it in the store."""
+    from .checks import CheckError, parse_check
+    from .engine import Engine
+
+    if not text.strip():
+        raise click.UsageError("TEXT is empty; say what the task is.")
+    check = _check_from_options(check_answer, check_numeric, check_regex, check_cmd)
+    if check is not None:
+        try:
+            parse_check(check)
+        except CheckError as exc:
+            raise click.UsageError(str(exc)) from None
+    with Engine.open(state.config, data_dir=state.data_dir) as engine:
+        task, _ = engine.store.add_task(text, check=check, source="cli")
+        result = engine.agent().run_task(task, on_step=None if quiet else _print_step)
+    if as_json:
+        click.echo(json.dumps(asdict(result), indent=2))
+    else:
+        verdict = "" if result.success is None else (" (check passed)" if result.success else " (check failed)")
+        click.echo(f"{result.status}{verdict}: {result.answer if result.answer is not None else result.error}")
+    if result.status != "done" or result.success is False:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("pack")
+@click.option("--split", type=click.Choice(["train", "test", "all"]), default="all", show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Run at most this many tasks.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.pass_obj
+def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool) -> None:
+    """Run a task pack (a JSONL file, "basic", or "humaneval") and report the success rate."""
+    from .engine import Engine
+    from .humaneval import humaneval_tasks
+    from .taskpack import TaskPackError, bundled_pack, load_pack
+
+    try:
+        if pack == "humaneval":
+            tasks = humaneval_tasks()
+        elif Path(pack).exists():
+            tasks = load_pack(pack)
+        else:
+            tasks = bundled_pack(pack)
+    except TaskPackError as exc:
+        raise click.UsageError(str(exc)) from None
+    tasks = [t for t in tasks if split == "all" or t.split == split][:limit]
+    results = []
+    with Engine.open(state.config, data_dir=state.data_dir) as engine:
+        agent = engine.agent()
+        with out.status(f"0/{len(tasks)}") as status:
+            for n, pack_task in enumerate(tasks, start=1):
+                task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
+                                                metadata={"pack_task": pack_task.id, "files": pack_task.files})
+                result = agent.run_task(task, purpose="evaluate")
+                results.append({"id": pack_task.id, "split": pack_task.split, "success": bool(result.success),
+                                "status": result.status, "answer": result.answer, "attempts": result.attempts})
+                status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")
+    solved = sum(r["success"] for r in results)
+    summary = {"pack": pack, "split": split, "tasks": len(results), "solved": solved,
+               "success_rate": round(solved / len(results), 4) if results else 0.0, "results": results}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"{pack}: {solved}/{len(results)} solved", title_justify="left")
+    for column in ("id", "split", "success", "status", "answer"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        table.add_row(r["id"], r["split"], "yes" if r["success"] else "no", r["status"], str(r["answer"])[:60])
+    out.print(table)
+
+
 # --- demo ----------------------------------------------------------------------------
 
 
@@ -255,6 +368,9 @@ def main() -> None:
     except StoreError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_STORE)
+    except (SandboxError, ModelError, ScaffoldError, BudgetExceeded) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_ENGINE)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,10 @@ class ModelClient:
 
     def _native_tools(self, model: str) -> bool:
         if model.startswith(f"{scripted.PROVIDER}/"):
-            return scripted._script_for(model).native_tools
+            try:
+                return scripted.script_for(model).native_tools
+            except scripted.ScriptError as exc:
+                raise ModelError(str(exc)) from exc
         try:
             return bool(self._litellm.supports_function_calling(model))
         except Exception:

@@ -37,7 +37,7 @@ from typing import Any
 
 from memory import _offline  # noqa: F401  (before litellm)
 
-__all__ = ["Rule", "Script", "register_script", "install", "ScriptError", "PROVIDER"]
+__all__ = ["Rule", "Script", "register_script", "script_for", "install", "ScriptError", "PROVIDER"]
 
 PROVIDER = "scripted"
 
@@ -150,7 +150,8 @@ def register_script(name: str, script: Script | dict) -> Script:
     return script
 
 
-def _script_for(model: str) -> Script:
+def script_for(model: str) -> Script:
+    """The script that answers for ``scripted/<name>`` (the bundled demo script for "demo")."""
     name = model.split("/", 1)[-1]
     with _SCRIPTS_LOCK:
         script = _SCRIPTS.get(name)
@@ -201,7 +202,7 @@ def _build_handler():
 
         def completion(self, model: str, messages: list, *args, **kwargs):
             f = self._factory
-            script = _script_for(model)
+            script = script_for(model)
             rule, found = script.answer(messages)
             if rule.error:
                 _raise_simulated(rule.error, model)

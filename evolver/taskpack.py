@@ -47,8 +47,10 @@ class PackTask:
 
 
 def _safe_relative(path: str) -> bool:
+    """A file path inside the workspace: relative, no `..`, naming a file (not `.` or `dir/`)."""
     p = PurePosixPath(path)
-    return bool(path) and not p.is_absolute() and ".." not in p.parts and "\\" not in path
+    return (bool(path) and not p.is_absolute() and ".." not in p.parts and "\\" not in path
+            and not path.endswith("/") and p.parts not in ((), (".",)) and p.name not in ("", "."))
 
 
 def _task(data: object, where: str) -> PackTask:

@@ -50,7 +50,7 @@ def _check_answer(check: AnswerCheck, answer: str | None) -> Verdict:
         if value is None:
             return Verdict(False, f"expected a number near {expected:g}; the answer {given[:200]!r} is not one",
                            "answer:numeric")
-        ok = math.isclose(value, expected, rel_tol=check.tolerance, abs_tol=check.tolerance)
+        ok = math.isclose(value, expected, rel_tol=check.rel_tolerance, abs_tol=check.tolerance)
         return Verdict(ok, f"answer {value:g} {'matches' if ok else 'differs from'} expected {expected:g} "
                            f"(tolerance {check.tolerance:g})", "answer:numeric", score=1.0 if ok else 0.0)
     if check.match == "regex":
