@@ -111,3 +111,38 @@ def test_every_command_is_documented_in_the_readme_and_has_help():
         assert re.search(rf"evolver {re.escape(command)}\b", readme), f"`evolver {command}` is not in the README"
         helped = run(*command.split(), "--help")
         assert helped.returncode == 0 and "Usage:" in helped.stdout
+
+
+def test_run_solves_a_task_with_the_offline_model_and_reports_the_check(tmp_path):
+    result = run("--data-dir", str(tmp_path), "run", "What is 6 * 7?", "--check-answer", "42", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert (payload["status"], payload["answer"], payload["success"]) == ("done", "42", True)
+    wrong = run("--data-dir", str(tmp_path), "run", "What is 6 * 7?", "--check-answer", "41", "--quiet")
+    assert wrong.returncode == 1 and wrong.stdout.startswith("failed (check failed)")
+
+
+def test_run_refuses_two_checks_and_a_bad_regex(tmp_path):
+    both = run("--data-dir", str(tmp_path), "run", "x", "--check-answer", "1", "--check-cmd", "true")
+    assert both.returncode == 2 and "at most one of" in both.stderr
+    bad = run("--data-dir", str(tmp_path), "run", "x", "--check-regex", "(")
+    assert bad.returncode == 2 and "not a valid regex" in bad.stderr
+
+
+def test_bench_runs_a_pack_file_and_refuses_a_bad_one(tmp_path):
+    pack = tmp_path / "pack.jsonl"
+    pack.write_text(
+        '{"id": "a", "prompt": "What is 2 + 2?", "check": {"type": "answer", "expected": "4"}}\n'
+        '{"id": "b", "prompt": "Name the colour of the sky.", "check": {"type": "answer", "expected": "blue"},'
+        ' "split": "test"}\n')
+    result = run("--data-dir", str(tmp_path / "d"), "bench", str(pack), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["tasks"], summary["solved"]) == (2, 1)
+    assert {r["id"]: r["success"] for r in summary["results"]} == {"a": True, "b": False}
+    held_out = json.loads(run("--data-dir", str(tmp_path / "d"), "bench", str(pack), "--split", "test",
+                              "--json").stdout)
+    assert [r["id"] for r in held_out["results"]] == ["b"]
+    pack.write_text('{"id": "a", "prompt": "no check"}\n')
+    refused = run("--data-dir", str(tmp_path / "d"), "bench", str(pack))
+    assert refused.returncode == 2 and "pack.jsonl:1: task a has no check" in refused.stderr
