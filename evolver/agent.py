@@ -203,10 +203,11 @@ class Agent:
         params = self.scaffold.parameters
         record = self._recorder(trajectory_id, on_step)
         if params.plan_first and self.scaffold.prompts.plan:
-            reply = self._ask(messages + [{"role": "user", "content": self.scaffold.prompts.plan.format(task=task.prompt)}],
-                              None, task, purpose)
+            messages.append({"role": "user", "content": self.scaffold.prompts.plan.format(task=task.prompt)})
+            reply = self._ask(messages, None, task, purpose)
             record("plan", reply.content, reply=reply)
             messages.append({"role": "assistant", "content": reply.content})
+            messages.append({"role": "user", "content": "Now carry out the plan with the tools."})
         idle = 0
         try:
             for _ in range(params.max_steps):

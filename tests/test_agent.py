@@ -216,3 +216,17 @@ def test_pack_files_are_put_in_the_workspace(engine_for):
                                     metadata={"files": {"data.txt": "a\nb\nc\n"}})
     result = engine.agent().run_task(task)
     assert (result.answer, result.success) == ("3", True)
+
+
+def test_plan_first_asks_for_a_plan_before_acting(engine_for):
+    script = {"rules": [
+        {"match": "write a short numbered plan", "role": "user", "reply": "1. add the numbers 2. finish"},
+        {"match": r"What is (\d+) \+ (\d+)\?.*add the numbers.*carry out the plan", "on": "all", "role": "user",
+         "tool": "run_python", "arguments": {"code": r"print(\1 + \2)"}},
+        ADD[1],
+    ]}
+    engine = engine_for(script, "a-plan")
+    task, _ = engine.store.add_task("What is 1 + 2?", check={"type": "answer", "expected": "3"})
+    result = engine.agent(scaffold_with(plan_first=True)).run_task(task)
+    roles = [s.role for s in engine.store.steps(result.trajectory_ids[0])]
+    assert result.success and roles[0] == "plan" and roles[1:] == ["assistant", "tool", "assistant", "tool"]
