@@ -55,17 +55,17 @@ def _text_hash(text: str) -> str:
 class _Pending:
     """A call running on its own thread; ``result()`` waits for it and re-raises its error."""
 
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
 
         def run() -> None:
             try:
-                self._value = fn(*args)
+                self._value = fn(*args, **kwargs)
             except BaseException as exc:  # handed to result()
                 self._error = exc
 
-        self._thread = threading.Thread(target=run, name="evolver-embed-query", daemon=True)
+        self._thread = threading.Thread(target=run, name="evolver-keyword-search", daemon=True)
         self._thread.start()
 
     def result(self) -> Any:
@@ -737,18 +737,17 @@ class Store:
         Chroma's filtered search only when too few candidates survive."""
         if self.index is None:
             return []
-        size = self.index.count(collection)
-        if size == 0:
-            return []
-        fetch = min(size, max(k * self.options.candidates_per_result, 20))
+        # No count() first: Chroma counts a collection in time linear in its size
+        # (~5 ms at 100k), and a query for more than it holds returns all it holds.
+        fetch = max(k * self.options.candidates_per_result, 20)
         hits = self.index.query(collection, vector, fetch)
-        if filters is None or filters.is_empty():
+        if not hits or filters is None or filters.is_empty():
             return hits
         allowed = self._filter_trajectories([i for i, _ in hits], filters)
         kept = [(i, s) for i, s in hits if i in allowed]
-        if len(kept) >= k or fetch == size:
+        if len(kept) >= k or len(hits) < fetch:  # enough, or every row was a candidate
             return kept
-        return self.index.query(collection, vector, min(size, fetch), where=filters.chroma_where())
+        return self.index.query(collection, vector, fetch, where=filters.chroma_where())
 
     def _filter_trajectories(self, ids: list[str], filters: Filters) -> set[str]:
         if not ids:
@@ -767,15 +766,21 @@ class Store:
             vector = self.embedder.embed_query(query)
         fetch = max(k * self.options.candidates_per_result, 20)
         with self._sqlite_errors():
-            # Keyword search first: it needs no vector, so while it runs a vector
-            # still being computed (``context`` passes one in the making) gets done.
             where, params = (filters or Filters()).sql("t")
-            keyword_ids = keyword_search(
-                self.db, "trajectories", query, fetch, where=where, params=params,
-                join="LEFT JOIN outcomes o ON o.trajectory_id = t.id",
-            )
-            if isinstance(vector, _Pending):
-                vector = vector.result()
+            keyword_args = (self.db, "trajectories", query, fetch)
+            keyword_kwargs = dict(where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id")
+            if callable(vector):
+                # A query embedding still to compute (``context``): the keyword
+                # search needs no vector, so it runs on another thread meanwhile
+                # (SQLite and torch both release the GIL). The embedding stays on
+                # this thread, where torch's thread pool lives.
+                keywords = _Pending(keyword_search, *keyword_args, **keyword_kwargs)
+                try:
+                    vector = vector()
+                finally:
+                    keyword_ids = keywords.result()
+            else:
+                keyword_ids = keyword_search(*keyword_args, **keyword_kwargs)
             vector_hits = self._vector_hits("trajectories", vector, k, filters) if vector is not None else []
             fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
             if not fused:
@@ -835,16 +840,20 @@ class Store:
                 successful_only: bool = True) -> Context:
         """One task's full context from memory, for one query embedding.
 
-        The query is embedded on another thread while the trajectories' keyword
-        search runs here (torch and SQLite both release the GIL), so the two
-        overlap on a multi-core machine; the vector is then shared by all three
-        collections.
+        The trajectories' keyword search runs on another thread while the query
+        is embedded, so the two overlap on a multi-core machine; the vector is
+        then shared by all three collections.
         """
-        vector = _Pending(self.embedder.embed_query, query) if self.index is not None else None
+        embedded: list = []
+
+        def embed():
+            embedded.append(self.embedder.embed_query(query))
+            return embedded[0]
+
         filters = Filters(success=True) if successful_only else None
-        hits = self.search_trajectories(query, k=trajectories, filters=filters, vector=vector)
-        if isinstance(vector, _Pending):
-            vector = vector.result()
+        hits = self.search_trajectories(query, k=trajectories, filters=filters,
+                                        vector=embed if self.index is not None else None)
+        vector = embedded[0] if embedded else None
         return Context(
             trajectories=hits,
             insights=self.search_insights(query, k=insights, vector=vector),
