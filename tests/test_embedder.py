@@ -50,9 +50,9 @@ def test_query_vectors_are_deterministic_and_unit_length(embedder):
         assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
 
 
-# Task-like queries. (A query of one short token, such as "x" or "?", comes out less
-# faithful through the int8 copy: cosine about 0.82-0.90.)
 QUERIES = [
+    "x",
+    "?",
     "sort a list of integers in descending order",
     "What is the capital of France?",
     "rotate the nginx access logs every week and compress the old ones",
@@ -63,10 +63,11 @@ QUERIES = [
 
 
 @pytest.mark.parametrize("text", QUERIES)
-def test_quantized_query_is_close_to_full_precision(embedder, text):
+def test_the_fast_query_path_computes_the_same_vector(embedder, text):
     fast = embedder.embed_query(text)
     full = embedder.embed_query(text, full_precision=True)
-    assert float(fast @ full) > 0.9
+    assert embedder._query_model is not None  # the ONNX Runtime path is really in use
+    assert float(fast @ full) > 0.99999
     # The full-precision single-query path is the document path, vector for vector.
     document = embedder.embed_documents([text])[0]
     assert float(full @ document) > 0.999
