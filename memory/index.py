@@ -50,6 +50,11 @@ def _refusing_embedding_function():
         def build_from_config(config: dict) -> "ExplicitEmbeddingsOnly":
             return ExplicitEmbeddingsOnly()
 
+    # Registered by name, so Chroma can rebuild it from a collection's stored
+    # configuration instead of warning that it cannot.
+    from chromadb.utils.embedding_functions import register_embedding_function
+
+    register_embedding_function(ExplicitEmbeddingsOnly)
     return ExplicitEmbeddingsOnly()
 
 
@@ -113,6 +118,9 @@ class VectorIndex:
         return lock_file
 
     def close(self) -> None:
+        client, self._client = getattr(self, "_client", None), None
+        if client is not None:
+            client.close()  # releases Chroma's files; it caches a system per path otherwise
         lock_file, self._lock_file = getattr(self, "_lock_file", None), None
         if lock_file is not None:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
