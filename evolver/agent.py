@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable

@@ -23,7 +23,7 @@ import os
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator

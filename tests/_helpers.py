@@ -8,6 +8,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memory import Embedder
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from memory import Embedder, Store
+from sandbox import SandboxUnavailable, make_sandbox
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +57,17 @@ def shared_dir():
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """The real bubblewrap sandbox, proven to start once per session."""
+    try:
+        return make_sandbox(require_isolation=True)
+    except SandboxUnavailable as exc:
+        pytest.skip(f"bubblewrap cannot run here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def box(sandbox):
+    return sandbox

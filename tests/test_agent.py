@@ -11,7 +11,6 @@ from evolver.config import load_config
 from evolver.engine import Engine
 from evolver.scaffold import default_scaffold
 from memory import NewTrajectory
-from sandbox import make_sandbox
 from tools import spec_from_source
 
 ADD = [
@@ -19,11 +18,6 @@ ADD = [
      "arguments": {"code": r"print(\1 + \2)"}},
     {"match": r"^(?P<out>-?\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<out>"}},
 ]
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    return make_sandbox()
 
 
 @pytest.fixture

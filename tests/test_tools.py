@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox import make_sandbox
 from tools import TaskTools, ToolRegistry, ToolSpecError, builtin_specs, schema_for_call, spec_from_source
 
 COLUMN_SUM = '''
@@ -69,11 +68,6 @@ def test_registry_refuses_a_spec_whose_schema_lies_about_its_code():
     lying = type(spec)(**{**spec.__dict__, "parameters": {"type": "object", "properties": {}}})
     with pytest.raises(ToolSpecError, match="does not match its signature"):
         ToolRegistry().register(lying)
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    return make_sandbox()
 
 
 @pytest.fixture

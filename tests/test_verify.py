@@ -6,12 +6,6 @@ import pytest
 
 from evolver.checks import CheckError, parse_check
 from evolver.verify import verify
-from sandbox import make_sandbox
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    return make_sandbox()
 
 
 def judge(check: dict, answer, sandbox, workspace):
