@@ -155,6 +155,10 @@ class Agent:
         except ModelError as exc:
             status, error = "failed", f"model error: {exc}"
             self._close_open(trajectory_ids, "error")
+        except Exception as exc:  # a bug or a broken part: the task says so, the caller keeps serving
+            log.exception("task %s failed inside evolver", task.id)
+            status, error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+            self._close_open(trajectory_ids, "error")
         finally:
             if not self.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)

@@ -224,3 +224,17 @@ def test_plan_first_asks_for_a_plan_before_acting(engine_for):
     result = engine.agent(scaffold_with(plan_first=True)).run_task(task)
     roles = [s.role for s in engine.store.steps(result.trajectory_ids[0])]
     assert result.success and roles[0] == "plan" and roles[1:] == ["assistant", "tool", "assistant", "tool"]
+
+
+def test_an_internal_failure_is_recorded_on_the_task_not_raised(engine_for, monkeypatch):
+    engine = engine_for({"rules": ADD}, "a-internal")
+    task, _ = engine.store.add_task("What is 1 + 1?")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the tool layer broke")
+
+    monkeypatch.setattr("tools.builtin.TaskTools.run", broken)
+    result = engine.agent().run_task(task)
+    assert result.status == "failed" and result.error == "internal error: RuntimeError: the tool layer broke"
+    assert engine.store.get_task(task.id).status == "failed"
+    assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "error"
