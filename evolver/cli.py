@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from memory import Filters, NewTrajectory, StoreError
@@ -211,11 +212,11 @@ def _check_from_options(answer: str | None, numeric: float | None, regex: str | 
     return None
 
 
-def _print_step(step) -> None:
+def _print_step(step, console: Console = err) -> None:
     text = step.content.strip().replace("\n", " ")
     calls = ", ".join(f"{c['name']}({json.dumps(c.get('arguments'))[:80]})" for c in (step.tool_calls or []))
     line = calls if step.role == "assistant" and calls else text
-    err.print(f"[dim]{step.seq:>3} {step.role:<10}[/dim] {line[:160]}", markup=True, highlight=False)
+    console.print(f"[dim]{step.seq:>3} {step.role:<10}[/dim] {escape(line[:160])}", markup=True, highlight=False)
 
 
 @cli.command()
@@ -312,9 +313,11 @@ def _sample(name: str) -> list[dict]:
 @click.option("--keep", is_flag=True, help="Keep the temporary data dir and print where it is.")
 @click.pass_obj
 def demo(state: State, keep: bool) -> None:
-    """Build a store from bundled sample trajectories and show what memory retrieves.
+    """Show memory and the agent at work, offline, in a temporary data dir.
 
-    Runs fully offline in a temporary data dir; your own store is not touched.
+    Builds a store from bundled sample trajectories, shows what memory retrieves
+    for new tasks, then solves a few tasks with the scripted offline model, with
+    tool calls in the sandbox and checks by the verifier. Your own store is not touched.
     """
     data_dir = Path(tempfile.mkdtemp(prefix="evolver-demo-"))
     try:
@@ -343,11 +346,40 @@ def demo(state: State, keep: bool) -> None:
             failed = store.search_trajectories("sum money column csv", k=3, filters=Filters(success=False))
             out.print(_hits_table("past failures on similar tasks", [asdict(h) for h in failed],
                                   ["score", "similarity", "prompt", "final_answer"]))
+            _demo_agent(state, store, data_dir)
     finally:
         if keep:
             out.print(f"kept {data_dir}")
         else:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+DEMO_TASKS = [
+    ("What is 17.5% of 2,340?", {"type": "answer", "expected": 409.5, "match": "numeric"}),
+    ("What is (12 + 30) * 2?", {"type": "answer", "expected": "84"}),
+    ("Write a haiku about the sea.", None),
+]
+
+
+def _demo_agent(state: State, store, data_dir: Path) -> None:
+    """Solve a few tasks with the offline scripted model, in the sandbox, verified."""
+    from .config import ModelSettings
+    from .engine import Engine
+
+    config = state.config.model_copy(update={"model": ModelSettings(name="scripted/demo")})
+    try:
+        # The engine borrows the demo's store; the store's own `with` block closes it.
+        engine = Engine.open(config, data_dir=data_dir, store=store)
+    except SandboxError as exc:
+        err.print(f"\nskipping the agent part of the demo: {exc}", markup=False)
+        return
+    agent = engine.agent()
+    for prompt, check in DEMO_TASKS:
+        task, _ = store.add_task(prompt, check=check, source="demo")
+        out.print(f"\n[bold]solving:[/bold] {prompt}")
+        result = agent.run_task(task, on_step=lambda step: _print_step(step, out))
+        verdict = {True: "check passed", False: "check failed", None: "no check: success unknown until feedback"}
+        out.print(f"→ {result.status}: {result.answer!r} ({verdict[result.success]})")
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ EVOLVER = str(Path(sys.executable).parent / "evolver")
 
 def run(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVER_")}
+    full_env["COLUMNS"] = "200"  # rich wraps at 80 columns when not on a terminal
     full_env.update(env or {})
     return subprocess.run([EVOLVER, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
 
@@ -87,6 +88,10 @@ def test_demo_runs_offline_and_retrieves_the_relevant_past():
     # The money-column task finds the earlier failure about currency strings.
     assert "refunds.csv" in result.stdout
     assert "Strip currency symbols" in result.stdout
+    # Then the agent solves tasks with the scripted model, in the sandbox, checked.
+    assert "→ done: '409.5' (check passed)" in result.stdout
+    assert "→ done: '84' (check passed)" in result.stdout
+    assert "no check: success unknown until feedback" in result.stdout
 
 
 def _commands(group, prefix=()):
