@@ -5,21 +5,22 @@ Every write commits to SQLite first; triggers put the changed rows into
 writes Chroma, and only afterwards clears their outbox rows. A crash between
 the two stores therefore leaves the work in the outbox, and ``open`` finishes it
 (``reconcile``). The index can always be rebuilt from SQLite (``reindex``).
+
+This module holds the store's plumbing and its entities; keeping the index in
+step lives in ``indexing.py`` and answering queries in ``retrieval.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import sqlite3
 import threading
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import sqlite_utils
 
@@ -27,11 +28,12 @@ from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
 from .embedder import Embedder
 from .errors import IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
 from .index import VectorIndex
+from .indexing import IndexMaintenance
 from .records import (
-    Context, Event, Evaluation, Insight, InsightHit, LedgerEntry, Node, Outcome,
-    Step, Task, ToolHit, ToolRecord, Trajectory, TrajectoryHit,
+    Event, Evaluation, Insight, LedgerEntry, Node, Outcome,
+    Step, Task, ToolRecord, Trajectory,
 )
-from .search import Filters, fuse, keyword_search
+from .retrieval import Retrieval
 
 __all__ = ["Store", "StoreOptions", "NewTrajectory", "new_id"]
 
@@ -46,33 +48,6 @@ def new_id(prefix: str) -> str:
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-def _text_hash(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-class _Pending:
-    """A call running on its own thread; ``result()`` waits for it and re-raises its error."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                self._value = fn(*args, **kwargs)
-            except BaseException as exc:  # handed to result()
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="evolver-keyword-search", daemon=True)
-        self._thread.start()
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 @dataclass(frozen=True)
@@ -110,7 +85,7 @@ class NewTrajectory:
     source: str = "import"
 
 
-class Store:
+class Store(IndexMaintenance, Retrieval):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(
@@ -614,249 +589,3 @@ class Store:
             sql, params = sql + " AND kind = ?", [*params, kind]
         rows = self._all(sql + " ORDER BY id DESC LIMIT ?", [*params, limit])
         return [Event.from_row(r) for r in rows]
-
-    # --- the vector index: sync, reconcile, rebuild ---------------------------
-
-    def _documents(self, collection: str, ids: list[str]) -> dict[str, tuple[str, dict]]:
-        """The text to embed and the metadata of each indexable row among ``ids``."""
-        marks = ",".join("?" * len(ids))
-        docs: dict[str, tuple[str, dict]] = {}
-        if collection == "trajectories":
-            for r in self._all(
-                f"""SELECT t.id, t.prompt, t.node_id, t.started_at, o.success FROM trajectories t
-                    LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""", ids):
-                success = -1 if r["success"] is None else int(r["success"])
-                docs[r["id"]] = (r["prompt"], {"success": success, "started_at": r["started_at"],
-                                               "node_id": r["node_id"] or ""})
-        elif collection == "insights":
-            for r in self._all(f"SELECT id, text FROM insights WHERE status = 'active' AND id IN ({marks})", ids):
-                docs[str(r["id"])] = (r["text"], {})
-        else:
-            for r in self._all(f"SELECT id, name, description FROM tools WHERE status = 'active' AND id IN ({marks})", ids):
-                docs[str(r["id"])] = (f"{r['name']}: {r['description']}", {})
-        for text, metadata in docs.values():
-            metadata["text_hash"] = _text_hash(text)
-        return docs
-
-    def _index_items(self, collection: str, ids: list[str]) -> None:
-        assert self.index is not None
-        docs = self._documents(collection, ids)
-        gone = [i for i in ids if i not in docs]
-        stored = self.index.metadata_of(collection, list(docs))
-        # Unchanged text: only the metadata (say, a new outcome) needs writing.
-        same = [i for i in docs if (stored.get(i) or {}).get("text_hash") == docs[i][1]["text_hash"]]
-        changed = [i for i in docs if i not in set(same)]
-        self.index.delete(collection, gone)
-        self.index.update_metadata(collection, same, [docs[i][1] for i in same])
-        if changed:
-            vectors = self.embedder.embed_documents([docs[i][0] for i in changed])
-            self.index.upsert(collection, changed, vectors, [docs[i][1] for i in changed])
-
-    def sync_index(self, *, progress: Callable[[int], None] | None = None) -> int:
-        """Bring the index up to date with the outbox; returns how many rows it wrote."""
-        if self.index is None or self.readonly:
-            return 0
-        done = 0
-        with self._index_lock:
-            while True:
-                pending = self._all(
-                    "SELECT collection, item_id, generation FROM index_outbox LIMIT ?", [self.options.index_batch]
-                )
-                if not pending:
-                    return done
-                by_collection: dict[str, list[str]] = defaultdict(list)
-                for row in pending:
-                    by_collection[row["collection"]].append(row["item_id"])
-                try:
-                    for collection, ids in by_collection.items():
-                        self._index_items(collection, ids)
-                except StoreError:
-                    raise
-                except Exception as exc:
-                    raise StoreError(f"Writing the vector index at {self.index.path} failed ({exc}); "
-                                     "the changes stay queued and are retried on the next write or start.") from exc
-                with self._write() as db:
-                    db.conn.executemany(
-                        "DELETE FROM index_outbox WHERE collection = ? AND item_id = ? AND generation = ?",
-                        [(r["collection"], r["item_id"], r["generation"]) for r in pending],
-                    )
-                done += len(pending)
-                if progress:
-                    progress(done)
-
-    def _indexable_ids_sql(self, collection: str) -> str:
-        return {
-            "trajectories": "SELECT id FROM trajectories",
-            "insights": "SELECT CAST(id AS TEXT) AS id FROM insights WHERE status = 'active'",
-            "tools": "SELECT CAST(id AS TEXT) AS id FROM tools WHERE status = 'active'",
-        }[collection]
-
-    def reconcile(self) -> dict[str, int]:
-        """Make the index agree with SQLite; returns how many rows each collection fixed."""
-        assert self.index is not None
-        fixed = {"outbox": self.sync_index()}
-        for collection in INDEXED_COLLECTIONS:
-            sql = self._indexable_ids_sql(collection)
-            expected = self._one(f"SELECT count(*) AS n FROM ({sql})")["n"]
-            if expected == self.index.count(collection):
-                continue
-            truth = {r["id"] for r in self._all(sql)}
-            present = self.index.all_ids(collection)
-            stale = sorted((present - truth) | (truth - present))
-            with self._write() as db:
-                db.conn.executemany(
-                    "INSERT OR IGNORE INTO index_outbox (collection, item_id) VALUES (?, ?)",
-                    [(collection, i) for i in stale],
-                )
-            fixed[collection] = len(stale)
-        self.sync_index()
-        return fixed
-
-    def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
-        """Rebuild the whole index from SQLite, with the configured embedding model."""
-        if self.readonly or self.index is None:
-            raise StoreError(f"{self.db_path} was opened read-only; reindexing writes the index.")
-        with self._write() as db:
-            for collection in INDEXED_COLLECTIONS:
-                db.execute(
-                    f"INSERT OR IGNORE INTO index_outbox (collection, item_id) SELECT ?, id FROM ({self._indexable_ids_sql(collection)})",
-                    [collection],
-                )
-        total = self._one("SELECT count(*) AS n FROM index_outbox")["n"]
-        for collection in INDEXED_COLLECTIONS:
-            self.index.reset(collection)
-        with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('embedding_model', ?)", [self.embedder.model_id])
-        return self.sync_index(progress=(lambda n: progress(n, total)) if progress else None)
-
-    # --- retrieval --------------------------------------------------------------
-
-    def _vector_hits(self, collection: str, vector, k: int, filters: Filters | None) -> list[tuple[str, float]]:
-        """Nearest ids, filtered. Unfiltered HNSW search is fast and metadata-filtered
-        search in Chroma is not, so over-fetch, filter in SQLite, and fall back to
-        Chroma's filtered search only when too few candidates survive."""
-        if self.index is None:
-            return []
-        # No count() first: Chroma counts a collection in time linear in its size
-        # (~5 ms at 100k), and a query for more than it holds returns all it holds.
-        fetch = max(k * self.options.candidates_per_result, 20)
-        hits = self.index.query(collection, vector, fetch)
-        if not hits or filters is None or filters.is_empty():
-            return hits
-        allowed = self._filter_trajectories([i for i, _ in hits], filters)
-        kept = [(i, s) for i, s in hits if i in allowed]
-        if len(kept) >= k or len(hits) < fetch:  # enough, or every row was a candidate
-            return kept
-        return self.index.query(collection, vector, fetch, where=filters.chroma_where())
-
-    def _filter_trajectories(self, ids: list[str], filters: Filters) -> set[str]:
-        if not ids:
-            return set()
-        where, params = filters.sql("t")
-        marks = ",".join("?" * len(ids))
-        rows = self.db.execute(
-            f"SELECT t.id FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
-            f"WHERE t.id IN ({marks}) AND {where}", [*ids, *params],
-        ).fetchall()
-        return {r[0] for r in rows}
-
-    def search_trajectories(self, query: str, *, k: int = 5, filters: Filters | None = None,
-                            vector=None) -> list[TrajectoryHit]:
-        if vector is None and self.index is not None:
-            vector = self.embedder.embed_query(query)
-        fetch = max(k * self.options.candidates_per_result, 20)
-        with self._sqlite_errors():
-            where, params = (filters or Filters()).sql("t")
-            keyword_args = (self.db, "trajectories", query, fetch)
-            keyword_kwargs = dict(where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id")
-            if callable(vector):
-                # A query embedding still to compute (``context``): the keyword
-                # search needs no vector, so it runs on another thread meanwhile
-                # (SQLite and torch both release the GIL). The embedding stays on
-                # this thread, where torch's thread pool lives.
-                keywords = _Pending(keyword_search, *keyword_args, **keyword_kwargs)
-                try:
-                    vector = vector()
-                finally:
-                    keyword_ids = keywords.result()
-            else:
-                keyword_ids = keyword_search(*keyword_args, **keyword_kwargs)
-            vector_hits = self._vector_hits("trajectories", vector, k, filters) if vector is not None else []
-            fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
-            if not fused:
-                return []
-            similarity = dict(vector_hits)
-            keyword_rank = {i: n for n, i in enumerate(keyword_ids, start=1)}
-            marks = ",".join("?" * len(fused))
-            rows = {r["id"]: r for r in self._all(
-                f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success FROM trajectories t
-                    LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
-                [i for i, _ in fused])}
-        return [
-            TrajectoryHit(
-                trajectory_id=i, task_id=rows[i]["task_id"], prompt=rows[i]["prompt"],
-                final_answer=rows[i]["final_answer"],
-                success=None if rows[i]["success"] is None else bool(rows[i]["success"]),
-                score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i),
-            )
-            for i, score in fused if i in rows
-        ]
-
-    def _search_small(self, collection: str, query: str, k: int, vector) -> tuple[list[tuple[str, float]], dict, dict]:
-        fetch = max(k * self.options.candidates_per_result, 20)
-        vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
-        keyword_ids = keyword_search(self.db, collection, query, fetch, where="t.status = 'active'")
-        fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
-        return fused, dict(vector_hits), {i: n for n, i in enumerate(keyword_ids, start=1)}
-
-    def search_insights(self, query: str, *, k: int = 5, vector=None) -> list[InsightHit]:
-        if vector is None and self.index is not None:
-            vector = self.embedder.embed_query(query)
-        with self._sqlite_errors():
-            fused, similarity, keyword_rank = self._search_small("insights", query, k, vector)
-            hits = []
-            for i, score in fused:
-                row = self._one("SELECT id, text, importance FROM insights WHERE id = ? AND status = 'active'", [int(i)])
-                if row:
-                    hits.append(InsightHit(insight_id=row["id"], text=row["text"], importance=row["importance"],
-                                           score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
-        return hits
-
-    def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]:
-        if vector is None and self.index is not None:
-            vector = self.embedder.embed_query(query)
-        with self._sqlite_errors():
-            fused, similarity, keyword_rank = self._search_small("tools", query, k, vector)
-            hits = []
-            for i, score in fused:
-                row = self._one("SELECT id, name, version, description FROM tools WHERE id = ? AND status = 'active'", [int(i)])
-                if row:
-                    hits.append(ToolHit(tool_id=row["id"], name=row["name"], version=row["version"],
-                                        description=row["description"], score=score,
-                                        similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
-        return hits
-
-    def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
-                successful_only: bool = True) -> Context:
-        """One task's full context from memory, for one query embedding.
-
-        The trajectories' keyword search runs on another thread while the query
-        is embedded, so the two overlap on a multi-core machine; the vector is
-        then shared by all three collections.
-        """
-        embedded: list = []
-
-        def embed():
-            embedded.append(self.embedder.embed_query(query))
-            return embedded[0]
-
-        filters = Filters(success=True) if successful_only else None
-        hits = self.search_trajectories(query, k=trajectories, filters=filters,
-                                        vector=embed if self.index is not None else None)
-        vector = embedded[0] if embedded else None
-        return Context(
-            trajectories=hits,
-            insights=self.search_insights(query, k=insights, vector=vector),
-            tools=self.search_tools(query, k=tools, vector=vector),
-            vector_search=self.index is not None,
-        )

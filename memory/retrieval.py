@@ -1,0 +1,174 @@
+"""Hybrid retrieval: vector similarity from Chroma fused with FTS5 keyword search.
+
+Reciprocal rank fusion of the two rankings, with filters on trajectories
+(success, time window, scaffold node); ``context`` gathers one task's examples,
+insights and tools for a single query embedding.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from .records import Context, InsightHit, ToolHit, TrajectoryHit
+from .search import Filters, fuse, keyword_search
+
+__all__ = ["Retrieval"]
+
+
+class _Pending:
+    """A call running on its own thread; ``result()`` waits for it and re-raises its error."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="evolver-keyword-search", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Retrieval:
+    """The part of ``Store`` that answers similarity queries (a mixin: it uses the
+    store's connection, embedder and index)."""
+
+    def _vector_hits(self, collection: str, vector, k: int, filters: Filters | None) -> list[tuple[str, float]]:
+        """Nearest ids, filtered. Unfiltered HNSW search is fast and metadata-filtered
+        search in Chroma is not, so over-fetch, filter in SQLite, and fall back to
+        Chroma's filtered search only when too few candidates survive."""
+        if self.index is None:
+            return []
+        # No count() first: Chroma counts a collection in time linear in its size
+        # (~5 ms at 100k), and a query for more than it holds returns all it holds.
+        fetch = max(k * self.options.candidates_per_result, 20)
+        hits = self.index.query(collection, vector, fetch)
+        if not hits or filters is None or filters.is_empty():
+            return hits
+        allowed = self._filter_trajectories([i for i, _ in hits], filters)
+        kept = [(i, s) for i, s in hits if i in allowed]
+        if len(kept) >= k or len(hits) < fetch:  # enough, or every row was a candidate
+            return kept
+        return self.index.query(collection, vector, fetch, where=filters.chroma_where())
+
+    def _filter_trajectories(self, ids: list[str], filters: Filters) -> set[str]:
+        if not ids:
+            return set()
+        where, params = filters.sql("t")
+        marks = ",".join("?" * len(ids))
+        rows = self.db.execute(
+            f"SELECT t.id FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+            f"WHERE t.id IN ({marks}) AND {where}", [*ids, *params],
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def search_trajectories(self, query: str, *, k: int = 5, filters: Filters | None = None,
+                            vector=None) -> list[TrajectoryHit]:
+        if vector is None and self.index is not None:
+            vector = self.embedder.embed_query(query)
+        fetch = max(k * self.options.candidates_per_result, 20)
+        with self._sqlite_errors():
+            where, params = (filters or Filters()).sql("t")
+            keyword_args = (self.db, "trajectories", query, fetch)
+            keyword_kwargs = dict(where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id")
+            if callable(vector):
+                # A query embedding still to compute (``context``): the keyword
+                # search needs no vector, so it runs on another thread meanwhile
+                # (SQLite and torch both release the GIL). The embedding stays on
+                # this thread, where torch's thread pool lives.
+                keywords = _Pending(keyword_search, *keyword_args, **keyword_kwargs)
+                try:
+                    vector = vector()
+                finally:
+                    keyword_ids = keywords.result()
+            else:
+                keyword_ids = keyword_search(*keyword_args, **keyword_kwargs)
+            vector_hits = self._vector_hits("trajectories", vector, k, filters) if vector is not None else []
+            fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
+            if not fused:
+                return []
+            similarity = dict(vector_hits)
+            keyword_rank = {i: n for n, i in enumerate(keyword_ids, start=1)}
+            marks = ",".join("?" * len(fused))
+            rows = {r["id"]: r for r in self._all(
+                f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success FROM trajectories t
+                    LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
+                [i for i, _ in fused])}
+        return [
+            TrajectoryHit(
+                trajectory_id=i, task_id=rows[i]["task_id"], prompt=rows[i]["prompt"],
+                final_answer=rows[i]["final_answer"],
+                success=None if rows[i]["success"] is None else bool(rows[i]["success"]),
+                score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i),
+            )
+            for i, score in fused if i in rows
+        ]
+
+    def _search_small(self, collection: str, query: str, k: int, vector) -> tuple[list[tuple[str, float]], dict, dict]:
+        fetch = max(k * self.options.candidates_per_result, 20)
+        vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
+        keyword_ids = keyword_search(self.db, collection, query, fetch, where="t.status = 'active'")
+        fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
+        return fused, dict(vector_hits), {i: n for n, i in enumerate(keyword_ids, start=1)}
+
+    def search_insights(self, query: str, *, k: int = 5, vector=None) -> list[InsightHit]:
+        if vector is None and self.index is not None:
+            vector = self.embedder.embed_query(query)
+        with self._sqlite_errors():
+            fused, similarity, keyword_rank = self._search_small("insights", query, k, vector)
+            hits = []
+            for i, score in fused:
+                row = self._one("SELECT id, text, importance FROM insights WHERE id = ? AND status = 'active'", [int(i)])
+                if row:
+                    hits.append(InsightHit(insight_id=row["id"], text=row["text"], importance=row["importance"],
+                                           score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
+        return hits
+
+    def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]:
+        if vector is None and self.index is not None:
+            vector = self.embedder.embed_query(query)
+        with self._sqlite_errors():
+            fused, similarity, keyword_rank = self._search_small("tools", query, k, vector)
+            hits = []
+            for i, score in fused:
+                row = self._one("SELECT id, name, version, description FROM tools WHERE id = ? AND status = 'active'", [int(i)])
+                if row:
+                    hits.append(ToolHit(tool_id=row["id"], name=row["name"], version=row["version"],
+                                        description=row["description"], score=score,
+                                        similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
+        return hits
+
+    def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
+                successful_only: bool = True) -> Context:
+        """One task's full context from memory, for one query embedding.
+
+        The trajectories' keyword search runs on another thread while the query
+        is embedded, so the two overlap on a multi-core machine; the vector is
+        then shared by all three collections.
+        """
+        embedded: list = []
+
+        def embed():
+            embedded.append(self.embedder.embed_query(query))
+            return embedded[0]
+
+        filters = Filters(success=True) if successful_only else None
+        hits = self.search_trajectories(query, k=trajectories, filters=filters,
+                                        vector=embed if self.index is not None else None)
+        vector = embedded[0] if embedded else None
+        return Context(
+            trajectories=hits,
+            insights=self.search_insights(query, k=insights, vector=vector),
+            tools=self.search_tools(query, k=tools, vector=vector),
+            vector_search=self.index is not None,
+        )
