@@ -272,3 +272,21 @@ def _initial(db: sqlite_utils.Database) -> None:
     )
     db["insights"].enable_fts(["text"], create_triggers=True, tokenize="porter unicode61")
     db["tools"].enable_fts(["name", "description"], create_triggers=True, tokenize="porter unicode61")
+
+
+@MIGRATIONS(name="0002_inbox_leases")
+def _inbox_leases(db: sqlite_utils.Database) -> None:
+    # A worker's claim on a task: who holds it, until when, and a fencing token
+    # that grows with every claim, so a worker whose lease expired (and whose
+    # task another worker took over) cannot record a completion afterwards.
+    db.executescript(
+        """
+        ALTER TABLE tasks ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE tasks ADD COLUMN lease_owner TEXT;
+        ALTER TABLE tasks ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE tasks ADD COLUMN lease_expires_at REAL;
+        ALTER TABLE tasks ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE tasks ADD COLUMN started_at REAL;
+        CREATE INDEX tasks_lease ON tasks (status, lease_expires_at);
+        """
+    )

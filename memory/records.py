@@ -50,7 +50,7 @@ class _Record:
                 continue
             if key in JSON_COLUMNS and isinstance(value, str):
                 value = json.loads(value)
-            if key == "success" and value is not None:
+            if key in ("success", "cancel_requested") and value is not None:
                 value = bool(value)
             values[key] = value
         return cls(**values)
@@ -70,6 +70,12 @@ class Task(_Record):
     idempotency_key: str | None = None
     finished_at: float | None = None
     error: str | None = None
+    attempts: int = 0
+    lease_owner: str | None = None
+    lease_token: int = 0
+    lease_expires_at: float | None = None
+    cancel_requested: bool = False
+    started_at: float | None = None
 
 
 @dataclass(frozen=True)

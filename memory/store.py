@@ -27,6 +27,7 @@ import sqlite_utils
 from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
 from .embedder import Embedder
 from .errors import IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
+from .inbox import Inbox
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .records import (
@@ -85,7 +86,7 @@ class NewTrajectory:
     source: str = "import"
 
 
-class Store(IndexMaintenance, Retrieval):
+class Store(Inbox, IndexMaintenance, Retrieval):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(

@@ -298,13 +298,14 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
         # A refused writer changes nothing, not even a pending migration of a newer version.
         migrations = Migrations("evolver")
         migrations._migrations = list(MIGRATIONS._migrations)
-        migrations(name="0002_newer")(lambda db: db.execute("CREATE TABLE newer (x)"))
+        migrations(name="0099_newer")(lambda db: db.execute("CREATE TABLE newer (x)"))
         monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
         with pytest.raises(IndexBusy):
             Store.open(data_dir, embedder=embedder)
         monkeypatch.undo()
         with sqlite3.connect(f"file:{data_dir / 'evolver.db'}?mode=ro", uri=True) as conn:
-            assert [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")] == ["0001_initial"]
+            assert [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")] == [
+                "0001_initial", "0002_inbox_leases"]
             assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'newer'").fetchone()[0] == 0
 
         # A reader still gets keyword search, without the index.

@@ -19,11 +19,11 @@ def migration_rows(path):
         ).fetchall()
 
 
-def test_fresh_store_records_the_initial_migration(store):
-    assert store.migrations() == ["0001_initial"]
+def test_fresh_store_records_every_migration(store):
+    assert store.migrations() == ["0001_initial", "0002_inbox_leases"]
     assert MIGRATIONS.pending(store.db) == []
     rows = store.db.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
-    assert rows == [("evolver", "0001_initial")]
+    assert rows == [("evolver", "0001_initial"), ("evolver", "0002_inbox_leases")]
     tables = set(store.db.table_names())
     assert {
         "meta", "tasks", "trajectories", "steps", "outcomes", "insights", "tools", "nodes",
@@ -39,7 +39,7 @@ def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
     task, _ = first.add_task("survive a restart")
     first.close()
     before = migration_rows(data_dir / "evolver.db")
-    assert [r[1] for r in before] == ["0001_initial"]
+    assert [r[1] for r in before] == ["0001_initial", "0002_inbox_leases"]
 
     second = open_store()
     assert migration_rows(data_dir / "evolver.db") == before  # same row, same applied_at
@@ -52,17 +52,18 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
     migrations = Migrations("evolver")
     migrations._migrations = list(MIGRATIONS._migrations)
 
-    @migrations(name="0002_task_labels")
+    @migrations(name="0099_task_labels")
     def _labels(db):
         db.execute("ALTER TABLE tasks ADD COLUMN label TEXT")
 
     monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
     store = open_store()
-    assert store.migrations() == ["0001_initial", "0002_task_labels"]
+    assert store.migrations() == ["0001_initial", "0002_inbox_leases", "0099_task_labels"]
     assert "label" in store.db["tasks"].columns_dict
     store.close()
     store = open_store()  # and not again
-    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == ["0001_initial", "0002_task_labels"]
+    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == [
+        "0001_initial", "0002_inbox_leases", "0099_task_labels"]
 
 
 def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, monkeypatch):
@@ -70,7 +71,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
     migrations = Migrations("evolver")
     migrations._migrations = list(MIGRATIONS._migrations)
 
-    @migrations(name="0002_broken")
+    @migrations(name="0099_broken")
     def _broken(db):
         db.execute("CREATE TABLE half_done (x INTEGER)")
         db.execute("INSERT INTO no_such_table VALUES (1)")
@@ -81,7 +82,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
     with sqlite3.connect(data_dir / "evolver.db") as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert "half_done" not in names
-    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == ["0001_initial"]
+    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == ["0001_initial", "0002_inbox_leases"]
 
 
 def test_connection_pragmas(open_store):

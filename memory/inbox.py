@@ -1,0 +1,132 @@
+"""The durable inbox: workers claim tasks under a lease, fenced on completion.
+
+A claim sets the task running for one owner until ``lease_expires_at`` and
+bumps its ``lease_token``. A worker renews the lease while it works, and its
+completion counts only if the token still matches: a worker that stalled past
+its lease (and whose task another worker has taken over) is told its result is
+stale instead of overwriting the newer run. A task whose lease expired is
+claimable again; after ``max_attempts`` claims it is dead-lettered with the
+reason. Cancelling a queued task ends it at once; a running one is asked to
+stop (``cancel_requested``) and ends at its worker's next step boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .errors import NotFound
+from .records import Task
+
+__all__ = ["Inbox", "Lease", "TERMINAL"]
+
+TERMINAL = ("done", "failed", "cancelled", "dead")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's claim on a task; ``token`` fences whatever it records about the task."""
+
+    task: Task
+    owner: str
+    token: int
+    expires_at: float
+
+
+class Inbox:
+    """The part of ``Store`` that hands out work (a mixin over the store's connection)."""
+
+    def claim_task(self, owner: str, *, lease_s: float, max_attempts: int,
+                   sources: tuple[str, ...] | None = None) -> Lease | None:
+        """The most urgent claimable task, now leased to ``owner``; None when there is none.
+
+        Queued tasks and running tasks whose lease expired are claimable, highest
+        priority first, then oldest. One that has used up its attempts is
+        dead-lettered on the way, with the reason.
+        """
+        now = time.time()
+        where = "(status = 'queued' OR (status = 'running' AND lease_expires_at < ?))"
+        params: list = [now]
+        if sources:
+            where += f" AND source IN ({','.join('?' * len(sources))})"
+            params += list(sources)
+        with self._write() as db:
+            while True:
+                row = db.execute(
+                    f"SELECT id, attempts, status FROM tasks WHERE {where} "
+                    "ORDER BY priority DESC, created_at, id LIMIT 1", params,
+                ).fetchone()
+                if row is None:
+                    return None
+                task_id, attempts, status = row
+                if attempts >= max_attempts:
+                    reason = (f"dead-lettered after {attempts} attempts: the last worker's lease expired "
+                              "without a result" if status == "running" else
+                              f"dead-lettered: {attempts} attempts used, the limit is {max_attempts}")
+                    db.execute(
+                        "UPDATE tasks SET status = 'dead', error = ?, lease_owner = NULL, lease_expires_at = NULL, "
+                        "updated_at = ?, finished_at = ? WHERE id = ?", [reason, now, now, task_id])
+                    continue
+                expires = now + lease_s
+                db.execute(
+                    "UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_owner = ?, "
+                    "lease_token = lease_token + 1, lease_expires_at = ?, started_at = coalesce(started_at, ?), "
+                    "updated_at = ? WHERE id = ?", [owner, expires, now, now, task_id])
+                task = self.get_task(task_id)
+                return Lease(task=task, owner=owner, token=task.lease_token, expires_at=expires)
+
+    def renew_lease(self, lease: Lease, *, lease_s: float) -> Lease | None:
+        """Extend a lease still held; None when it was lost (expired and taken over, or cancelled)."""
+        expires = time.time() + lease_s
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
+                [expires, lease.task.id, lease.token])
+        if cursor.rowcount == 0:
+            return None
+        return Lease(task=lease.task, owner=lease.owner, token=lease.token, expires_at=expires)
+
+    def complete_task(self, lease: Lease, status: str, *, error: str | None = None) -> bool:
+        """Record how the leased run ended. False (and nothing written) if the lease was lost."""
+        if status not in TERMINAL:
+            raise ValueError(f"a task ends as one of {TERMINAL}, not {status!r}")
+        now = time.time()
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET status = ?, error = ?, lease_owner = NULL, lease_expires_at = NULL, "
+                "updated_at = ?, finished_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
+                [status, error, now, now, lease.task.id, lease.token])
+        return cursor.rowcount == 1
+
+    def release_task(self, lease: Lease) -> bool:
+        """Give a leased task back to the queue (a graceful shutdown), refunding the attempt."""
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET status = 'queued', attempts = max(attempts - 1, 0), lease_owner = NULL, "
+                "lease_expires_at = NULL, updated_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
+                [time.time(), lease.task.id, lease.token])
+        return cursor.rowcount == 1
+
+    def request_cancel(self, task_id: str) -> Task:
+        """Cancel a queued task now; ask a running one to stop at its next step."""
+        now = time.time()
+        with self._write() as db:
+            row = db.execute("SELECT status FROM tasks WHERE id = ?", [task_id]).fetchone()
+            if row is None:
+                raise NotFound(f"No task with id {task_id!r}.")
+            if row[0] == "queued":
+                db.execute("UPDATE tasks SET status = 'cancelled', error = 'cancelled', cancel_requested = 1, "
+                           "updated_at = ?, finished_at = ? WHERE id = ?", [now, now, task_id])
+            elif row[0] == "running":
+                db.execute("UPDATE tasks SET cancel_requested = 1, updated_at = ? WHERE id = ?", [now, task_id])
+        return self.get_task(task_id)
+
+    def cancel_requested(self, task_id: str) -> bool:
+        row = self._one("SELECT cancel_requested FROM tasks WHERE id = ?", [task_id])
+        if row is None:
+            raise NotFound(f"No task with id {task_id!r}.")
+        return bool(row["cancel_requested"])
+
+    def queue_depth(self) -> dict[str, int]:
+        """How many tasks are in each state."""
+        return {r["status"]: r["n"] for r in self._all("SELECT status, count(*) AS n FROM tasks GROUP BY status")}

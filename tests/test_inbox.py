@@ -1,0 +1,109 @@
+"""The durable inbox: leases, expiry and takeover, fencing, dead letters, cancellation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from memory import NotFound
+
+
+def test_claims_go_by_priority_then_age_and_lease_the_task(store):
+    low, _ = store.add_task("low priority", priority=0)
+    high, _ = store.add_task("high priority", priority=5)
+    older, _ = store.add_task("same priority, later", priority=0)
+    lease = store.claim_task("worker-1", lease_s=30, max_attempts=3)
+    assert lease.task.id == high.id and lease.owner == "worker-1" and lease.token == 1
+    task = store.get_task(high.id)
+    assert (task.status, task.attempts, task.lease_owner) == ("running", 1, "worker-1")
+    assert task.lease_expires_at == pytest.approx(time.time() + 30, abs=5)
+    assert [store.claim_task("w", lease_s=30, max_attempts=3).task.id for _ in range(2)] == [low.id, older.id]
+    assert store.claim_task("w", lease_s=30, max_attempts=3) is None
+
+
+def test_a_fenced_completion_counts_once(store):
+    store.add_task("do it")
+    lease = store.claim_task("w", lease_s=30, max_attempts=3)
+    assert store.complete_task(lease, "done") is True
+    assert store.complete_task(lease, "failed", error="late") is False  # already ended
+    task = store.get_task(lease.task.id)
+    assert (task.status, task.error, task.lease_owner) == ("done", None, None) and task.finished_at
+
+
+def test_an_expired_lease_is_taken_over_and_the_stale_worker_is_fenced_out(store):
+    store.add_task("slow work")
+    stale = store.claim_task("dead-worker", lease_s=0.01, max_attempts=3)
+    time.sleep(0.05)
+    fresh = store.claim_task("live-worker", lease_s=30, max_attempts=3)
+    assert fresh.task.id == stale.task.id and fresh.token == stale.token + 1
+    assert store.get_task(fresh.task.id).attempts == 2
+    assert store.renew_lease(stale, lease_s=30) is None
+    assert store.complete_task(stale, "done") is False
+    assert store.complete_task(fresh, "failed", error="real result") is True
+    assert store.get_task(fresh.task.id).error == "real result"
+
+
+def test_renewing_keeps_a_lease_alive(store):
+    store.add_task("long work")
+    lease = store.claim_task("w", lease_s=0.05, max_attempts=3)
+    renewed = store.renew_lease(lease, lease_s=30)
+    assert renewed is not None and renewed.expires_at > lease.expires_at
+    time.sleep(0.1)
+    assert store.claim_task("other", lease_s=30, max_attempts=3) is None
+
+
+def test_after_max_attempts_a_task_is_dead_lettered_with_the_reason(store):
+    task, _ = store.add_task("crashes its worker every time")
+    for _ in range(2):
+        assert store.claim_task("w", lease_s=0.01, max_attempts=2) is not None
+        time.sleep(0.03)
+    assert store.claim_task("w", lease_s=30, max_attempts=2) is None
+    dead = store.get_task(task.id)
+    assert dead.status == "dead" and dead.error.startswith("dead-lettered after 2 attempts")
+    assert store.queue_depth() == {"dead": 1}
+
+
+def test_a_released_task_goes_back_to_the_queue_without_spending_an_attempt(store):
+    task, _ = store.add_task("interrupted by a shutdown")
+    lease = store.claim_task("w", lease_s=30, max_attempts=3)
+    assert store.release_task(lease) is True
+    again = store.get_task(task.id)
+    assert (again.status, again.attempts, again.lease_owner) == ("queued", 0, None)
+    assert store.complete_task(lease, "done") is False  # the released lease records nothing
+
+
+def test_cancelling_a_queued_task_ends_it_and_a_running_one_is_asked_to_stop(store):
+    queued, _ = store.add_task("never started")
+    assert store.request_cancel(queued.id).status == "cancelled"
+    running, _ = store.add_task("in progress")
+    lease = store.claim_task("w", lease_s=30, max_attempts=3)
+    assert lease.task.id == running.id and not store.cancel_requested(running.id)
+    assert store.request_cancel(running.id).status == "running"
+    assert store.cancel_requested(running.id)
+    assert store.complete_task(lease, "cancelled", error="cancelled") is True
+    done = store.get_task(running.id)
+    assert store.request_cancel(done.id).status == "cancelled"  # a finished task stays as it is
+    with pytest.raises(NotFound):
+        store.request_cancel("task_missing")
+
+
+def test_claims_can_be_limited_to_sources(store):
+    store.add_task("evaluation work", source="eval")
+    person, _ = store.add_task("a person's task", source="inbox")
+    lease = store.claim_task("w", lease_s=30, max_attempts=3, sources=("inbox",))
+    assert lease.task.id == person.id
+    assert store.claim_task("w", lease_s=30, max_attempts=3, sources=("inbox",)) is None
+
+
+def test_leases_survive_a_reopen(open_store, data_dir):
+    first = open_store()
+    task, _ = first.add_task("acknowledged before a crash")
+    lease = first.claim_task("w", lease_s=0.01, max_attempts=3)
+    first.close()
+    time.sleep(0.03)
+    second = open_store()
+    again = second.claim_task("w2", lease_s=30, max_attempts=3)
+    assert again.task.id == task.id and again.token == lease.token + 1
+    with pytest.raises(ValueError, match="a task ends as one of"):
+        second.complete_task(again, "running")
