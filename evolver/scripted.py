@@ -130,7 +130,7 @@ def _text(message: dict) -> str:
 
 def _expand(value: Any, found: re.Match) -> Any:
     if isinstance(value, str):
-        return found.expand(value.replace("\\n", "\n")) if ("\\" in value) else value
+        return found.expand(value) if "\\" in value else value
     if isinstance(value, dict):
         return {k: _expand(v, found) for k, v in value.items()}
     if isinstance(value, list):
