@@ -3,9 +3,10 @@
 With the scripted model on a store of N trajectories (default 10k, real
 embeddings), one long task runs STEPS steps (a trivial run_python call each,
 then finish). For every step the framework's time is the step's wall time minus
-the model call (litellm + the scripted provider) and minus the tool's own run
-in the sandbox worker: what is left is prompt building, argument validation,
-tool dispatch and writing the step durably (synchronous=FULL). Context assembly
+the model call (``litellm.completion``, which runs the scripted provider) and
+minus the tool's own run in the sandbox worker: what is left is the budget
+check (with its token count), the ledger row, prompt building, argument
+validation, tool dispatch and writing the step durably (synchronous=FULL). Context assembly
 (one query embedding, three collections, keyword search, fusion, rendering) is
 measured once per task, over several tasks.
 
@@ -34,7 +35,6 @@ from evolver import scripted  # noqa: E402
 from evolver.agent import Agent, render_context  # noqa: E402
 from evolver.config import load_config  # noqa: E402
 from evolver.engine import Engine  # noqa: E402
-from evolver.model import ModelClient  # noqa: E402
 from memory import NewTrajectory  # noqa: E402
 from tools import TaskTools  # noqa: E402
 
@@ -45,22 +45,28 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Timers:
-    """Wraps the model call and the tool's run to subtract them from each step."""
+    """Wraps the model call (``litellm.completion``) and the tool's run to subtract them
+    from each step. Everything else in a step — the budget check with its token count,
+    the ledger row, prompt building, validation, dispatch, recording — is the framework's."""
 
     def __init__(self) -> None:
         self.model_ms = 0.0
         self.tool_ms = 0.0
+        self.model_calls = 0
 
     def install(self) -> None:
-        timers = self
-        original_complete, original_dispatch = ModelClient.complete, TaskTools._dispatch
+        import litellm
 
-        def complete(self, *args, **kwargs):
+        timers = self
+        original_completion, original_dispatch = litellm.completion, TaskTools._dispatch
+
+        def completion(*args, **kwargs):
             started = time.perf_counter()
             try:
-                return original_complete(self, *args, **kwargs)
+                return original_completion(*args, **kwargs)
             finally:
                 timers.model_ms += (time.perf_counter() - started) * 1000
+                timers.model_calls += 1
 
         def dispatch(self, *args, **kwargs):
             started = time.perf_counter()
@@ -69,7 +75,7 @@ class Timers:
             finally:
                 timers.tool_ms += (time.perf_counter() - started) * 1000
 
-        ModelClient.complete, TaskTools._dispatch = complete, dispatch
+        litellm.completion, TaskTools._dispatch = completion, dispatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         task, _ = store.add_task("Run a trivial computation many times, then finish.")
         result = agent.run_task(task)
         Agent._step = original_step
-        model_calls = len(framework_ms)
+        model_calls = max(timers.model_calls, 1)
         first, last = framework_ms[0], framework_ms[-1]
         report = {
             "store_size": args.store_size,

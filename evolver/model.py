@@ -124,11 +124,13 @@ class ModelClient:
         except Exception:
             return False
 
-    def _count_tokens(self, model: str, messages: list[dict]) -> int:
-        try:
-            return int(self._litellm.token_counter(model=model, messages=messages))
-        except Exception:
-            return sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+    @staticmethod
+    def _estimate_tokens(messages: list[dict]) -> int:
+        """About four characters a token. The guard needs an estimate before the call
+        (the ledger gets the provider's exact count after it); a real tokenizer here
+        would cost a model-specific load and grow with every step of a long task."""
+        chars = sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages)
+        return chars // 4 + 1
 
     def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
                  purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
@@ -150,7 +152,7 @@ class ModelClient:
         call_messages = list(messages)
         if tools and not native:
             call_messages = [{"role": "system", "content": _tools_as_text(tools)}, *messages]
-        self.budget.check(purpose=purpose, tokens=self._count_tokens(model, call_messages), task_id=task_id)
+        self.budget.check(purpose=purpose, tokens=self._estimate_tokens(call_messages), task_id=task_id)
         kwargs: dict[str, Any] = {"model": model, "messages": call_messages, "temperature": temperature,
                                   "timeout": self.settings.timeout_s, "num_retries": 0}
         if tools and native:

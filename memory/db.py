@@ -290,3 +290,15 @@ def _inbox_leases(db: sqlite_utils.Database) -> None:
         CREATE INDEX tasks_lease ON tasks (status, lease_expires_at);
         """
     )
+
+
+@MIGRATIONS(name="0003_ledger_indexes")
+def _ledger_indexes(db: sqlite_utils.Database) -> None:
+    # The budget guard sums the ledger before every model call: per task, and per
+    # purpose since the start of the day. Without these it scans every row ever written.
+    db.executescript(
+        """
+        CREATE INDEX ledger_task ON ledger (task_id);
+        CREATE INDEX ledger_purpose_at ON ledger (purpose, at);
+        """
+    )
