@@ -106,7 +106,10 @@ class Agent:
     # --- one task ----------------------------------------------------------------
 
     def run_task(self, task: Task, *, cancel: threading.Event | None = None,
-                 on_step: Callable[[Step], None] | None = None, purpose: str = "task") -> TaskResult:
+                 on_step: Callable[[Step], None] | None = None, purpose: str = "task",
+                 record_status: bool = True) -> TaskResult:
+        """Solve one task. With ``record_status=False`` the caller records how it ended
+        (a leased worker does, fenced by its lease)."""
         cancel = cancel or threading.Event()
         params = self.scaffold.parameters
         workspace = self._prepare_workspace(task)
@@ -115,7 +118,8 @@ class Agent:
         tool_names = self._tool_names(context)
         schemas = self.registry.schemas(tool_names)
         check = parse_check(task.check) if task.check else None
-        self.store.set_task_status(task.id, "running")
+        if record_status:
+            self.store.set_task_status(task.id, "running")
         trajectory_ids: list[str] = []
         reflection: str | None = None
         answer: str | None = None
@@ -162,7 +166,8 @@ class Agent:
         finally:
             if not self.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)
-        self.store.set_task_status(task.id, status, error=error)
+        if record_status:
+            self.store.set_task_status(task.id, status, error=error)
         return TaskResult(task_id=task.id, status=status, answer=answer,
                           success=None if verdict is None else verdict.success, attempts=len(trajectory_ids),
                           trajectory_ids=trajectory_ids, verdict=verdict.output if verdict else None, error=error)
