@@ -74,8 +74,7 @@ class Retrieval:
 
     def search_trajectories(self, query: str, *, k: int = 5, filters: Filters | None = None,
                             vector=None) -> list[TrajectoryHit]:
-        if vector is None and self.index is not None:
-            vector = self.embedder.embed_query(query)
+        vector = self._query_vector(query, vector)
         fetch = max(k * self.options.candidates_per_result, 20)
         with self._sqlite_errors():
             where, params = (filters or Filters()).sql("t")
@@ -114,39 +113,44 @@ class Retrieval:
             for i, score in fused if i in rows
         ]
 
-    def _search_small(self, collection: str, query: str, k: int, vector) -> tuple[list[tuple[str, float]], dict, dict]:
+    def _query_vector(self, query: str, vector):
+        """The given vector, or the query embedded now when the index can use one."""
+        if vector is None and self.index is not None:
+            return self.embedder.embed_query(query)
+        return vector
+
+    def _search_small(self, collection: str, query: str, k: int, vector,
+                      columns: str) -> list[tuple[dict, float, float | None, int | None]]:
+        """Active insights or tools for a query: (row, fused score, similarity, keyword rank), best first."""
         fetch = max(k * self.options.candidates_per_result, 20)
         vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
         keyword_ids = keyword_search(self.db, collection, query, fetch, where="t.status = 'active'")
         fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
-        return fused, dict(vector_hits), {i: n for n, i in enumerate(keyword_ids, start=1)}
+        if not fused:
+            return []
+        similarity = dict(vector_hits)
+        keyword_rank = {i: n for n, i in enumerate(keyword_ids, start=1)}
+        marks = ",".join("?" * len(fused))
+        rows = {str(r["id"]): r for r in self._all(
+            f"SELECT {columns} FROM {collection} WHERE status = 'active' AND id IN ({marks})",
+            [int(i) for i, _ in fused])}
+        return [(rows[i], score, similarity.get(i), keyword_rank.get(i)) for i, score in fused if i in rows]
 
     def search_insights(self, query: str, *, k: int = 5, vector=None) -> list[InsightHit]:
-        if vector is None and self.index is not None:
-            vector = self.embedder.embed_query(query)
+        vector = self._query_vector(query, vector)
         with self._sqlite_errors():
-            fused, similarity, keyword_rank = self._search_small("insights", query, k, vector)
-            hits = []
-            for i, score in fused:
-                row = self._one("SELECT id, text, importance FROM insights WHERE id = ? AND status = 'active'", [int(i)])
-                if row:
-                    hits.append(InsightHit(insight_id=row["id"], text=row["text"], importance=row["importance"],
-                                           score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
-        return hits
+            found = self._search_small("insights", query, k, vector, "id, text, importance")
+        return [InsightHit(insight_id=row["id"], text=row["text"], importance=row["importance"],
+                           score=score, similarity=similarity, keyword_rank=rank)
+                for row, score, similarity, rank in found]
 
     def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]:
-        if vector is None and self.index is not None:
-            vector = self.embedder.embed_query(query)
+        vector = self._query_vector(query, vector)
         with self._sqlite_errors():
-            fused, similarity, keyword_rank = self._search_small("tools", query, k, vector)
-            hits = []
-            for i, score in fused:
-                row = self._one("SELECT id, name, version, description FROM tools WHERE id = ? AND status = 'active'", [int(i)])
-                if row:
-                    hits.append(ToolHit(tool_id=row["id"], name=row["name"], version=row["version"],
-                                        description=row["description"], score=score,
-                                        similarity=similarity.get(i), keyword_rank=keyword_rank.get(i)))
-        return hits
+            found = self._search_small("tools", query, k, vector, "id, name, version, description")
+        return [ToolHit(tool_id=row["id"], name=row["name"], version=row["version"],
+                        description=row["description"], score=score, similarity=similarity, keyword_rank=rank)
+                for row, score, similarity, rank in found]
 
     def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
                 successful_only: bool = True) -> Context:
