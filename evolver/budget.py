@@ -41,10 +41,7 @@ class BudgetGuard:
         self._against("daily token cap", s.tokens_per_day, day_tokens, tokens)
         self._against("daily dollar cap", s.usd_per_day, day_usd, 0, usd=True)
         if purpose in BACKGROUND_PURPOSES:
-            bg_tokens = bg_usd = 0.0
-            for p in BACKGROUND_PURPOSES:
-                t, u = self.store.spent(since=day, purpose=p)
-                bg_tokens, bg_usd = bg_tokens + t, bg_usd + u
+            bg_tokens, bg_usd = self.store.spent(since=day, purpose=BACKGROUND_PURPOSES)
             self._against("background token share", int(s.tokens_per_day * s.background_share), bg_tokens, tokens)
             self._against("background dollar share", s.usd_per_day * s.background_share, bg_usd, 0, usd=True)
         if task_id is not None:

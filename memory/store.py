@@ -560,12 +560,15 @@ class Store(Inbox, IndexMaintenance, Retrieval):
             entry_id = cursor.lastrowid
         return LedgerEntry.from_row(self._one("SELECT * FROM ledger WHERE id = ?", [entry_id]))
 
-    def spent(self, *, since: float = 0.0, purpose: str | None = None, task_id: str | None = None) -> tuple[int, float]:
-        """Tokens (in + out) and USD spent since a time, optionally for one purpose or task."""
+    def spent(self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None,
+              task_id: str | None = None) -> tuple[int, float]:
+        """Tokens (in + out) and USD spent since a time, optionally for some purposes or one task."""
         sql = "SELECT coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_usd), 0) FROM ledger WHERE at >= ?"
         params: list = [since]
         if purpose is not None:
-            sql, params = sql + " AND purpose = ?", [*params, purpose]
+            purposes = (purpose,) if isinstance(purpose, str) else tuple(purpose)
+            sql += f" AND purpose IN ({','.join('?' * len(purposes))})"
+            params += list(purposes)
         if task_id is not None:
             sql, params = sql + " AND task_id = ?", [*params, task_id]
         with self._sqlite_errors():
