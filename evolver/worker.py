@@ -5,13 +5,19 @@ While the agent works, a renewer keeps the lease alive; if the lease is lost
 asks to cancel, the agent is stopped at its next step boundary. How the run
 ended is recorded through the lease, so a stale worker's late result is refused
 instead of overwriting the newer run's.
+
+On shutdown the daemon sets ``drain``: the agent stops at its next step
+boundary and the task goes back to the queue (its attempt refunded) to be
+re-run after the restart, rather than being recorded as cancelled.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 from memory import Lease, Step
 
@@ -27,17 +33,25 @@ class WorkerResult:
     result: TaskResult
     recorded: bool  # False when the lease was lost and the result was refused
     lease_lost: bool
+    released: bool = False  # True when a drain sent the task back to the queue
 
 
 class Worker:
-    def __init__(self, agent: Agent, *, owner: str, lease_s: float, max_attempts: int,
-                 sources: tuple[str, ...] | None = None) -> None:
-        self.agent = agent
-        self.store = agent.store
+    def __init__(self, agent: Agent | Callable[[], Agent], *, owner: str, lease_s: float, max_attempts: int,
+                 sources: tuple[str, ...] | None = None, drain: threading.Event | None = None,
+                 on_step: Callable[[str, Step], None] | None = None,
+                 on_end: Callable[[str], None] | None = None) -> None:
+        # A callable is asked for an agent at each claim, so a newly promoted scaffold serves the next task.
+        self.agent_for = agent if callable(agent) and not isinstance(agent, Agent) else (lambda: agent)
+        self.store = self.agent_for().store
         self.owner = owner
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self.sources = sources
+        self.drain = drain or threading.Event()
+        self.on_step = on_step
+        self.on_end = on_end
+        self.current: Lease | None = None  # the lease being worked on, for status and shutdown
 
     def run_once(self) -> WorkerResult | None:
         """Claim and run the most urgent task; None when the inbox has nothing to claim."""
@@ -45,20 +59,35 @@ class Worker:
                                       sources=self.sources)
         if lease is None:
             return None
+        self.current = lease
+        try:
+            return self._run(lease)
+        finally:
+            self.current = None
+            if self.on_end is not None:
+                self.on_end(lease.task.id)
+
+    def _run(self, lease: Lease) -> WorkerResult:
         cancel, lost, done = threading.Event(), threading.Event(), threading.Event()
         renewer = threading.Thread(target=self._renew, args=(lease, cancel, lost, done),
                                    name=f"lease-{lease.task.id}", daemon=True)
         renewer.start()
 
         def on_step(step: Step) -> None:
-            if self.store.cancel_requested(lease.task.id):
+            if self.on_step is not None:
+                self.on_step(lease.task.id, step)
+            if self.drain.is_set() or self.store.cancel_requested(lease.task.id):
                 cancel.set()
 
         try:
-            result = self.agent.run_task(lease.task, cancel=cancel, on_step=on_step, record_status=False)
+            result = self.agent_for().run_task(lease.task, cancel=cancel, on_step=on_step, record_status=False)
         finally:
             done.set()
             renewer.join()
+        if result.status == "cancelled" and self.drain.is_set() and not self.store.cancel_requested(lease.task.id):
+            released = self.store.release_task(lease)
+            log.info("task %s: sent back to the queue for the restart", lease.task.id)
+            return WorkerResult(result=result, recorded=False, lease_lost=not released, released=released)
         recorded = self.store.complete_task(lease, result.status, error=result.error)
         if not recorded:
             log.warning("task %s: lease lost; this worker's result (%s) was not recorded", lease.task.id,
@@ -67,10 +96,15 @@ class Worker:
 
     def _renew(self, lease: Lease, cancel: threading.Event, lost: threading.Event, done: threading.Event) -> None:
         interval = self.lease_s / 3
-        while not done.wait(interval):
+        next_renewal = time.monotonic() + interval
+        while not done.wait(min(0.2, interval)):
+            if self.drain.is_set():
+                cancel.set()  # the agent checks it at its next step boundary
+            if time.monotonic() < next_renewal:
+                continue
             renewed = self.store.renew_lease(lease, lease_s=self.lease_s)
             if renewed is None:  # expired and taken over, or ended elsewhere: stop working on it
                 lost.set()
                 cancel.set()
                 return
-            lease = renewed
+            lease, next_renewal = renewed, time.monotonic() + interval

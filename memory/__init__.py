@@ -33,12 +33,12 @@ from .records import (
     Trajectory,
     TrajectoryHit,
 )
-from .inbox import Lease
+from .inbox import TERMINAL as TERMINAL_STATUSES, Lease
 from .search import Filters
 from .store import NewTrajectory, Store, StoreOptions, new_id
 
 __all__ = [
-    "Store", "StoreOptions", "NewTrajectory", "Filters", "Lease", "Embedder", "bundled_model_path", "new_id",
+    "Store", "StoreOptions", "NewTrajectory", "Filters", "Lease", "TERMINAL_STATUSES", "Embedder", "bundled_model_path", "new_id",
     "Task", "Trajectory", "Step", "Outcome", "Insight", "ToolRecord", "Node", "Evaluation",
     "LedgerEntry", "Event", "TrajectoryHit", "InsightHit", "ToolHit", "Context",
     "StoreError", "StoreCorrupt", "StoreLocked", "StoreReadOnly", "StoreFull", "IndexBusy",

@@ -302,3 +302,14 @@ def _ledger_indexes(db: sqlite_utils.Database) -> None:
         CREATE INDEX ledger_purpose_at ON ledger (purpose, at);
         """
     )
+
+
+@MIGRATIONS(name="0004_scaffolds")
+def _scaffolds(db: sqlite_utils.Database) -> None:
+    # Scaffold snapshots, content-addressed: a node names its scaffold by hash, and
+    # restoring any earlier node needs the exact text it ran with.
+    db.executescript(
+        """
+        CREATE TABLE scaffolds (hash TEXT PRIMARY KEY, body TEXT NOT NULL, created_at REAL NOT NULL);
+        """
+    )

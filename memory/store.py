@@ -35,6 +35,7 @@ from .records import (
     Step, Task, ToolRecord, Trajectory,
 )
 from .retrieval import Retrieval
+from .scaffolds import Snapshots
 
 __all__ = ["Store", "StoreOptions", "NewTrajectory", "new_id"]
 
@@ -86,7 +87,7 @@ class NewTrajectory:
     source: str = "import"
 
 
-class Store(Inbox, IndexMaintenance, Retrieval):
+class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(
@@ -249,11 +250,29 @@ class Store(Inbox, IndexMaintenance, Retrieval):
     def get_task(self, task_id: str) -> Task:
         return Task.from_row(self._require(self._one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id))
 
-    def list_tasks(self, *, status: str | None = None, limit: int = 50, offset: int = 0) -> list[Task]:
-        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+    def list_tasks(self, *, status: str | None = None, source: str | None = None, limit: int = 50,
+                   offset: int = 0) -> list[Task]:
+        clauses, params = [], []
+        if status:
+            clauses, params = clauses + ["status = ?"], params + [status]
+        if source:
+            clauses, params = clauses + ["source = ?"], params + [source]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._all(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
                          [*params, limit, offset])
         return [Task.from_row(r) for r in rows]
+
+    def task_steps(self, task_id: str, *, after_id: int = 0, limit: int = 500) -> list[tuple[int, int, Step]]:
+        """A task's steps across its attempts, in order, as (event id, attempt, step).
+
+        The event id (the step's rowid) only grows, so a live reader resumes
+        after the last id it saw.
+        """
+        rows = self._all(
+            "SELECT s.rowid AS event_id, t.attempt AS attempt, s.* FROM steps s JOIN trajectories t "
+            "ON t.id = s.trajectory_id WHERE t.task_id = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?",
+            [task_id, after_id, limit])
+        return [(r.pop("event_id"), r.pop("attempt"), Step.from_row(r)) for r in rows]
 
     def set_task_status(self, task_id: str, status: str, *, error: str | None = None) -> Task:
         now = time.time()
@@ -542,6 +561,11 @@ class Store(Inbox, IndexMaintenance, Retrieval):
     def get_evaluation(self, evaluation_id: int) -> Evaluation:
         row = self._one("SELECT * FROM evaluations WHERE id = ?", [evaluation_id])
         return Evaluation.from_row(self._require(row, "evaluation", evaluation_id))
+
+    def evaluation_counts(self) -> list[dict]:
+        """Per node, its own finished evaluations: successes ``s`` and failures ``f``."""
+        return self._all("SELECT node_id, sum(success = 1) AS s, sum(success = 0) AS f FROM evaluations "
+                         "WHERE status = 'done' GROUP BY node_id")
 
     def evaluations_of(self, node_id: str) -> list[Evaluation]:
         rows = self._all("SELECT * FROM evaluations WHERE node_id = ? ORDER BY id", [node_id])

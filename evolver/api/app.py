@@ -1,0 +1,143 @@
+"""The ASGI app: routes, the error shape, the body cap and the TCP token."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from memory import NotFound, StoreError
+
+from .. import __version__
+from ..budget import BudgetExceeded
+from ..incumbent import IncumbentError
+from ..jobs import JobError
+
+__all__ = ["create_app", "error_response"]
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message, "param": param}}, status_code=status)
+
+
+def _where(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or "body"
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            return error_response(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])}")
+    problems = []
+    for e in errors:
+        if e.get("type") == "extra_forbidden":
+            problems.append(f"{_where(e['loc'])}: unknown field")
+        elif e.get("type") == "missing" and tuple(e["loc"]) == ("body",):
+            problems.append("a JSON body is required")
+        else:
+            problems.append(f"{_where(e['loc'])}: {e['msg'].removeprefix('Value error, ')}")
+    first = _where(errors[0]["loc"]) if errors else None
+    return error_response(422, "invalid_request", "; ".join(problems), first)
+
+
+def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    kind = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"there is no route {request.method} {request.url.path}; /openapi.json lists them"
+    return error_response(exc.status_code, kind, message)
+
+
+class BodyCap:
+    """Refuse request bodies over the cap with 413 before any route reads them."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_large = error_response(413, "body_too_large",
+                                   f"the body is larger than the {self.max_bytes}-byte cap ([daemon] max_body_bytes)")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await too_large(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await too_large(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class TcpToken:
+    """Connections over TCP (only when configured, on loopback) must carry the bearer token."""
+
+    def __init__(self, app, token: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        server = scope.get("server")
+        over_tcp = scope["type"] == "http" and server is not None and server[1] is not None
+        if over_tcp:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if self.expected is None or not hmac.compare_digest(given, self.expected):
+                response = error_response(401, "unauthorized", "a valid bearer token is required over TCP")
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def create_app(daemon) -> FastAPI:
+    """The API over a running daemon (``evolver.daemon.Daemon``)."""
+    from . import chat, inspect, tasks
+
+    app = FastAPI(title="evolver", version=__version__, docs_url=None, redoc_url=None,
+                  description="A self-evolving agent daemon with experience memory, over a Unix socket.")
+    app.state.daemon = daemon
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(NotFound, lambda r, e: error_response(404, "not_found", str(e)))
+    app.add_exception_handler(IncumbentError, lambda r, e: error_response(409, "conflict", str(e)))
+    app.add_exception_handler(JobError, lambda r, e: error_response(409, "conflict", str(e)))
+    app.add_exception_handler(BudgetExceeded, lambda r, e: error_response(429, "budget_exceeded", str(e)))
+    app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
+
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal_error", f"the daemon failed on this request ({type(exc).__name__}); "
+                                                     "it keeps serving, and the log has the details")
+
+    app.add_exception_handler(Exception, _internal)
+    for module in (tasks, chat, inspect):
+        app.include_router(module.router, prefix="/v1")
+    d = daemon.config.daemon
+    app.add_middleware(BodyCap, max_bytes=d.max_body_bytes)
+    app.add_middleware(TcpToken, token=os.environ.get(d.tcp_token_env) if d.tcp_token_env else None)
+    return app

@@ -1,0 +1,135 @@
+"""OpenAI-compatible chat: `/v1/chat/completions` (streaming and not) and `/v1/models`.
+
+A chat turn is answered by the incumbent agent, with its memory and tools, and
+recorded as a task of source "chat" (its success unknown until feedback). The
+agent's model calls are not token-streamed, so a streaming reply sends the
+role at once, SSE comments while the agent works (OpenAI clients skip them),
+then the answer and ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..budget import BudgetExceeded
+from .app import error_response
+from .models import ChatIn
+
+router = APIRouter(tags=["chat"])
+
+MODEL_ID = "evolver"
+
+
+@router.get("/models", summary="The models this daemon serves (OpenAI-compatible)")
+def models(request: Request) -> dict:
+    daemon = request.app.state.daemon
+    return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": int(daemon.started_at),
+                                        "owned_by": "evolver"}]}
+
+
+def _prompt(body: ChatIn) -> str:
+    """The conversation as one task text: earlier turns as a transcript, the last user message as the task."""
+    last_user = max(i for i, m in enumerate(body.messages) if m.role == "user" and m.text().strip())
+    instructions = [m.text() for m in body.messages if m.role in ("system", "developer") and m.text().strip()]
+    earlier = [f"{m.role}: {m.text()}" for m in body.messages[:last_user]
+               if m.role in ("user", "assistant") and m.text().strip()]
+    parts = []
+    if instructions:
+        parts.append("Instructions from the user:\n" + "\n".join(instructions))
+    if earlier:
+        parts.append("Conversation so far:\n" + "\n".join(earlier))
+    parts.append(body.messages[last_user].text() if not parts else "Reply to:\n" + body.messages[last_user].text())
+    return "\n\n".join(parts)
+
+
+def _reply_text(result) -> str:
+    if result.answer is not None:
+        return result.answer
+    return f"(no answer: {result.error or result.status})"
+
+
+def _usage(daemon, task_id: str) -> dict:
+    tokens_in = tokens_out = 0
+    for trajectory in daemon.store.trajectories_of(task_id):
+        tokens_in += trajectory.tokens_in
+        tokens_out += trajectory.tokens_out
+    return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
+
+
+def _model_failure(result) -> JSONResponse | None:
+    error = result.error or ""
+    if result.status == "failed" and error.startswith("budget:"):
+        return error_response(429, "budget_exceeded", error)
+    if result.status == "failed" and error.startswith("model error:"):
+        return error_response(502, "model_error", error)
+    return None
+
+
+@router.post("/chat/completions", summary="Chat with the incumbent agent (OpenAI-compatible)")
+async def completions(body: ChatIn, request: Request):
+    daemon = request.app.state.daemon
+    if body.model != MODEL_ID:
+        return error_response(404, "model_not_found", f"there is no model {body.model!r}; this daemon serves "
+                                                      f"{MODEL_ID!r}", "model")
+    prompt = _prompt(body)
+    created = int(time.time())
+    if not body.stream:
+        try:
+            result = await run_in_threadpool(daemon.chat, prompt)
+        except BudgetExceeded as exc:
+            return error_response(429, "budget_exceeded", str(exc))
+        failure = _model_failure(result)
+        if failure is not None:
+            return failure
+        usage = await run_in_threadpool(_usage, daemon, result.task_id)
+        return {"id": f"chatcmpl-{result.task_id}", "object": "chat.completion", "created": created,
+                "model": MODEL_ID, "usage": usage, "evolver": {"task_id": result.task_id, "status": result.status},
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": _reply_text(result)}}]}
+
+    loop = asyncio.get_running_loop()
+    progress: asyncio.Queue = asyncio.Queue()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = daemon.chat(
+                prompt, on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, step.role))
+        except BaseException as exc:  # reported in the stream
+            outcome["error"] = exc
+        finally:
+            loop.call_soon_threadsafe(progress.put_nowait, None)
+
+    # A thread of its own for the whole turn: sandboxes die with the thread that started them.
+    threading.Thread(target=run, name="chat", daemon=True).start()
+
+    def chunk(chat_id: str, delta: dict, finish: str | None = None) -> bytes:
+        data = {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": MODEL_ID,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    async def stream():
+        chat_id = "chatcmpl-pending"
+        yield chunk(chat_id, {"role": "assistant", "content": ""})
+        while (role := await progress.get()) is not None:
+            yield f": {role} step\n\n".encode()
+        if "error" in outcome:
+            exc = outcome["error"]
+            kind = "budget_exceeded" if isinstance(exc, BudgetExceeded) else "internal_error"
+            error = {"error": {"type": kind, "message": str(exc), "param": None}}
+            yield f"data: {json.dumps(error)}\n\n".encode()
+            return
+        result = outcome["result"]
+        chat_id = f"chatcmpl-{result.task_id}"
+        yield chunk(chat_id, {"content": _reply_text(result)})
+        yield chunk(chat_id, {}, "stop")
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,82 @@
+"""Inspection and steering: health, status, memory, insights, tools, tree, history, jobs, promotion."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request
+
+from .. import incumbent, views
+from .models import EvolveIn, PromoteIn, RollbackIn, SearchIn
+
+router = APIRouter(tags=["inspection"])
+
+
+def _daemon(request: Request):
+    return request.app.state.daemon
+
+
+@router.get("/health", summary="Whether the daemon answers")
+async def health() -> dict:
+    return {"ok": True}
+
+
+@router.get("/status", summary="Queue, workers, budget, incumbent, next jobs")
+def status(request: Request) -> dict:
+    return _daemon(request).status()
+
+
+@router.post("/shutdown", status_code=202, summary="Stop the daemon gracefully (as SIGTERM does)")
+def shutdown(request: Request) -> dict:
+    _daemon(request).request_stop("asked through the API")
+    return {"stopping": True}
+
+
+@router.post("/memory/search", summary="Past trajectories, insights or tools similar to a text")
+def memory_search(body: SearchIn, request: Request) -> dict:
+    return views.search(_daemon(request).store, body.text, kind=body.kind, k=body.k, success=body.success,
+                        node=body.node, since_hours=body.since_hours)
+
+
+@router.get("/insights", summary="Insights, most important first")
+def insights(request: Request, status: Literal["active", "retired", "all"] = "active",
+             limit: int = Query(default=100, ge=1, le=1000)) -> dict:
+    return views.insights(_daemon(request).store, status=status, limit=limit)
+
+
+@router.get("/tools", summary="Tools the agent can use: built-in and synthesized")
+def tools(request: Request, status: Literal["active", "quarantined", "retired", "all"] = "active") -> dict:
+    return views.tools(_daemon(request).store, status=status)
+
+
+@router.get("/tree", summary="The self-modification tree")
+def tree(request: Request) -> dict:
+    return views.tree(_daemon(request).store)
+
+
+@router.get("/nodes/{node_id}", summary="One node: its scaffold, diff, rationale and evaluations")
+def node(node_id: str, request: Request) -> dict:
+    return views.node(_daemon(request).store, node_id)
+
+
+@router.get("/history", summary="Evolution events, newest first")
+def history(request: Request, kind: str | None = Query(default=None, max_length=50),
+            limit: int = Query(default=100, ge=1, le=1000)) -> dict:
+    return views.history(_daemon(request).store, kind=kind, limit=limit)
+
+
+@router.post("/evolve", summary="Run one round of background jobs now (all, or one by name)")
+def evolve(body: EvolveIn, request: Request) -> dict:
+    daemon = _daemon(request)
+    return {"rounds": [asdict(r) for r in daemon.jobs.run_now(body.job)]}
+
+
+@router.post("/promote", summary="Serve a node from the next task on")
+def promote(body: PromoteIn, request: Request) -> dict:
+    return asdict(incumbent.promote(_daemon(request).store, body.node_id, why=body.why))
+
+
+@router.post("/rollback", summary="Serve an earlier node (by default the previous incumbent)")
+def rollback(body: RollbackIn, request: Request) -> dict:
+    return asdict(incumbent.rollback(_daemon(request).store, body.node_id, why=body.why))

@@ -1,0 +1,124 @@
+"""Tasks: submit (durable before the 201), list, get with trajectory, cancel, feedback, live steps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from memory import TERMINAL_STATUSES, NotFound
+
+from .. import views
+from ..views import task_json
+from .app import error_response
+from .models import FeedbackIn, TaskIn
+
+router = APIRouter(tags=["tasks"])
+
+Status = Literal["queued", "running", "done", "failed", "cancelled", "dead"]
+
+
+def _daemon(request: Request):
+    return request.app.state.daemon
+
+
+
+
+@router.post("/tasks", status_code=201, summary="Submit a task (committed before the reply)")
+def submit(body: TaskIn, request: Request,
+           idempotency_key: str | None = Header(default=None, max_length=200)) -> JSONResponse:
+    daemon = _daemon(request)
+    task, new = daemon.store.add_task(body.prompt, check=body.check, priority=body.priority, source="api",
+                                      metadata=body.metadata, idempotency_key=idempotency_key)
+    if not new:
+        same = (task.prompt, task.check, task.priority, task.metadata) == (
+            body.prompt, body.check, body.priority, body.metadata or {})
+        if not same:
+            return error_response(422, "idempotency_conflict",
+                                  "this Idempotency-Key was already used for a different task", "Idempotency-Key")
+        return JSONResponse(task_json(task), status_code=200, headers={"Idempotent-Replayed": "true"})
+    daemon.task_submitted()
+    return JSONResponse(task_json(task), status_code=201, headers={"Location": f"/v1/tasks/{task.id}"})
+
+
+@router.get("/tasks", summary="List tasks, newest first")
+def list_tasks(request: Request, status: Status | None = None, source: str | None = Query(default=None, max_length=50),
+               limit: int = Query(default=50, ge=1, le=1000), offset: int = Query(default=0, ge=0)) -> dict:
+    return views.task_list(_daemon(request).store, status=status, source=source, limit=limit, offset=offset)
+
+
+@router.get("/tasks/{task_id}", summary="A task with its trajectories and steps")
+def get_task(task_id: str, request: Request) -> dict:
+    return views.task_detail(_daemon(request).store, task_id)
+
+
+@router.post("/tasks/{task_id}/cancel", summary="Cancel a queued task now, a running one at its next step")
+def cancel(task_id: str, request: Request) -> dict:
+    daemon = _daemon(request)
+    task = daemon.store.request_cancel(task_id)
+    daemon.feed.publish(task_id)
+    return task_json(task)
+
+
+@router.post("/tasks/{task_id}/feedback", summary="Say whether the task's answer was good")
+def feedback(task_id: str, body: FeedbackIn, request: Request) -> dict:
+    store = _daemon(request).store
+    store.get_task(task_id)
+    trajectories = store.trajectories_of(task_id)
+    if not trajectories:
+        return error_response(409, "conflict", f"task {task_id} has no answer yet to give feedback on")
+    outcome = store.add_feedback(trajectories[-1].id, good=body.good, note=body.note)
+    return asdict(outcome)
+
+
+def _sse(event: str, data: dict, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+@router.get("/tasks/{task_id}/events", summary="The task's steps as server-sent events, live",
+            response_class=StreamingResponse)
+async def events(task_id: str, request: Request, after: int = Query(default=0, ge=0),
+                 last_event_id: str | None = Header(default=None)):
+    """Each step is an ``event: step`` whose id resumes the stream (``Last-Event-ID``);
+    an ``event: end`` carries the task once it has finished."""
+    daemon = _daemon(request)
+    try:
+        await run_in_threadpool(daemon.store.get_task, task_id)
+    except NotFound as exc:
+        return error_response(404, "not_found", str(exc))
+    if last_event_id is not None:
+        if not last_event_id.isdigit():
+            return error_response(400, "invalid_request", "Last-Event-ID must be an event id from this stream",
+                                  "Last-Event-ID")
+        after = max(after, int(last_event_id))
+
+    async def stream():
+        nonlocal after
+        quiet = 0.0
+        while True:
+            task = await run_in_threadpool(daemon.store.get_task, task_id)
+            rows = await run_in_threadpool(daemon.store.task_steps, task_id, after_id=after)
+            for event_id, attempt, step in rows:
+                after = event_id
+                yield _sse("step", {"attempt": attempt, **asdict(step)}, event_id)
+            if rows:
+                quiet = 0.0
+                continue
+            if task.status in TERMINAL_STATUSES:
+                yield _sse("end", task_json(task))
+                return
+            if daemon.feed.closed.is_set() or await request.is_disconnected():
+                return
+            await daemon.feed.wait(task_id, timeout=1.0)
+            quiet += 1.0
+            if quiet >= 15.0:  # a comment keeps proxies and idle timers from closing the stream
+                quiet = 0.0
+                yield b": keep-alive\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

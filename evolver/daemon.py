@@ -1,0 +1,250 @@
+"""The daemon: one process that owns the store, serves the socket API and runs the workers.
+
+After supervisord, signals and the shutdown API call only change the daemon's
+mood; one loop in the main thread acts on it. On SIGTERM (or `evolver down`)
+the daemon stops taking work, lets running tasks reach a step boundary within
+``[daemon] shutdown_grace_s``, sends what is unfinished back to the queue for
+the next start, stops the API and exits 0. The socket is the single-instance
+lock: ``evolver.sockets.bind`` refuses when a live daemon answers on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from memory import IndexBusy, Step, Store
+
+from .agent import Agent, TaskResult
+from .budget import start_of_day
+from .config import Config
+from .engine import Engine
+from .feed import Feed
+from .incumbent import ensure_root, incumbent, scaffold_of
+from .jobs import Jobs, builtin_jobs
+from .scaffold import Scaffold
+from .sockets import bind
+from .worker import Worker
+
+__all__ = ["Daemon", "Mood", "socket_path"]
+
+log = logging.getLogger(__name__)
+
+
+class Mood(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+def socket_path(config: Config, data_dir: Path | None = None) -> Path:
+    """Where the daemon for ``data_dir`` listens: one socket (and one daemon) per data dir."""
+    data_dir = Path(data_dir or config.data_dir).expanduser().absolute()
+    if data_dir == config.data_dir.expanduser().absolute() and not config.daemon.data_dir:
+        return config.runtime_dir / "evolver.sock"
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+    return config.runtime_dir / f"evolver-{digest}.sock"
+
+
+class Daemon:
+    def __init__(self, config: Config, *, data_dir: Path | None = None) -> None:
+        self.config = config
+        self.data_dir = Path(data_dir or config.data_dir).expanduser()
+        self.socket_path = socket_path(config, self.data_dir)
+        self.mood = Mood.STARTING
+        self.stop_reason = ""
+        self.started_at = time.time()
+        self.feed = Feed()
+        self.drain = threading.Event()
+        self._wake = threading.Event()
+        self._work_ready = threading.Condition()
+        self._served: tuple[str, Scaffold] | None = None
+        self._served_lock = threading.Lock()
+        self.engine: Engine | None = None
+        self.workers: list[Worker] = []
+        self._threads: list[threading.Thread] = []
+        self.jobs: Jobs | None = None
+        self.chat_slots = threading.BoundedSemaphore(max(2, config.daemon.workers))
+
+    @property
+    def store(self) -> Store:
+        assert self.engine is not None, "the daemon has not opened its store"
+        return self.engine.store
+
+    # --- the state machine -------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the main loop to shut down (safe from signal handlers and other threads)."""
+        if self.mood in (Mood.STARTING, Mood.RUNNING):
+            self.stop_reason = reason
+            self.mood = Mood.STOPPING
+        self._wake.set()
+
+    def serve(self, *, on_ready=None) -> int:
+        """Run in the foreground until asked to stop; returns the exit status."""
+        bound = bind(self.socket_path)  # raises DaemonRunning when another daemon answers there
+        server = None
+        try:
+            self.engine = self._open_engine()
+            self._recover()
+            # Load the embedding model now, not inside the first task (seconds of imports).
+            self.store.embedder.embed_documents(["warm up"])
+            self.store.embedder.embed_query("warm up")
+            ensure_root(self.store, self.engine.seed_scaffold())
+            from .api import create_app
+            from .server import ApiServer
+
+            server = ApiServer(create_app(self), [bound.sock])
+            server.start()
+            self._start_workers()
+            self.jobs = Jobs(self, builtin_jobs())
+            if self.config.evolution.enabled:
+                self.jobs.start()
+            self._install_signals()
+            if self.mood is Mood.STARTING:
+                self.mood = Mood.RUNNING
+            log.info("evolver daemon %d serving %s on %s with %d workers", os.getpid(), self.data_dir,
+                     self.socket_path, len(self.workers))
+            if on_ready is not None:
+                on_ready(self)
+            while self.mood is Mood.RUNNING:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                if server.error is not None:
+                    self.request_stop(f"the API server failed: {server.error}")
+            log.info("stopping: %s", self.stop_reason)
+            self._shutdown()
+            return 0
+        finally:
+            if self.jobs is not None:
+                self.jobs.stop()
+            self.feed.close()
+            if server is not None:
+                server.stop()
+            if self.engine is not None:
+                self.engine.close()
+            bound.close()
+            self.mood = Mood.STOPPED
+
+    def _open_engine(self) -> Engine:
+        # A read-only CLI command may hold the index lock for a moment: wait for it.
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                return Engine.open(self.config, data_dir=self.data_dir)
+            except IndexBusy:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _recover(self) -> None:
+        """Tasks left running without a lease (chat turns of a daemon that died) end as failed."""
+        for task in self.store.list_tasks(status="running", limit=10_000):
+            if task.lease_owner is None:
+                self.store.set_task_status(task.id, "failed", error="interrupted: the daemon stopped mid-run")
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # a daemon embedded in a test thread is stopped with request_stop
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
+
+    def _shutdown(self) -> None:
+        self.drain.set()
+        with self._work_ready:
+            self._work_ready.notify_all()
+        deadline = time.monotonic() + self.config.daemon.shutdown_grace_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for worker in self.workers:
+            lease = worker.current
+            if lease is not None and self.store.release_task(lease):
+                # Its late result will be refused: the lease token no longer matches a running task.
+                log.warning("task %s did not reach a step boundary in time; queued for the restart",
+                            lease.task.id)
+
+    # --- workers -----------------------------------------------------------------------
+
+    def agent(self) -> Agent:
+        """An agent running the incumbent scaffold (read at each call: promotion takes effect at once)."""
+        node = incumbent(self.store)
+        with self._served_lock:
+            if self._served is None or self._served[0] != node.id:
+                self._served = (node.id, scaffold_of(self.store, node))
+            scaffold = self._served[1]
+        return self.engine.agent(scaffold, node_id=node.id)
+
+    def _on_step(self, task_id: str, step: Step) -> None:
+        self.feed.publish(task_id)
+
+    def _start_workers(self) -> None:
+        d = self.config.daemon
+        for n in range(d.workers):
+            worker = Worker(self.agent, owner=f"{os.getpid()}-w{n}", lease_s=d.lease_s, max_attempts=d.max_attempts,
+                            drain=self.drain, on_step=self._on_step, on_end=self.feed.publish)
+            self.workers.append(worker)
+            # A long-lived thread per worker: sandboxes die with the thread that started them.
+            thread = threading.Thread(target=self._work, args=(worker,), name=f"worker-{n}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _work(self, worker: Worker) -> None:
+        while not self.drain.is_set():
+            try:
+                ran = worker.run_once()
+            except Exception:  # a broken part must not kill the worker: log, pause, go on
+                log.exception("worker %s failed", worker.owner)
+                ran = None
+                self.drain.wait(1.0)
+            if ran is None and not self.drain.is_set():
+                with self._work_ready:
+                    self._work_ready.wait(0.25)
+
+    def task_submitted(self) -> None:
+        with self._work_ready:
+            self._work_ready.notify()
+
+    # --- what the API asks of the daemon -----------------------------------------------------
+
+    def chat(self, prompt: str, *, on_step=None, metadata: dict | None = None) -> TaskResult:
+        """One chat turn: the incumbent agent answers, recorded as a task of source "chat"."""
+        with self.chat_slots:
+            task, _ = self.store.add_task(prompt, source="chat", status="running", metadata=metadata)
+            try:
+                def step_seen(step: Step) -> None:
+                    self.feed.publish(task.id)
+                    if on_step is not None:
+                        on_step(step)
+                return self.agent().run_task(task, on_step=step_seen)
+            finally:
+                self.feed.publish(task.id)
+
+    def status(self) -> dict:
+        day = start_of_day()
+        tokens, usd = self.store.spent(since=day)
+        node = incumbent(self.store)
+        b = self.config.budget
+        return {
+            "pid": os.getpid(),
+            "mood": self.mood.value,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "data_dir": str(self.data_dir),
+            "socket": str(self.socket_path),
+            "model": self.config.model.name,
+            "queue": self.store.queue_depth(),
+            "workers": len(self.workers),
+            "running": [{"task_id": w.current.task.id, "worker": w.owner} for w in self.workers
+                        if w.current is not None],
+            "budget": {"tokens_today": tokens, "usd_today": round(usd, 6), "tokens_per_day": b.tokens_per_day,
+                       "usd_per_day": b.usd_per_day},
+            "incumbent": node.id if node else None,
+            "jobs": self.jobs.next_runs() if self.jobs else [],
+            "sandbox_isolated": bool(self.engine and self.engine.sandbox.isolated),
+        }

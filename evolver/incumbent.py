@@ -1,0 +1,82 @@
+"""The served scaffold: the tree's root, the incumbent, promotion and rollback.
+
+The daemon serves one node of the self-modification tree, the incumbent. Its
+id lives in the store (``meta.incumbent``), so every process and every restart
+agrees on it. Changing it is one committed write plus an evolution event that
+says from which node to which and why; rolling back reads those events.
+"""
+
+from __future__ import annotations
+
+from memory import Event, Node, NotFound, Store
+
+from .scaffold import Scaffold, load_scaffold
+
+__all__ = ["IncumbentError", "ensure_root", "incumbent", "promote", "rollback", "scaffold_of"]
+
+KEY = "incumbent"
+UNSERVABLE = ("invalid", "proposed")
+
+
+class IncumbentError(ValueError):
+    """A promotion or rollback that cannot be done; the message says why."""
+
+
+def ensure_root(store: Store, seed: Scaffold) -> Node:
+    """Make sure the tree has a root (the seed scaffold) and an incumbent; return the incumbent."""
+    current = store.get_meta(KEY)
+    if current is not None:
+        return store.get_node(current)
+    store.put_scaffold(seed.hash, seed.canonical_json())
+    roots = [n for n in store.list_nodes() if n.parent_id is None]
+    root = roots[0] if roots else store.add_node(seed.hash, status="promoted", rationale="the seed scaffold")
+    store.set_meta(KEY, root.id)
+    store.append_event("seed", f"serving the seed scaffold as node {root.id}", node_id=root.id,
+                       payload={"from": None, "to": root.id, "scaffold_hash": root.scaffold_hash})
+    return root
+
+
+def incumbent(store: Store) -> Node | None:
+    node_id = store.get_meta(KEY)
+    return None if node_id is None else store.get_node(node_id)
+
+
+def scaffold_of(store: Store, node: Node) -> Scaffold:
+    return load_scaffold(store.get_scaffold(node.scaffold_hash))
+
+
+def _switch(store: Store, kind: str, node_id: str, why: str, *, reverts: int | None = None) -> Event:
+    try:
+        node = store.get_node(node_id)
+    except NotFound:
+        raise IncumbentError(f"there is no node {node_id!r}; `evolver tree` lists them") from None
+    if node.status in UNSERVABLE:
+        raise IncumbentError(f"node {node_id} is {node.status}; only a validated node can be served")
+    scaffold_of(store, node)  # refuse a node whose snapshot no longer loads
+    previous = store.get_meta(KEY)
+    if previous == node_id:
+        raise IncumbentError(f"node {node_id} is already the incumbent")
+    store.set_meta(KEY, node_id)
+    if node.status != "promoted":
+        store.set_node_status(node_id, "promoted")
+    return store.append_event(kind, f"serving node {node_id} instead of {previous}", why=why, node_id=node_id,
+                              payload={"from": previous, "to": node_id}, reverts=reverts)
+
+
+def promote(store: Store, node_id: str, *, why: str = "promoted by hand") -> Event:
+    """Serve ``node_id`` from the next task on."""
+    return _switch(store, "promote", node_id, why)
+
+
+def rollback(store: Store, node_id: str | None = None, *, why: str = "rolled back by hand") -> Event:
+    """Serve ``node_id``, or without one the node served before the current incumbent."""
+    if node_id is not None:
+        return _switch(store, "rollback", node_id, why)
+    current = store.get_meta(KEY)
+    for event in store.list_events(limit=1000):
+        if event.kind in ("promote", "rollback") and event.payload.get("to") == current:
+            target = event.payload.get("from")
+            if target is None:
+                break
+            return _switch(store, "rollback", target, why, reverts=event.id)
+    raise IncumbentError("there is no earlier incumbent to roll back to")

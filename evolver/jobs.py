@@ -1,0 +1,112 @@
+"""Background jobs of the daemon, run by APScheduler on intervals and on demand.
+
+A job is a named function of the daemon that returns a one-line summary. Each
+round is recorded as an evolution event ("job", or "job_failed" with the
+reason), never overlaps itself (a per-job lock), and a missed run is coalesced
+into one. ``run_now`` runs rounds in the caller's thread for `evolver evolve`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+__all__ = ["Job", "JobRound", "Jobs", "JobError", "builtin_jobs"]
+
+log = logging.getLogger(__name__)
+
+
+class JobError(ValueError):
+    """An unknown job, or one already running."""
+
+
+@dataclass
+class Job:
+    name: str
+    run: Callable[["Daemon"], str]
+    every_min: float
+    description: str
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+@dataclass(frozen=True)
+class JobRound:
+    job: str
+    ok: bool
+    summary: str
+    seconds: float
+    event_id: int | None
+
+
+def _reconcile(daemon: "Daemon") -> str:
+    fixed = daemon.store.reconcile()
+    return f"index agrees with the database; repaired {sum(fixed.values())} entries"
+
+
+def builtin_jobs() -> list[Job]:
+    """Jobs every daemon runs; the meta-agent's jobs are added beside these."""
+    return [Job("reconcile", _reconcile, every_min=30.0,
+                description="check the vector index against the database and repair any difference")]
+
+
+class Jobs:
+    def __init__(self, daemon: "Daemon", jobs: list[Job]) -> None:
+        self.daemon = daemon
+        self.jobs = {job.name: job for job in jobs}
+        self.scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1,
+                                                           "misfire_grace_time": 3600})
+
+    def start(self) -> None:
+        for job in self.jobs.values():
+            self.scheduler.add_job(self._scheduled, "interval", args=[job.name], id=job.name,
+                                   minutes=job.every_min)
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+
+    def next_runs(self) -> list[dict]:
+        if not self.scheduler.running:
+            return []
+        return [{"job": j.id, "next_run_at": j.next_run_time.timestamp() if j.next_run_time else None}
+                for j in self.scheduler.get_jobs()]
+
+    def _scheduled(self, name: str) -> None:
+        try:
+            self.run_one(name)
+        except JobError as exc:  # already running by hand: this tick is skipped
+            log.info("%s", exc)
+
+    def run_now(self, name: str | None = None) -> list[JobRound]:
+        """One round of one job (or of every job, in order), in this thread."""
+        if name is not None and name not in self.jobs:
+            raise JobError(f"there is no job {name!r}; jobs are: {', '.join(self.jobs)}")
+        return [self.run_one(n) for n in ([name] if name else list(self.jobs))]
+
+    def run_one(self, name: str) -> JobRound:
+        job = self.jobs[name]
+        if not job.lock.acquire(blocking=False):
+            raise JobError(f"job {name!r} is already running")
+        started = time.perf_counter()
+        try:
+            try:
+                summary, ok = job.run(self.daemon), True
+            except Exception as exc:  # a failed round is loud and recorded, never silent
+                log.exception("job %s failed", name)
+                summary, ok = f"{type(exc).__name__}: {exc}", False
+            seconds = time.perf_counter() - started
+            event = self.daemon.store.append_event(
+                "job" if ok else "job_failed", f"{name}: {summary}", why=job.description,
+                payload={"job": name, "seconds": round(seconds, 3)})
+            return JobRound(job=name, ok=ok, summary=summary, seconds=seconds, event_id=event.id)
+        finally:
+            job.lock.release()

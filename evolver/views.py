@@ -1,0 +1,84 @@
+"""What inspection shows, as JSON-able dicts: one function per view.
+
+The API returns these, and the CLI prints them; when the daemon is down the
+CLI calls the same functions on the store directly, so both paths agree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from memory import Filters, Store
+from tools import builtin_specs
+
+from .incumbent import incumbent, scaffold_of
+
+__all__ = ["task_json", "task_detail", "task_list", "search", "insights", "tools", "tree", "node", "history"]
+
+
+def task_json(task) -> dict:
+    data = asdict(task)
+    data.pop("lease_token", None)  # a fencing detail of the inbox, not the client's business
+    return data
+
+
+def task_list(store: Store, *, status: str | None = None, source: str | None = None, limit: int = 50,
+              offset: int = 0) -> dict:
+    tasks = store.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
+    more = len(tasks) > limit
+    return {"tasks": [task_json(t) for t in tasks[:limit]], "next_offset": offset + limit if more else None}
+
+
+def task_detail(store: Store, task_id: str) -> dict:
+    task = store.get_task(task_id)
+    trajectories = []
+    for trajectory in store.trajectories_of(task_id):
+        outcome = store.outcome(trajectory.id)
+        trajectories.append({**asdict(trajectory), "outcome": asdict(outcome) if outcome else None,
+                             "steps": [asdict(s) for s in store.steps(trajectory.id)]})
+    return {**task_json(task), "trajectories": trajectories}
+
+
+def search(store: Store, text: str, *, kind: str = "trajectories", k: int = 5, success: bool | None = None,
+           node: str | None = None, since_hours: float | None = None) -> dict:
+    if kind == "trajectories":
+        since = time.time() - since_hours * 3600 if since_hours is not None else None
+        hits = store.search_trajectories(text, k=k, filters=Filters(success=success, node_id=node, since=since))
+    elif kind == "insights":
+        hits = store.search_insights(text, k=k)
+    else:
+        hits = store.search_tools(text, k=k)
+    return {"kind": kind, "vector_search": store.index is not None, "hits": [asdict(h) for h in hits]}
+
+
+def insights(store: Store, *, status: str = "active", limit: int = 100) -> dict:
+    rows = store.list_insights(status=None if status == "all" else status, limit=limit)
+    return {"insights": [asdict(i) for i in rows]}
+
+
+def tools(store: Store, *, status: str = "active") -> dict:
+    builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"}
+               for spec in builtin_specs()]
+    synthesized = store.list_tools(status=None if status == "all" else status)
+    return {"builtin": builtin, "synthesized": [asdict(t) for t in synthesized]}
+
+
+def tree(store: Store) -> dict:
+    """Every node with its own evaluation successes and failures, and which one is served."""
+    counts = {r["node_id"]: (r["s"], r["f"]) for r in store.evaluation_counts()}
+    current = incumbent(store)
+    return {"incumbent": current.id if current else None,
+            "nodes": [{**asdict(n), "successes": counts.get(n.id, (0, 0))[0],
+                       "failures": counts.get(n.id, (0, 0))[1]} for n in store.list_nodes()]}
+
+
+def node(store: Store, node_id: str) -> dict:
+    found = store.get_node(node_id)
+    return {**asdict(found), "scaffold": scaffold_of(store, found).model_dump(mode="json"),
+            "incumbent": store.get_meta("incumbent") == node_id,
+            "evaluations": [asdict(e) for e in store.evaluations_of(node_id)]}
+
+
+def history(store: Store, *, kind: str | None = None, limit: int = 100) -> dict:
+    return {"events": [asdict(e) for e in store.list_events(kind=kind, limit=limit)]}
