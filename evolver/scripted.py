@@ -24,6 +24,9 @@ have. Replies and string arguments are expanded with the match's groups
 of that rule per script, so retries and fallbacks can be tested.
 ``native_tools: false`` makes the script answer tool calls as JSON in text, as
 a model without native tool calling does.
+
+Another process (a daemon under test) reads a script from a file when the
+model is named ``scripted/`` followed by the file's absolute path.
 """
 
 from __future__ import annotations
@@ -152,11 +155,14 @@ def register_script(name: str, script: Script | dict) -> Script:
 
 def script_for(model: str) -> Script:
     """The script that answers for ``scripted/<name>`` (the bundled demo script for "demo")."""
-    name = model.split("/", 1)[-1]
+    name = model[len(PROVIDER) + 1:] if model.startswith(PROVIDER + "/") else model
     with _SCRIPTS_LOCK:
         script = _SCRIPTS.get(name)
     if script is None and name == "demo":
         script = register_script("demo", Script.from_file(Path(__file__).parent / "data" / "demo_script.json"))
+    if script is None and name.endswith(".json") and Path(name).is_absolute() and Path(name).is_file():
+        # "scripted//abs/path/script.json": how a daemon in another process gets a test's script.
+        script = register_script(name, Script.from_file(Path(name)))
     if script is None:
         raise ScriptError(f"no script named {name!r} is registered (model {model!r})")
     return script

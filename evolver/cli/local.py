@@ -1,8 +1,4 @@
-"""The `evolver` command: a thin layer, one store or API call per subcommand.
-
-Errors from the layers below become one readable line and a distinct exit code
-in one place (``main``), never a traceback.
-"""
+"""Commands that work on the store in this process: settings, memory upkeep, run, bench, demo."""
 
 from __future__ import annotations
 
@@ -16,54 +12,15 @@ from importlib import resources
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from memory import Filters, NewTrajectory, StoreError
+from memory import Filters, NewTrajectory
 from sandbox import SandboxError
 
-from .budget import BudgetExceeded
-
-from .config import ConfigError, default_config_path, load_config, render_config
-from .model import ModelError
-from .scaffold import ScaffoldError
-from .storage import open_store
-
-# Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused,
-# 4 the engine could not work (no sandbox, the model unreachable, a bad scaffold, no budget).
-EXIT_USAGE, EXIT_STORE, EXIT_ENGINE = 2, 3, 4
-
-out = Console()
-err = Console(stderr=True)
-
-
-class State:
-    def __init__(self, config_path: str | None, data_dir: str | None) -> None:
-        self.config_path = config_path
-        self.data_dir = Path(data_dir) if data_dir else None
-        self._config = None
-
-    @property
-    def config(self):
-        if self._config is None:
-            self._config = load_config(self.config_path)
-        return self._config
-
-    def store(self, **kwargs):
-        return open_store(self.config, data_dir=self.data_dir, **kwargs)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Settings file (default: $EVOLVER_CONFIG or ~/.config/evolver/config.toml).")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Store location, overriding [daemon] data_dir.")
-@click.version_option(package_name="evolver")
-@click.pass_context
-def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
-    """evolver: a self-evolving agent daemon with experience memory."""
-    ctx.obj = State(config_path, data_dir)
+from .. import views
+from ..config import default_config_path, render_config
+from ..storage import open_store
+from .base import State, _check_from_options, _hits_table, _print_step, cli, err, out, print_json
 
 
 # --- config ------------------------------------------------------------------------
@@ -124,16 +81,6 @@ def memory() -> None:
     """Search and maintain the experience store."""
 
 
-def _hits_table(title: str, rows: list[dict], columns: list[str]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*[("" if row.get(c) is None else f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]))
-                        for c in columns])
-    return table
-
-
 @memory.command("search")
 @click.argument("text")
 @click.option("--kind", type=click.Choice(["trajectories", "insights", "tools"]), default="trajectories",
@@ -149,25 +96,18 @@ def memory_search(state: State, text: str, kind: str, k: int, success: bool | No
     """Find past trajectories, insights or tools similar to TEXT."""
     if not text.strip():
         raise click.UsageError("TEXT is empty; give some words to search for.")
-    with state.store(readonly=True) as store:
-        if kind == "trajectories":
-            since = time.time() - since_hours * 3600 if since_hours is not None else None
-            hits = store.search_trajectories(text, k=k, filters=Filters(success=success, node_id=node, since=since))
-        elif kind == "insights":
-            hits = store.search_insights(text, k=k)
-        else:
-            hits = store.search_tools(text, k=k)
-        vector = store.index is not None
-    rows = [asdict(h) for h in hits]
+    body = {"text": text, "kind": kind, "k": k, "success": success, "node": node, "since_hours": since_hours}
+    with state.api_or_store() as (client, store):
+        result = client.post("/v1/memory/search", body) if client else views.search(store, **body)
     if as_json:
-        click.echo(json.dumps({"kind": kind, "vector_search": vector, "hits": rows}, indent=2))
+        print_json(result)
         return
     columns = {"trajectories": ["score", "similarity", "keyword_rank", "success", "prompt"],
                "insights": ["score", "similarity", "keyword_rank", "importance", "text"],
                "tools": ["score", "similarity", "keyword_rank", "name", "description"]}[kind]
-    out.print(_hits_table(f"{kind} like {text!r}", rows, columns))
-    if not vector:
-        err.print("note: the daemon owns the vector index, so these are keyword matches only.")
+    out.print(_hits_table(f"{kind} like {text!r}", result["hits"], columns))
+    if not result["vector_search"]:
+        err.print("note: another process owns the vector index, so these are keyword matches only.")
 
 
 @memory.command("reindex")
@@ -195,28 +135,6 @@ def memory_check(state: State) -> None:
 
 
 # --- solving tasks in the foreground ----------------------------------------------------
-
-
-def _check_from_options(answer: str | None, numeric: float | None, regex: str | None, cmd: str | None) -> dict | None:
-    given = [c for c in (answer, numeric, regex, cmd) if c is not None]
-    if len(given) > 1:
-        raise click.UsageError("give at most one of --check-answer, --check-numeric, --check-regex, --check-cmd")
-    if answer is not None:
-        return {"type": "answer", "expected": answer}
-    if numeric is not None:
-        return {"type": "answer", "expected": numeric, "match": "numeric"}
-    if regex is not None:
-        return {"type": "answer", "expected": regex, "match": "regex"}
-    if cmd is not None:
-        return {"type": "command", "command": cmd}
-    return None
-
-
-def _print_step(step, console: Console = err) -> None:
-    text = step.content.strip().replace("\n", " ")
-    calls = ", ".join(f"{c['name']}({json.dumps(c.get('arguments'))[:80]})" for c in (step.tool_calls or []))
-    line = calls if step.role == "assistant" and calls else text
-    console.print(f"[dim]{step.seq:>3} {step.role:<10}[/dim] {escape(line[:160])}", markup=True, highlight=False)
 
 
 @cli.command()
@@ -381,29 +299,3 @@ def _demo_agent(state: State, store, data_dir: Path) -> None:
         verdict = {True: "check passed", False: "check failed", None: "no check: success unknown until feedback"}
         out.print(f"→ {result.status}: {result.answer!r} ({verdict[result.success]})")
 
-
-def main() -> None:
-    """Entry point: run the CLI, turning known errors into one line and an exit code."""
-    try:
-        cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_USAGE)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    except StoreError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_STORE)
-    except (SandboxError, ModelError, ScaffoldError, BudgetExceeded) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_ENGINE)
-
-
-if __name__ == "__main__":
-    main()

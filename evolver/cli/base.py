@@ -1,0 +1,179 @@
+"""The `evolver` command's shared parts: the group, settings, output, and errors in one place.
+
+Each subcommand is a thin layer over one API call (or, for read-only inspection
+while the daemon is down, one store query). Errors from the layers below
+become one readable line and a distinct exit code in ``main``, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from memory import StoreError
+from sandbox import SandboxError
+
+from ..budget import BudgetExceeded
+from ..client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenied
+from ..config import ConfigError, load_config
+from ..model import ModelError
+from ..scaffold import ScaffoldError
+from ..sockets import SocketError
+from ..storage import open_store
+
+# Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused,
+# 4 the engine could not work (no sandbox, the model unreachable, a bad scaffold, no budget),
+# 5 the daemon is not running, 6 permission denied on the socket, 7 the daemon refused the request.
+EXIT_USAGE, EXIT_STORE, EXIT_ENGINE, EXIT_NO_DAEMON, EXIT_DENIED, EXIT_REFUSED = 2, 3, 4, 5, 6, 7
+
+out = Console()
+err = Console(stderr=True)
+
+
+class State:
+    def __init__(self, config_path: str | None, data_dir: str | None) -> None:
+        self.config_path = config_path
+        self.data_dir = Path(data_dir) if data_dir else None
+        self._config = None
+
+    @property
+    def config(self):
+        if self._config is None:
+            self._config = load_config(self.config_path)
+        return self._config
+
+    def store(self, **kwargs):
+        return open_store(self.config, data_dir=self.data_dir, **kwargs)
+
+    @property
+    def socket_path(self) -> Path:
+        from ..daemon import socket_path
+
+        return socket_path(self.config, self.data_dir)
+
+    def client(self, **kwargs) -> Client:
+        return Client(self.socket_path, **kwargs)
+
+    @contextmanager
+    def api_or_store(self) -> Iterator[tuple[Client | None, object]]:
+        """The daemon's client when it runs; otherwise the store, opened read-only (inspection only)."""
+        from ..sockets import probe
+
+        if self.socket_path.exists() and probe(self.socket_path):
+            with self.client() as client:
+                yield client, None
+            return
+        with self.store(readonly=True) as store:
+            yield None, store
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="Settings file (default: $EVOLVER_CONFIG or ~/.config/evolver/config.toml).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Store location, overriding [daemon] data_dir.")
+@click.version_option(package_name="evolver")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
+    """evolver: a self-evolving agent daemon with experience memory."""
+    ctx.obj = State(config_path, data_dir)
+
+
+def _hits_table(title: str, rows: list[dict], columns: list[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*[("" if row.get(c) is None else f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]))
+                        for c in columns])
+    return table
+
+
+def _check_from_options(answer: str | None, numeric: float | None, regex: str | None, cmd: str | None) -> dict | None:
+    given = [c for c in (answer, numeric, regex, cmd) if c is not None]
+    if len(given) > 1:
+        raise click.UsageError("give at most one of --check-answer, --check-numeric, --check-regex, --check-cmd")
+    if answer is not None:
+        return {"type": "answer", "expected": answer}
+    if numeric is not None:
+        return {"type": "answer", "expected": numeric, "match": "numeric"}
+    if regex is not None:
+        return {"type": "answer", "expected": regex, "match": "regex"}
+    if cmd is not None:
+        return {"type": "command", "command": cmd}
+    return None
+
+
+def _print_step(step, console: Console = err) -> None:
+    text = step.content.strip().replace("\n", " ")
+    calls = ", ".join(f"{c['name']}({json.dumps(c.get('arguments'))[:80]})" for c in (step.tool_calls or []))
+    line = calls if step.role == "assistant" and calls else text
+    console.print(f"[dim]{step.seq:>3} {step.role:<10}[/dim] {escape(line[:160])}", markup=True, highlight=False)
+
+
+def print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def table(title: str, rows: list[dict], columns: list[str], *, width: dict[str, int] | None = None) -> Table:
+    """A listing: one row per item, the named columns, long text clipped."""
+    view = Table(title=title, title_justify="left")
+    for column in columns:
+        view.add_column(column, overflow="fold")
+    for row in rows:
+        cells = []
+        for c in columns:
+            value = row.get(c)
+            text = "" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+            limit = (width or {}).get(c, 100)
+            cells.append(escape(text if len(text) <= limit else text[: limit - 1] + "…"))
+        view.add_row(*cells)
+    return view
+
+
+def main() -> None:
+    """Entry point: run the CLI, turning known errors into one line and an exit code."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except DaemonNotRunning as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_NO_DAEMON)
+    except SocketDenied as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_DENIED)
+    except ApiError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE if exc.status in (400, 404, 413, 422) else EXIT_REFUSED)
+    except ClientError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    except SocketError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except StoreError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_STORE)
+    except (SandboxError, ModelError, ScaffoldError, BudgetExceeded) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_ENGINE)
+
+

@@ -1,0 +1,159 @@
+"""Starting, stopping and asking after the daemon; installing it as a systemd user service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import click
+
+from ..client import ClientError, DaemonNotRunning
+from ..sockets import probe
+from ..systemd import render_unit, unit_path
+from .base import EXIT_NO_DAEMON, State, cli, err, out, print_json, table
+
+
+def _log_path(state: State):
+    return (state.data_dir or state.config.data_dir).expanduser() / "daemon.log"
+
+
+@cli.command()
+@click.option("--foreground", is_flag=True, help="Run in this process (for systemd and debugging) until stopped.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=180, show_default=True,
+              help="Seconds to wait for a background daemon to answer.")
+@click.pass_obj
+def up(state: State, foreground: bool, timeout_s: float) -> None:
+    """Start the daemon (in the background unless --foreground)."""
+    from ..daemon import Daemon
+
+    if foreground:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        for noisy in ("LiteLLM", "httpx", "sentence_transformers", "apscheduler"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        sys.exit(Daemon(state.config, data_dir=state.data_dir).serve())
+    path = state.socket_path
+    if path.exists() and probe(path):
+        click.echo(f"the daemon is already running on {path}")
+        return
+    log = _log_path(state)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "evolver"]
+    if state.config_path:
+        args += ["--config", os.path.abspath(state.config_path)]
+    if state.data_dir:
+        args += ["--data-dir", os.path.abspath(state.data_dir)]
+    with open(log, "ab") as sink:
+        child = subprocess.Popen([*args, "up", "--foreground"], stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+                                 start_new_session=True)  # its own session: closing this terminal leaves it running
+    deadline = time.monotonic() + timeout_s
+    with err.status("starting the daemon…"):
+        while time.monotonic() < deadline:
+            if child.poll() is not None:
+                tail = log.read_text(errors="replace").splitlines()[-5:]
+                raise click.ClickException("the daemon stopped while starting:\n  " + "\n  ".join(tail))
+            if path.exists() and probe(path):
+                try:
+                    with state.client(timeout_s=5) as client:
+                        status = client.get("/v1/status")
+                    break
+                except ClientError:
+                    pass
+            time.sleep(0.1)
+        else:
+            raise click.ClickException(f"the daemon did not answer within {timeout_s:g} s; see {log}")
+    click.echo(f"evolver daemon {status['pid']} is up: socket {path}, data dir {status['data_dir']}, log {log}")
+
+
+@cli.command()
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=None,
+              help="Seconds to wait for it to exit (default: the shutdown grace period plus 30).")
+@click.pass_obj
+def down(state: State, timeout_s: float | None) -> None:
+    """Stop the daemon gracefully: running tasks stop at a step boundary and are re-queued."""
+    path = state.socket_path
+    try:
+        with state.client() as client:
+            pid = client.get("/v1/status")["pid"]
+            client.post("/v1/shutdown")
+    except DaemonNotRunning:
+        click.echo(f"the daemon is not running (nothing answers on {path})")
+        return
+    timeout_s = timeout_s or state.config.daemon.shutdown_grace_s + 30
+    deadline = time.monotonic() + timeout_s
+    with err.status(f"stopping daemon {pid}…"):
+        while time.monotonic() < deadline:
+            if not (path.exists() and probe(path)):
+                click.echo(f"evolver daemon {pid} stopped")
+                return
+            time.sleep(0.1)
+    raise click.ClickException(f"daemon {pid} is still running after {timeout_s:g} s; `kill {pid}` stops it harder")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def status(state: State, as_json: bool) -> None:
+    """Whether the daemon runs, and what it is doing: queue, workers, budget, incumbent, next jobs."""
+    from .. import incumbent
+
+    try:
+        with state.client(timeout_s=10) as client:
+            info = client.get("/v1/status")
+    except DaemonNotRunning:
+        info = {"mood": "not running", "socket": str(state.socket_path)}
+        try:
+            with state.store(readonly=True) as store:
+                node = incumbent.incumbent(store)
+                info.update(queue=store.queue_depth(), incumbent=node.id if node else None)
+        except Exception as exc:  # no store yet, or unreadable: say so, the status itself still stands
+            info["store"] = str(exc)
+        if as_json:
+            print_json(info)
+        else:
+            out.print(f"evolver daemon: not running (socket {info['socket']}); start it with `evolver up`")
+            if "queue" in info:
+                out.print(f"queue: {info['queue'] or 'empty'}; incumbent node: {info['incumbent']}")
+        sys.exit(EXIT_NO_DAEMON)
+    if as_json:
+        print_json(info)
+        return
+    budget = info["budget"]
+    out.print(f"evolver daemon {info['pid']}: {info['mood']}, up {info['uptime_s']:.0f} s, model {info['model']}")
+    out.print(f"socket {info['socket']}; data dir {info['data_dir']}"
+              + ("" if info["sandbox_isolated"] else "; SANDBOX DEGRADED (no bubblewrap)"))
+    out.print(f"queue: {info['queue'] or 'empty'}; workers: {info['workers']}, running: "
+              f"{', '.join(r['task_id'] for r in info['running']) or 'nothing'}")
+    out.print(f"spent today: {budget['tokens_today']} tokens of {budget['tokens_per_day'] or 'unlimited'}, "
+              f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}")
+    out.print(f"incumbent node: {info['incumbent']}")
+    jobs = [{"job": j["job"], "next run": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["next_run_at"]))
+             if j["next_run_at"] else "paused"} for j in info["jobs"]]
+    if jobs:
+        out.print(table("scheduled jobs", jobs, ["job", "next run"]))
+
+
+@cli.group()
+def service() -> None:
+    """Run the daemon as a systemd user service."""
+
+
+@service.command("install")
+@click.option("--print", "to_stdout", is_flag=True, help="Print the unit instead of writing it.")
+@click.option("--force", is_flag=True, help="Overwrite an existing unit file.")
+@click.pass_obj
+def service_install(state: State, to_stdout: bool, force: bool) -> None:
+    """Write a systemd user unit that runs `evolver up --foreground`."""
+    unit = render_unit(config_path=state.config_path, data_dir=str(state.data_dir) if state.data_dir else None,
+                       stop_timeout_s=state.config.daemon.shutdown_grace_s)
+    if to_stdout:
+        click.echo(unit, nl=False)
+        return
+    path = unit_path()
+    if path.exists() and not force:
+        raise click.UsageError(f"{path} already exists; pass --force to overwrite it.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(unit, encoding="utf-8")
+    click.echo(f"wrote {path}\nstart it with: systemctl --user daemon-reload && systemctl --user enable --now evolver")

@@ -1,0 +1,162 @@
+"""Inspecting and steering evolution: the tree, a node, the history, insights, tools, jobs, promotion."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+from rich.markup import escape
+from rich.tree import Tree
+
+from .. import views
+from .base import State, cli, err, out, print_json, table
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def show_tree(data: dict) -> None:
+    """The tree as rich prints it: each node with its own evaluation counts; the incumbent starred."""
+    children: dict[str | None, list[dict]] = {}
+    for node in data["nodes"]:
+        children.setdefault(node["parent_id"], []).append(node)
+
+    def label(node: dict) -> str:
+        star = " [bold green]★ incumbent[/bold green]" if node["id"] == data["incumbent"] else ""
+        return (f"{node['id']} [dim]{node['status']}, {node['successes']} ok / {node['failures']} failed, "
+                f"scaffold {node['scaffold_hash']}[/dim]{star} {escape(node['rationale'][:60])}")
+
+    def grow(branch: Tree, parent_id: str | None) -> None:
+        for node in children.get(parent_id, []):
+            grow(branch.add(label(node)), node["id"])
+
+    root = Tree(f"scaffold tree ({len(data['nodes'])} nodes)")
+    grow(root, None)
+    out.print(root)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def tree(state: State, as_json: bool) -> None:
+    """The self-modification tree: every scaffold node and which one is served."""
+    with state.api_or_store() as (client, store):
+        data = client.get("/v1/tree") if client else views.tree(store)
+    print_json(data) if as_json else show_tree(data)
+
+
+@cli.command()
+@click.argument("node_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def node(state: State, node_id: str, as_json: bool) -> None:
+    """One node: its scaffold, diff against its parent, rationale and evaluations."""
+    with state.api_or_store() as (client, store):
+        data = client.get(f"/v1/nodes/{node_id}") if client else views.node(store, node_id)
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"[bold]{data['id']}[/bold] {data['status']}{' (incumbent)' if data['incumbent'] else ''}, parent "
+              f"{data['parent_id']}, scaffold {data['scaffold_hash']}", highlight=False)
+    out.print(f"rationale: {data['rationale'] or '-'}", markup=False)
+    if data["diff"]:
+        out.print(data["diff"], markup=False, highlight=False)
+    params = data["scaffold"]["parameters"]
+    out.print("parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()), markup=False)
+    out.print("tools: " + ", ".join(data["scaffold"]["tools"]), markup=False)
+    done = [e for e in data["evaluations"] if e["status"] == "done"]
+    out.print(f"evaluations: {sum(bool(e['success']) for e in done)} ok / "
+              f"{sum(not e['success'] for e in done)} failed")
+
+
+@cli.command()
+@click.option("--kind", default=None, help="Only events of this kind (promote, rollback, job, job_failed, ...).")
+@click.option("--limit", type=click.IntRange(1, 1000), default=30, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def history(state: State, kind: str | None, limit: int, as_json: bool) -> None:
+    """Evolution events, newest first: what changed, why, and what it reverted."""
+    with state.api_or_store() as (client, store):
+        data = client.get("/v1/history", kind=kind, limit=limit) if client else views.history(store, kind=kind,
+                                                                                               limit=limit)
+    if as_json:
+        print_json(data)
+        return
+    rows = [{**e, "when": _when(e["at"])} for e in data["events"]]
+    out.print(table("history", rows, ["id", "when", "kind", "what", "why", "reverts"], width={"what": 70, "why": 50}))
+
+
+@cli.command()
+@click.option("--status", type=click.Choice(["active", "retired", "all"]), default="active", show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def insights(state: State, status: str, limit: int, as_json: bool) -> None:
+    """Distilled insights, most important first."""
+    with state.api_or_store() as (client, store):
+        data = client.get("/v1/insights", status=status, limit=limit) if client else views.insights(
+            store, status=status, limit=limit)
+    if as_json:
+        print_json(data)
+        return
+    out.print(table("insights", data["insights"], ["id", "importance", "status", "text"], width={"text": 110}))
+
+
+@cli.command()
+@click.option("--status", type=click.Choice(["active", "quarantined", "retired", "all"]), default="active",
+              show_default=True, help="Which synthesized tools to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def tools(state: State, status: str, as_json: bool) -> None:
+    """Tools the agent can use: built-in, and synthesized ones with their usage."""
+    with state.api_or_store() as (client, store):
+        data = client.get("/v1/tools", status=status) if client else views.tools(store, status=status)
+    if as_json:
+        print_json(data)
+        return
+    out.print(table("built-in tools", data["builtin"], ["name", "description"], width={"description": 100}))
+    out.print(table(f"synthesized tools ({status})", data["synthesized"],
+                    ["name", "version", "status", "uses", "successes", "failures", "description"]))
+
+
+@cli.command()
+@click.option("--now", is_flag=True, help="Run one round in the foreground and show its results (the default).")
+@click.option("--job", default=None, help="Only this job (default: every job, in order).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def evolve(state: State, now: bool, job: str | None, as_json: bool) -> None:
+    """Run one round of the background jobs now, instead of waiting for their schedule."""
+    with state.client(timeout_s=3600) as client, err.status(f"running {job or 'every job'}…"):
+        data = client.post("/v1/evolve", {"job": job})
+    if as_json:
+        print_json(data)
+    else:
+        for r in data["rounds"]:
+            out.print(f"{r['job']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']:.2f} s: {r['summary']}",
+                      markup=False, highlight=False)
+    if not all(r["ok"] for r in data["rounds"]):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("node_id")
+@click.option("--why", default="promoted by hand", show_default=True, help="Recorded in the history.")
+@click.pass_obj
+def promote(state: State, node_id: str, why: str) -> None:
+    """Serve NODE_ID from the next task on."""
+    with state.client() as client:
+        event = client.post("/v1/promote", {"node_id": node_id, "why": why})
+    click.echo(f"event {event['id']}: {event['what']}")
+
+
+@cli.command()
+@click.argument("node_id", required=False)
+@click.option("--why", default="rolled back by hand", show_default=True, help="Recorded in the history.")
+@click.pass_obj
+def rollback(state: State, node_id: str | None, why: str) -> None:
+    """Serve an earlier node again: NODE_ID, or the one served before the current incumbent."""
+    with state.client() as client:
+        event = client.post("/v1/rollback", {"node_id": node_id, "why": why})
+    click.echo(f"event {event['id']}: {event['what']}")

@@ -1,0 +1,212 @@
+"""Tasks through the daemon: submit (and watch), list, show, cancel, feedback, and chat."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+import httpx
+from rich.markup import escape
+
+from .. import views
+from ..client import ApiError, decode
+from .base import State, _check_from_options, cli, err, out, print_json, table
+
+
+def _print_event_step(step: dict) -> None:
+    text = (step.get("content") or "").strip().replace("\n", " ")
+    calls = ", ".join(f"{c['name']}({json.dumps(c.get('arguments'))[:80]})" for c in (step.get("tool_calls") or []))
+    line = calls if step["role"] == "assistant" and calls else text
+    err.print(f"[dim]{step['attempt']}.{step['seq']:<3} {step['role']:<10}[/dim] {escape(line[:160])}",
+              highlight=False)
+
+
+def _verdict(task: dict) -> tuple[bool | None, str | None]:
+    """The last attempt's success and answer."""
+    trajectories = task.get("trajectories") or []
+    if not trajectories:
+        return None, None
+    last = trajectories[-1]
+    outcome = last.get("outcome") or {}
+    return outcome.get("success"), last.get("final_answer")
+
+
+@cli.command()
+@click.argument("text")
+@click.option("--check-answer", default=None, help="Success when the final answer equals this.")
+@click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number.")
+@click.option("--check-regex", default=None, help="Success when the whole answer matches this regex.")
+@click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace.")
+@click.option("--priority", type=click.IntRange(-100, 100), default=0, show_default=True, help="Higher runs first.")
+@click.option("--file", "files", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="Put this file (by its name) into the task's workspace; repeatable.")
+@click.option("--idempotency-key", default=None, help="Retrying with the same key never makes a duplicate task.")
+@click.option("--wait", is_flag=True, help="Stream the steps live; exit 1 if the task fails.")
+@click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
+@click.pass_obj
+def submit(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, priority: int,
+           files: tuple[str, ...], idempotency_key: str | None, wait: bool, as_json: bool) -> None:
+    """Hand the daemon a task; it is stored durably before this returns."""
+    import os
+
+    body: dict = {"prompt": text, "priority": priority,
+                  "check": _check_from_options(check_answer, check_numeric, check_regex, check_cmd)}
+    if files:
+        body["metadata"] = {"files": {os.path.basename(f): open(f, encoding="utf-8").read() for f in files}}
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    with state.client() as client:
+        task = client.post("/v1/tasks", body, headers=headers)
+        if not wait:
+            if as_json:
+                print_json(task)
+            else:
+                click.echo(task["id"])
+            return
+        err.print(f"[bold]{task['id']}[/bold] queued; following its steps (Ctrl-C stops watching, not the task)")
+        for event, data in client.events(task["id"]):
+            if event == "step":
+                _print_event_step(data)
+        detail = client.get(f"/v1/tasks/{task['id']}")
+    success, answer = _verdict(detail)
+    if as_json:
+        print_json(detail)
+    else:
+        verdict = "" if success is None else (" (check passed)" if success else " (check failed)")
+        click.echo(f"{detail['status']}{verdict}: {answer if answer is not None else detail.get('error')}")
+    if detail["status"] != "done" or success is False:
+        sys.exit(1)
+
+
+STATUSES = click.Choice(["queued", "running", "done", "failed", "cancelled", "dead"])
+
+
+@cli.command()
+@click.option("--status", type=STATUSES, default=None, help="Only tasks in this state.")
+@click.option("--source", default=None, help="Only tasks from this source (api, chat, cli, bench, ...).")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def tasks(state: State, status: str | None, source: str | None, limit: int, offset: int, as_json: bool) -> None:
+    """List tasks, newest first."""
+    params = {"status": status, "source": source, "limit": limit, "offset": offset}
+    with state.api_or_store() as (client, store):
+        result = client.get("/v1/tasks", **params) if client else views.task_list(store, **params)
+    if as_json:
+        print_json(result)
+        return
+    rows = [{**t, "created": time.strftime("%m-%d %H:%M:%S", time.localtime(t["created_at"]))}
+            for t in result["tasks"]]
+    out.print(table("tasks", rows, ["id", "status", "priority", "source", "attempts", "created", "prompt", "error"],
+                    width={"prompt": 60, "error": 40}))
+    if result["next_offset"] is not None:
+        err.print(f"more: --offset {result['next_offset']}")
+
+
+@cli.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def show(state: State, task_id: str, as_json: bool) -> None:
+    """One task with its trajectories and every step."""
+    with state.api_or_store() as (client, store):
+        detail = client.get(f"/v1/tasks/{task_id}") if client else views.task_detail(store, task_id)
+    if as_json:
+        print_json(detail)
+        return
+    out.print(f"[bold]{detail['id']}[/bold] {detail['status']} (source {detail['source']}, priority "
+              f"{detail['priority']}, attempts {detail['attempts']})", highlight=False)
+    out.print(escape(detail["prompt"]), highlight=False)
+    if detail.get("check"):
+        out.print(f"check: {json.dumps(detail['check'])}", highlight=False, markup=False)
+    for trajectory in detail["trajectories"]:
+        outcome = trajectory.get("outcome") or {}
+        out.print(f"\n[bold]attempt {trajectory['attempt']}[/bold] ({trajectory['status']}, node "
+                  f"{trajectory['node_id']}): answer {trajectory['final_answer']!r}, success "
+                  f"{outcome.get('success')}", highlight=False)
+        for step in trajectory["steps"]:
+            _print_event_step({**step, "attempt": trajectory["attempt"]})
+    if detail.get("error"):
+        out.print(f"error: {detail['error']}", markup=False)
+
+
+@cli.command()
+@click.argument("task_id")
+@click.pass_obj
+def cancel(state: State, task_id: str) -> None:
+    """Cancel a task: a queued one at once, a running one at its next step."""
+    with state.client() as client:
+        task = client.post(f"/v1/tasks/{task_id}/cancel")
+    click.echo(f"{task['id']}: {task['status']}" + (" (stopping at its next step)" if task["status"] == "running"
+                                                     else ""))
+
+
+@cli.command()
+@click.argument("task_id")
+@click.option("--good/--bad", required=True, help="Whether the answer was right.")
+@click.option("--note", default="", help="Why, in a few words.")
+@click.pass_obj
+def feedback(state: State, task_id: str, good: bool, note: str) -> None:
+    """Tell the daemon whether a task's answer was good (its success becomes known)."""
+    with state.client() as client:
+        outcome = client.post(f"/v1/tasks/{task_id}/feedback", {"good": good, "note": note})
+    click.echo(f"{task_id}: recorded as {'good' if outcome['success'] else 'bad'}")
+
+
+def _stream_reply(state: State, messages: list[dict]) -> str:
+    """One streamed chat turn; prints the reply as it arrives and returns it."""
+    client = state.client()
+    reply = []
+    try:
+        with client.http.stream("POST", "/v1/chat/completions",
+                                json={"model": "evolver", "messages": messages, "stream": True},
+                                timeout=httpx.Timeout(30.0, read=None)) as response:
+            if response.status_code != 200:
+                response.read()
+                decode(response)
+            for line in response.iter_lines():
+                if line.startswith(":"):
+                    err.print(f"[dim]…{escape(line[1:].strip())}[/dim]", end="\r")
+                    continue
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    raise ApiError(500, data["error"]["type"], data["error"]["message"])
+                delta = data["choices"][0]["delta"].get("content") or ""
+                reply.append(delta)
+                out.print(delta, end="", markup=False, highlight=False)
+    except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+        raise client._unreachable(exc) from None
+    finally:
+        client.close()
+    out.print()
+    return "".join(reply)
+
+
+@cli.command()
+@click.option("--message", "-m", "once", default=None, help="Send one message, print the reply and exit.")
+@click.pass_obj
+def chat(state: State, once: str | None) -> None:
+    """Talk with the daemon's agent (an interactive REPL, replies streamed). /exit or Ctrl-D ends it."""
+    messages: list[dict] = []
+    if once is not None:
+        _stream_reply(state, [{"role": "user", "content": once}])
+        return
+    with state.client() as client:
+        client.get("/v1/health")  # say now, not after the first message, that the daemon is down
+    err.print("chatting with the evolver daemon; /exit or Ctrl-D ends")
+    while True:
+        try:
+            text = input("you> ")
+        except EOFError:
+            break
+        if text.strip() in ("/exit", "/quit"):
+            break
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+        out.print("evolver> ", end="", highlight=False)
+        messages.append({"role": "assistant", "content": _stream_reply(state, messages)})

@@ -1,0 +1,130 @@
+"""The CLI's side of the socket: HTTP over the daemon's Unix socket, errors as one sentence.
+
+``DaemonNotRunning`` and ``SocketDenied`` let the CLI tell "start it first"
+from "this socket is not yours"; ``ApiError`` carries the daemon's own message
+for a refused request.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+__all__ = ["Client", "ClientError", "DaemonNotRunning", "SocketDenied", "ApiError", "decode"]
+
+
+class ClientError(Exception):
+    """The daemon could not be asked, or refused; the message says which and why."""
+
+
+class DaemonNotRunning(ClientError):
+    pass
+
+
+class SocketDenied(ClientError):
+    pass
+
+
+class ApiError(ClientError):
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+class Client:
+    def __init__(self, socket_path: Path, *, timeout_s: float = 30.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
+                                 base_url="http://evolver", timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _unreachable(self, exc: Exception) -> ClientError:
+        cause = exc.__cause__ or exc.__context__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, PermissionError):
+            return SocketDenied(f"permission denied on {self.socket_path}: the daemon there belongs to another "
+                                "user; use your own data dir or runtime dir")
+        return DaemonNotRunning(f"the daemon is not running (no answer on {self.socket_path}); "
+                                "start it with `evolver up`")
+
+    def request(self, method: str, path: str, *, json_body: dict | None = None, params: dict | None = None,
+                headers: dict | None = None, timeout_s: float | None = None) -> dict:
+        try:
+            response = self.http.request(method, path, json=json_body, params=_clean(params), headers=headers,
+                                         timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
+        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+            raise self._unreachable(exc) from None
+        except httpx.TimeoutException:
+            raise ClientError(f"the daemon on {self.socket_path} did not answer in time") from None
+        return decode(response)
+
+    def get(self, path: str, **params) -> dict:
+        return self.request("GET", path, params=params)
+
+    def post(self, path: str, body: dict | None = None, **kwargs) -> dict:
+        return self.request("POST", path, json_body=body or {}, **kwargs)
+
+    def events(self, task_id: str, *, after: int = 0) -> Iterator[tuple[str, dict]]:
+        """The task's server-sent events as (event, data), reconnecting from the last id if cut."""
+        last = after
+        for _ in range(5):
+            try:
+                with self.http.stream("GET", f"/v1/tasks/{task_id}/events", params={"after": last},
+                                      timeout=httpx.Timeout(30.0, read=None)) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        decode(response)
+                    event, data, event_id = "message", [], None
+                    for line in response.iter_lines():
+                        if line.startswith(":"):
+                            continue
+                        if not line:
+                            if data:
+                                if event_id is not None:
+                                    last = int(event_id)
+                                yield event, json.loads("\n".join(data))
+                                if event == "end":
+                                    return
+                            event, data, event_id = "message", [], None
+                            continue
+                        field, _, value = line.partition(":")
+                        value = value.removeprefix(" ")
+                        if field == "event":
+                            event = value
+                        elif field == "data":
+                            data.append(value)
+                        elif field == "id":
+                            event_id = value
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                if isinstance(exc, httpx.ConnectError):
+                    raise self._unreachable(exc) from None
+                continue  # the stream was cut: resume after the last event seen
+        raise ClientError(f"lost the event stream of task {task_id} repeatedly")
+
+
+def _clean(params: dict | None) -> dict | None:
+    return None if params is None else {k: v for k, v in params.items() if v is not None}
+
+
+def decode(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.is_success:
+        return body if isinstance(body, dict) else {}
+    error = (body or {}).get("error", {}) if isinstance(body, dict) else {}
+    raise ApiError(response.status_code, error.get("type", "http_error"),
+                   error.get("message") or f"the daemon answered {response.status_code}")
