@@ -39,15 +39,23 @@ def up(state: State, foreground: bool, timeout_s: float) -> None:
         click.echo(f"the daemon is already running on {path}")
         return
     log = _log_path(state)
+    status = spawn_daemon(state, log=log, timeout_s=timeout_s)
+    click.echo(f"evolver daemon {status['pid']} is up: socket {path}, data dir {status['data_dir']}, log {log}")
+
+
+def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None) -> dict:
+    """Start `evolver up --foreground` in its own session and wait until it answers; its status."""
     log.parent.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "evolver"]
     if state.config_path:
         args += ["--config", os.path.abspath(state.config_path)]
     if state.data_dir:
         args += ["--data-dir", os.path.abspath(state.data_dir)]
+    path = state.socket_path
     with open(log, "ab") as sink:
         child = subprocess.Popen([*args, "up", "--foreground"], stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                                 start_new_session=True)  # its own session: closing this terminal leaves it running
+                                 start_new_session=True,  # its own session: closing this terminal leaves it running
+                                 env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout_s
     with err.status("starting the daemon…"):
         while time.monotonic() < deadline:
@@ -57,14 +65,11 @@ def up(state: State, foreground: bool, timeout_s: float) -> None:
             if path.exists() and probe(path):
                 try:
                     with state.client(timeout_s=5) as client:
-                        status = client.get("/v1/status")
-                    break
+                        return client.get("/v1/status")
                 except ClientError:
                     pass
             time.sleep(0.1)
-        else:
-            raise click.ClickException(f"the daemon did not answer within {timeout_s:g} s; see {log}")
-    click.echo(f"evolver daemon {status['pid']} is up: socket {path}, data dir {status['data_dir']}, log {log}")
+    raise click.ClickException(f"the daemon did not answer within {timeout_s:g} s; see {log}")
 
 
 @cli.command()
@@ -73,21 +78,25 @@ def up(state: State, foreground: bool, timeout_s: float) -> None:
 @click.pass_obj
 def down(state: State, timeout_s: float | None) -> None:
     """Stop the daemon gracefully: running tasks stop at a step boundary and are re-queued."""
-    path = state.socket_path
     try:
-        with state.client() as client:
-            pid = client.get("/v1/status")["pid"]
-            client.post("/v1/shutdown")
+        pid = stop_daemon(state, timeout_s=timeout_s or state.config.daemon.shutdown_grace_s + 30)
     except DaemonNotRunning:
-        click.echo(f"the daemon is not running (nothing answers on {path})")
+        click.echo(f"the daemon is not running (nothing answers on {state.socket_path})")
         return
-    timeout_s = timeout_s or state.config.daemon.shutdown_grace_s + 30
+    click.echo(f"evolver daemon {pid} stopped")
+
+
+def stop_daemon(state: State, *, timeout_s: float) -> int:
+    """Ask the daemon to stop and wait until its socket is gone; its pid."""
+    path = state.socket_path
+    with state.client() as client:
+        pid = client.get("/v1/status")["pid"]
+        client.post("/v1/shutdown")
     deadline = time.monotonic() + timeout_s
     with err.status(f"stopping daemon {pid}…"):
         while time.monotonic() < deadline:
             if not (path.exists() and probe(path)):
-                click.echo(f"evolver daemon {pid} stopped")
-                return
+                return pid
             time.sleep(0.1)
     raise click.ClickException(f"daemon {pid} is still running after {timeout_s:g} s; `kill {pid}` stops it harder")
 

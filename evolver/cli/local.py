@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
-import time
 from dataclasses import asdict
-from importlib import resources
 from pathlib import Path
 
 import click
 from rich.table import Table
 
-from memory import Filters, NewTrajectory
-from sandbox import SandboxError
 
 from .. import views
 from ..config import default_config_path, render_config
-from ..storage import open_store
 from .base import State, _check_from_options, _hits_table, _print_step, cli, err, out, print_json
 
 
@@ -217,85 +210,3 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     for r in results:
         table.add_row(r["id"], r["split"], "yes" if r["success"] else "no", r["status"], str(r["answer"])[:60])
     out.print(table)
-
-
-# --- demo ----------------------------------------------------------------------------
-
-
-def _sample(name: str) -> list[dict]:
-    text = resources.files("evolver").joinpath("data", name).read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-@cli.command()
-@click.option("--keep", is_flag=True, help="Keep the temporary data dir and print where it is.")
-@click.pass_obj
-def demo(state: State, keep: bool) -> None:
-    """Show memory and the agent at work, offline, in a temporary data dir.
-
-    Builds a store from bundled sample trajectories, shows what memory retrieves
-    for new tasks, then solves a few tasks with the scripted offline model, with
-    tool calls in the sandbox and checks by the verifier. Your own store is not touched.
-    """
-    data_dir = Path(tempfile.mkdtemp(prefix="evolver-demo-"))
-    try:
-        with out.status("loading the embedding model…"):
-            store = open_store(state.config, data_dir=data_dir)
-        with store:
-            trajectories = [NewTrajectory(prompt=t["prompt"], final_answer=t["final_answer"],
-                                          success=t["success"], source="demo") for t in _sample("sample_trajectories.jsonl")]
-            started = time.perf_counter()
-            store.ingest(trajectories)
-            for insight in _sample("sample_insights.jsonl"):
-                store.add_insight(insight["text"])
-            elapsed = time.perf_counter() - started
-            out.print(f"stored and indexed {len(trajectories)} trajectories and "
-                      f"{len(_sample('sample_insights.jsonl'))} insights in {elapsed:.2f} s at {data_dir}")
-            for query in ("Add up the price column of invoices.csv; values look like '$1,024.00'.",
-                          "Combine two nested JSON settings files into one."):
-                started = time.perf_counter()
-                context = store.context(query)
-                ms = (time.perf_counter() - started) * 1000
-                out.print(f"\n[bold]task:[/bold] {query}  [dim](context in {ms:.1f} ms)[/dim]")
-                out.print(_hits_table("similar successful trajectories",
-                                      [asdict(h) for h in context.trajectories], ["score", "similarity", "prompt"]))
-                out.print(_hits_table("relevant insights", [asdict(h) for h in context.insights][:3],
-                                      ["score", "similarity", "text"]))
-            failed = store.search_trajectories("sum money column csv", k=3, filters=Filters(success=False))
-            out.print(_hits_table("past failures on similar tasks", [asdict(h) for h in failed],
-                                  ["score", "similarity", "prompt", "final_answer"]))
-            _demo_agent(state, store, data_dir)
-    finally:
-        if keep:
-            out.print(f"kept {data_dir}")
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
-
-
-DEMO_TASKS = [
-    ("What is 17.5% of 2,340?", {"type": "answer", "expected": 409.5, "match": "numeric"}),
-    ("What is (12 + 30) * 2?", {"type": "answer", "expected": "84"}),
-    ("Write a haiku about the sea.", None),
-]
-
-
-def _demo_agent(state: State, store, data_dir: Path) -> None:
-    """Solve a few tasks with the offline scripted model, in the sandbox, verified."""
-    from .config import ModelSettings
-    from .engine import Engine
-
-    config = state.config.model_copy(update={"model": ModelSettings(name="scripted/demo")})
-    try:
-        # The engine borrows the demo's store; the store's own `with` block closes it.
-        engine = Engine.open(config, data_dir=data_dir, store=store)
-    except SandboxError as exc:
-        err.print(f"\nskipping the agent part of the demo: {exc}", markup=False)
-        return
-    agent = engine.agent()
-    for prompt, check in DEMO_TASKS:
-        task, _ = store.add_task(prompt, check=check, source="demo")
-        out.print(f"\n[bold]solving:[/bold] {prompt}")
-        result = agent.run_task(task, on_step=lambda step: _print_step(step, out))
-        verdict = {True: "check passed", False: "check failed", None: "no check: success unknown until feedback"}
-        out.print(f"→ {result.status}: {result.answer!r} ({verdict[result.success]})")
-

@@ -1,0 +1,130 @@
+"""`evolver demo`: the whole daemon at work, offline, in a temporary data dir.
+
+Seeds memory with bundled sample trajectories and shows what it retrieves,
+starts a daemon with the scripted offline model on its own socket, submits
+the bundled demo task pack and follows it, chats once, runs one round of every
+background job, prints the tree and the history, and stops the daemon. The
+user's own store and daemon are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from memory import NewTrajectory
+
+from ..config import load_config
+from ..storage import open_store
+from ..taskpack import bundled_pack
+from .base import State, _hits_table, cli, out, table
+from .daemon import spawn_daemon, stop_daemon
+from .inspect import show_tree
+
+
+def _sample(name: str) -> list[dict]:
+    text = resources.files("evolver").joinpath("data", name).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _seed_memory(state: State, data_dir: Path) -> None:
+    with out.status("loading the embedding model…"):
+        store = open_store(state.config, data_dir=data_dir)
+    with store:
+        started = time.perf_counter()
+        store.ingest([NewTrajectory(prompt=t["prompt"], final_answer=t["final_answer"], success=t["success"],
+                                    source="demo") for t in _sample("sample_trajectories.jsonl")])
+        for insight in _sample("sample_insights.jsonl"):
+            store.add_insight(insight["text"])
+        out.print(f"seeded memory with {len(_sample('sample_trajectories.jsonl'))} past trajectories and "
+                  f"{len(_sample('sample_insights.jsonl'))} insights in {time.perf_counter() - started:.2f} s")
+        query = "Add up the price column of invoices.csv; values look like '$1,024.00'."
+        started = time.perf_counter()
+        context = store.context(query)
+        ms = (time.perf_counter() - started) * 1000
+        out.print(f"\n[bold]memory, for a new task:[/bold] {query}  [dim](context in {ms:.1f} ms)[/dim]")
+        out.print(_hits_table("similar successful trajectories", [asdict(h) for h in context.trajectories],
+                              ["score", "similarity", "prompt"]))
+        out.print(_hits_table("relevant insights", [asdict(h) for h in context.insights][:3],
+                              ["score", "similarity", "text"]))
+
+
+def _wait_all(client, ids: list[str], timeout_s: float) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    with out.status("the daemon's workers are solving the pack…") as status:
+        while True:
+            tasks = [client.get(f"/v1/tasks/{i}") for i in ids]
+            finished = [t for t in tasks if t["status"] in ("done", "failed", "cancelled", "dead")]
+            status.update(f"{len(finished)}/{len(ids)} tasks finished")
+            if len(finished) == len(ids) or time.monotonic() > deadline:
+                return tasks
+            time.sleep(0.2)
+
+
+@cli.command()
+@click.option("--keep", is_flag=True, help="Keep the temporary data dir and print where it is.")
+@click.pass_obj
+def demo(state: State, keep: bool) -> None:
+    """Run the daemon offline on a temporary data dir: tasks, chat, background jobs, tree, history."""
+    root = Path(tempfile.mkdtemp(prefix="evolver-demo-"))
+    env = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
+           "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run")}
+    config = load_config(state.config_path, env={**os.environ, **env})
+    demo_state = State(state.config_path, str(root / "data"))
+    demo_state._config = config
+    started = False
+    try:
+        _seed_memory(demo_state, root / "data")
+        info = spawn_daemon(demo_state, log=root / "daemon.log", timeout_s=180, env=env)
+        started = True
+        out.print(f"\n[bold]daemon {info['pid']}[/bold] serving {info['data_dir']} on {info['socket']} with "
+                  f"{info['workers']} workers and the scripted offline model")
+        pack = bundled_pack("demo")
+        with demo_state.client() as client:
+            ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(),
+                                             "metadata": {"pack_task": t.id}})["id"] for t in pack]
+            out.print(f"submitted the bundled demo pack: {len(ids)} tasks, each committed before its 201")
+            tasks = _wait_all(client, ids, timeout_s=300)
+            rows = []
+            for pack_task, task in zip(pack, tasks):
+                last = (task["trajectories"] or [{}])[-1]
+                rows.append({"task": pack_task.id, "status": task["status"], "attempts": task["attempts"],
+                             "answer": last.get("final_answer"),
+                             "check": {True: "passed", False: "failed", None: "-"}[
+                                 (last.get("outcome") or {}).get("success")], "prompt": task["prompt"]})
+            out.print(table("the demo pack", rows, ["task", "status", "check", "attempts", "answer", "prompt"],
+                            width={"answer": 40, "prompt": 45}))
+            reply = client.post("/v1/chat/completions", {"model": "evolver", "messages": [
+                {"role": "user", "content": "What is 2 * (3 + 4)?"}]})
+            out.print(f"\n[bold]chat[/bold] (OpenAI-compatible, over the socket): 'What is 2 * (3 + 4)?' → "
+                      f"{reply['choices'][0]['message']['content']!r}")
+            rounds = client.post("/v1/evolve", {})["rounds"]
+            out.print("\n[bold]one round of every background job:[/bold]")
+            for r in rounds:
+                out.print(f"  {r['job']}: {'ok' if r['ok'] else 'FAILED'}: {r['summary']}", markup=False)
+            out.print()
+            show_tree(client.get("/v1/tree"))
+            events = client.get("/v1/history", limit=20)["events"]
+            out.print(table("history", [{**e, "when": time.strftime("%H:%M:%S", time.localtime(e["at"]))}
+                                        for e in events], ["id", "when", "kind", "what"], width={"what": 90}))
+        pid = stop_daemon(demo_state, timeout_s=60)
+        started = False
+        out.print(f"daemon {pid} stopped")
+    finally:
+        if started:  # something failed mid-way: never leave the demo's daemon behind
+            try:
+                stop_daemon(demo_state, timeout_s=60)
+            except Exception:
+                pass
+        if keep:
+            out.print(f"kept {root} (daemon log: {root / 'daemon.log'})")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
