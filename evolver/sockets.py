@@ -22,6 +22,9 @@ from pathlib import Path
 __all__ = ["DaemonRunning", "SocketError", "BoundSocket", "prepare_runtime_dir", "probe", "bind", "peer_uid"]
 
 
+MAX_PATH_BYTES = 107  # sun_path holds 108 bytes, the last one a NUL
+
+
 class SocketError(Exception):
     """The socket cannot be set up safely; the message says why and what to do."""
 
@@ -83,6 +86,9 @@ class BoundSocket:
 
 def bind(path: Path, *, backlog: int = 128) -> BoundSocket:
     """Bind and listen on ``path`` (mode 0600), or raise ``DaemonRunning``."""
+    if len(os.fsencode(str(path))) > MAX_PATH_BYTES:
+        raise SocketError(f"the socket path {path} is {len(os.fsencode(str(path)))} bytes; Unix sockets allow "
+                          f"{MAX_PATH_BYTES}: choose a shorter [daemon] runtime_dir.")
     prepare_runtime_dir(path.parent)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
@@ -96,7 +102,7 @@ def bind(path: Path, *, backlog: int = 128) -> BoundSocket:
         sock.bind(str(path))
     except OSError as exc:
         sock.close()
-        raise SocketError(f"cannot bind {path}: {exc.strerror}") from exc
+        raise SocketError(f"cannot bind {path}: {exc.strerror or exc}") from exc
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)

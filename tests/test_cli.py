@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -81,17 +83,30 @@ def test_memory_commands_on_a_real_store(tmp_path):
     assert "reindexed 2 rows" in rebuilt.stdout
 
 
-def test_demo_runs_offline_and_retrieves_the_relevant_past():
-    result = run("demo")
+def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
+    # A short temp dir of its own (socket paths are limited to 107 bytes), to see the demo clean up.
+    runtime = Path(tempfile.mkdtemp(prefix="evd-", dir="/tmp"))
+    try:
+        result = run("demo", env={"TMPDIR": str(runtime)})
+        left = sorted(str(p.relative_to(runtime)) for p in runtime.rglob("*"))
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
     assert result.returncode == 0, result.stderr
-    assert "stored and indexed 24 trajectories and 5 insights" in result.stdout
-    # The money-column task finds the earlier failure about currency strings.
-    assert "refunds.csv" in result.stdout
-    assert "Strip currency symbols" in result.stdout
-    # Then the agent solves tasks with the scripted model, in the sandbox, checked.
-    assert "→ done: '409.5' (check passed)" in result.stdout
-    assert "→ done: '84' (check passed)" in result.stdout
-    assert "no check: success unknown until feedback" in result.stdout
+    assert "seeded memory with 24 past trajectories and 5 insights" in result.stdout
+    # Memory: the money-column task finds the insight about currency strings.
+    assert "similar successful trajectories" in result.stdout and "Strip currency symbols" in result.stdout
+    # The daemon's workers solve the pack with the scripted model, in the sandbox, checked.
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines()
+            if line.startswith("│ demo-")}
+    assert set(rows) == {"demo-01", "demo-02", "demo-03", "demo-04", "demo-05"}
+    assert all("done" in rows[t] and "passed" in rows[t] for t in ("demo-01", "demo-02", "demo-03", "demo-04"))
+    assert "failed" in rows["demo-05"]
+    assert "'What is 2 * (3 + 4)?' → '14'" in result.stdout
+    assert "reconcile: ok" in result.stdout
+    assert "★ incumbent" in result.stdout and "seed" in result.stdout
+    assert re.search(r"daemon \d+ stopped", result.stdout)
+    # Its data dir and log are gone; only the (empty) runtime dir remains, without the socket.
+    assert left in ([], ["runtime-0", "runtime-0/evolver"]), left
 
 
 def _commands(group, prefix=()):

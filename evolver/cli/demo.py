@@ -75,8 +75,9 @@ def _wait_all(client, ids: list[str], timeout_s: float) -> list[dict]:
 def demo(state: State, keep: bool) -> None:
     """Run the daemon offline on a temporary data dir: tasks, chat, background jobs, tree, history."""
     root = Path(tempfile.mkdtemp(prefix="evolver-demo-"))
-    env = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
-           "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run")}
+    # The socket goes in the usual runtime dir (a temp path may be too long for a socket); its name
+    # is derived from the data dir, so it never meets the user's own daemon.
+    env = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data")}
     config = load_config(state.config_path, env={**os.environ, **env})
     demo_state = State(state.config_path, str(root / "data"))
     demo_state._config = config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from .. import views
 from ..config import default_config_path, render_config
+from ..sockets import probe
 from .base import State, _check_from_options, _hits_table, _print_step, cli, err, out, print_json
 
 
@@ -142,8 +144,8 @@ def memory_check(state: State) -> None:
 def run(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, quiet: bool,
         as_json: bool) -> None:
     """Solve one task now, in the foreground, and record it in the store."""
-    from .checks import CheckError, parse_check
-    from .engine import Engine
+    from ..checks import CheckError, parse_check
+    from ..engine import Engine
 
     if not text.strip():
         raise click.UsageError("TEXT is empty; say what the task is.")
@@ -172,10 +174,12 @@ def run(state: State, text: str, check_answer, check_numeric, check_regex, check
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_obj
 def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool) -> None:
-    """Run a task pack (a JSONL file, "basic", or "humaneval") and report the success rate."""
-    from .engine import Engine
-    from .humaneval import humaneval_tasks
-    from .taskpack import TaskPackError, bundled_pack, load_pack
+    """Run a task pack (a JSONL file, "basic", or "humaneval") and report the success rate.
+
+    With the daemon running, its workers solve the pack (as low-priority tasks);
+    otherwise it runs here, in the foreground."""
+    from ..humaneval import humaneval_tasks
+    from ..taskpack import TaskPackError, bundled_pack, load_pack
 
     try:
         if pack == "humaneval":
@@ -187,17 +191,10 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     except TaskPackError as exc:
         raise click.UsageError(str(exc)) from None
     tasks = [t for t in tasks if split == "all" or t.split == split][:limit]
-    results = []
-    with Engine.open(state.config, data_dir=state.data_dir) as engine:
-        agent = engine.agent()
-        with out.status(f"0/{len(tasks)}") as status:
-            for n, pack_task in enumerate(tasks, start=1):
-                task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
-                                                metadata={"pack_task": pack_task.id, "files": pack_task.files})
-                result = agent.run_task(task, purpose="evaluate")
-                results.append({"id": pack_task.id, "split": pack_task.split, "success": bool(result.success),
-                                "status": result.status, "answer": result.answer, "attempts": result.attempts})
-                status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")
+    if state.socket_path.exists() and probe(state.socket_path):
+        results = _bench_through_daemon(state, tasks)
+    else:
+        results = _bench_here(state, tasks)
     solved = sum(r["success"] for r in results)
     summary = {"pack": pack, "split": split, "tasks": len(results), "solved": solved,
                "success_rate": round(solved / len(results), 4) if results else 0.0, "results": results}
@@ -210,3 +207,44 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     for r in results:
         table.add_row(r["id"], r["split"], "yes" if r["success"] else "no", r["status"], str(r["answer"])[:60])
     out.print(table)
+
+
+def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
+    return {"id": pack_task.id, "split": pack_task.split, "success": bool(success), "status": status,
+            "answer": answer, "attempts": attempts}
+
+
+def _bench_here(state: State, tasks) -> list[dict]:
+    from ..engine import Engine
+
+    results = []
+    with Engine.open(state.config, data_dir=state.data_dir) as engine:
+        agent = engine.agent()
+        with out.status(f"0/{len(tasks)}") as status:
+            for n, pack_task in enumerate(tasks, start=1):
+                task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
+                                                metadata={"pack_task": pack_task.id, "files": pack_task.files})
+                result = agent.run_task(task, purpose="evaluate")
+                results.append(_result(pack_task, result.status, result.success, result.answer, result.attempts))
+                status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")
+    return results
+
+
+def _bench_through_daemon(state: State, tasks) -> list[dict]:
+    with state.client() as client:
+        ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(), "priority": -10,
+                                         "metadata": {"pack_task": t.id, "files": t.files}})["id"] for t in tasks]
+        pending, done = dict(zip(ids, tasks)), {}
+        with out.status(f"the daemon is solving 0/{len(tasks)}") as status:
+            while pending:
+                for task_id in list(pending):
+                    detail = client.get(f"/v1/tasks/{task_id}")
+                    if detail["status"] in ("done", "failed", "cancelled", "dead"):
+                        last = (detail["trajectories"] or [{}])[-1]
+                        done[task_id] = _result(pending.pop(task_id), detail["status"],
+                                                (last.get("outcome") or {}).get("success"), last.get("final_answer"),
+                                                len(detail["trajectories"]))
+                status.update(f"the daemon is solving: {len(done)}/{len(tasks)} finished")
+                if pending:
+                    time.sleep(0.25)
+    return [done[i] for i in ids]
