@@ -8,6 +8,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 
 from .. import incumbent, views
+from .app import error_response
 from .models import EvolveIn, PromoteIn, RollbackIn, SearchIn
 
 router = APIRouter(tags=["inspection"])
@@ -69,6 +70,9 @@ def history(request: Request, kind: str | None = Query(default=None, max_length=
 @router.post("/evolve", summary="Run one round of background jobs now (all, or one by name)")
 def evolve(body: EvolveIn, request: Request) -> dict:
     daemon = _daemon(request)
+    if body.job is not None and body.job not in daemon.jobs.jobs:
+        return error_response(404, "not_found", f"there is no job {body.job!r}; jobs are: "
+                                                f"{', '.join(daemon.jobs.jobs)}", "job")
     return {"rounds": [asdict(r) for r in daemon.jobs.run_now(body.job)]}
 
 

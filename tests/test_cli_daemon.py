@@ -1,0 +1,187 @@
+"""Every daemon-facing CLI command, against a real daemon started with `evolver up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import EVOLVER, run
+
+ENGLISH_FAIL = "Name the capital of France, in one word."
+
+
+@pytest.fixture(scope="module")
+def env():
+    # A short root: socket paths are limited to 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="evc-", dir="/tmp"))
+    values = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
+              "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run"), "HOME": str(root / "home")}
+    up = run("up", env=values)
+    assert up.returncode == 0, up.stderr
+    assert re.search(r"evolver daemon \d+ is up", up.stdout)
+    yield values
+    run("down", env=values)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def ok(*args: str, env: dict) -> subprocess.CompletedProcess:
+    result = run(*args, env=env)
+    assert result.returncode == 0, f"{args}: {result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def test_up_again_says_it_already_runs_and_status_tells_what_it_does(env):
+    again = ok("up", env=env)
+    assert "already running" in again.stdout
+    status = json.loads(ok("status", "--json", env=env).stdout)
+    assert status["mood"] == "running" and status["workers"] >= 1 and status["incumbent"].startswith("node_")
+    assert status["sandbox_isolated"] is True
+    assert [j["job"] for j in status["jobs"]] == ["reconcile"]
+    text = ok("status", env=env).stdout
+    assert "running" in text and "incumbent node" in text and "reconcile" in text
+
+
+def test_submit_wait_streams_the_steps_and_reports_the_check(env):
+    solved = ok("submit", "What is (12 + 30) * 2?", "--check-answer", "84", "--wait", env=env)
+    assert solved.stdout.strip() == "done (check passed): 84"
+    assert "run_python" in solved.stderr and "finish" in solved.stderr  # the steps, live
+    failed = run("submit", ENGLISH_FAIL, "--check-answer", "Paris", "--wait", env=env)
+    assert failed.returncode == 1 and failed.stdout.startswith("failed (check failed)")
+
+
+def test_submit_then_list_show_cancel_and_feedback(env):
+    task_id = ok("submit", "What is 3 * (4 + 5) - 7?", "--check-numeric", "20", env=env).stdout.strip()
+    assert task_id.startswith("task_")
+    listed = json.loads(ok("tasks", "--json", "--limit", "1000", env=env).stdout)
+    assert task_id in [t["id"] for t in listed["tasks"]]
+    shown = json.loads(ok("show", task_id, "--json", env=env).stdout)
+    assert shown["prompt"] == "What is 3 * (4 + 5) - 7?" and shown["check"]["expected"] == 20
+    assert task_id in ok("show", task_id, env=env).stdout
+    # Cancelling it is accepted whatever state it has reached; feedback needs an answer.
+    assert ok("cancel", task_id, env=env).stdout.startswith(task_id)
+    done = ok("submit", "What is 12.5% of 80?", "--wait", env=env)
+    answered = json.loads(ok("tasks", "--json", "--status", "done", "--limit", "1", env=env).stdout)["tasks"][0]
+    assert "10" in done.stdout
+    assert "recorded as good" in ok("feedback", answered["id"], "--good", "--note", "right", env=env).stdout
+    detail = json.loads(ok("show", answered["id"], "--json", env=env).stdout)
+    assert detail["trajectories"][-1]["outcome"]["success"] is True
+    assert detail["trajectories"][-1]["outcome"]["feedback"] == "right"
+
+
+def test_idempotency_key_makes_a_retry_return_the_same_task(env):
+    first = ok("submit", "What is 2 * (3 + 4)?", "--idempotency-key", "cli-retry-1", env=env).stdout.strip()
+    again = ok("submit", "What is 2 * (3 + 4)?", "--idempotency-key", "cli-retry-1", env=env).stdout.strip()
+    assert first == again
+
+
+def test_chat_one_message_and_the_repl(env):
+    assert ok("chat", "-m", "What is (12 + 30) * 2?", env=env).stdout.strip() == "84"
+    repl = subprocess.run([EVOLVER, "chat"], input="What is 17.5% of 2,340?\n/exit\n", capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **env, "COLUMNS": "200"})
+    assert repl.returncode == 0, repl.stderr
+    assert "409.5" in repl.stdout
+
+
+def test_inspection_commands_through_the_daemon(env):
+    tree = json.loads(ok("tree", "--json", env=env).stdout)
+    (root,) = tree["nodes"]
+    assert tree["incumbent"] == root["id"] and root["parent_id"] is None
+    assert "★ incumbent" in ok("tree", env=env).stdout
+    node = json.loads(ok("node", root["id"], "--json", env=env).stdout)
+    assert node["incumbent"] is True and "finish" in node["scaffold"]["tools"]
+    assert "parameters:" in ok("node", root["id"], env=env).stdout
+    history = json.loads(ok("history", "--json", env=env).stdout)["events"]
+    assert history[-1]["kind"] == "seed"
+    assert "seed" in ok("history", env=env).stdout
+    assert json.loads(ok("insights", "--json", env=env).stdout) == {"insights": []}
+    ok("insights", env=env)
+    tools = json.loads(ok("tools", "--json", env=env).stdout)
+    assert {"run_python", "finish"} <= {t["name"] for t in tools["builtin"]}
+    assert "run_python" in ok("tools", env=env).stdout
+    found = json.loads(ok("memory", "search", "multiply two numbers", "--json", env=env).stdout)
+    assert found["vector_search"] is True  # the daemon owns the index and searches it
+    assert any("What is" in h["prompt"] for h in found["hits"])
+
+
+def test_evolve_promote_and_rollback(env):
+    evolved = ok("evolve", env=env)
+    assert "reconcile: ok" in evolved.stdout
+    assert json.loads(ok("evolve", "--job", "reconcile", "--json", env=env).stdout)["rounds"][0]["ok"] is True
+    unknown = run("evolve", "--job", "nope", env=env)
+    assert unknown.returncode == 2 and "there is no job 'nope'" in unknown.stderr
+    promote = run("promote", "node_nope", env=env)
+    assert promote.returncode == 7 and "there is no node 'node_nope'" in promote.stderr
+    rollback = run("rollback", env=env)
+    assert rollback.returncode == 7 and "no earlier incumbent" in rollback.stderr
+
+
+def test_bench_goes_through_the_daemon_workers(env):
+    summary = json.loads(ok("bench", "demo", "--json", env=env).stdout)
+    assert (summary["tasks"], summary["solved"]) == (5, 4)
+    listed = json.loads(ok("tasks", "--json", "--limit", "1000", env=env).stdout)["tasks"]
+    assert sum(t["metadata"].get("pack_task") == "demo-05" for t in listed) == 1
+
+
+def test_bad_arguments_are_one_line_and_exit_code_2(env):
+    empty = run("submit", "   ", env=env)
+    assert empty.returncode == 2 and "task text is empty" in empty.stderr and "Traceback" not in empty.stderr
+    two = run("submit", "x", "--check-answer", "1", "--check-regex", "1", env=env)
+    assert two.returncode == 2 and "at most one of" in two.stderr
+    unknown = run("show", "task_nope", env=env)
+    assert unknown.returncode == 2 and "No task with id 'task_nope'" in unknown.stderr
+
+
+def test_service_install_prints_a_unit_that_runs_the_daemon_in_the_foreground(env):
+    unit = ok("service", "install", "--print", env=env).stdout
+    assert "ExecStart=" in unit and "up --foreground" in unit and "KillSignal=SIGTERM" in unit
+    written = ok("service", "install", env=env)
+    path = Path(env["HOME"]) / ".config" / "systemd" / "user" / "evolver.service"
+    assert str(path) in written.stdout and path.read_text() == unit
+    assert run("service", "install", env=env).returncode == 2  # never overwritten without --force
+
+
+def test_a_socket_of_another_user_is_permission_denied_exit_6(env):
+    # The runtime dir now belongs to someone else. The CLI runs as root here, so it is run without the
+    # capabilities that let root pass file permissions: it meets them as any other user would.
+    runtime = Path(env["EVOLVER_DAEMON_RUNTIME_DIR"])
+    as_root = os.geteuid() == 0
+    command = [EVOLVER, "submit", "hello"]
+    if as_root:
+        os.chown(runtime, 65534, 65534)
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
+    else:
+        runtime.chmod(0o000)  # without the search bit its owner is refused like anyone else
+    try:
+        denied = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                                env={**os.environ, **env, "COLUMNS": "200"})
+    finally:
+        if as_root:
+            os.chown(runtime, 0, 0)
+        runtime.chmod(0o700)
+    assert denied.returncode == 6, denied.stderr
+    assert "permission denied" in denied.stderr and "Traceback" not in denied.stderr
+
+
+def test_zz_down_then_inspection_still_reads_the_store(env):
+    # Named to run last in this module: it stops the shared daemon.
+    assert re.search(r"evolver daemon \d+ stopped", ok("down", env=env).stdout)
+    assert "not running" in ok("down", env=env).stdout
+    status = run("status", env=env)
+    assert status.returncode == 5 and "not running" in status.stdout
+    listed = json.loads(ok("tasks", "--json", env=env).stdout)["tasks"]
+    assert listed and all(t["status"] in ("done", "failed", "cancelled") for t in listed)
+    assert ok("show", listed[0]["id"], "--json", env=env)
+    assert len(json.loads(ok("tree", "--json", env=env).stdout)["nodes"]) == 1
+    assert json.loads(ok("history", "--json", env=env).stdout)["events"]
+    for needs_daemon in (("submit", "x"), ("cancel", listed[0]["id"]), ("chat", "-m", "hi"), ("evolve",)):
+        refused = run(*needs_daemon, env=env)
+        assert refused.returncode == 5, needs_daemon
+        assert "the daemon is not running" in refused.stderr and "evolver up" in refused.stderr
