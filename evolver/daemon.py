@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from .feed import Feed
 from .incumbent import ensure_root, incumbent, scaffold_of
 from .jobs import Jobs, builtin_jobs
 from .scaffold import Scaffold
-from .sockets import bind
+from .sockets import SocketError, bind
 from .worker import Worker
 
 __all__ = ["Daemon", "Mood", "socket_path"]
@@ -90,8 +91,9 @@ class Daemon:
     def serve(self, *, on_ready=None) -> int:
         """Run in the foreground until asked to stop; returns the exit status."""
         bound = bind(self.socket_path)  # raises DaemonRunning when another daemon answers there
-        server = None
+        server = tcp = None
         try:
+            tcp = self._tcp_listener()
             self.engine = self._open_engine()
             self._recover()
             # Load the embedding model now, not inside the first task (seconds of imports).
@@ -101,7 +103,7 @@ class Daemon:
             from .api import create_app
             from .server import ApiServer
 
-            server = ApiServer(create_app(self), [bound.sock])
+            server = ApiServer(create_app(self), [bound.sock] + ([tcp] if tcp else []))
             server.start()
             self._start_workers()
             self.jobs = Jobs(self, builtin_jobs())
@@ -130,8 +132,23 @@ class Daemon:
                 server.stop()
             if self.engine is not None:
                 self.engine.close()
+            if tcp is not None:
+                tcp.close()
             bound.close()
             self.mood = Mood.STOPPED
+
+    def _tcp_listener(self) -> socket.socket | None:
+        """A loopback TCP listener, only when configured, and never without its token."""
+        d = self.config.daemon
+        if not d.tcp_port:
+            return None
+        if not os.environ.get(d.tcp_token_env):
+            raise SocketError(f"[daemon] tcp_port is {d.tcp_port} but ${d.tcp_token_env} is empty or unset: "
+                              "a TCP listener needs its bearer token there.")
+        try:
+            return socket.create_server(("127.0.0.1", d.tcp_port))
+        except OSError as exc:
+            raise SocketError(f"cannot listen on 127.0.0.1:{d.tcp_port}: {exc.strerror or exc}") from exc
 
     def _open_engine(self) -> Engine:
         # A read-only CLI command may hold the index lock for a moment: wait for it.
