@@ -73,6 +73,7 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self.jobs: Jobs | None = None
         self.chat_slots = threading.BoundedSemaphore(max(2, config.daemon.workers))
+        self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
 
     @property
     def store(self) -> Store:
@@ -162,10 +163,14 @@ class Daemon:
                 time.sleep(0.2)
 
     def _recover(self) -> None:
-        """Tasks left running without a lease (chat turns of a daemon that died) end as failed."""
+        """Pick up after a daemon that died: its leased tasks are claimable at once (the attempt
+        counts), and its chat turns, which have no lease, end as failed."""
         for task in self.store.list_tasks(status="running", limit=10_000):
             if task.lease_owner is None:
                 self.store.set_task_status(task.id, "failed", error="interrupted: the daemon stopped mid-run")
+        expired = self.store.expire_leases(except_owner_prefix=self.owner_prefix)
+        if expired:
+            log.warning("%d tasks were running in a daemon that died; they run again now", expired)
 
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -204,7 +209,7 @@ class Daemon:
     def _start_workers(self) -> None:
         d = self.config.daemon
         for n in range(d.workers):
-            worker = Worker(self.agent, owner=f"{os.getpid()}-w{n}", lease_s=d.lease_s, max_attempts=d.max_attempts,
+            worker = Worker(self.agent, owner=f"{self.owner_prefix}w{n}", lease_s=d.lease_s, max_attempts=d.max_attempts,
                             drain=self.drain, on_step=self._on_step, on_end=self.feed.publish)
             self.workers.append(worker)
             # A long-lived thread per worker: sandboxes die with the thread that started them.

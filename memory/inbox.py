@@ -107,6 +107,19 @@ class Inbox:
                 [time.time(), lease.task.id, lease.token])
         return cursor.rowcount == 1
 
+    def expire_leases(self, *, except_owner_prefix: str) -> int:
+        """End now the leases held by other owners (a dead process's): their tasks become claimable.
+
+        Only for a process that knows it is the inbox's sole worker pool (the
+        daemon holds the single-instance socket). The attempt still counts, so a
+        task that kills its worker every time is dead-lettered, not retried forever.
+        """
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET lease_expires_at = 0 WHERE status = 'running' AND lease_owner IS NOT NULL "
+                "AND substr(lease_owner, 1, ?) != ?", [len(except_owner_prefix), except_owner_prefix])
+        return cursor.rowcount
+
     def request_cancel(self, task_id: str) -> Task:
         """Cancel a queued task now; ask a running one to stop at its next step."""
         now = time.time()

@@ -107,3 +107,15 @@ def test_leases_survive_a_reopen(open_store, data_dir):
     assert again.task.id == task.id and again.token == lease.token + 1
     with pytest.raises(ValueError, match="a task ends as one of"):
         second.complete_task(again, "running")
+
+
+def test_a_restarted_daemon_expires_the_dead_ones_leases_but_not_its_own(store):
+    store.add_task("was running when the old daemon died")
+    store.add_task("running in this daemon")
+    dead = store.claim_task("111-1700000000-w0", lease_s=300, max_attempts=3)
+    ours = store.claim_task("222-1800000000-w0", lease_s=300, max_attempts=3)
+    assert store.claim_task("222-1800000000-w1", lease_s=300, max_attempts=3) is None  # both leases still live
+    assert store.expire_leases(except_owner_prefix="222-1800000000-") == 1
+    again = store.claim_task("222-1800000000-w1", lease_s=300, max_attempts=3)
+    assert again.task.id == dead.task.id and again.task.attempts == 2  # the lost run still counts
+    assert store.renew_lease(ours, lease_s=300) is not None
