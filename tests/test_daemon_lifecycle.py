@@ -167,7 +167,7 @@ def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(shared):
     assert shared.socket_path.exists()
 
 
-def test_a_killed_daemons_stale_socket_is_replaced_and_its_task_is_reclaimed_after_the_lease(tmp_path):
+def test_a_killed_daemons_stale_socket_is_replaced_and_its_task_is_reclaimed_after_the_lease():
     root = make_root()
     settings = {"EVOLVER_DAEMON_LEASE_S": 2, "EVOLVER_DAEMON_WORKERS": 1}
     first = DaemonProcess(root, model=slow_model(root), settings=settings, name="first")
