@@ -28,6 +28,7 @@ from .config import Config
 from .engine import Engine
 from .feed import Feed
 from .incumbent import ensure_root, incumbent, scaffold_of
+from .intake import Intake
 from .jobs import Jobs, builtin_jobs
 from .scaffold import Scaffold
 from .sockets import SocketError, bind
@@ -72,6 +73,7 @@ class Daemon:
         self.workers: list[Worker] = []
         self._threads: list[threading.Thread] = []
         self.jobs: Jobs | None = None
+        self.intake: Intake | None = None
         self.chat_slots = threading.BoundedSemaphore(max(2, config.daemon.workers))
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
 
@@ -101,6 +103,8 @@ class Daemon:
             self.store.embedder.embed_documents(["warm up"])
             self.store.embedder.embed_query("warm up")
             ensure_root(self.store, self.engine.seed_scaffold())
+            self.intake = Intake(self.store, on_committed=self.task_submitted)
+            self.intake.start()
             from .api import create_app
             from .server import ApiServer
 
@@ -131,6 +135,8 @@ class Daemon:
             self.feed.close()
             if server is not None:
                 server.stop()
+            if self.intake is not None:
+                self.intake.close()  # after the server: every acknowledged submit is committed
             if self.engine is not None:
                 self.engine.close()
             if tcp is not None:
@@ -231,7 +237,7 @@ class Daemon:
 
     def task_submitted(self) -> None:
         with self._work_ready:
-            self._work_ready.notify()
+            self._work_ready.notify_all()
 
     # --- what the API asks of the daemon -----------------------------------------------------
 

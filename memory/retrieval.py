@@ -66,7 +66,7 @@ class Retrieval:
             return set()
         where, params = filters.sql("t")
         marks = ",".join("?" * len(ids))
-        rows = self.db.execute(
+        rows = self._reader().execute(
             f"SELECT t.id FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
             f"WHERE t.id IN ({marks}) AND {where}", [*ids, *params],
         ).fetchall()
@@ -78,7 +78,7 @@ class Retrieval:
         fetch = max(k * self.options.candidates_per_result, 20)
         with self._sqlite_errors():
             where, params = (filters or Filters()).sql("t")
-            keyword_args = (self.db, "trajectories", query, fetch)
+            keyword_args = (self._reader(), "trajectories", query, fetch)
             keyword_kwargs = dict(where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id")
             if callable(vector):
                 # A query embedding still to compute (``context``): the keyword
@@ -124,7 +124,7 @@ class Retrieval:
         """Active insights or tools for a query: (row, fused score, similarity, keyword rank), best first."""
         fetch = max(k * self.options.candidates_per_result, 20)
         vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
-        keyword_ids = keyword_search(self.db, collection, query, fetch, where="t.status = 'active'")
+        keyword_ids = keyword_search(self._reader(), collection, query, fetch, where="t.status = 'active'")
         fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
         if not fused:
             return []

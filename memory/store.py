@@ -16,6 +16,7 @@ import json
 import secrets
 import sqlite3
 import threading
+import weakref
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -105,6 +106,11 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
         self.readonly = readonly
         self.embedder = embedder or Embedder()
         self._lock = threading.RLock()  # one writer at a time inside this process
+        # Reads go through a connection of the reading thread's own (WAL lets readers run beside the
+        # writer and see only committed rows), except inside a write, which must see its own rows.
+        self._local = threading.local()
+        self._readers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # thread -> its reader
+        self._readers_lock = threading.Lock()
         self._index_lock = threading.Lock()
         self.index: VectorIndex | None = None
         if readonly and not self.db_path.exists():
@@ -143,6 +149,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
         if self.index is not None:
             self.index.close()
             self.index = None
+        readers = getattr(self, "_readers", None)
+        if readers is not None:
+            with self._readers_lock:
+                for reader in list(readers.values()):
+                    reader.conn.close()
+                readers.clear()
         db = getattr(self, "db", None)
         if db is not None:
             db.conn.close()
@@ -190,12 +202,29 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
         """One durable transaction; committed (fsynced) when the block ends."""
         if self.readonly:
             raise StoreError(f"{self.db_path} was opened read-only.")
-        with self._lock, self._sqlite_errors(), self.db.atomic():
-            yield self.db
+        with self._lock, self._sqlite_errors():
+            self._local.writing = getattr(self._local, "writing", 0) + 1
+            try:
+                with self.db.atomic():
+                    yield self.db
+            finally:
+                self._local.writing -= 1
+
+    def _reader(self) -> sqlite_utils.Database:
+        """The connection this thread reads through (see ``__init__``)."""
+        if self.readonly or getattr(self._local, "writing", 0):
+            return self.db
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = connect(self.db_path, busy_timeout_ms=self.options.busy_timeout_ms, readonly=True)
+            self._local.reader = reader
+            with self._readers_lock:
+                self._readers[threading.current_thread()] = reader
+        return reader
 
     def _one(self, sql: str, params: Iterable = ()) -> dict | None:
         with self._sqlite_errors():
-            cursor = self.db.execute(sql, list(params))
+            cursor = self._reader().execute(sql, list(params))
             row = cursor.fetchone()
             if row is None:
                 return None
@@ -203,7 +232,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
 
     def _all(self, sql: str, params: Iterable = ()) -> list[dict]:
         with self._sqlite_errors():
-            cursor = self.db.execute(sql, list(params))
+            cursor = self._reader().execute(sql, list(params))
             names = [c[0] for c in cursor.description]
             return [dict(zip(names, row)) for row in cursor.fetchall()]
 
@@ -230,22 +259,36 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
         With an idempotency key already used, the earlier task comes back
         unchanged: a client retrying after a lost reply never makes a duplicate.
         """
-        if not prompt or not prompt.strip():
-            raise ValueError("A task needs a non-empty prompt.")
+        return self.add_tasks([dict(prompt=prompt, check=check, priority=priority, source=source,
+                                    metadata=metadata, idempotency_key=idempotency_key, status=status)])[0]
+
+    def add_tasks(self, items: list[dict]) -> list[tuple[Task, bool]]:
+        """Commit several tasks in one transaction (one fsync): ``add_task`` for each item's arguments."""
+        for item in items:
+            if not item.get("prompt") or not item["prompt"].strip():
+                raise ValueError("A task needs a non-empty prompt.")
         now = time.time()
+        results: list[tuple[Task, bool]] = []
         with self._write() as db:
-            if idempotency_key is not None:
-                row = self._one("SELECT * FROM tasks WHERE idempotency_key = ?", [idempotency_key])
-                if row is not None:
-                    return Task.from_row(row), False
-            task_id = new_id("task")
-            db.execute(
-                """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
-                   idempotency_key, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
-                [task_id, prompt, _json(check), status, priority, source, _json(metadata or {}),
-                 idempotency_key, now, now],
-            )
-        return self.get_task(task_id), True
+            for item in items:
+                key = item.get("idempotency_key")
+                if key is not None:
+                    row = self._one("SELECT * FROM tasks WHERE idempotency_key = ?", [key])
+                    if row is not None:
+                        results.append((Task.from_row(row), False))
+                        continue
+                task = Task(id=new_id("task"), prompt=item["prompt"], status=item.get("status", "queued"),
+                            created_at=now, updated_at=now, check=item.get("check"),
+                            priority=item.get("priority", 0), source=item.get("source", "inbox"),
+                            metadata=item.get("metadata") or {}, idempotency_key=key)
+                db.execute(
+                    """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
+                       idempotency_key, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
+                    [task.id, task.prompt, _json(task.check), task.status, task.priority, task.source,
+                     _json(task.metadata), key, now, now],
+                )
+                results.append((task, True))
+        return results
 
     def get_task(self, task_id: str) -> Task:
         return Task.from_row(self._require(self._one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id))
@@ -596,7 +639,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
         if task_id is not None:
             sql, params = sql + " AND task_id = ?", [*params, task_id]
         with self._sqlite_errors():
-            tokens, usd = self.db.execute(sql, params).fetchone()
+            tokens, usd = self._reader().execute(sql, params).fetchone()
         return int(tokens), float(usd)
 
     def append_event(self, kind: str, what: str, *, why: str = "", evidence: list | None = None,

@@ -53,6 +53,8 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     kind = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    if exc.status_code == 400 and message == "There was an error parsing the body":
+        return error_response(400, "invalid_json", "the body could not be parsed: it must be JSON in UTF-8")
     if exc.status_code == 404 and message == "Not Found":
         message = f"there is no route {request.method} {request.url.path}; /openapi.json lists them"
     return error_response(exc.status_code, kind, message)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import asdict
 from typing import Literal
@@ -29,11 +30,13 @@ def _daemon(request: Request):
 
 
 @router.post("/tasks", status_code=201, summary="Submit a task (committed before the reply)")
-def submit(body: TaskIn, request: Request,
-           idempotency_key: str | None = Header(default=None, max_length=200)) -> JSONResponse:
+async def submit(body: TaskIn, request: Request,
+                 idempotency_key: str | None = Header(default=None, max_length=200)) -> JSONResponse:
     daemon = _daemon(request)
-    task, new = daemon.store.add_task(body.prompt, check=body.check, priority=body.priority, source="api",
-                                      metadata=body.metadata, idempotency_key=idempotency_key)
+    # Committed together with whatever other submits arrive meanwhile (group commit), before the reply.
+    task, new = await asyncio.wrap_future(daemon.intake.submit(
+        prompt=body.prompt, check=body.check, priority=body.priority, source="api", metadata=body.metadata,
+        idempotency_key=idempotency_key))
     if not new:
         same = (task.prompt, task.check, task.priority, task.metadata) == (
             body.prompt, body.check, body.priority, body.metadata or {})
@@ -41,7 +44,6 @@ def submit(body: TaskIn, request: Request,
             return error_response(422, "idempotency_conflict",
                                   "this Idempotency-Key was already used for a different task", "Idempotency-Key")
         return JSONResponse(task_json(task), status_code=200, headers={"Idempotent-Replayed": "true"})
-    daemon.task_submitted()
     return JSONResponse(task_json(task), status_code=201, headers={"Location": f"/v1/tasks/{task.id}"})
 
 

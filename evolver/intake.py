@@ -1,0 +1,74 @@
+"""Group commit for submitted tasks: the ones that arrive together share one durable transaction.
+
+Every acknowledged task must be on disk (synchronous=FULL) before its 201, and
+an fsync costs about as much as everything else a submit does. One writer
+thread takes whatever submits are waiting, commits them in one transaction,
+then answers each; while it commits, the next batch gathers. A submit waits
+only for its own batch, never longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Callable
+
+from memory import Store
+
+__all__ = ["Intake"]
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class Intake:
+    def __init__(self, store: Store, *, on_committed: Callable[[], None] = lambda: None,
+                 max_batch: int = 256) -> None:
+        self.store = store
+        self.on_committed = on_committed
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="intake", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, **task) -> Future:
+        """Queue ``Store.add_task`` arguments; the future gives ``(task, new)`` once committed."""
+        future: Future = Future()
+        self._queue.put((task, future))
+        return future
+
+    def close(self) -> None:
+        """Commit what is queued, then stop."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if any(entry is _STOP for entry in batch):
+                stopping = True
+                batch = [entry for entry in batch if entry is not _STOP]
+            if not batch:
+                continue
+            try:
+                results = self.store.add_tasks([task for task, _ in batch])
+            except BaseException as exc:  # each waiting request gets the error; nothing was committed
+                log.warning("a batch of %d submitted tasks was refused: %s", len(batch), exc)
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results):
+                future.set_result(result)
+            self.on_committed()
