@@ -96,6 +96,7 @@ class Daemon:
         bound = bind(self.socket_path)  # raises DaemonRunning when another daemon answers there
         server = tcp = None
         try:
+            self._install_signals()  # a SIGTERM while starting stops the daemon once it has started
             tcp = self._tcp_listener()
             self.engine = self._open_engine()
             self._recover()
@@ -114,7 +115,6 @@ class Daemon:
             self.jobs = Jobs(self, builtin_jobs())
             if self.config.evolution.enabled:
                 self.jobs.start()
-            self._install_signals()
             if self.mood is Mood.STARTING:
                 self.mood = Mood.RUNNING
             log.info("evolver daemon %d serving %s on %s with %d workers", os.getpid(), self.data_dir,
