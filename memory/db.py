@@ -313,3 +313,23 @@ def _scaffolds(db: sqlite_utils.Database) -> None:
         CREATE TABLE scaffolds (hash TEXT PRIMARY KEY, body TEXT NOT NULL, created_at REAL NOT NULL);
         """
     )
+
+
+@MIGRATIONS(name="0005_insight_history")
+def _insight_history(db: sqlite_utils.Database) -> None:
+    # Every operation on an insight, with the insight before and after it, so the
+    # list's evolution can be read back and any operation undone.
+    db.executescript(
+        """
+        CREATE TABLE insight_history (
+            id INTEGER PRIMARY KEY,
+            insight_id INTEGER NOT NULL REFERENCES insights (id),
+            op TEXT NOT NULL,
+            before TEXT,
+            after TEXT NOT NULL,
+            event_id INTEGER,
+            at REAL NOT NULL
+        );
+        CREATE INDEX insight_history_insight ON insight_history (insight_id);
+        """
+    )

@@ -29,6 +29,7 @@ from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
 from .embedder import Embedder
 from .errors import IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
 from .inbox import Inbox
+from .insight_log import InsightLog
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .records import (
@@ -88,7 +89,7 @@ class NewTrajectory:
     source: str = "import"
 
 
-class Store(Inbox, IndexMaintenance, Retrieval, Snapshots):
+class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(

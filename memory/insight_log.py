@@ -1,0 +1,65 @@
+"""Changes to the insight list, applied together or not at all, each with its before and after."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .errors import NotFound
+from .records import Insight
+
+__all__ = ["InsightLog"]
+
+_FIELDS = ("text", "importance", "status", "provenance")
+
+
+def _snapshot(insight: Insight) -> str:
+    return json.dumps({f: getattr(insight, f) for f in _FIELDS})
+
+
+class InsightLog:
+    """The part of ``Store`` that applies the meta-agent's insight operations (a mixin)."""
+
+    def apply_insight_changes(self, changes: list[dict], *, event_id: int | None = None) -> list[Insight]:
+        """Apply every change in one transaction; returns the insights as they are after it.
+
+        A change is ``{"op": name, "text", "importance", "provenance"}`` for a new
+        insight (no ``id``), or ``{"op": name, "id", ...fields to set}`` for an
+        existing one. Each is recorded in ``insight_history`` under ``op``.
+        """
+        now = time.time()
+        touched: list[int] = []
+        with self._write() as db:
+            for change in changes:
+                if change.get("id") is None:
+                    cursor = db.execute(
+                        "INSERT INTO insights (text, importance, status, provenance, node_id, created_at, updated_at) "
+                        "VALUES (?,?,?,?,?,?,?)",
+                        [change["text"], change.get("importance", 2), change.get("status", "active"),
+                         json.dumps(change.get("provenance") or []), change.get("node_id"), now, now])
+                    insight_id, before = cursor.lastrowid, None
+                else:
+                    insight_id = change["id"]
+                    row = self._one("SELECT * FROM insights WHERE id = ?", [insight_id])
+                    if row is None:
+                        raise NotFound(f"No insight with id {insight_id!r}.")
+                    current = Insight.from_row(row)
+                    before = _snapshot(current)
+                    values = {f: change.get(f, getattr(current, f)) for f in _FIELDS}
+                    db.execute("UPDATE insights SET text = ?, importance = ?, status = ?, provenance = ?, "
+                               "updated_at = ? WHERE id = ?",
+                               [values["text"], values["importance"], values["status"],
+                                json.dumps(values["provenance"]), now, insight_id])
+                after = Insight.from_row(self._one("SELECT * FROM insights WHERE id = ?", [insight_id]))
+                db.execute("INSERT INTO insight_history (insight_id, op, before, after, event_id, at) "
+                           "VALUES (?,?,?,?,?,?)", [insight_id, change["op"], before, _snapshot(after), event_id, now])
+                touched.append(insight_id)
+        self.sync_index()
+        return [self.get_insight(i) for i in touched]
+
+    def insight_history(self, insight_id: int) -> list[dict]:
+        rows = self._all("SELECT * FROM insight_history WHERE insight_id = ? ORDER BY id", [insight_id])
+        for row in rows:
+            row["before"] = None if row["before"] is None else json.loads(row["before"])
+            row["after"] = json.loads(row["after"])
+        return rows

@@ -1,0 +1,84 @@
+"""Insight operations: parsed and checked whole, importance counted, retired at zero, duplicates merged."""
+
+from __future__ import annotations
+
+import pytest
+
+from evolver.insights import InsightOpError, apply_ops, numbered, parse_ops, render
+
+CSV = "Use csv.DictReader rather than splitting lines on commas: quoted fields contain commas."
+MONEY = "Strip currency symbols and thousands separators before converting money strings to numbers."
+TESTS = "Run the unit tests before calling finish."
+
+
+def _seed(store, *texts_and_importance):
+    for text, importance in texts_and_importance:
+        store.add_insight(text, importance=importance)
+    return numbered(store, limit=50)
+
+
+@pytest.mark.parametrize("answer, problem", [
+    ("not json", "not JSON"),
+    ('{"ops": []}', '"operations"'),
+    ('{"operations": [{"op": "DELETE", "id": 1}]}', "op must be one of"),
+    ('{"operations": [{"op": "UPVOTE", "id": 99}]}', "id of a listed insight (1..2)"),
+    ('{"operations": [{"op": "UPVOTE", "id": "1"}]}', "id of a listed insight"),
+    ('{"operations": [{"op": "UPVOTE", "id": true}]}', "id of a listed insight"),
+    ('{"operations": [{"op": "ADD", "id": 1, "text": "x"}]}', "ADD takes no id"),
+    ('{"operations": [{"op": "EDIT", "id": 1, "text": "  "}]}', "non-empty text"),
+    ('{"operations": [{"op": "UPVOTE", "id": 1, "text": "why"}]}', "takes no text"),
+    ('{"operations": [' + ",".join(['{"op": "UPVOTE", "id": 1}'] * 5) + "]}", "at most 4"),
+])
+def test_bad_answers_are_refused_with_the_reason(answer, problem):
+    with pytest.raises(InsightOpError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        parse_ops(answer, shown=2)
+
+
+def test_operations_count_importance_retire_at_zero_and_keep_history(store):
+    shown = _seed(store, (CSV, 3), (TESTS, 1))
+    assert render(shown).splitlines() == [f"1. {CSV} (importance 3)", f"2. {TESTS} (importance 1)"]
+    ops = parse_ops({"operations": [
+        {"op": "UPVOTE", "id": 1}, {"op": "DOWNVOTE", "id": 2},
+        {"op": "ADD", "text": "Check the workspace for the input files before reading them."}]}, shown=2)
+    apply_ops(store, ops, shown, provenance=["traj_a", "traj_b"], cap=50)
+    csv, tests = store.get_insight(shown[0].id), store.get_insight(shown[1].id)
+    assert (csv.importance, csv.status, csv.provenance) == (4, "active", ["traj_a", "traj_b"])
+    assert (tests.importance, tests.status) == (0, "retired")
+    (new,) = [i for i in numbered(store, limit=50) if i.text.startswith("Check the workspace")]
+    assert (new.importance, new.provenance) == (2, ["traj_a", "traj_b"])
+    history = store.insight_history(shown[1].id)
+    assert [h["op"] for h in history] == ["DOWNVOTE"]
+    assert history[0]["before"]["importance"] == 1 and history[0]["after"]["status"] == "retired"
+
+    shown = numbered(store, limit=50)
+    edit = parse_ops({"operations": [{"op": "EDIT", "id": 1, "text": CSV + " Also csv.writer."}]}, shown=len(shown))
+    apply_ops(store, edit, shown, provenance=["traj_c"], cap=50)
+    edited = store.get_insight(shown[0].id)
+    assert edited.text.endswith("Also csv.writer.") and edited.importance == 5
+    assert [h["op"] for h in store.insight_history(edited.id)] == ["UPVOTE", "EDIT"]
+
+
+def test_a_near_duplicate_add_upvotes_the_existing_insight(store):
+    shown = _seed(store, (MONEY, 2))
+    ops = parse_ops({"operations": [{"op": "ADD", "text": MONEY.replace("to numbers", "into numbers")}]}, shown=1)
+    apply_ops(store, ops, shown, provenance=["traj_x"], cap=50, merge_threshold=0.9)
+    (only,) = numbered(store, limit=50)
+    assert only.id == shown[0].id and only.importance == 3 and only.text == MONEY
+    assert [h["op"] for h in store.insight_history(only.id)] == ["MERGE"]
+
+
+def test_over_the_cap_downvotes_weigh_double_and_the_lowest_are_retired(store):
+    shown = _seed(store, (CSV, 5), (MONEY, 4), (TESTS, 3))
+    ops = parse_ops({"operations": [{"op": "DOWNVOTE", "id": 3}]}, shown=3)
+    apply_ops(store, ops, shown, provenance=[], cap=2)
+    assert store.get_insight(shown[2].id).importance == 1  # 3 - 2: the list was over its cap
+    assert [i.id for i in numbered(store, limit=50)] == [shown[0].id, shown[1].id]  # capped at 2
+    assert store.get_insight(shown[2].id).status == "retired"
+
+
+def test_an_operation_on_an_insight_retired_in_the_same_answer_changes_nothing(store):
+    shown = _seed(store, (TESTS, 1))
+    ops = parse_ops({"operations": [{"op": "DOWNVOTE", "id": 1}, {"op": "UPVOTE", "id": 1}]}, shown=1)
+    with pytest.raises(InsightOpError, match="retired earlier in this answer"):
+        apply_ops(store, ops, shown, provenance=[], cap=50)
+    assert store.get_insight(shown[0].id).importance == 1 and store.insight_history(shown[0].id) == []
