@@ -228,6 +228,9 @@ class EvolutionSettings(_Section):
     max_insights: int = Field(default=50, ge=1)
     """The cap on active insights; over it, downvotes weigh more."""
 
+    insight_merge_threshold: float = Field(default=0.9, gt=0, le=1)
+    """A new insight this similar (cosine) to an active one upvotes it instead of being added."""
+
     alpha: float = Field(default=0.6, gt=0, le=1)
     """Expand the tree when t^alpha >= number of nodes (t: evaluations spent)."""
 

@@ -112,7 +112,7 @@ class Daemon:
             server = ApiServer(create_app(self), [bound.sock] + ([tcp] if tcp else []))
             server.start()
             self._start_workers()
-            self.jobs = Jobs(self, builtin_jobs())
+            self.jobs = Jobs(self, builtin_jobs(self.config))
             if self.config.evolution.enabled:
                 self.jobs.start()
             if self.mood is Mood.STARTING:

@@ -3,7 +3,12 @@
 A job is a named function of the daemon that returns a one-line summary. Each
 round is recorded as an evolution event ("job", or "job_failed" with the
 reason), never overlaps itself (a per-job lock), and a missed run is coalesced
-into one. ``run_now`` runs rounds in the caller's thread for `evolver evolve`.
+into one. A job may also be due after ``after`` new items of work (its
+``pending`` count, read from a watermark in the database, so a restart neither
+repeats nor skips work); a trigger checks that every 30 s. Scheduled rounds wait
+while the inbox has work (``[evolution] wait_for_idle``) and while the budget
+for background work is spent. ``run_now`` runs rounds in the caller's thread
+for `evolver evolve`, without those gates.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
+
+from .budget import BudgetExceeded
+from .config import Config
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -34,6 +42,9 @@ class Job:
     run: Callable[["Daemon"], str]
     every_min: float
     description: str
+    after: int | None = None  # also due after this many new items of work...
+    pending: Callable[["Daemon"], int] | None = None  # ...as counted by this (up to ``after``)
+    purpose: str | None = None  # the budget purpose its model calls are charged to
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -51,10 +62,30 @@ def _reconcile(daemon: "Daemon") -> str:
     return f"index agrees with the database; repaired {sum(fixed.values())} entries"
 
 
-def builtin_jobs() -> list[Job]:
-    """Jobs every daemon runs; the meta-agent's jobs are added beside these."""
-    return [Job("reconcile", _reconcile, every_min=30.0,
-                description="check the vector index against the database and repair any difference")]
+def _distill(daemon: "Daemon") -> str:
+    from .distill import distill_round
+
+    return distill_round(daemon.store, daemon.engine.model, daemon.config)
+
+
+def _new_trajectories(limit: int) -> Callable[["Daemon"], int]:
+    def count(daemon: "Daemon") -> int:
+        from .distill import watermark
+
+        return len(daemon.store.finished_since(watermark(daemon.store), limit=limit))
+    return count
+
+
+def builtin_jobs(config: Config) -> list[Job]:
+    """The daemon's jobs, in the order `evolver evolve` runs them."""
+    e = config.evolution
+    return [
+        Job("reconcile", _reconcile, every_min=30.0,
+            description="check the vector index against the database and repair any difference"),
+        Job("distill", _distill, every_min=e.distill_every_min, after=e.distill_after,
+            pending=_new_trajectories(e.distill_after), purpose="distill",
+            description="contrast new trajectories with similar past ones and update the insights"),
+    ]
 
 
 class Jobs:
@@ -68,7 +99,28 @@ class Jobs:
         for job in self.jobs.values():
             self.scheduler.add_job(self._scheduled, "interval", args=[job.name], id=job.name,
                                    minutes=job.every_min)
+        if any(job.after for job in self.jobs.values()):
+            self.scheduler.add_job(self._triggers, "interval", id="triggers", seconds=30)
         self.scheduler.start()
+
+    def _triggers(self) -> None:
+        for job in self.jobs.values():
+            if job.after and job.pending is not None and not job.lock.locked():
+                if job.pending(self.daemon) >= job.after:
+                    self._scheduled(job.name)
+
+    def _blocked(self, job: Job) -> str | None:
+        """Why a scheduled round should wait, or None."""
+        if self.daemon.config.evolution.wait_for_idle:
+            depth = self.daemon.store.queue_depth()
+            if depth.get("queued") or depth.get("running"):
+                return "the inbox has work"
+        if job.purpose is not None:
+            try:
+                self.daemon.engine.model.budget.check(purpose=job.purpose, tokens=1)
+            except BudgetExceeded as exc:
+                return str(exc)
+        return None
 
     def stop(self) -> None:
         if self.scheduler.running:
@@ -78,9 +130,13 @@ class Jobs:
         if not self.scheduler.running:
             return []
         return [{"job": j.id, "next_run_at": j.next_run_time.timestamp() if j.next_run_time else None}
-                for j in self.scheduler.get_jobs()]
+                for j in self.scheduler.get_jobs() if j.id in self.jobs]
 
     def _scheduled(self, name: str) -> None:
+        reason = self._blocked(self.jobs[name])
+        if reason is not None:
+            log.info("job %s waits: %s", name, reason)
+            return
         try:
             self.run_one(name)
         except JobError as exc:  # already running by hand: this tick is skipped

@@ -391,6 +391,23 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
         rows = self._all("SELECT * FROM trajectories WHERE task_id = ? ORDER BY attempt, started_at", [task_id])
         return [Trajectory.from_row(r) for r in rows]
 
+    def finished_since(self, mark: tuple[float, str] | None, *, limit: int = 100) -> list[tuple[Trajectory, bool | None]]:
+        """Trajectories finished after ``mark`` (finished_at, id), oldest first, with their success.
+
+        A background job keeps the last one it processed as its watermark, so it
+        neither repeats nor skips work across restarts.
+        """
+        at, last_id = mark or (0.0, "")
+        rows = self._all(
+            "SELECT t.*, o.success AS outcome_success FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+            "WHERE t.finished_at IS NOT NULL AND (t.finished_at > ? OR (t.finished_at = ? AND t.id > ?)) "
+            "ORDER BY t.finished_at, t.id LIMIT ?", [at, at, last_id, limit])
+        out = []
+        for row in rows:
+            success = row.pop("outcome_success")
+            out.append((Trajectory.from_row(row), None if success is None else bool(success)))
+        return out
+
     def steps(self, trajectory_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Step]:
         rows = self._all(
             "SELECT * FROM steps WHERE trajectory_id = ? AND seq > ? ORDER BY seq LIMIT ?",

@@ -103,6 +103,7 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
     assert "failed" in rows["demo-05"]
     assert "'What is 2 * (3 + 4)?' → '14'" in result.stdout
     assert "reconcile: ok" in result.stdout
+    assert "distill: ok: 1 operations (ADD)" in result.stdout  # the demo model proposes one insight
     assert "★ incumbent" in result.stdout and "seed" in result.stdout
     assert re.search(r"daemon \d+ stopped", result.stdout)
     # Its data dir and log are gone; only the (empty) runtime dir remains, without the socket.

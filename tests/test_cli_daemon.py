@@ -22,7 +22,9 @@ def env():
     # A short root: socket paths are limited to 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="evc-", dir="/tmp"))
     values = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
-              "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run"), "HOME": str(root / "home")}
+              "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run"), "HOME": str(root / "home"),
+              # Distillation runs only when a test asks (`evolver evolve`), so what it adds is predictable.
+              "EVOLVER_EVOLUTION_DISTILL_AFTER": "100000"}
     up = run("up", env=values)
     assert up.returncode == 0, up.stderr
     assert re.search(r"evolver daemon \d+ is up", up.stdout)
@@ -44,7 +46,7 @@ def test_up_again_says_it_already_runs_and_status_tells_what_it_does(env):
     status = json.loads(ok("status", "--json", env=env).stdout)
     assert status["mood"] == "running" and status["workers"] >= 1 and status["incumbent"].startswith("node_")
     assert status["sandbox_isolated"] is True
-    assert [j["job"] for j in status["jobs"]] == ["reconcile"]
+    assert [j["job"] for j in status["jobs"]] == ["reconcile", "distill"]
     text = ok("status", env=env).stdout
     assert "running" in text and "incumbent node" in text and "reconcile" in text
 
@@ -114,6 +116,12 @@ def test_inspection_commands_through_the_daemon(env):
 def test_evolve_promote_and_rollback(env):
     evolved = ok("evolve", env=env)
     assert "reconcile: ok" in evolved.stdout
+    assert re.search(r"distill: ok in [\d.]+ s: 1 operations \(ADD\) from \d+ trajectories", evolved.stdout)
+    insights = json.loads(ok("insights", "--json", env=env).stdout)["insights"]
+    assert [i["text"] for i in insights] == [
+        "Compute arithmetic with run_python and answer with the printed result; never guess a number."]
+    assert [e["kind"] for e in json.loads(ok("history", "--json", "--limit", "3", env=env).stdout)["events"]][:2] == [
+        "job", "distill"]
     assert json.loads(ok("evolve", "--job", "reconcile", "--json", env=env).stdout)["rounds"][0]["ok"] is True
     unknown = run("evolve", "--job", "nope", env=env)
     assert unknown.returncode == 2 and "there is no job 'nope'" in unknown.stderr

@@ -1,0 +1,99 @@
+"""One round of insight distillation (after ExpeL): new experience in, insight operations out.
+
+Input: the trajectories finished since this job's watermark, each beside a
+similar past task that went the other way (success against failure), and the
+active insights numbered 1..n. The model answers with insight operations
+(``evolver.insights``); they are checked whole, recorded as one "distill" event
+with the trajectories as evidence, and applied in one transaction. Only then
+does the watermark move, so a failed round (model error, bad answer, no
+budget) changes nothing and the next round sees the same trajectories again.
+"""
+
+from __future__ import annotations
+
+import json
+
+from memory import Filters, Store
+
+from .config import Config
+from .insights import apply_ops, numbered, parse_ops, plan_changes, render
+from .model import ModelClient
+
+__all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
+
+WATERMARK_KEY = "watermark.distill"
+BATCH = 20
+
+SYSTEM = ("You maintain a short list of insights: general, reusable lessons for an agent that solves tasks with "
+          "tools. Compare what worked with what failed and propose at most {max_ops} operations on the list. "
+          'Answer with JSON only: {{"operations": [{{"op": "ADD", "text": "..."}}, {{"op": "EDIT", "id": 2, '
+          '"text": "..."}}, {{"op": "UPVOTE", "id": 1}}, {{"op": "DOWNVOTE", "id": 3}}]}}. Refer to insights only by '
+          'the numbers shown. Answer {{"operations": []}} when nothing should change.')
+
+
+class DistillError(RuntimeError):
+    """A round that could not be applied; nothing was changed."""
+
+
+def watermark(store: Store) -> tuple[float, str] | None:
+    raw = store.get_meta(WATERMARK_KEY)
+    return None if raw is None else tuple(json.loads(raw))  # type: ignore[return-value]
+
+
+def _clip(text: str | None, chars: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= chars else text[: chars - 3] + "..."
+
+
+def _outcome(success: bool | None) -> str:
+    return {True: "succeeded", False: "failed", None: "outcome unknown"}[success]
+
+
+def _prompt(store: Store, batch, shown) -> str:
+    lines = ["Insights now (numbered):", render(shown), "", "New experience:"]
+    for n, (trajectory, success) in enumerate(batch, start=1):
+        lines.append(f"{n}. Task: {_clip(trajectory.prompt, 300)}\n   Answer: {_clip(trajectory.final_answer, 200)} "
+                     f"({_outcome(success)})")
+        if success is not None:
+            other = store.search_trajectories(trajectory.prompt, k=1, filters=Filters(success=not success))
+            if other:
+                lines.append(f"   A similar task that {_outcome(not success)}: {_clip(other[0].prompt, 200)} -> "
+                             f"{_clip(other[0].final_answer, 120)}")
+    return "\n".join(lines)
+
+
+def distill_round(store: Store, model: ModelClient, config: Config, *, max_ops: int = 4) -> str:
+    """Run one round; returns a one-line summary. Raises (and changes nothing) when it cannot be applied."""
+    mark = watermark(store)
+    recent = store.finished_since(mark, limit=BATCH)
+    if not recent:
+        return "no new trajectories since the last round"
+    batch = [(t, s) for t, s in recent if t.status == "finished"]  # ended with an answer
+    cap = config.evolution.max_insights
+    shown = numbered(store, limit=cap)
+    new_mark = json.dumps([recent[-1][0].finished_at, recent[-1][0].id])
+    if not batch:  # only attempts without an answer (cancelled, errors): nothing to learn, move on
+        store.set_meta(WATERMARK_KEY, new_mark)
+        return f"{len(recent)} trajectories without an answer; nothing to distill"
+    reply = model.complete([{"role": "system", "content": SYSTEM.format(max_ops=max_ops)},
+                            {"role": "user", "content": _prompt(store, batch, shown)}], purpose="distill")
+    ops = parse_ops(_json_text(reply.content), shown=len(shown), max_ops=max_ops)
+    evidence = [t.id for t, _ in batch]
+    plan_changes(store, ops, shown, provenance=evidence, cap=cap,
+                 merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
+    summary = ", ".join(f"{op.kind} {op.ref or ''}".strip() for op in ops) or "no change"
+    event = store.append_event("distill", f"{len(ops)} insight operations from {len(batch)} trajectories: {summary}",
+                               why="contrast of new trajectories with similar past ones", evidence=evidence,
+                               cost_usd=reply.cost_usd, payload={"operations": [vars(op) for op in ops]})
+    apply_ops(store, ops, shown, provenance=evidence, cap=cap,
+              merge_threshold=config.evolution.insight_merge_threshold, event_id=event.id)
+    store.set_meta(WATERMARK_KEY, new_mark)
+    return f"{len(ops)} operations ({summary}) from {len(batch)} trajectories"
+
+
+def _json_text(content: str) -> str:
+    """The JSON object in a reply, allowing a fenced code block around it."""
+    text = content.strip()
+    if text.startswith("```"):
+        text = text.strip("`").removeprefix("json").strip()
+    return text

@@ -1,0 +1,107 @@
+"""Distillation rounds with the scripted model: applied whole or not at all, watermarked, budgeted."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from evolver import scripted
+from evolver.budget import BudgetExceeded
+from evolver.config import load_config
+from evolver.distill import WATERMARK_KEY, distill_round
+from evolver.engine import Engine
+from evolver.insights import InsightOpError
+from evolver.jobs import Jobs, builtin_jobs
+from memory import NewTrajectory
+
+ADD = {"operations": [{"op": "ADD", "text": "Compute with run_python before answering a number."}]}
+
+
+def _script(name: str, reply) -> str:
+    scripted.register_script(name, {"rules": [{"match": "", "reply": reply if isinstance(reply, str)
+                                               else json.dumps(reply)}]})
+    return f"scripted/{name}"
+
+
+@pytest.fixture
+def engine(open_store, sandbox, tmp_path):
+    opened = []
+
+    def make(reply, name: str, **env) -> Engine:
+        config = load_config(env={"EVOLVER_MODEL_NAME": _script(name, reply), **env})
+        e = Engine.open(config, data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox)
+        opened.append(e)
+        return e
+    yield make
+
+
+def _experience(store, n: int = 2) -> list[str]:
+    return store.ingest([NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i + (i % 2)),
+                                       success=i % 2 == 0) for i in range(n)])
+
+
+def _ledger_rows(store) -> int:
+    return store._one("SELECT count(*) AS n FROM ledger")["n"]
+
+
+def test_a_round_applies_the_operations_records_evidence_and_moves_the_watermark(engine):
+    e = engine(ADD, "distill-ok")
+    ids = _experience(e.store)
+    assert distill_round(e.store, e.model, e.config) == "1 operations (ADD) from 2 trajectories"
+    (insight,) = e.store.list_insights()
+    assert insight.text == ADD["operations"][0]["text"] and sorted(insight.provenance) == sorted(ids)
+    (event,) = e.store.list_events(kind="distill")
+    assert sorted(event.evidence) == sorted(ids)
+    assert e.store.insight_history(insight.id)[0]["event_id"] == event.id
+    calls = _ledger_rows(e.store)
+    assert distill_round(e.store, e.model, e.config) == "no new trajectories since the last round"
+    assert _ledger_rows(e.store) == calls  # no model call for nothing new
+
+
+@pytest.mark.parametrize("reply, problem", [
+    ("I think the agent should compute more.", "not JSON"),
+    ({"operations": [{"op": "UPVOTE", "id": 7}]}, "id of a listed insight"),
+    ({"operations": [{"op": "REWRITE", "id": 1}]}, "op must be one of"),
+])
+def test_bad_model_output_fails_the_round_and_changes_nothing(engine, reply, problem):
+    e = engine(reply, f"distill-bad-{abs(hash(problem))}")
+    _experience(e.store)
+    with pytest.raises(InsightOpError, match=problem):
+        distill_round(e.store, e.model, e.config)
+    assert e.store.list_insights(status=None) == [] and e.store.list_events(kind="distill") == []
+    assert e.store.get_meta(WATERMARK_KEY) is None  # the same trajectories are seen again next round
+
+
+def test_the_watermark_survives_a_restart(engine, open_store, tmp_path):
+    e = engine(ADD, "distill-restart")
+    _experience(e.store)
+    distill_round(e.store, e.model, e.config)
+    e.store.close()
+    again = engine(ADD, "distill-restart-2")  # a new store on the same data dir: a restarted daemon
+    again.store.ingest([NewTrajectory(prompt="What is 10 + 10?", final_answer="20", success=True)])
+    assert distill_round(again.store, again.model, again.config).endswith("from 1 trajectories")
+
+
+def test_no_budget_for_background_work_stops_the_round_cleanly(engine):
+    e = engine(ADD, "distill-broke", EVOLVER_BUDGET_TOKENS_PER_DAY="1000", EVOLVER_BUDGET_TOKENS_PER_TASK="100",
+               EVOLVER_BUDGET_BACKGROUND_SHARE="0.01")
+    _experience(e.store)
+    with pytest.raises(BudgetExceeded, match="background token share"):
+        distill_round(e.store, e.model, e.config)
+    assert e.store.list_insights(status=None) == [] and e.store.get_meta(WATERMARK_KEY) is None
+
+
+def test_a_failed_round_is_a_loud_job_failed_event(engine):
+    e = engine("not json at all", "distill-job")
+    _experience(e.store)
+    daemon = SimpleNamespace(store=e.store, engine=e, config=e.config)
+    jobs = Jobs(daemon, builtin_jobs(e.config))
+    (round_,) = jobs.run_now("distill")
+    assert round_.ok is False and "not JSON" in round_.summary
+    (event,) = e.store.list_events(kind="job_failed")
+    assert event.payload["job"] == "distill" and "not JSON" in event.what
+    assert jobs._blocked(jobs.jobs["distill"]) is None  # idle inbox, budget left: a scheduled round may run
+    e.store.add_task("a person's task")
+    assert jobs._blocked(jobs.jobs["distill"]) == "the inbox has work"
