@@ -58,7 +58,15 @@ class InsightLog:
         return [self.get_insight(i) for i in touched]
 
     def insight_history(self, insight_id: int) -> list[dict]:
-        rows = self._all("SELECT * FROM insight_history WHERE insight_id = ? ORDER BY id", [insight_id])
+        """Every operation on one insight, oldest first, with the insight before and after it."""
+        return self._history("insight_id = ?", insight_id)
+
+    def insight_changes_of(self, event_id: int) -> list[dict]:
+        """The insight operations one event made, in the order they were applied."""
+        return self._history("event_id = ?", event_id)
+
+    def _history(self, where: str, key: int) -> list[dict]:
+        rows = self._all(f"SELECT * FROM insight_history WHERE {where} ORDER BY id", [key])
         for row in rows:
             row["before"] = None if row["before"] is None else json.loads(row["before"])
             row["after"] = json.loads(row["after"])

@@ -672,6 +672,10 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
             event_id = cursor.lastrowid
         return Event.from_row(self._one("SELECT * FROM events WHERE id = ?", [event_id]))
 
+    def get_event(self, event_id: int) -> Event:
+        return Event.from_row(self._require(self._one("SELECT * FROM events WHERE id = ?", [event_id]), "event",
+                                            event_id))
+
     def list_events(self, *, kind: str | None = None, since: float = 0.0, limit: int = 100) -> list[Event]:
         sql, params = "SELECT * FROM events WHERE at >= ?", [since]
         if kind:

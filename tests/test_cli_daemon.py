@@ -120,8 +120,13 @@ def test_evolve_promote_and_rollback(env):
     insights = json.loads(ok("insights", "--json", env=env).stdout)["insights"]
     assert [i["text"] for i in insights] == [
         "Compute arithmetic with run_python and answer with the printed result; never guess a number."]
-    assert [e["kind"] for e in json.loads(ok("history", "--json", "--limit", "3", env=env).stdout)["events"]][:2] == [
-        "job", "distill"]
+    events = json.loads(ok("history", "--json", "--limit", "3", env=env).stdout)["events"]
+    assert [e["kind"] for e in events][:2] == ["job", "distill"]
+    reverted = ok("history", "revert", str(events[1]["id"]), "--why", "not useful", env=env)
+    assert f"reverted event {events[1]['id']} (distill): 1 insights restored" in reverted.stdout
+    assert json.loads(ok("insights", "--json", env=env).stdout) == {"insights": []}
+    again = run("history", "revert", str(events[1]["id"]), env=env)
+    assert again.returncode == 7 and "already reverted" in again.stderr
     assert json.loads(ok("evolve", "--job", "reconcile", "--json", env=env).stdout)["rounds"][0]["ok"] is True
     unknown = run("evolve", "--job", "nope", env=env)
     assert unknown.returncode == 2 and "there is no job 'nope'" in unknown.stderr

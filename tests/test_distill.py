@@ -105,3 +105,32 @@ def test_a_failed_round_is_a_loud_job_failed_event(engine):
     assert jobs._blocked(jobs.jobs["distill"]) is None  # idle inbox, budget left: a scheduled round may run
     e.store.add_task("a person's task")
     assert jobs._blocked(jobs.jobs["distill"]) == "the inbox has work"
+
+
+def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
+    from evolver.revert import RevertError, revert_event
+    from evolver.insights import apply_ops, numbered, parse_ops
+
+    e = engine(ADD, "distill-revert")
+    kept = e.store.add_insight("Read the task's files before answering.", importance=3)
+    _experience(e.store)
+    distill_round(e.store, e.model, e.config)
+    (added,) = [i for i in e.store.list_insights() if i.id != kept.id]
+    shown = numbered(e.store, limit=50)
+    vote = e.store.append_event("distill", "by hand")
+    apply_ops(e.store, parse_ops({"operations": [{"op": "UPVOTE", "id": 1}]}, shown=len(shown)), shown,
+              provenance=[], cap=50, event_id=vote.id)
+    assert e.store.get_insight(kept.id).importance == 4
+    (first,) = e.store.list_events(kind="distill", limit=2)[1:]
+    with pytest.raises(RevertError, match="nothing to revert"):
+        revert_event(e.store, e.store.append_event("job", "reconcile: ok").id)
+
+    undone = revert_event(e.store, vote.id, why="that vote was wrong")
+    assert undone.reverts == vote.id and e.store.get_insight(kept.id).importance == 3
+    assert [h["op"] for h in e.store.insight_history(kept.id)] == ["UPVOTE", "REVERT"]
+    with pytest.raises(RevertError, match="already reverted"):
+        revert_event(e.store, vote.id)
+
+    revert_event(e.store, first.id)  # the ADD: the insight is retired, not deleted
+    assert e.store.get_insight(added.id).status == "retired"
+    assert e.store.list_insights() == [e.store.get_insight(kept.id)]

@@ -18,6 +18,7 @@ from .. import __version__
 from ..budget import BudgetExceeded
 from ..incumbent import IncumbentError
 from ..jobs import JobError
+from ..revert import RevertError
 
 __all__ = ["create_app", "error_response"]
 
@@ -128,6 +129,7 @@ def create_app(daemon) -> FastAPI:
     app.add_exception_handler(NotFound, lambda r, e: error_response(404, "not_found", str(e)))
     app.add_exception_handler(IncumbentError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(JobError, lambda r, e: error_response(409, "conflict", str(e)))
+    app.add_exception_handler(RevertError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(BudgetExceeded, lambda r, e: error_response(429, "budget_exceeded", str(e)))
     app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
 

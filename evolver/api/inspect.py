@@ -9,7 +9,8 @@ from fastapi import APIRouter, Query, Request
 
 from .. import incumbent, views
 from .app import error_response
-from .models import EvolveIn, PromoteIn, RollbackIn, SearchIn
+from ..revert import revert_event
+from .models import EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn
 
 router = APIRouter(tags=["inspection"])
 
@@ -65,6 +66,11 @@ def node(node_id: str, request: Request) -> dict:
 def history(request: Request, kind: str | None = Query(default=None, max_length=50),
             limit: int = Query(default=100, ge=1, le=1000)) -> dict:
     return views.history(_daemon(request).store, kind=kind, limit=limit)
+
+
+@router.post("/history/{event_id}/revert", summary="Undo an event's insight changes (recorded as a new event)")
+def revert(event_id: int, body: RevertIn, request: Request) -> dict:
+    return asdict(revert_event(_daemon(request).store, event_id, why=body.why))
 
 
 @router.post("/evolve", summary="Run one round of background jobs now (all, or one by name)")

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..checks import CheckError, parse_check
 
-__all__ = ["TaskIn", "FeedbackIn", "SearchIn", "EvolveIn", "PromoteIn", "RollbackIn", "ChatIn"]
+__all__ = ["TaskIn", "FeedbackIn", "SearchIn", "EvolveIn", "PromoteIn", "RollbackIn", "RevertIn", "ChatIn"]
 
 
 class _Strict(BaseModel):
@@ -82,6 +82,10 @@ class PromoteIn(_Strict):
 class RollbackIn(_Strict):
     node_id: str | None = None
     why: str = Field(default="rolled back by hand", max_length=2_000)
+
+
+class RevertIn(_Strict):
+    why: str = Field(default="reverted by hand", max_length=2_000)
 
 
 class ChatMessage(BaseModel):

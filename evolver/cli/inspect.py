@@ -71,13 +71,16 @@ def node(state: State, node_id: str, as_json: bool) -> None:
               f"{sum(not e['success'] for e in done)} failed")
 
 
-@cli.command()
-@click.option("--kind", default=None, help="Only events of this kind (promote, rollback, job, job_failed, ...).")
+@cli.group(invoke_without_command=True)
+@click.option("--kind", default=None, help="Only events of this kind (distill, job, job_failed, promote, revert, ...).")
 @click.option("--limit", type=click.IntRange(1, 1000), default=30, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_obj
-def history(state: State, kind: str | None, limit: int, as_json: bool) -> None:
+@click.pass_context
+def history(ctx: click.Context, kind: str | None, limit: int, as_json: bool) -> None:
     """Evolution events, newest first: what changed, why, and what it reverted."""
+    if ctx.invoked_subcommand is not None:
+        return
+    state: State = ctx.obj
     with state.api_or_store() as (client, store):
         data = client.get("/v1/history", kind=kind, limit=limit) if client else views.history(store, kind=kind,
                                                                                                limit=limit)
@@ -86,6 +89,17 @@ def history(state: State, kind: str | None, limit: int, as_json: bool) -> None:
         return
     rows = [{**e, "when": _when(e["at"])} for e in data["events"]]
     out.print(table("history", rows, ["id", "when", "kind", "what", "why", "reverts"], width={"what": 70, "why": 50}))
+
+
+@history.command("revert")
+@click.argument("event_id", type=int)
+@click.option("--why", default="reverted by hand", show_default=True, help="Recorded in the history.")
+@click.pass_obj
+def history_revert(state: State, event_id: int, why: str) -> None:
+    """Undo EVENT_ID's insight changes (recorded as a new event; nothing is deleted)."""
+    with state.client() as client:
+        event = client.post(f"/v1/history/{event_id}/revert", {"why": why})
+    click.echo(f"event {event['id']}: {event['what']}")
 
 
 @cli.command()
