@@ -87,16 +87,6 @@ def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> No
     ctx.obj = State(config_path, data_dir)
 
 
-def _hits_table(title: str, rows: list[dict], columns: list[str]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*[("" if row.get(c) is None else f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]))
-                        for c in columns])
-    return table
-
-
 def _check_from_options(answer: str | None, numeric: float | None, regex: str | None, cmd: str | None) -> dict | None:
     given = [c for c in (answer, numeric, regex, cmd) if c is not None]
     if len(given) > 1:

@@ -25,7 +25,7 @@ from memory import NewTrajectory
 from ..config import load_config
 from ..storage import open_store
 from ..taskpack import bundled_pack
-from .base import State, _hits_table, cli, out, table
+from .base import State, cli, out, table
 from .daemon import spawn_daemon, stop_daemon
 from .inspect import show_tree
 
@@ -51,9 +51,9 @@ def _seed_memory(state: State, data_dir: Path) -> None:
         context = store.context(query)
         ms = (time.perf_counter() - started) * 1000
         out.print(f"\n[bold]memory, for a new task:[/bold] {query}  [dim](context in {ms:.1f} ms)[/dim]")
-        out.print(_hits_table("similar successful trajectories", [asdict(h) for h in context.trajectories],
+        out.print(table("similar successful trajectories", [asdict(h) for h in context.trajectories],
                               ["score", "similarity", "prompt"]))
-        out.print(_hits_table("relevant insights", [asdict(h) for h in context.insights][:3],
+        out.print(table("relevant insights", [asdict(h) for h in context.insights][:3],
                               ["score", "similarity", "text"]))
 
 

@@ -9,13 +9,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 
 from .. import views
 from ..config import default_config_path, render_config
 from ..sockets import probe
-from .base import State, _check_from_options, _hits_table, _print_step, cli, err, out, print_json
+from .base import State, _check_from_options, _print_step, cli, err, out, print_json, table
 
 
 # --- config ------------------------------------------------------------------------
@@ -100,7 +99,7 @@ def memory_search(state: State, text: str, kind: str, k: int, success: bool | No
     columns = {"trajectories": ["score", "similarity", "keyword_rank", "success", "prompt"],
                "insights": ["score", "similarity", "keyword_rank", "importance", "text"],
                "tools": ["score", "similarity", "keyword_rank", "name", "description"]}[kind]
-    out.print(_hits_table(f"{kind} like {text!r}", result["hits"], columns))
+    out.print(table(f"{kind} like {text!r}", result["hits"], columns))
     if not result["vector_search"]:
         err.print("note: another process owns the vector index, so these are keyword matches only.")
 
@@ -201,12 +200,9 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    table = Table(title=f"{pack}: {solved}/{len(results)} solved", title_justify="left")
-    for column in ("id", "split", "success", "status", "answer"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        table.add_row(r["id"], r["split"], "yes" if r["success"] else "no", r["status"], str(r["answer"])[:60])
-    out.print(table)
+    rows = [{**r, "success": "yes" if r["success"] else "no", "answer": str(r["answer"])} for r in results]
+    out.print(table(f"{pack}: {solved}/{len(results)} solved", rows, ["id", "split", "success", "status", "answer"],
+                    width={"answer": 60}))
 
 
 def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
