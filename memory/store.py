@@ -109,9 +109,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
         self._lock = threading.RLock()  # one writer at a time inside this process
         # Reads go through a connection of the reading thread's own (WAL lets readers run beside the
         # writer and see only committed rows), except inside a write, which must see its own rows.
+        # A thread's reader is closed with the store, when the thread is collected (the finalizer
+        # below), or when another thread opens its own after this one ended (a pool's old thread).
         self._local = threading.local()
-        self._readers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # thread -> its reader
+        self._readers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # thread -> finalizer closing its reader
         self._readers_lock = threading.Lock()
+        self._closed = False
         self._index_lock = threading.Lock()
         self.index: VectorIndex | None = None
         if readonly and not self.db_path.exists():
@@ -153,8 +156,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
         readers = getattr(self, "_readers", None)
         if readers is not None:
             with self._readers_lock:
-                for reader in list(readers.values()):
-                    reader.conn.close()
+                self._closed = True  # no thread opens a reader any more
+                for close_reader in list(readers.values()):
+                    close_reader()
                 readers.clear()
         db = getattr(self, "db", None)
         if db is not None:
@@ -212,24 +216,42 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
                 self._local.writing -= 1
 
     def _reader(self) -> sqlite_utils.Database:
-        """The connection this thread reads through (see ``__init__``)."""
+        """The connection this thread reads through (see ``__init__``).
+
+        Inside ``_write`` that is the write connection, so a transaction reads its
+        own rows; elsewhere a read-only connection of this thread's own, opened on
+        first use, which sees only committed data and never joins a transaction.
+        """
+        if self._closed:
+            raise StoreError(f"{self.db_path}: the store is closed.")
         if self.readonly or getattr(self._local, "writing", 0):
             return self.db
         reader = getattr(self._local, "reader", None)
         if reader is None:
             reader = connect(self.db_path, busy_timeout_ms=self.options.busy_timeout_ms, readonly=True)
-            self._local.reader = reader
             with self._readers_lock:
-                self._readers[threading.current_thread()] = reader
+                if self._closed:  # closed while this one was opening
+                    reader.conn.close()
+                    raise StoreError(f"{self.db_path}: the store is closed.")
+                for thread in [t for t in self._readers if not t.is_alive()]:
+                    self._readers.pop(thread)()
+                thread = threading.current_thread()
+                # The finalizer holds the connection, not the thread: closing runs once, by
+                # whichever comes first (the thread collected, its end noticed, the store closed).
+                self._readers[thread] = weakref.finalize(thread, reader.conn.close)
+            self._local.reader = reader
         return reader
 
     def _one(self, sql: str, params: Iterable = ()) -> dict | None:
         with self._sqlite_errors():
             cursor = self._reader().execute(sql, list(params))
-            row = cursor.fetchone()
-            if row is None:
-                return None
-            return dict(zip([c[0] for c in cursor.description], row))
+            try:
+                row = cursor.fetchone()
+                if row is None:
+                    return None
+                return dict(zip([c[0] for c in cursor.description], row))
+            finally:
+                cursor.close()  # an unfinished statement would keep this connection's snapshot open
 
     def _all(self, sql: str, params: Iterable = ()) -> list[dict]:
         with self._sqlite_errors():
@@ -247,7 +269,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
         return [r["integrity_check"] for r in self._all("PRAGMA integrity_check")]
 
     def migrations(self) -> list[str]:
-        return [m.name for m in MIGRATIONS.applied(self.db)]
+        with self._sqlite_errors():
+            return [m.name for m in MIGRATIONS.applied(self._reader())]
 
     # --- tasks ---------------------------------------------------------------
 
