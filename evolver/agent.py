@@ -19,7 +19,7 @@ from typing import Callable
 
 from memory import Context, Step, Store, Task
 from sandbox import Limits, Sandbox, write_text
-from tools import TaskTools, ToolRegistry
+from tools import TaskTools, ToolRegistry, ToolSpec
 
 from .budget import BudgetExceeded
 from .checks import parse_check
@@ -91,8 +91,10 @@ class Agent:
     def __init__(self, *, store: Store, model: ModelClient, sandbox: Sandbox, registry: ToolRegistry,
                  scaffold: Scaffold, workspace_root: Path, node_id: str | None = None,
                  observation_chars: int = 4000, keep_workspaces: bool = False,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None,
+                 on_tool_use: Callable[[ToolSpec, bool], None] | None = None) -> None:
         self.store = store
+        self.on_tool_use = on_tool_use
         self.model = model
         self.sandbox = sandbox
         self.registry = registry
@@ -127,7 +129,8 @@ class Agent:
         status, error = "failed", None
         try:
             with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
-                           observation_chars=self.observation_chars, allowed=tool_names) as tools:
+                           observation_chars=self.observation_chars, allowed=tool_names,
+                           on_use=self.on_tool_use) as tools:
                 for attempt in range(1, params.max_attempts + 1):
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)

@@ -219,6 +219,24 @@ class EvolutionSettings(_Section):
     synthesize_after: int = Field(default=20, ge=1)
     """...or after this many new trajectories."""
 
+    tools_per_round: int = Field(default=2, ge=1, le=20)
+    """Opportunities a tool-synthesis round takes up at most (one model call each)."""
+
+    tool_min_repeats: int = Field(default=2, ge=2)
+    """Similar code must have run in this many different tasks before it becomes a tool."""
+
+    tool_code_similarity: float = Field(default=0.9, gt=0, le=1)
+    """Code this similar (cosine, literals aside) counts as a repeat of the same code."""
+
+    tool_dedup_threshold: float = Field(default=0.9, gt=0, le=1)
+    """A new tool whose description is this similar to an active tool's is refused as a duplicate."""
+
+    tool_retire_min_uses: int = Field(default=10, ge=1)
+    """Uses a synthesized tool gets before its success rate can retire it."""
+
+    tool_retire_below: float = Field(default=0.5, ge=0, le=1)
+    """A synthesized tool whose share of calls that succeed falls under this is retired."""
+
     evolve_every_min: float = Field(default=240.0, gt=0)
     """Take a step of the self-modification tree search at least this often, in minutes."""
 

@@ -16,6 +16,7 @@ from .config import Config
 from .model import ModelClient
 from .scaffold import Scaffold, default_scaffold, load_scaffold
 from .storage import open_store
+from .toolbox import Toolbox
 
 __all__ = ["Engine", "sandbox_limits"]
 
@@ -36,6 +37,7 @@ class Engine:
     sandbox: Sandbox
     registry: ToolRegistry
     data_dir: Path
+    toolbox: Toolbox
 
     @classmethod
     def open(cls, config: Config, *, data_dir: Path | None = None, store: Store | None = None,
@@ -53,8 +55,9 @@ class Engine:
         except BaseException:
             store.close()
             raise
-        return cls(config=config, store=store, model=model, sandbox=sandbox,
-                   registry=ToolRegistry(builtin_specs()), data_dir=data_dir)
+        registry = ToolRegistry(builtin_specs())
+        return cls(config=config, store=store, model=model, sandbox=sandbox, registry=registry, data_dir=data_dir,
+                   toolbox=Toolbox(store, registry, data_dir, config.evolution))
 
     def close(self) -> None:
         self.store.close()
@@ -70,7 +73,9 @@ class Engine:
         return load_scaffold(Path(path).expanduser()) if path else default_scaffold()
 
     def agent(self, scaffold: Scaffold | None = None, *, node_id: str | None = None) -> Agent:
+        self.toolbox.refresh()
         return Agent(store=self.store, model=self.model, sandbox=self.sandbox, registry=self.registry,
                      scaffold=scaffold or self.seed_scaffold(), workspace_root=self.data_dir / "workspaces",
                      node_id=node_id, observation_chars=self.config.agent.observation_chars,
-                     keep_workspaces=self.config.agent.keep_workspaces, limits=sandbox_limits(self.config))
+                     keep_workspaces=self.config.agent.keep_workspaces, limits=sandbox_limits(self.config),
+                     on_tool_use=self.toolbox.record_use)

@@ -68,6 +68,20 @@ def _distill(daemon: "Daemon") -> str:
     return distill_round(daemon.store, daemon.engine.model, daemon.config)
 
 
+def _synthesize(daemon: "Daemon") -> str:
+    from .synthesize import synthesize_round
+
+    return synthesize_round(daemon.engine)
+
+
+def _new_for_synthesis(limit: int) -> Callable[["Daemon"], int]:
+    def count(daemon: "Daemon") -> int:
+        from .synthesize import pending_trajectories
+
+        return pending_trajectories(daemon.store, limit)
+    return count
+
+
 def _new_trajectories(limit: int) -> Callable[["Daemon"], int]:
     def count(daemon: "Daemon") -> int:
         from .distill import watermark
@@ -85,6 +99,9 @@ def builtin_jobs(config: Config) -> list[Job]:
         Job("distill", _distill, every_min=e.distill_every_min, after=e.distill_after,
             pending=_new_trajectories(e.distill_after), purpose="distill",
             description="contrast new trajectories with similar past ones and update the insights"),
+        Job("synthesize", _synthesize, every_min=e.synthesize_every_min, after=e.synthesize_after,
+            pending=_new_for_synthesis(e.synthesize_after), purpose="synthesize",
+            description="turn code repeated across tasks, and capabilities failures lacked, into tested tools"),
     ]
 
 

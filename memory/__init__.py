@@ -36,9 +36,10 @@ from .records import (
 from .inbox import TERMINAL as TERMINAL_STATUSES, Lease
 from .search import Filters
 from .store import NewTrajectory, Store, StoreOptions, new_id
+from .tool_log import NewTool, RecordedCall
 
 __all__ = [
-    "Store", "StoreOptions", "NewTrajectory", "Filters", "Lease", "TERMINAL_STATUSES", "Embedder", "bundled_model_path", "new_id",
+    "Store", "StoreOptions", "NewTrajectory", "NewTool", "RecordedCall", "Filters", "Lease", "TERMINAL_STATUSES", "Embedder", "bundled_model_path", "new_id",
     "Task", "Trajectory", "Step", "Outcome", "Insight", "ToolRecord", "Node", "Evaluation",
     "LedgerEntry", "Event", "TrajectoryHit", "InsightHit", "ToolHit", "Context",
     "StoreError", "StoreCorrupt", "StoreLocked", "StoreReadOnly", "StoreFull", "IndexBusy",

@@ -30,6 +30,7 @@ from .embedder import Embedder
 from .errors import IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
 from .inbox import Inbox
 from .insight_log import InsightLog
+from .tool_log import ToolLog
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .records import (
@@ -89,7 +90,7 @@ class NewTrajectory:
     source: str = "import"
 
 
-class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
+class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(
@@ -430,6 +431,14 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog):
             success = row.pop("outcome_success")
             out.append((Trajectory.from_row(row), None if success is None else bool(success)))
         return out
+
+    def finished_until(self, mark: tuple[float, str], *, limit: int = 100) -> list[str]:
+        """Ids of the trajectories finished at or before ``mark``, newest first (a job's look back)."""
+        at, last_id = mark
+        rows = self._all(
+            "SELECT id FROM trajectories WHERE finished_at IS NOT NULL AND (finished_at < ? OR "
+            "(finished_at = ? AND id <= ?)) ORDER BY finished_at DESC, id DESC LIMIT ?", [at, at, last_id, limit])
+        return [r["id"] for r in rows]
 
     def steps(self, trajectory_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Step]:
         rows = self._all(

@@ -11,7 +11,7 @@ from evolver.config import load_config
 from evolver.engine import Engine
 from evolver.scaffold import default_scaffold
 from memory import NewTrajectory
-from tools import spec_from_source
+from tools import ToolFiles
 
 ADD = [
     {"match": r"What is (\d+) \+ (\d+)\?", "role": "user", "tool": "run_python",
@@ -177,13 +177,14 @@ def test_only_offered_tools_can_be_called(engine_for):
         {"match": "", "role": "user", "tool": "triple", "arguments": {"x": 3}},
     ]}
     engine = engine_for(script, "a-offered")
-    engine.registry.register(spec_from_source(
-        'def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n    return 3 * x\n'))
+    code = 'def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n    return 3 * x\n'
     task, _ = engine.store.add_task("Triple three")
-    assert engine.agent().run_task(task).answer == "no"  # registered, but neither enabled nor relevant
-    engine.store.add_tool("triple", description="Multiply a whole number by three", code_hash="h", origin="synthesized")
+    assert engine.agent().run_task(task).answer == "no"  # not a tool the agent has
+    digest = ToolFiles(engine.data_dir / "tools").write("triple", 1, code, "def test_it():\n    assert triple(1) == 3\n")
+    engine.store.add_tool("triple", description="Multiply a whole number by three", code_hash=digest,
+                          origin="synthesized")
     task, _ = engine.store.add_task("Multiply a whole number by three: 3")
-    assert engine.agent().run_task(task).answer == "yes"  # now retrieved as relevant
+    assert engine.agent().run_task(task).answer == "yes"  # registered: loaded and retrieved as relevant
 
 
 def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):

@@ -13,7 +13,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from sandbox import Limits, PythonWorker, Sandbox, SandboxError, list_dir, read_text, write_text
 
@@ -125,8 +125,11 @@ class TaskTools:
 
     def __init__(self, registry: ToolRegistry, sandbox: Sandbox, workspace: str | os.PathLike[str], *,
                  limits: Limits | None = None, observation_chars: int = 4000,
-                 allowed: list[str] | None = None) -> None:
+                 allowed: list[str] | None = None,
+                 on_use: Callable[[ToolSpec, bool], None] | None = None) -> None:
         self.registry = registry
+        # Told of every call a synthesized tool carried out (its usage statistics).
+        self.on_use = on_use
         # The tools offered to the model for this task; None offers every registered tool.
         self.allowed = None if allowed is None else set(allowed)
         self.sandbox = sandbox
@@ -170,6 +173,8 @@ class TaskTools:
             ok, text, finished, answer = self._dispatch(spec, arguments)
         except SandboxError as exc:
             ok, text, finished, answer = False, f"[sandbox error] {exc}", False, None
+        if spec.origin != "builtin" and self.on_use is not None:
+            self.on_use(spec, ok)
         return Observation(text=_clip(text, self.observation_chars), ok=ok, finished=finished, answer=answer,
                            duration_ms=(time.perf_counter() - started) * 1000)
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["ToolSpec", "ToolSpecError", "spec_from_source", "schema_for_call"]
+__all__ = ["ToolSpec", "ToolSpecError", "spec_from_source", "schema_for_call", "code_hash"]
 
 
 class ToolSpecError(ValueError):
@@ -77,6 +77,11 @@ def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(s for s in summary if s).strip(), params
 
 
+def code_hash(code: str, tests: str) -> str:
+    """The identity of one version of a tool: its code and its tests together."""
+    return hashlib.sha256((code + "\n#tests\n" + tests).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
@@ -88,10 +93,11 @@ class ToolSpec:
     version: int = 1
     node_id: str | None = None
     returns: dict[str, Any] = field(default_factory=dict)
+    tool_id: int | None = None  # the store's row, for a synthesized tool: its usage is counted there
 
     @property
     def code_hash(self) -> str:
-        return hashlib.sha256((self.code + "\n#tests\n" + self.tests).encode()).hexdigest()[:16]
+        return code_hash(self.code, self.tests)
 
     def openai_schema(self) -> dict:
         return {"type": "function",

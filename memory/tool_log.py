@@ -1,0 +1,142 @@
+"""Changes to the synthesized tools, each applied together with the event that records it.
+
+A tool change is a new tool row (a new tool, or a new version of one) and/or
+status changes of existing rows (replaced, retired, reverted, active again).
+The event, the rows and an optional watermark move are one transaction, so
+the history never shows a change that did not happen and a crash never leaves
+a tool without its event. The event's payload keeps every change with its
+status before and after, which is what a revert puts back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from .errors import NotFound
+from .records import Event, ToolRecord
+
+__all__ = ["ToolLog", "NewTool", "RecordedCall"]
+
+
+@dataclass(frozen=True)
+class NewTool:
+    name: str
+    description: str
+    code_hash: str
+    version: int
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One real tool call from a trajectory: what was asked and what came back."""
+
+    trajectory_id: str
+    task_id: str | None
+    seq: int  # the step that made the call
+    name: str
+    arguments: dict
+    output: str
+    ok: bool
+    success: bool | None  # the trajectory's outcome
+    finished_at: float | None = None  # when the trajectory ended
+
+
+class ToolLog:
+    """The part of ``Store`` that records tool changes and reads real tool calls (a mixin)."""
+
+    def apply_tool_changes(self, kind: str, what: str, *, why: str, evidence: list | None = None,
+                           cost_usd: float = 0.0, node_id: str | None = None, payload: dict | None = None,
+                           new: NewTool | None = None, status: dict[int, str] | None = None,
+                           reverts: int | None = None, meta: dict[str, str] | None = None) -> Event:
+        """Record one event and apply its tool changes (and ``meta`` values) in one transaction.
+
+        ``status`` maps tool ids to their new status. The event's payload gains
+        ``tool_changes``: ``[{"id", "name", "version", "before", "after"}]``,
+        ``before`` None for the new row.
+        """
+        now = time.time()
+        changes: list[dict] = []
+        with self._write() as db:
+            for tool_id, after in (status or {}).items():
+                row = db.execute("SELECT name, version, status FROM tools WHERE id = ?", [tool_id]).fetchone()
+                if row is None:
+                    raise NotFound(f"No tool with id {tool_id!r}.")
+                db.execute("UPDATE tools SET status = ?, updated_at = ? WHERE id = ?", [after, now, tool_id])
+                changes.append({"id": tool_id, "name": row[0], "version": row[1], "before": row[2], "after": after})
+            new_id = None
+            if new is not None:  # the row first, so the event (append-only) can name it
+                new_id = db.execute(
+                    "INSERT INTO tools (name, version, description, code_hash, status, origin, node_id, "
+                    "created_at, updated_at) VALUES (?,?,?,?,'active','synthesized',?,?,?)",
+                    [new.name, new.version, new.description, new.code_hash, new.node_id, now, now]).lastrowid
+                changes.append({"id": new_id, "name": new.name, "version": new.version, "before": None,
+                                "after": "active"})
+            event_id = db.execute(
+                "INSERT INTO events (at, kind, what, why, evidence, cost_usd, node_id, payload, reverts) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                [now, kind, what, why, json.dumps(evidence or []), cost_usd, node_id,
+                 json.dumps({**(payload or {}), "tool_changes": changes}), reverts]).lastrowid
+            if new_id is not None:
+                db.execute("UPDATE tools SET event_id = ? WHERE id = ?", [event_id, new_id])
+            for key, value in (meta or {}).items():
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
+        self.sync_index()
+        return self.get_event(event_id)
+
+    def active_tool(self, name: str) -> ToolRecord | None:
+        row = self._one("SELECT * FROM tools WHERE name = ? AND status = 'active' ORDER BY version DESC LIMIT 1",
+                        [name])
+        return None if row is None else ToolRecord.from_row(row)
+
+    def next_tool_version(self, name: str) -> int:
+        return self._one("SELECT coalesce(max(version), 0) + 1 AS v FROM tools WHERE name = ?", [name])["v"]
+
+    def tool_events(self, tool_id: int) -> list[Event]:
+        """Events that changed this tool, oldest first."""
+        rows = self._all("SELECT e.* FROM events e, json_each(e.payload, '$.tool_changes') c "
+                         "WHERE json_extract(c.value, '$.id') = ? ORDER BY e.id", [tool_id])
+        return [Event.from_row(r) for r in rows]
+
+    def recorded_calls(self, trajectory_ids: list[str], *, tool: str | None = None) -> list[RecordedCall]:
+        """The tool calls these trajectories made, each paired with the observation it got."""
+        if not trajectory_ids:
+            return []
+        marks = ",".join("?" * len(trajectory_ids))
+        rows = self._all(
+            f"SELECT s.trajectory_id, s.seq, s.role, s.content, s.tool_calls, s.tool_results, t.task_id, "
+            f"t.finished_at, o.success FROM steps s JOIN trajectories t ON t.id = s.trajectory_id LEFT JOIN outcomes o "
+            f"ON o.trajectory_id = s.trajectory_id WHERE s.trajectory_id IN ({marks}) "
+            f"AND (s.tool_calls IS NOT NULL OR s.tool_results IS NOT NULL) ORDER BY s.trajectory_id, s.seq",
+            list(trajectory_ids))
+        calls: list[RecordedCall] = []
+        pending: dict[tuple[str, str], tuple[dict, dict]] = {}  # (trajectory, call id) -> (call, its step row)
+        for row in rows:
+            for call in json.loads(row["tool_calls"] or "[]"):
+                if isinstance(call, dict) and isinstance(call.get("arguments"), dict) and not call.get("error"):
+                    pending[(row["trajectory_id"], str(call.get("id")))] = (call, row)
+            for result in json.loads(row["tool_results"] or "[]"):
+                key = (row["trajectory_id"], str(result.get("id")))
+                if key not in pending:
+                    continue
+                call, origin = pending.pop(key)
+                if tool is not None and call.get("name") != tool:
+                    continue
+                success = origin["success"]
+                calls.append(RecordedCall(
+                    trajectory_id=row["trajectory_id"], task_id=row["task_id"], seq=origin["seq"],
+                    name=call.get("name", ""), arguments=call["arguments"], output=row["content"],
+                    ok=bool(result.get("ok", True)), success=None if success is None else bool(success),
+                    finished_at=row["finished_at"]))
+        return calls
+
+    def reflections(self, trajectory_ids: list[str]) -> dict[str, str]:
+        """The reflection written after each of these trajectories failed, by trajectory id."""
+        if not trajectory_ids:
+            return {}
+        marks = ",".join("?" * len(trajectory_ids))
+        rows = self._all(f"SELECT trajectory_id, content FROM steps WHERE role = 'reflection' "
+                         f"AND trajectory_id IN ({marks}) ORDER BY seq", list(trajectory_ids))
+        return {r["trajectory_id"]: r["content"] for r in rows}
