@@ -104,6 +104,8 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
     assert "'What is 2 * (3 + 4)?' → '14'" in result.stdout
     assert "reconcile: ok" in result.stdout
     assert "distill: ok: 1 operations (ADD)" in result.stdout  # the demo model proposes one insight
+    # ...and turns the percentages it computed twice into a tool that passed quarantine.
+    assert "registered percent_of v1" in result.stdout and "tool_registered" in result.stdout
     assert "★ incumbent" in result.stdout and "seed" in result.stdout
     assert re.search(r"daemon \d+ stopped", result.stdout)
     # Its data dir and log are gone; only the (empty) runtime dir remains, without the socket.

@@ -46,7 +46,7 @@ def test_up_again_says_it_already_runs_and_status_tells_what_it_does(env):
     status = json.loads(ok("status", "--json", env=env).stdout)
     assert status["mood"] == "running" and status["workers"] >= 1 and status["incumbent"].startswith("node_")
     assert status["sandbox_isolated"] is True
-    assert [j["job"] for j in status["jobs"]] == ["reconcile", "distill"]
+    assert [j["job"] for j in status["jobs"]] == ["reconcile", "distill", "synthesize"]
     text = ok("status", env=env).stdout
     assert "running" in text and "incumbent node" in text and "reconcile" in text
 
@@ -120,12 +120,12 @@ def test_evolve_promote_and_rollback(env):
     insights = json.loads(ok("insights", "--json", env=env).stdout)["insights"]
     assert [i["text"] for i in insights] == [
         "Compute arithmetic with run_python and answer with the printed result; never guess a number."]
-    events = json.loads(ok("history", "--json", "--limit", "3", env=env).stdout)["events"]
-    assert [e["kind"] for e in events][:2] == ["job", "distill"]
-    reverted = ok("history", "revert", str(events[1]["id"]), "--why", "not useful", env=env)
-    assert f"reverted event {events[1]['id']} (distill): 1 insights restored" in reverted.stdout
+    assert re.search(r"synthesize: ok in [\d.]+ s: ", evolved.stdout)
+    (distilled,) = json.loads(ok("history", "--json", "--kind", "distill", env=env).stdout)["events"]
+    reverted = ok("history", "revert", str(distilled["id"]), "--why", "not useful", env=env)
+    assert f"reverted event {distilled['id']} (distill): 1 insights restored" in reverted.stdout
     assert json.loads(ok("insights", "--json", env=env).stdout) == {"insights": []}
-    again = run("history", "revert", str(events[1]["id"]), env=env)
+    again = run("history", "revert", str(distilled["id"]), env=env)
     assert again.returncode == 7 and "already reverted" in again.stderr
     assert json.loads(ok("evolve", "--job", "reconcile", "--json", env=env).stdout)["rounds"][0]["ok"] is True
     unknown = run("evolve", "--job", "nope", env=env)

@@ -68,7 +68,7 @@ def history(request: Request, kind: str | None = Query(default=None, max_length=
     return views.history(_daemon(request).store, kind=kind, limit=limit)
 
 
-@router.post("/history/{event_id}/revert", summary="Undo an event's insight changes (recorded as a new event)")
+@router.post("/history/{event_id}/revert", summary="Undo an event's insight or tool changes (recorded as a new event)")
 def revert(event_id: int, body: RevertIn, request: Request) -> dict:
     return asdict(revert_event(_daemon(request).store, event_id, why=body.why))
 

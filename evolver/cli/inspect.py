@@ -72,7 +72,7 @@ def node(state: State, node_id: str, as_json: bool) -> None:
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--kind", default=None, help="Only events of this kind (distill, job, job_failed, promote, revert, ...).")
+@click.option("--kind", default=None, help="Only events of this kind (distill, tool_registered, tool_rejected, tool_retired, job, job_failed, promote, revert, ...).")
 @click.option("--limit", type=click.IntRange(1, 1000), default=30, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -96,7 +96,7 @@ def history(ctx: click.Context, kind: str | None, limit: int, as_json: bool) -> 
 @click.option("--why", default="reverted by hand", show_default=True, help="Recorded in the history.")
 @click.pass_obj
 def history_revert(state: State, event_id: int, why: str) -> None:
-    """Undo EVENT_ID's insight changes (recorded as a new event; nothing is deleted)."""
+    """Undo EVENT_ID's insight or tool changes (recorded as a new event; nothing is deleted)."""
     with state.client() as client:
         event = client.post(f"/v1/history/{event_id}/revert", {"why": why})
     click.echo(f"event {event['id']}: {event['what']}")
