@@ -249,6 +249,24 @@ class EvolutionSettings(_Section):
     insight_merge_threshold: float = Field(default=0.9, gt=0, le=1)
     """A new insight this similar (cosine) to an active one upvotes it instead of being added."""
 
+    packs: list[str] = ["basic"]
+    """Task packs whose tasks evaluate scaffold nodes: bundled names or JSONL paths (their "test" split is
+    held out from the proposer and decides promotion). Past inbox tasks that carried a check are used too."""
+
+    held_out_share: float = Field(default=0.2, ge=0, lt=1)
+    """The share of past inbox tasks (with a check) held out for promotion decisions."""
+
+    evaluation_priority: int = -10
+    """The inbox priority of evaluation tasks: below a person's tasks (0), so those never wait behind them."""
+
+    evaluation_slots: int = Field(default=1, ge=0, le=64)
+    """Evaluations the tree search keeps in flight on the daemon's workers (0: it steps only on its
+    interval and by `evolver evolve`, and hands out no evaluations)."""
+
+    evaluation_budget: int = Field(default=0, ge=0)
+    """Evaluations the tree search may spend in all (0: no limit). With a limit, the search cools down:
+    its posteriors sharpen as the limit nears, and it stops there."""
+
     alpha: float = Field(default=0.6, gt=0, le=1)
     """Expand the tree when t^alpha >= number of nodes (t: evaluations spent)."""
 

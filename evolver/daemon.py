@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from memory import IndexBusy, Step, Store
+from memory import IndexBusy, Step, Store, Task
 
 from .agent import Agent, TaskResult
 from .budget import start_of_day
@@ -32,6 +32,7 @@ from .intake import Intake
 from .jobs import Jobs, builtin_jobs
 from .scaffold import Scaffold
 from .sockets import SocketError, bind
+from .tree import TreeSearch
 from .worker import Worker
 
 __all__ = ["Daemon", "Mood", "socket_path"]
@@ -73,6 +74,7 @@ class Daemon:
         self.workers: list[Worker] = []
         self._threads: list[threading.Thread] = []
         self.jobs: Jobs | None = None
+        self.tree: TreeSearch | None = None
         self.intake: Intake | None = None
         self.chat_slots = threading.BoundedSemaphore(max(2, config.daemon.workers))
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
@@ -111,6 +113,7 @@ class Daemon:
 
             server = ApiServer(create_app(self), [bound.sock] + ([tcp] if tcp else []))
             server.start()
+            self.tree = TreeSearch(self.engine, slots=self.config.evolution.evaluation_slots)
             self._start_workers()
             self.jobs = Jobs(self, builtin_jobs(self.config))
             if self.config.evolution.enabled:
@@ -200,14 +203,30 @@ class Daemon:
 
     # --- workers -----------------------------------------------------------------------
 
-    def agent(self) -> Agent:
-        """An agent running the incumbent scaffold (read at each call: promotion takes effect at once)."""
+    def agent(self, task: Task | None = None) -> Agent:
+        """An agent for ``task``: an evaluation runs on the node it evaluates; everything else on the
+        incumbent scaffold (read at each call: a promotion takes effect from the next task)."""
+        if task is not None and task.source == "evaluation" and task.metadata.get("node"):
+            node = self.store.get_node(task.metadata["node"])
+            return self.engine.agent(scaffold_of(self.store, node), node_id=node.id)
         node = incumbent(self.store)
         with self._served_lock:
             if self._served is None or self._served[0] != node.id:
                 self._served = (node.id, scaffold_of(self.store, node))
             scaffold = self._served[1]
         return self.engine.agent(scaffold, node_id=node.id)
+
+    def _task_ended(self, task_id: str) -> None:
+        self.feed.publish(task_id)
+        task = self.store.get_task(task_id)
+        if task.source == "evaluation" and self.tree is not None:
+            try:
+                note = self.tree.record(task)
+            except Exception:  # the tree catches up at its next step (reconcile); the worker goes on
+                log.exception("recording evaluation task %s failed", task_id)
+            else:
+                if note:
+                    log.info("tree: %s", note)
 
     def _on_step(self, task_id: str, step: Step) -> None:
         self.feed.publish(task_id)
@@ -216,7 +235,7 @@ class Daemon:
         d = self.config.daemon
         for n in range(d.workers):
             worker = Worker(self.agent, owner=f"{self.owner_prefix}w{n}", lease_s=d.lease_s, max_attempts=d.max_attempts,
-                            drain=self.drain, on_step=self._on_step, on_end=self.feed.publish)
+                            drain=self.drain, on_step=self._on_step, on_end=self._task_ended, store=self.store)
             self.workers.append(worker)
             # A long-lived thread per worker: sandboxes die with the thread that started them.
             thread = threading.Thread(target=self._work, args=(worker,), name=f"worker-{n}", daemon=True)

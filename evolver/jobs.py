@@ -82,6 +82,18 @@ def _new_for_synthesis(limit: int) -> Callable[["Daemon"], int]:
     return count
 
 
+def _evolve(daemon: "Daemon") -> str:
+    return daemon.tree.step()
+
+
+def _free_evaluation_slots(daemon: "Daemon") -> int:
+    """The tree search may act when an evaluation slot is free (or a proposed node awaits validation)."""
+    store = daemon.store
+    if any(n.status == "proposed" for n in store.list_nodes()):
+        return 1
+    return max(0, daemon.config.evolution.evaluation_slots - len(store.running_evaluations()))
+
+
 def _new_trajectories(limit: int) -> Callable[["Daemon"], int]:
     def count(daemon: "Daemon") -> int:
         from .distill import watermark
@@ -102,6 +114,9 @@ def builtin_jobs(config: Config) -> list[Job]:
         Job("synthesize", _synthesize, every_min=e.synthesize_every_min, after=e.synthesize_after,
             pending=_new_for_synthesis(e.synthesize_after), purpose="synthesize",
             description="turn code repeated across tasks, and capabilities failures lacked, into tested tools"),
+        Job("evolve", _evolve, every_min=e.evolve_every_min, after=1 if e.evaluation_slots else None,
+            pending=_free_evaluation_slots, purpose="propose",
+            description="one step of the self-modification tree search: expand a node or evaluate one"),
     ]
 
 
@@ -129,7 +144,8 @@ class Jobs:
     def _blocked(self, job: Job) -> str | None:
         """Why a scheduled round should wait, or None."""
         if self.daemon.config.evolution.wait_for_idle:
-            depth = self.daemon.store.queue_depth()
+            # The search's own evaluation tasks are not a person's work: they never hold a job.
+            depth = self.daemon.store.queue_depth(excluding=("evaluation",))
             if depth.get("queued") or depth.get("running"):
                 return "the inbox has work"
         if job.purpose is not None:

@@ -129,3 +129,14 @@ def bundled_pack(name: str = "basic") -> list[PackTask]:
     if not resource.is_file():
         raise TaskPackError(f"there is no bundled pack named {name!r}")
     return parse_pack(resource.read_text(encoding="utf-8"), f"{name}.jsonl")
+
+
+def resolve_pack(name: str) -> list[PackTask]:
+    """A pack by what a person would type: "humaneval", a JSONL file's path, or a bundled pack's name."""
+    if name == "humaneval":
+        from .humaneval import humaneval_tasks  # its problems load only when asked for
+
+        return humaneval_tasks()
+    if Path(name).exists():
+        return load_pack(name)
+    return bundled_pack(name)

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from memory import Filters, Store
 from tools import builtin_specs
 
-from .incumbent import incumbent, scaffold_of
+from .incumbent import scaffold_of
 
 __all__ = ["task_json", "task_detail", "task_list", "search", "insights", "tools", "tree", "node", "history"]
 
@@ -64,13 +64,11 @@ def tools(store: Store, *, status: str = "active") -> dict:
     return {"builtin": builtin, "synthesized": [asdict(t) for t in synthesized]}
 
 
-def tree(store: Store) -> dict:
-    """Every node with its own evaluation successes and failures, and which one is served."""
-    counts = {r["node_id"]: (r["s"], r["f"]) for r in store.evaluation_counts()}
-    current = incumbent(store)
-    return {"incumbent": current.id if current else None,
-            "nodes": [{**asdict(n), "successes": counts.get(n.id, (0, 0))[0],
-                       "failures": counts.get(n.id, (0, 0))[1]} for n in store.list_nodes()]}
+def tree(store: Store, quantile: float = 0.05) -> dict:
+    """Every node with its counts (own, clade, held-out), posterior mean and bound, and the incumbent."""
+    from .tree import tree_view
+
+    return tree_view(store, quantile)
 
 
 def node(store: Store, node_id: str) -> dict:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from memory import Lease, Step
+from memory import Lease, Step, Store, Task
 
 from .agent import Agent, TaskResult
 
@@ -37,13 +37,18 @@ class WorkerResult:
 
 
 class Worker:
-    def __init__(self, agent: Agent | Callable[[], Agent], *, owner: str, lease_s: float, max_attempts: int,
+    def __init__(self, agent: Agent | Callable[[Task], Agent], *, owner: str, lease_s: float, max_attempts: int,
                  sources: tuple[str, ...] | None = None, drain: threading.Event | None = None,
                  on_step: Callable[[str, Step], None] | None = None,
-                 on_end: Callable[[str], None] | None = None) -> None:
-        # A callable is asked for an agent at each claim, so a newly promoted scaffold serves the next task.
-        self.agent_for = agent if callable(agent) and not isinstance(agent, Agent) else (lambda: agent)
-        self.store = self.agent_for().store
+                 on_end: Callable[[str], None] | None = None, store: Store | None = None) -> None:
+        # A callable is asked for an agent for each claimed task, so a newly promoted scaffold serves
+        # the next task, and an evaluation task runs on the scaffold of the node it evaluates.
+        if isinstance(agent, Agent):
+            self.agent_for, self.store = (lambda task: agent), agent.store
+        else:
+            if store is None:
+                raise ValueError("a Worker given an agent factory needs the store")
+            self.agent_for, self.store = agent, store
         self.owner = owner
         self.lease_s = lease_s
         self.max_attempts = max_attempts
@@ -80,7 +85,10 @@ class Worker:
                 cancel.set()
 
         try:
-            result = self.agent_for().run_task(lease.task, cancel=cancel, on_step=on_step, record_status=False)
+            # Evaluations are background work: their model calls count against the background share.
+            purpose = "evaluate" if lease.task.source == "evaluation" else "task"
+            result = self.agent_for(lease.task).run_task(lease.task, cancel=cancel, on_step=on_step,
+                                                         record_status=False, purpose=purpose)
         finally:
             done.set()
             renewer.join()

@@ -333,3 +333,18 @@ def _insight_history(db: sqlite_utils.Database) -> None:
         CREATE INDEX insight_history_insight ON insight_history (insight_id);
         """
     )
+
+
+@MIGRATIONS(name="0006_tree_search")
+def _tree_search(db: sqlite_utils.Database) -> None:
+    # Why a node is invalid (shown in the tree, never served); which inbox task runs
+    # an evaluation (so one whose result was not recorded before a crash is found);
+    # the background jobs read trajectories in the order they finished.
+    db.executescript(
+        """
+        ALTER TABLE nodes ADD COLUMN reason TEXT NOT NULL DEFAULT '';
+        ALTER TABLE evaluations ADD COLUMN task_id TEXT;
+        CREATE INDEX trajectories_finished ON trajectories (finished_at, id);
+        CREATE INDEX evaluations_status ON evaluations (status, node_id);
+        """
+    )

@@ -140,6 +140,8 @@ class Inbox:
             raise NotFound(f"No task with id {task_id!r}.")
         return bool(row["cancel_requested"])
 
-    def queue_depth(self) -> dict[str, int]:
-        """How many tasks are in each state."""
-        return {r["status"]: r["n"] for r in self._all("SELECT status, count(*) AS n FROM tasks GROUP BY status")}
+    def queue_depth(self, *, excluding: tuple[str, ...] = ()) -> dict[str, int]:
+        """How many tasks are in each state (leaving out tasks from the ``excluding`` sources)."""
+        where = f"WHERE source NOT IN ({','.join('?' * len(excluding))})" if excluding else ""
+        rows = self._all(f"SELECT status, count(*) AS n FROM tasks {where} GROUP BY status", list(excluding))
+        return {r["status"]: r["n"] for r in rows}

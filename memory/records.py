@@ -161,6 +161,7 @@ class Node(_Record):
     rationale: str = ""
     cost_usd: float = 0.0
     tokens: int = 0
+    reason: str = ""  # why it is invalid
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,7 @@ class Evaluation(_Record):
     success: bool | None = None
     trajectory_id: str | None = None
     finished_at: float | None = None
+    task_id: str | None = None  # the inbox task that runs it
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,10 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
             finally:
                 self._local.writing -= 1
 
+    def transaction(self):
+        """Group several of the store's writes into one durable transaction (all or none of them)."""
+        return self._write()
+
     def _reader(self) -> sqlite_utils.Database:
         """The connection this thread reads through (see ``__init__``).
 
@@ -432,6 +436,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
             out.append((Trajectory.from_row(row), None if success is None else bool(success)))
         return out
 
+    def last_verdict(self, task_id: str) -> tuple[str, bool | None] | None:
+        """The task's last attempt and whether its check passed (None: no verdict), or None without one."""
+        row = self._one("SELECT t.id, o.success FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+                        "WHERE t.task_id = ? ORDER BY t.attempt DESC, t.started_at DESC LIMIT 1", [task_id])
+        return None if row is None else (row["id"], None if row["success"] is None else bool(row["success"]))
+
     def finished_until(self, mark: tuple[float, str], *, limit: int = 100) -> list[str]:
         """Ids of the trajectories finished at or before ``mark``, newest first (a job's look back)."""
         at, last_id = mark
@@ -620,9 +630,11 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
             )
         return self.get_node(node_id)
 
-    def set_node_status(self, node_id: str, status: str) -> Node:
+    def set_node_status(self, node_id: str, status: str, *, reason: str | None = None) -> Node:
         with self._write() as db:
-            if db.execute("UPDATE nodes SET status = ? WHERE id = ?", [status, node_id]).rowcount == 0:
+            cursor = db.execute("UPDATE nodes SET status = ?, reason = coalesce(?, reason) WHERE id = ?",
+                                [status, reason, node_id])
+            if cursor.rowcount == 0:
                 raise NotFound(f"No node with id {node_id!r}.")
         return self.get_node(node_id)
 
@@ -632,33 +644,53 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
     def list_nodes(self) -> list[Node]:
         return [Node.from_row(r) for r in self._all("SELECT * FROM nodes ORDER BY created_at, id")]
 
-    def start_evaluation(self, node_id: str, task_ref: str, *, split: str = "train") -> Evaluation:
+    def start_evaluation(self, node_id: str, task_ref: str, *, split: str = "train",
+                         task: dict | None = None) -> Evaluation:
+        """Record an evaluation in flight; with ``task`` (``add_task``'s arguments) also queue the
+        inbox task that runs it, in the same transaction, so neither exists without the other."""
         with self._write() as db:
             cursor = db.execute(
                 "INSERT INTO evaluations (node_id, task_ref, split, status, started_at) VALUES (?,?,?,?,?)",
                 [node_id, task_ref, split, "running", time.time()],
             )
             evaluation_id = cursor.lastrowid
+            if task is not None:
+                metadata = {**(task.get("metadata") or {}), "evaluation": evaluation_id, "node": node_id}
+                (queued, _), = self.add_tasks([{**task, "metadata": metadata, "source": "evaluation"}])
+                db.execute("UPDATE evaluations SET task_id = ? WHERE id = ?", [queued.id, evaluation_id])
         return self.get_evaluation(evaluation_id)
+
+    def running_evaluations(self) -> list[Evaluation]:
+        rows = self._all("SELECT * FROM evaluations WHERE status = 'running' ORDER BY id")
+        return [Evaluation.from_row(r) for r in rows]
 
     def finish_evaluation(self, evaluation_id: int, *, success: bool, trajectory_id: str | None = None) -> Evaluation:
         with self._write() as db:
-            cursor = db.execute(
-                "UPDATE evaluations SET status = 'done', success = ?, trajectory_id = ?, finished_at = ? WHERE id = ?",
-                [int(success), trajectory_id, time.time(), evaluation_id],
+            # Only a running one: a result that arrives twice (a task re-run after a crash) counts once.
+            db.execute(
+                "UPDATE evaluations SET status = 'done', success = ?, trajectory_id = ?, finished_at = ? "
+                "WHERE id = ? AND status = 'running'", [int(success), trajectory_id, time.time(), evaluation_id],
             )
-            if cursor.rowcount == 0:
-                raise NotFound(f"No evaluation with id {evaluation_id!r}.")
         return self.get_evaluation(evaluation_id)
 
     def get_evaluation(self, evaluation_id: int) -> Evaluation:
         row = self._one("SELECT * FROM evaluations WHERE id = ?", [evaluation_id])
         return Evaluation.from_row(self._require(row, "evaluation", evaluation_id))
 
-    def evaluation_counts(self) -> list[dict]:
-        """Per node, its own finished evaluations: successes ``s`` and failures ``f``."""
-        return self._all("SELECT node_id, sum(success = 1) AS s, sum(success = 0) AS f FROM evaluations "
-                         "WHERE status = 'done' GROUP BY node_id")
+    def evaluation_counts(self, *, split: str | None = None) -> list[dict]:
+        """Per node, its own evaluations: successes ``s``, failures ``f``, and ``running`` (in flight)."""
+        where, params = ("WHERE split = ?", [split]) if split else ("", [])
+        return self._all("SELECT node_id, coalesce(sum(status = 'done' AND success = 1), 0) AS s, "
+                         "coalesce(sum(status = 'done' AND success = 0), 0) AS f, "
+                         f"coalesce(sum(status = 'running'), 0) AS running FROM evaluations {where} "
+                         "GROUP BY node_id", params)
+
+    def abandon_evaluation(self, evaluation_id: int) -> Evaluation:
+        """An evaluation whose task ended without a verdict (cancelled, dead): it counts for nothing."""
+        with self._write() as db:
+            db.execute("UPDATE evaluations SET status = 'abandoned', finished_at = ? WHERE id = ? AND "
+                       "status = 'running'", [time.time(), evaluation_id])
+        return self.get_evaluation(evaluation_id)
 
     def evaluations_of(self, node_id: str) -> list[Evaluation]:
         rows = self._all("SELECT * FROM evaluations WHERE node_id = ? ORDER BY id", [node_id])

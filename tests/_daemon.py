@@ -73,6 +73,9 @@ class DaemonProcess:
             "EVOLVER_DAEMON_DATA_DIR": str(self.data_dir),
             "EVOLVER_DAEMON_RUNTIME_DIR": str(self.runtime_dir),
             "PYTHONUNBUFFERED": "1",
+            # Idle, the tree search hands out evaluation tasks on its own; tests that count tasks
+            # keep it off (tests/test_daemon_tree.py turns it on).
+            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",
         })
         env.update({k: str(v) for k, v in (settings or {}).items()})
         self.env = env

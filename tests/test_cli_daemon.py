@@ -24,7 +24,7 @@ def env():
     values = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
               "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run"), "HOME": str(root / "home"),
               # Distillation runs only when a test asks (`evolver evolve`), so what it adds is predictable.
-              "EVOLVER_EVOLUTION_DISTILL_AFTER": "100000"}
+              "EVOLVER_EVOLUTION_DISTILL_AFTER": "100000", "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0"}
     up = run("up", env=values)
     assert up.returncode == 0, up.stderr
     assert re.search(r"evolver daemon \d+ is up", up.stdout)
@@ -46,7 +46,7 @@ def test_up_again_says_it_already_runs_and_status_tells_what_it_does(env):
     status = json.loads(ok("status", "--json", env=env).stdout)
     assert status["mood"] == "running" and status["workers"] >= 1 and status["incumbent"].startswith("node_")
     assert status["sandbox_isolated"] is True
-    assert [j["job"] for j in status["jobs"]] == ["reconcile", "distill", "synthesize"]
+    assert [j["job"] for j in status["jobs"]] == ["reconcile", "distill", "synthesize", "evolve"]
     text = ok("status", env=env).stdout
     assert "running" in text and "incumbent node" in text and "reconcile" in text
 

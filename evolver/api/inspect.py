@@ -54,7 +54,8 @@ def tools(request: Request, status: Literal["active", "quarantined", "retired", 
 
 @router.get("/tree", summary="The self-modification tree")
 def tree(request: Request) -> dict:
-    return views.tree(_daemon(request).store)
+    daemon = _daemon(request)
+    return views.tree(daemon.store, daemon.config.evolution.promotion_quantile)
 
 
 @router.get("/nodes/{node_id}", summary="One node: its scaffold, diff, rationale and evaluations")

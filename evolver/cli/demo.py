@@ -77,7 +77,9 @@ def demo(state: State, keep: bool) -> None:
     root = Path(tempfile.mkdtemp(prefix="evolver-demo-"))
     # The socket goes in the usual runtime dir (a temp path may be too long for a socket); its name
     # is derived from the data dir, so it never meets the user's own daemon.
-    env = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data")}
+    # The tree search evaluates nodes on the demo pack, which the scripted model can mostly solve.
+    env = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
+           "EVOLVER_EVOLUTION_PACKS": '["demo"]'}
     config = load_config(state.config_path, env={**os.environ, **env})
     demo_state = State(state.config_path, str(root / "data"))
     demo_state._config = config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -18,15 +19,21 @@ def _when(at: float) -> str:
 
 
 def show_tree(data: dict) -> None:
-    """The tree as rich prints it: each node with its own evaluation counts; the incumbent starred."""
+    """The tree as rich prints it: per node its own and clade counts, posterior mean and held-out bound."""
     children: dict[str | None, list[dict]] = {}
     for node in data["nodes"]:
         children.setdefault(node["parent_id"], []).append(node)
 
     def label(node: dict) -> str:
         star = " [bold green]★ incumbent[/bold green]" if node["id"] == data["incumbent"] else ""
-        return (f"{node['id']} [dim]{node['status']}, {node['successes']} ok / {node['failures']} failed, "
-                f"scaffold {node['scaffold_hash']}[/dim]{star} {escape(node['rationale'][:60])}")
+        own = node["successes"] + node["failures"]
+        clade = node["clade_successes"] + node["clade_failures"]
+        held = node["held_out_successes"] + node["held_out_failures"]
+        flight = f", {node['in_flight']} running" if node["in_flight"] else ""
+        why = node["reason"] if node["status"] == "invalid" else node["rationale"]
+        return (f"{node['id']} [dim]{node['status']}, own {node['successes']}/{own}{flight}, clade "
+                f"{node['clade_successes']}/{clade}, mean {node['mean']:.2f}, held-out "
+                f"{node['held_out_successes']}/{held} bound {node['bound']:.2f}[/dim]{star} {escape(why[:70])}")
 
     def grow(branch: Tree, parent_id: str | None) -> None:
         for node in children.get(parent_id, []):
@@ -38,13 +45,32 @@ def show_tree(data: dict) -> None:
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot", "html"]), default="text",
+              show_default=True, help="text for the terminal; dot for Graphviz; html: one standalone page.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the same as --format json).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the export to this file instead of stdout.")
 @click.pass_obj
-def tree(state: State, as_json: bool) -> None:
-    """The self-modification tree: every scaffold node and which one is served."""
+def tree(state: State, fmt: str, as_json: bool, output: str | None) -> None:
+    """The self-modification tree: every scaffold node, its counts, and which one is served."""
+    from ..tree_export import to_dot, to_html
+
     with state.api_or_store() as (client, store):
-        data = client.get("/v1/tree") if client else views.tree(store)
-    print_json(data) if as_json else show_tree(data)
+        data = client.get("/v1/tree") if client else views.tree(store, state.config.evolution.promotion_quantile)
+    fmt = "json" if as_json else fmt
+    if fmt == "text":
+        show_tree(data)
+        return
+    if fmt == "json":
+        text = json.dumps(data, indent=2) + "\n"
+    else:
+        text = to_dot(data) if fmt == "dot" else to_html(data)
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        err.print(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
 
 
 @cli.command()
@@ -61,6 +87,9 @@ def node(state: State, node_id: str, as_json: bool) -> None:
     out.print(f"[bold]{data['id']}[/bold] {data['status']}{' (incumbent)' if data['incumbent'] else ''}, parent "
               f"{data['parent_id']}, scaffold {data['scaffold_hash']}", highlight=False)
     out.print(f"rationale: {data['rationale'] or '-'}", markup=False)
+    if data.get("reason"):
+        out.print(f"invalid: {data['reason']}", markup=False)
+    out.print(f"proposal cost: ${data['cost_usd']:.4f}, {data['tokens']} tokens", markup=False)
     if data["diff"]:
         out.print(data["diff"], markup=False, highlight=False)
     params = data["scaffold"]["parameters"]

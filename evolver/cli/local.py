@@ -6,7 +6,6 @@ import json
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import click
 
@@ -177,16 +176,10 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
 
     With the daemon running, its workers solve the pack (as low-priority tasks);
     otherwise it runs here, in the foreground."""
-    from ..humaneval import humaneval_tasks
-    from ..taskpack import TaskPackError, bundled_pack, load_pack
+    from ..taskpack import TaskPackError, resolve_pack
 
     try:
-        if pack == "humaneval":
-            tasks = humaneval_tasks()
-        elif Path(pack).exists():
-            tasks = load_pack(pack)
-        else:
-            tasks = bundled_pack(pack)
+        tasks = resolve_pack(pack)
     except TaskPackError as exc:
         raise click.UsageError(str(exc)) from None
     tasks = [t for t in tasks if split == "all" or t.split == split][:limit]

@@ -1,0 +1,181 @@
+"""Proposing a child scaffold, and the checks a proposal must pass before it becomes a servable node.
+
+The proposer (the model, purpose "propose") sees the parent scaffold, a sample
+of the parent's failed and successful attempts on *training* tasks (held-out
+ones never), and the top insights, and answers with a structured edit: new
+values for some of the scaffold's prompts, parameters, tools or hooks. The
+edit may name nothing else: the verifiers, the evaluation harness, the budget,
+the sandbox policy, the event log and the store are not part of the scaffold,
+and an edit that reaches for them is invalid. A valid edit must apply, the
+child must load, its prompts must only use their placeholders, its tools must
+exist, its hooks must load in the sandbox, and a smoke task must run on it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from memory import Node, Store
+
+from .engine import Engine, sandbox_limits
+from .scaffold import Scaffold, ScaffoldError, load_scaffold
+
+__all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "validate", "scaffold_diff"]
+
+EDITABLE = ("prompts", "parameters", "tools", "hooks")
+PLACEHOLDERS = {"system": (), "task": ("task", "examples", "insights"), "reflection": ("task", "verdict"),
+                "retry": ("task", "reflection"), "plan": ("task",)}
+SAMPLE = 6  # attempts shown to the proposer
+SAMPLE_CHARS = 6000
+
+SYSTEM = (
+    "You improve an agent by editing its scaffold: its prompt templates, its parameters, its enabled tools and "
+    "its policy hooks. Study the scaffold and how it did on training tasks, then propose ONE edit likely to "
+    "raise its success rate. Answer with JSON only: "
+    '{"rationale": "<what you change and why>", "edit": {"prompts": {"<name>": "<new template>"}, '
+    '"parameters": {"<name>": <value>}, "tools": ["<tool>", ...], "hooks": "<python>"}} '
+    "(include only the parts you change). Templates must keep to their placeholders. Nothing outside the "
+    "scaffold can be edited.")
+
+
+class ProposalError(ValueError):
+    """The proposer's answer is not an edit at all; the round fails and no node is made."""
+
+
+class InvalidProposal(ValueError):
+    """A well-formed edit that cannot become a servable node; the reason is kept on the invalid node."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    rationale: str
+    edit: dict
+    cost_usd: float
+    tokens: int
+
+
+def _clip(text: str | None, chars: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= chars else text[: chars - 3] + "..."
+
+
+def _attempts(store: Store, node: Node) -> str:
+    """The parent's finished training evaluations, failures first, within SAMPLE_CHARS."""
+    done = [e for e in store.evaluations_of(node.id) if e.split == "train" and e.status == "done" and e.trajectory_id]
+    done.sort(key=lambda e: (bool(e.success), -e.id))
+    lines, left = [], SAMPLE_CHARS
+    for evaluation in done[:SAMPLE]:
+        trajectory = store.get_trajectory(evaluation.trajectory_id)
+        steps = store.steps(trajectory.id, limit=12)
+        trace = " | ".join(f"{s.role}: {_clip(s.content, 160)}" for s in steps if s.content)
+        line = (f"- {'SUCCEEDED' if evaluation.success else 'FAILED'}: {_clip(trajectory.prompt, 300)}\n"
+                f"  answer: {_clip(trajectory.final_answer, 150)}\n  steps: {_clip(trace, 900)}")
+        if len(line) > left:
+            break
+        lines.append(line)
+        left -= len(line)
+    return "\n".join(lines) or "(no training evaluations yet)"
+
+
+def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal:
+    """Ask the model for one edit of ``parent``; raises ProposalError when the answer is not one."""
+    store = engine.store
+    insights = store.list_insights(limit=10)
+    user = (f"The scaffold (JSON):\n{json.dumps(parent_scaffold.model_dump(mode='json'), indent=1)}\n\n"
+            f"How it did on training tasks:\n{_attempts(store, parent)}\n\n"
+            "Lessons from experience:\n" + ("\n".join(f"- {i.text}" for i in insights) or "(none yet)") +
+            f"\n\nTools that exist: {', '.join(engine.registry.names())}")
+    reply = engine.model.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                                  purpose="propose", node_id=parent.id)
+    text = reply.content.strip()
+    if text.startswith("```"):
+        text = text.strip("`").removeprefix("json").strip()
+    try:
+        data = json.loads(text, strict=False)
+    except json.JSONDecodeError as exc:
+        raise ProposalError(f"the proposer's answer is not JSON ({exc.msg} at character {exc.pos}): "
+                            f"{_clip(reply.content, 200)!r}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("edit"), dict):
+        raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}')
+    rationale = data.get("rationale")
+    return Proposal(rationale=rationale if isinstance(rationale, str) else "", edit=data["edit"],
+                    cost_usd=reply.cost_usd, tokens=reply.tokens_in + reply.tokens_out)
+
+
+def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
+    """The child scaffold, or InvalidProposal saying why the edit cannot make one."""
+    outside = [key for key in edit if key not in EDITABLE]
+    if outside:
+        raise InvalidProposal(
+            f"the edit touches {', '.join(map(repr, outside))}, which is not part of the scaffold: only "
+            f"{', '.join(EDITABLE)} can change; the verifiers, evaluation harness, budget, sandbox policy, "
+            "event log and store are outside what evolution may edit")
+    data = parent.model_dump(mode="json")
+    for section in ("prompts", "parameters"):
+        if section in edit:
+            if not isinstance(edit[section], dict):
+                raise InvalidProposal(f"the edit's {section} must be an object of names to new values")
+            unknown = [k for k in edit[section] if k not in data[section]]
+            if unknown:
+                raise InvalidProposal(f"the edit does not apply: the scaffold has no {section} "
+                                      f"{', '.join(map(repr, unknown))} (it has {', '.join(data[section])})")
+            data[section] = {**data[section], **edit[section]}
+    for key in ("tools", "hooks"):
+        if key in edit:
+            data[key] = edit[key]
+    try:
+        child = load_scaffold(data)
+    except ScaffoldError as exc:
+        raise InvalidProposal(f"the edited scaffold does not load: {exc}") from None
+    for name, allowed in PLACEHOLDERS.items():
+        template = getattr(child.prompts, name)
+        try:
+            template.format(**{p: "" for p in allowed})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise InvalidProposal(f"prompt {name!r} uses a placeholder it does not have ({exc}); it may use "
+                                  f"{', '.join('{' + p + '}' for p in allowed) or 'none'}") from None
+    if child.hash == parent.hash:
+        raise InvalidProposal("the edit changes nothing")
+    return child
+
+
+def scaffold_diff(parent: Scaffold, child: Scaffold) -> str:
+    def lines(s: Scaffold) -> list[str]:
+        return json.dumps(s.model_dump(mode="json"), indent=1, sort_keys=True).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(lines(parent), lines(child), "parent", "child"))
+
+
+def validate(engine: Engine, child: Scaffold, node_id: str, smoke: dict) -> None:
+    """Raise InvalidProposal unless ``child`` can serve: tools exist, hooks load, a smoke task runs.
+
+    ``smoke`` is ``add_task``'s arguments for the smoke task. A model or budget
+    failure during the smoke task is not the child's fault: it is raised as is
+    (the node stays proposed and the next round validates it again).
+    """
+    engine.toolbox.refresh()
+    missing = [name for name in child.tools if engine.registry.get(name) is None]
+    if missing:
+        raise InvalidProposal(f"its tools do not import: no tool named {', '.join(map(repr, missing))}")
+    if child.hooks.strip():
+        root = engine.data_dir / "workspaces"
+        root.mkdir(parents=True, exist_ok=True)
+        workspace = tempfile.mkdtemp(prefix="hooks-", dir=root)
+        try:
+            os.chmod(workspace, 0o700)
+            result = engine.sandbox.python(child.hooks, workspace=workspace, limits=sandbox_limits(engine.config))
+        finally:
+            shutil.rmtree(workspace, ignore_errors=True)
+        if not result.ok:
+            problem = result.stderr.strip()[-800:] or result.error or f"exit code {result.exit_code}"
+            raise InvalidProposal(f"its hooks do not load in the sandbox: {problem}")
+    task, _ = engine.store.add_task(**{**smoke, "source": "smoke", "status": "running"})
+    result = engine.agent(child, node_id=node_id).run_task(task)
+    if result.error and result.error.startswith("internal error"):
+        raise InvalidProposal(f"the smoke task did not run: {result.error}")
+    if result.error and (result.error.startswith("model error") or result.error.startswith("budget")):
+        raise RuntimeError(f"the smoke task could not be judged: {result.error}")

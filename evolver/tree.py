@@ -1,0 +1,320 @@
+"""The self-modification tree search (after the Huxley-Gödel Machine), one step at a time.
+
+All of the search's state is in the store: nodes (with their status), the
+evaluations (running, done, abandoned) and the inbox tasks that run them. A
+step therefore resumes exactly where a killed daemon left off: a node still
+``proposed`` is validated first; an evaluation whose task ended but whose
+result was not recorded is recorded; evaluations whose tasks are still queued
+simply run when a worker claims them.
+
+A step either expands (the parent chosen by Thompson sampling on its clade's
+counts, the child proposed, validated and added) or hands out evaluations (the
+node for each by Thompson sampling on its own counts, evaluations in flight
+counting as failures) as low-priority inbox tasks, so the daemon's workers run
+them after any person's task. Expansion happens when t^alpha >= the number of
+nodes (t: training evaluations finished). Training results drive the search;
+the held-out split (never shown to the proposer) decides promotion, by a lower
+bound of the Beta posterior against the incumbent's on the same split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from memory import Node, Store, Task
+
+from . import tree_policy as policy
+from .engine import Engine
+from .incumbent import incumbent, promote, scaffold_of
+from .proposer import InvalidProposal, apply_edit, propose, scaffold_diff, validate
+from .scaffold import ScaffoldError
+from .taskpack import TaskPackError, resolve_pack
+
+__all__ = ["TreeSearch", "EvalItem", "SERVABLE", "node_stats", "tree_view"]
+
+log = logging.getLogger(__name__)
+
+SERVABLE = ("evaluating", "evaluated", "promoted")
+PERSON_SOURCES = ("api", "cli", "inbox")  # tasks a person handed over (not evaluations, smoke tests or chat)  # valid nodes: the search may build on and evaluate them
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    ref: str
+    split: str  # "train" or "test" (held out)
+    task: dict  # add_task's arguments: prompt, check, metadata
+
+
+def node_stats(store: Store, *, split: str = "train") -> list[policy.NodeStats]:
+    counts = {r["node_id"]: r for r in store.evaluation_counts(split=split)}
+    stats = []
+    for node in store.list_nodes():
+        c = counts.get(node.id, {"s": 0, "f": 0, "running": 0})
+        stats.append(policy.NodeStats(id=node.id, parent=node.parent_id, successes=c["s"], failures=c["f"],
+                                      in_flight=c["running"], expandable=node.status in SERVABLE))
+    return stats
+
+
+class TreeSearch:
+    def __init__(self, engine: Engine, *, slots: int = 1, rng: np.random.Generator | None = None) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.config = engine.config
+        self.slots = slots  # evaluations in flight at most
+        self.rng = rng or np.random.default_rng()
+
+    # --- evaluation tasks ------------------------------------------------------------------
+
+    def pool(self) -> dict[str, list[EvalItem]]:
+        """Evaluation tasks by split: the configured packs', then past inbox tasks that carried a check."""
+        items: dict[str, list[EvalItem]] = {"train": [], "test": []}
+        for name in self.config.evolution.packs:
+            try:
+                tasks = resolve_pack(name)
+            except TaskPackError as exc:
+                log.error("evaluation pack %s is not used: %s", name, exc)
+                continue
+            for t in tasks:
+                metadata = {"files": t.files} if t.files else {}
+                items[t.split].append(EvalItem(ref=f"pack:{name}:{t.id}", split=t.split, task={
+                    "prompt": t.prompt, "check": t.check_data(), "metadata": metadata}))
+        share = self.config.evolution.held_out_share
+        people = [t for source in PERSON_SOURCES for t in self.store.list_tasks(source=source, limit=1000)]
+        for task in sorted(people, key=lambda t: (t.created_at, t.id)):
+            if task.check is None or task.status not in ("done", "failed"):
+                continue
+            bucket = int(hashlib.sha256(task.id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+            split = "test" if bucket < share else "train"
+            items[split].append(EvalItem(ref=f"task:{task.id}", split=split, task={
+                "prompt": task.prompt, "check": task.check,
+                "metadata": {"files": task.metadata["files"]} if task.metadata.get("files") else {}}))
+        return items
+
+    def _next_item(self, node_id: str, split: str, pool: dict[str, list[EvalItem]]) -> EvalItem | None:
+        """The task of ``split`` this node has been evaluated on least (ties: pool order)."""
+        items = pool[split]
+        if not items:
+            return None
+        seen: dict[str, int] = {}
+        for e in self.store.evaluations_of(node_id):
+            if e.status != "abandoned":
+                seen[e.task_ref] = seen.get(e.task_ref, 0) + 1
+        return min(items, key=lambda item: seen.get(item.ref, 0))
+
+    # --- the step --------------------------------------------------------------------------
+
+    def step(self) -> str:
+        """One step of the search; returns what it did. Raises BudgetExceeded when no budget is left."""
+        notes = self.reconcile()
+        pending = [n for n in self.store.list_nodes() if n.status == "proposed"]
+        if pending:  # a step was interrupted between proposing and validating: finish it first
+            return "; ".join([*notes, self._validate(pending[0])])
+        e = self.config.evolution
+        stats = node_stats(self.store)
+        servable = [n for n in stats if n.expandable]
+        spent = sum(n.evaluations for n in stats)
+        if e.evaluation_budget and spent >= e.evaluation_budget:
+            return "; ".join([*notes, f"the evaluation budget of {e.evaluation_budget} is spent"])
+        sharpness = policy.cool_down(spent, e.evaluation_budget) if e.evaluation_budget else 1.0
+        # Every node counts, invalid ones too: a proposal is spent effort, and a run of invalid
+        # children must not keep the search proposing without ever evaluating.
+        if servable and policy.should_expand(spent, len(stats), e.alpha):
+            parent_id = policy.choose_parent(stats, self.rng, sharpness=sharpness)
+            return "; ".join([*notes, self._expand(self.store.get_node(parent_id))])
+        return "; ".join([*notes, self._dispatch(stats, sharpness)])
+
+    def _expand(self, parent: Node) -> str:
+        self.engine.model.budget.check(purpose="propose", tokens=1)
+        parent_scaffold = scaffold_of(self.store, parent)
+        proposal = propose(self.engine, parent, parent_scaffold)  # a malformed answer fails the round here
+        try:
+            child = apply_edit(parent_scaffold, proposal.edit)
+        except InvalidProposal as exc:
+            node = self._record_node(parent, parent_scaffold.hash, "", proposal, status="invalid", reason=str(exc))
+            return f"proposed {node.id} from {parent.id}: invalid: {exc}"
+        twin = next((n for n in self.store.list_nodes() if n.scaffold_hash == child.hash), None)
+        if twin is not None:
+            reason = f"the edited scaffold is node {twin.id}'s (scaffold {child.hash}); it would add nothing"
+            node = self._record_node(parent, child.hash, scaffold_diff(parent_scaffold, child), proposal,
+                                     status="invalid", reason=reason, body=child.canonical_json())
+            return f"proposed {node.id} from {parent.id}: invalid: {reason}"
+        node = self._record_node(parent, child.hash, scaffold_diff(parent_scaffold, child), proposal,
+                                 status="proposed", body=child.canonical_json())
+        return f"proposed {node.id} from {parent.id}: {self._validate(node)}"
+
+    def _record_node(self, parent: Node, scaffold_hash: str, diff: str, proposal, *, status: str,
+                     reason: str = "", body: str | None = None) -> Node:
+        """The node, its scaffold and its event, in one transaction."""
+        with self.store.transaction():
+            if body is not None:
+                self.store.put_scaffold(scaffold_hash, body)
+            node = self.store.add_node(scaffold_hash, parent_id=parent.id, status=status, diff=diff,
+                                       rationale=proposal.rationale, cost_usd=proposal.cost_usd,
+                                       tokens=proposal.tokens)
+            if reason:
+                node = self.store.set_node_status(node.id, status, reason=reason)
+            self.store.append_event("propose", f"node {node.id} proposed from {parent.id}" +
+                                    (f" (invalid: {reason[:200]})" if reason else ""),
+                                    why=proposal.rationale, cost_usd=proposal.cost_usd, node_id=node.id,
+                                    payload={"parent": parent.id, "edit": proposal.edit, "status": status,
+                                             "reason": reason})
+        return node
+
+    def _validate(self, node: Node) -> str:
+        """Validate a proposed node: it becomes servable ("evaluating") or invalid with the reason."""
+        try:
+            child = scaffold_of(self.store, node)
+            pool = self.pool()
+            smoke = (pool["train"] or pool["test"] or [None])[0]
+            if smoke is None:
+                raise InvalidProposal("there is no evaluation task to run a smoke test with "
+                                      "([evolution] packs is empty and no inbox task had a check)")
+            validate(self.engine, child, node.id, smoke.task)
+        except (InvalidProposal, ScaffoldError) as exc:
+            self.store.set_node_status(node.id, "invalid", reason=str(exc))
+            self.store.append_event("node_invalid", f"node {node.id} is invalid: {str(exc)[:200]}", why=str(exc),
+                                    node_id=node.id, payload={"reason": str(exc)})
+            return f"invalid: {exc}"
+        self.store.set_node_status(node.id, "evaluating")
+        self.store.append_event("node_valid", f"node {node.id} passed validation", node_id=node.id,
+                                why="its edit applies, it loads, its tools import and a smoke task ran")
+        return "valid: its tools import and a smoke task ran"
+
+    def _dispatch(self, stats: list[policy.NodeStats], sharpness: float) -> str:
+        in_flight = sum(n.in_flight for n in stats)
+        free = self.slots - in_flight
+        if not self.slots:
+            return "[evolution] evaluation_slots is 0: no evaluations are handed out"
+        if free <= 0:
+            return f"{in_flight} evaluations in flight; waiting for them"
+        self.engine.model.budget.check(purpose="evaluate", tokens=1)
+        pool = self.pool()
+        if not pool["train"]:
+            return "no training tasks to evaluate with ([evolution] packs, or inbox tasks with a check)"
+        by_id = {n.id: n for n in stats}
+        queued = []
+        for _ in range(free):
+            chosen = policy.choose_evaluee(list(by_id.values()), self.rng, sharpness=sharpness)
+            split = self._split_for(chosen, pool)
+            item = self._next_item(chosen, split, pool)
+            if item is None:
+                break
+            evaluation = self.store.start_evaluation(chosen, item.ref, split=split, task={
+                **item.task, "priority": self.config.evolution.evaluation_priority})
+            queued.append(f"{chosen} on {item.ref} ({split})")
+            if split == "train":  # a virtual loss, so the next pick of this step spreads out
+                n = by_id[chosen]
+                by_id[chosen] = policy.NodeStats(n.id, n.parent, n.successes, n.failures, n.in_flight + 1,
+                                                 n.expandable)
+            log.info("evaluation %s queued: node %s on %s", evaluation.id, chosen, item.ref)
+        return f"queued {len(queued)} evaluations: " + ", ".join(queued) if queued else "nothing to evaluate"
+
+    def _split_for(self, node_id: str, pool: dict[str, list[EvalItem]]) -> str:
+        """Held-out evaluations go to a node whose training record beats the incumbent's (and to the
+        incumbent, to be compared on the same split); all others train."""
+        e = self.config.evolution
+        if not pool["test"]:
+            return "train"
+        current = incumbent(self.store)
+        train = {n.id: n for n in node_stats(self.store, split="train")}
+        test = {n.id: n for n in node_stats(self.store, split="test")}
+
+        def held(node: str) -> int:
+            n = test.get(node)
+            return 0 if n is None else n.evaluations + n.in_flight
+
+        def mean(node: str) -> float:
+            n = train[node]
+            return (1 + n.successes) / (2 + n.evaluations)
+
+        if current is None or node_id not in train:
+            return "train"
+        if node_id == current.id:
+            contenders = [n for n in train.values() if n.id != current.id and held(n.id) > 0 and n.expandable]
+            return "test" if contenders and held(current.id) < max(held(n.id) for n in contenders) else "train"
+        n = train[node_id]
+        if n.evaluations >= e.min_evaluations and mean(node_id) > mean(current.id) and held(node_id) < e.min_evaluations:
+            return "test"
+        return "train"
+
+    # --- results ---------------------------------------------------------------------------
+
+    def record(self, task: Task) -> str | None:
+        """Record the result of an evaluation task that ended; then consider a promotion."""
+        evaluation_id = task.metadata.get("evaluation")
+        if task.source != "evaluation" or evaluation_id is None:
+            return None
+        evaluation = self.store.get_evaluation(int(evaluation_id))
+        if evaluation.status != "running":
+            return None
+        last = self.store.last_verdict(task.id)
+        if task.status in ("done", "failed") and last is not None and last[1] is not None:
+            self.store.finish_evaluation(evaluation.id, success=last[1], trajectory_id=last[0])
+        else:  # cancelled, dead, or ended before a verdict (a model error, no budget): it counts for nothing
+            self.store.abandon_evaluation(evaluation.id)
+        return self.consider_promotion()
+
+    def reconcile(self) -> list[str]:
+        """Evaluations whose task ended while no one was listening (a crash) are recorded now."""
+        notes = []
+        for evaluation in self.store.running_evaluations():
+            if evaluation.task_id is None:
+                continue
+            task = self.store.get_task(evaluation.task_id)
+            if task.status in ("done", "failed", "cancelled", "dead"):
+                self.record(task)
+                notes.append(f"recorded evaluation {evaluation.id}")
+        return notes
+
+    def consider_promotion(self) -> str | None:
+        """Promote the best held-out candidate whose bound beats the incumbent's (or ask for approval)."""
+        e = self.config.evolution
+        current = incumbent(self.store)
+        if current is None:
+            return None
+        test = {n.id: n for n in node_stats(self.store, split="test")}
+        mine = test.get(current.id)
+        incumbent_counts = (mine.successes, mine.failures) if mine else (0, 0)
+        ready = [n for n in test.values() if n.id != current.id and n.expandable and
+                 policy.should_promote((n.successes, n.failures), incumbent_counts,
+                                       min_evaluations=e.min_evaluations, quantile=e.promotion_quantile)]
+        if not ready:
+            return None
+        best = max(ready, key=lambda n: (policy.lower_bound(n.successes, n.failures, e.promotion_quantile), n.id))
+        bound = policy.lower_bound(best.successes, best.failures, e.promotion_quantile)
+        theirs = policy.lower_bound(*incumbent_counts, e.promotion_quantile)
+        why = (f"held-out {best.successes}/{best.evaluations}, {e.promotion_quantile:.0%} bound {bound:.3f} beats the "
+               f"incumbent's {incumbent_counts[0]}/{sum(incumbent_counts)} bound {theirs:.3f}")
+        if e.require_approval:
+            asked = [ev for ev in self.store.list_events(kind="promotion_ready", limit=1000)
+                     if ev.node_id == best.id]
+            if not asked:
+                self.store.append_event("promotion_ready", f"node {best.id} is ready to replace {current.id}; "
+                                        f"approve with `evolver promote {best.id}`", why=why, node_id=best.id,
+                                        payload={"from": current.id, "to": best.id})
+            return f"node {best.id} awaits approval"
+        promote(self.store, best.id, why=why)
+        return f"promoted {best.id}"
+
+
+def tree_view(store: Store, quantile: float = 0.05) -> dict:
+    """Every node (with its diff) and its counts: own and clade (training), held-out, the posterior
+    mean of its own training record, and the ``quantile`` bound of its held-out record."""
+    train = node_stats(store, split="train")
+    test = {n.id: n for n in node_stats(store, split="test")}
+    clade = policy.clade_counts(train)
+    nodes = []
+    for node, stats in zip(store.list_nodes(), train):
+        s, f = clade[node.id]
+        held = test[node.id]
+        nodes.append({**asdict(node), "successes": stats.successes, "failures": stats.failures,
+                      "in_flight": stats.in_flight, "clade_successes": s, "clade_failures": f,
+                      "clade_mean": round((1 + s) / (2 + s + f), 4),
+                      "mean": round((1 + stats.successes) / (2 + stats.evaluations), 4),
+                      "held_out_successes": held.successes, "held_out_failures": held.failures,
+                      "bound": round(policy.lower_bound(held.successes, held.failures, quantile), 4)})
+    return {"incumbent": store.get_meta("incumbent"), "quantile": quantile, "nodes": nodes}

@@ -1,0 +1,82 @@
+"""The tree search inside a real daemon: evaluations run on its workers and are recorded; a killed
+daemon's search resumes; `evolver tree` exports what the daemon serves."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests._daemon import DaemonProcess, demo_rules, make_root, remove_root, wait_for, write_script
+
+PACK = "\n".join(json.dumps(t) for t in [
+    {"id": "e1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
+    {"id": "e2", "prompt": "What is 10 + 4?", "check": {"type": "answer", "expected": "14"}},
+]) + "\n"
+
+
+@pytest.fixture
+def root():
+    path = make_root()
+    yield path
+    remove_root(path)
+
+
+def _daemon(root, name: str = "daemon") -> DaemonProcess:
+    (root / "pack.jsonl").write_text(PACK)
+    proposer = {"match": "You improve an agent by editing its scaffold", "on": "all",
+                "reply": json.dumps({"rationale": "fewer steps", "edit": {"parameters": {"max_steps": 8}}})}
+    model = write_script(root, "script", [proposer, *demo_rules()])
+    return DaemonProcess(root, model=model, name=name, settings={
+        "EVOLVER_DAEMON_WORKERS": 2, "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2,
+        "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]'})
+
+
+def _counts(http) -> dict[str, tuple[int, int, int]]:
+    return {n["id"]: (n["successes"], n["failures"], n["in_flight"]) for n in http.get("/v1/tree").json()["nodes"]}
+
+
+def _step(http) -> str:
+    (round_,) = http.post("/v1/evolve", json={"job": "evolve"}).json()["rounds"]
+    assert round_["ok"], round_
+    return round_["summary"]
+
+
+def _recorded(http) -> int:
+    return sum(s + f for s, f, _ in _counts(http).values())
+
+
+def test_the_search_runs_on_the_daemons_workers_and_resumes_after_a_kill(root):
+    daemon = _daemon(root)
+    daemon.start()
+    try:
+        with daemon.client() as http:
+            assert _step(http).startswith("queued 2 evaluations")  # t = 0: evaluate the root first
+            wait_for(lambda: _recorded(http) == 2, timeout_s=60, what="two recorded evaluations")
+            tasks = http.get("/v1/tasks", params={"source": "evaluation"}).json()["tasks"]
+            assert len(tasks) == 2 and all(t["priority"] == -10 for t in tasks)
+            assert "valid: its tools import and a smoke task ran" in _step(http)  # t = 2: 2^0.6 >= 1 node
+            assert len(_counts(http)) == 2
+            assert _step(http).startswith("queued 2 evaluations")  # t = 2 < 2 nodes ^ (1 / 0.6)
+        daemon.proc.send_signal(signal.SIGKILL)  # with evaluations queued or running
+        daemon.proc.wait(timeout=30)
+    finally:
+        daemon.close()
+    again = _daemon(root, name="daemon2")
+    again.start()
+    try:
+        with again.client() as http:
+            # The restarted daemon runs the dead one's evaluation tasks and records each once.
+            wait_for(lambda: _recorded(http) == 4, timeout_s=120, what="all four evaluations recorded")
+            assert all(flight == 0 for _, _, flight in _counts(http).values())
+            tasks = http.get("/v1/tasks", params={"source": "evaluation", "limit": 100}).json()["tasks"]
+            assert len(tasks) == 4 and all(t["status"] == "done" for t in tasks)
+        exported = subprocess.run([sys.executable, "-m", "evolver", "tree", "--format", "dot"], env=again.env,
+                                  capture_output=True, text=True, timeout=120)
+        assert exported.returncode == 0, exported.stderr
+        assert exported.stdout.startswith("digraph evolver_tree {") and exported.stdout.count("->") == 1
+    finally:
+        again.close()

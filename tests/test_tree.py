@@ -1,0 +1,329 @@
+"""The self-modification tree with the scripted model: proposals validated or refused, evaluations handed
+out and recorded, conservative promotion, the approval gate, rollback, resume after a kill, exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evolver import scripted
+from evolver.config import load_config
+from evolver.engine import Engine
+from evolver.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
+from evolver.tree import TreeSearch, tree_view
+from evolver.tree_export import to_dot, to_html
+from evolver.worker import Worker
+from memory import NotFound
+
+PACK = "\n".join(json.dumps(t) for t in [
+    {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
+    {"id": "t2", "prompt": "What is 4 + 4?", "check": {"type": "answer", "expected": "8"}},
+    {"id": "h1", "prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}, "split": "test"},
+]) + "\n"
+
+# Tasks are solved with run_python, then finish with what it printed; the proposer's answer is the
+# rule that matches its system prompt.
+SOLVER = [
+    {"match": r"^(?P<out>-?\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<out>"}},
+    {"match": r"What is (?P<a>\d+) \+ (?P<b>\d+)\?", "on": "task", "tool": "run_python",
+     "arguments": {"code": r"print(\g<a> + \g<b>)"}},
+]
+
+
+def _proposer(edit: dict | str, rationale: str = "spell out the steps") -> dict:
+    reply = edit if isinstance(edit, str) else json.dumps({"rationale": rationale, "edit": edit})
+    return {"match": "You improve an agent by editing its scaffold", "on": "all", "reply": reply}
+
+
+@pytest.fixture
+def engine(open_store, sandbox, tmp_path):
+    pack = tmp_path / "pack.jsonl"
+    pack.write_text(PACK)
+    opened = []
+
+    def make(rules: list[dict], name: str, data: Path | None = None, **env) -> Engine:
+        scripted.register_script(name, {"rules": rules})
+        config = load_config(env={"EVOLVER_MODEL_NAME": f"scripted/{name}", "EVOLVER_EVOLUTION_PACKS": f'["{pack}"]',
+                                  **env})
+        data = data or tmp_path / "d"
+        e = Engine.open(config, data_dir=data, store=open_store(data), sandbox=sandbox)
+        ensure_root(e.store, e.seed_scaffold())
+        opened.append(e)
+        return e
+    yield make
+
+
+def _search(e: Engine, seed: int = 7, slots: int = 1) -> TreeSearch:
+    return TreeSearch(e, slots=slots, rng=np.random.default_rng(seed))
+
+
+def _run_queued(e: Engine, search: TreeSearch) -> int:
+    """Run the queued evaluation tasks as the daemon's workers do: each on its node's scaffold."""
+    def agent_for(task):
+        node = e.store.get_node(task.metadata["node"])
+        return e.agent(scaffold_of(e.store, node), node_id=node.id)
+
+    worker = Worker(agent_for, owner="w", lease_s=30, max_attempts=2, store=e.store,
+                    on_end=lambda task_id: search.record(e.store.get_task(task_id)))
+    ran = 0
+    while worker.run_once() is not None:
+        ran += 1
+    return ran
+
+
+def _expanded(e: Engine, search: TreeSearch):
+    """Force the next step to expand (t^alpha >= n) by giving the root finished evaluations."""
+    root = incumbent(e.store)
+    for _ in range(3):
+        ev = e.store.start_evaluation(root.id, "pack:x:t1", split="train")
+        e.store.finish_evaluation(ev.id, success=True)
+    return search.step()
+
+
+@pytest.mark.parametrize("edit, reason", [
+    ({"parameters": {"max_stepz": 30}}, "the edit does not apply: the scaffold has no parameters 'max_stepz'"),
+    ({"parameters": {"max_steps": 0}}, "the edited scaffold does not load"),
+    ({"prompts": {"task": "Do it: {task} {secret}"}}, "uses a placeholder it does not have"),
+    ({"tools": ["finish", "teleport"]}, "its tools do not import: no tool named 'teleport'"),
+    ({"verifier": {"type": "always_pass"}}, "the edit touches 'verifier', which is not part of the scaffold"),
+    ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),
+    ({"evaluation_harness": "return True"}, "touches 'evaluation_harness'"),
+    ({"hooks": "import nonexistent_module_xyz\n"}, "its hooks do not load in the sandbox"),
+    ({}, "the edit changes nothing"),
+])
+def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine, edit, reason):
+    e = engine([_proposer(edit), *SOLVER], f"tree-invalid-{abs(hash(reason))}")
+    search = _search(e)
+    summary = _expanded(e, search)
+    assert "invalid" in summary
+    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    assert child.status == "invalid" and reason in child.reason, child.reason
+    assert child.rationale == "spell out the steps"
+    with pytest.raises(IncumbentError, match="only a validated node can be served"):
+        promote(e.store, child.id)
+    node_view = [n for n in tree_view(e.store)["nodes"] if n["id"] == child.id][0]
+    assert node_view["status"] == "invalid" and reason in node_view["reason"]
+
+
+def test_a_malformed_proposal_fails_the_step_and_makes_no_node(engine):
+    e = engine([_proposer("I would make the prompt friendlier."), *SOLVER], "tree-malformed")
+    search = _search(e)
+    from evolver.proposer import ProposalError
+    with pytest.raises(ProposalError, match="not JSON"):
+        _expanded(e, search)
+    assert len(e.store.list_nodes()) == 1
+
+
+def test_a_valid_proposal_is_validated_with_a_smoke_task(engine):
+    edit = {"parameters": {"max_steps": 12}, "prompts": {"system": "You are careful. Compute, then finish."}}
+    e = engine([_proposer(edit), *SOLVER], "tree-valid")
+    summary = _expanded(e, _search(e))
+    assert "valid: its tools import and a smoke task ran" in summary
+    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    assert child.status == "evaluating" and child.reason == ""
+    assert '"max_steps": 12' in child.diff and "-  \"max_steps\": 20" in child.diff.replace(" 20,", " 20")
+    assert scaffold_of(e.store, child).parameters.max_steps == 12
+    smoke = e.store.list_tasks(source="smoke")
+    assert len(smoke) == 1 and smoke[0].status == "done"
+    kinds = [ev.kind for ev in e.store.list_events(limit=10)]
+    assert "propose" in kinds and "node_valid" in kinds
+
+
+def test_evaluations_are_handed_out_as_low_priority_tasks_and_recorded(engine):
+    e = engine([*SOLVER], "tree-eval", EVOLVER_EVOLUTION_EVALUATION_PRIORITY="-5")
+    search = _search(e, slots=2)
+    summary = search.step()  # t = 0 < 1 node: evaluate, never expand first
+    assert summary.startswith("queued 2 evaluations"), summary
+    queued = e.store.list_tasks(source="evaluation")
+    assert len(queued) == 2 and all(t.priority == -5 and t.status == "queued" for t in queued)
+    assert {t.metadata["node"] for t in queued} == {incumbent(e.store).id}
+    assert search.step() == "2 evaluations in flight; waiting for them"  # both slots taken
+    assert _run_queued(e, search) == 2
+    (root,) = tree_view(e.store)["nodes"]
+    assert (root["successes"], root["failures"], root["in_flight"]) == (2, 0, 0)
+    # The two took the two training tasks (the least evaluated first), never the held-out one.
+    assert sorted(ev.task_ref.rsplit(":", 1)[1] for ev in e.store.evaluations_of(root["id"])) == ["t1", "t2"]
+
+
+def test_a_persons_task_is_claimed_before_queued_evaluations(engine):
+    e = engine([*SOLVER], "tree-priority")
+    search = _search(e, slots=2)
+    search.step()
+    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
+    lease = e.store.claim_task("w", lease_s=30, max_attempts=2)
+    assert lease.task.id == mine.id
+
+
+def test_an_evaluation_without_a_verdict_counts_for_nothing(engine):
+    e = engine([*SOLVER], "tree-cancel")
+    search = _search(e)
+    search.step()
+    (task,) = e.store.list_tasks(source="evaluation")
+    e.store.request_cancel(task.id)
+    search.record(e.store.get_task(task.id))
+    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    assert evaluation.status == "abandoned"
+    assert tree_view(e.store)["nodes"][0]["successes"] + tree_view(e.store)["nodes"][0]["failures"] == 0
+
+
+def _held_out(e: Engine, node_id: str, successes: int, failures: int) -> None:
+    for ok in [True] * successes + [False] * failures:
+        ev = e.store.start_evaluation(node_id, "pack:x:h1", split="test")
+        e.store.finish_evaluation(ev.id, success=ok)
+
+
+def _child(e: Engine, status: str = "evaluating") -> str:
+    root = incumbent(e.store)
+    scaffold = scaffold_of(e.store, root).model_copy(update={"hooks": "# a child\n"})
+    e.store.put_scaffold(scaffold.hash, scaffold.canonical_json())
+    return e.store.add_node(scaffold.hash, parent_id=root.id, status=status).id
+
+
+def test_promotion_only_when_the_bound_beats_the_incumbents(engine):
+    e = engine([*SOLVER], "tree-promote", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5")
+    search = _search(e)
+    root, child = incumbent(e.store).id, _child(e)
+    _held_out(e, root, 6, 2)  # its 5% bound: 0.450
+    _held_out(e, child, 4, 0)  # 0.549, but only 4 evaluations of the 5 needed
+    assert search.consider_promotion() is None
+    _held_out(e, child, 0, 1)  # 4/5: 0.418, under the incumbent's bound
+    assert search.consider_promotion() is None and incumbent(e.store).id == root
+    _held_out(e, child, 3, 0)  # 7/8: 0.571 > 0.450
+    assert search.consider_promotion() == f"promoted {child}"
+    assert incumbent(e.store).id == child
+    (event,) = e.store.list_events(kind="promote")
+    assert "bound" in event.why and event.payload == {"from": root, "to": child}
+    # Rollback restores the earlier node.
+    rollback(e.store)
+    assert incumbent(e.store).id == root
+
+
+def test_a_worse_candidate_is_not_promoted(engine):
+    e = engine([*SOLVER], "tree-worse", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5")
+    root, child = incumbent(e.store).id, _child(e)
+    _held_out(e, root, 18, 2)
+    _held_out(e, child, 14, 6)
+    assert _search(e).consider_promotion() is None and incumbent(e.store).id == root
+
+
+def test_the_approval_gate_waits_for_a_person(engine):
+    e = engine([*SOLVER], "tree-approval", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5",
+               EVOLVER_EVOLUTION_REQUIRE_APPROVAL="true")
+    root, child = incumbent(e.store).id, _child(e)
+    _held_out(e, child, 10, 0)
+    search = _search(e)
+    assert search.consider_promotion() == f"node {child} awaits approval"
+    assert search.consider_promotion() == f"node {child} awaits approval"
+    assert incumbent(e.store).id == root
+    assert len(e.store.list_events(kind="promotion_ready")) == 1  # asked once
+    promote(e.store, child, why="approved")
+    assert incumbent(e.store).id == child
+
+
+def test_a_step_killed_between_proposing_and_validating_resumes_with_validation(engine, tmp_path):
+    # The smoke task meets a model failure: the step stops with the node still proposed (never served).
+    edit = {"parameters": {"max_steps": 9}}
+    broken = [_proposer(edit), {"match": "", "error": "bad_request"}]
+    e = engine(broken, "tree-kill-1")
+    with pytest.raises(RuntimeError, match="could not be judged"):
+        _expanded(e, _search(e))
+    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    assert child.status == "proposed"
+    with pytest.raises(IncumbentError):
+        promote(e.store, child.id)
+    e.close()
+    # A new process: the first step finishes the interrupted one, without a new proposal.
+    e2 = engine([*SOLVER], "tree-kill-2", data=e.data_dir)
+    summary = _search(e2).step()
+    assert summary == "valid: its tools import and a smoke task ran"
+    assert e2.store.get_node(child.id).status == "evaluating"
+    assert len(e2.store.list_events(kind="propose")) == 1
+
+
+def test_an_evaluation_that_ended_unrecorded_is_recorded_by_the_next_step(engine):
+    e = engine([_proposer({}), *SOLVER], "tree-reconcile")
+    search = _search(e)
+    search.step()
+    # The worker ran the task, but the process died before the result reached the tree.
+    worker = Worker(lambda task: e.agent(scaffold_of(e.store, e.store.get_node(task.metadata["node"])),
+                                         node_id=task.metadata["node"]),
+                    owner="w", lease_s=30, max_attempts=2, store=e.store)
+    worker.run_once()
+    (evaluation,) = e.store.running_evaluations()
+    summary = _search(e).step()
+    assert summary.startswith(f"recorded evaluation {evaluation.id}")
+    assert e.store.get_evaluation(evaluation.id).status == "done"
+    assert e.store.get_evaluation(evaluation.id).success is True
+
+
+def test_held_out_tasks_go_to_a_node_that_beats_the_incumbent_in_training(engine):
+    e = engine([*SOLVER], "tree-split", EVOLVER_EVOLUTION_MIN_EVALUATIONS="2")
+    root, child = incumbent(e.store).id, _child(e)
+    for node, ok in ((child, True), (child, True), (root, False), (root, True)):
+        ev = e.store.start_evaluation(node, "pack:x:t1", split="train")
+        e.store.finish_evaluation(ev.id, success=ok)
+    search = _search(e)
+    pool = search.pool()
+    assert [i.ref.rsplit(":", 1)[1] for i in pool["test"]] == ["h1"]
+    assert search._split_for(child, pool) == "test"
+    assert search._split_for(root, pool) == "train"  # no contender on the held-out split yet
+    e.store.start_evaluation(child, "pack:x:h1", split="test")
+    assert search._split_for(root, pool) == "test"  # now it is compared on the same split
+
+
+KNOWN = {"incumbent": "node_b", "quantile": 0.05, "nodes": [
+    {"id": "node_a", "parent_id": None, "status": "promoted", "scaffold_hash": "aaaa", "rationale": "the seed",
+     "reason": "", "cost_usd": 0.0, "diff": "", "successes": 3, "failures": 1, "in_flight": 0,
+     "clade_successes": 8, "clade_failures": 2, "clade_mean": 0.75, "mean": 0.667, "held_out_successes": 0,
+     "held_out_failures": 0, "bound": 0.05},
+    {"id": "node_b", "parent_id": "node_a", "status": "promoted", "scaffold_hash": "bbbb",
+     "rationale": "plan <first>", "reason": "", "cost_usd": 0.01, "diff": "-a\n+b <i>", "successes": 5,
+     "failures": 1, "in_flight": 1, "clade_successes": 5, "clade_failures": 1, "clade_mean": 0.75,
+     "mean": 0.75, "held_out_successes": 9, "held_out_failures": 1, "bound": 0.6},
+    {"id": "node_c", "parent_id": "node_a", "status": "invalid", "scaffold_hash": "cccc", "rationale": "x",
+     "reason": "touches 'verifier'", "cost_usd": 0.0, "diff": "", "successes": 0, "failures": 0,
+     "in_flight": 0, "clade_successes": 0, "clade_failures": 0, "clade_mean": 0.5, "mean": 0.5,
+     "held_out_successes": 0, "held_out_failures": 0, "bound": 0.05},
+]}
+
+
+def test_dot_export_of_a_known_tree():
+    dot = to_dot(KNOWN)
+    assert dot.startswith("digraph evolver_tree {") and dot.rstrip().endswith("}")
+    assert '"node_a" -> "node_b";' in dot and '"node_a" -> "node_c";' in dot
+    assert re.search(r'"node_b" \[label="node_b\\npromoted\\nown 5/6 clade 5/6\\nmean 0.75 bound 0.60", '
+                     r'fillcolor="#[0-9a-f]{6}", tooltip="plan <first>", penwidth=3\];', dot), dot
+    assert '"node_c" [label="node_c\\ninvalid' in dot and 'fillcolor="#d0d0d0"' in dot
+    assert dot.count("->") == 2 and dot.count("penwidth") == 1
+
+
+def test_html_export_of_a_known_tree_is_standalone():
+    page = to_html(KNOWN)
+    assert page.startswith("<!DOCTYPE html>") and "</html>" in page
+    assert "http://" not in page and "https://" not in page and "<script src" not in page  # no network
+    assert page.count("<details>") == 3 and "★ incumbent" in page
+    assert "-a\n+b &lt;i&gt;" in page and "plan &lt;first&gt;" in page  # diffs shown, escaped
+    assert "touches &#x27;verifier&#x27;" in page
+    # node_b and node_c are children of node_a: nested inside its list item.
+    a, b, c = (page.index(f">{n} <small>") for n in ("node_a", "node_b", "node_c"))
+    assert a < b < c and page[a:b].count("<ul>") == 1
+
+
+def test_tree_view_counts_clades_from_stored_evaluations(engine):
+    e = engine([*SOLVER], "tree-view")
+    root = incumbent(e.store).id
+    child = _child(e)
+    for node, ok in ((root, True), (child, True), (child, False), (child, True)):
+        ev = e.store.start_evaluation(node, "pack:x:t1", split="train")
+        e.store.finish_evaluation(ev.id, success=ok)
+    view = {n["id"]: n for n in tree_view(e.store)["nodes"]}
+    assert (view[root]["successes"], view[root]["failures"]) == (1, 0)
+    assert (view[root]["clade_successes"], view[root]["clade_failures"]) == (3, 1)
+    assert (view[child]["clade_successes"], view[child]["clade_failures"]) == (2, 1)
+    assert view[child]["mean"] == round(3 / 5, 4)
+    with pytest.raises(NotFound):
+        e.store.get_node("node_missing")
