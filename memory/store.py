@@ -423,12 +423,16 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
         """Trajectories finished after ``mark`` (finished_at, id), oldest first, with their success.
 
         A background job keeps the last one it processed as its watermark, so it
-        neither repeats nor skips work across restarts.
+        neither repeats nor skips work across restarts. Attempts at held-out
+        evaluation tasks are left out: nothing learned (insights, tools, which
+        the proposer sees) may come from the split that judges promotions.
         """
         at, last_id = mark or (0.0, "")
         rows = self._all(
             "SELECT t.*, o.success AS outcome_success FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+            "LEFT JOIN tasks k ON k.id = t.task_id "
             "WHERE t.finished_at IS NOT NULL AND (t.finished_at > ? OR (t.finished_at = ? AND t.id > ?)) "
+            "AND NOT (coalesce(k.source, '') = 'evaluation' AND json_extract(k.metadata, '$.split') = 'test') "
             "ORDER BY t.finished_at, t.id LIMIT ?", [at, at, last_id, limit])
         out = []
         for row in rows:
@@ -443,11 +447,14 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
         return None if row is None else (row["id"], None if row["success"] is None else bool(row["success"]))
 
     def finished_until(self, mark: tuple[float, str], *, limit: int = 100) -> list[str]:
-        """Ids of the trajectories finished at or before ``mark``, newest first (a job's look back)."""
+        """Ids of the trajectories finished at or before ``mark``, newest first (a job's look back),
+        without held-out evaluations (see ``finished_since``)."""
         at, last_id = mark
         rows = self._all(
-            "SELECT id FROM trajectories WHERE finished_at IS NOT NULL AND (finished_at < ? OR "
-            "(finished_at = ? AND id <= ?)) ORDER BY finished_at DESC, id DESC LIMIT ?", [at, at, last_id, limit])
+            "SELECT t.id FROM trajectories t LEFT JOIN tasks k ON k.id = t.task_id WHERE t.finished_at IS NOT NULL "
+            "AND (t.finished_at < ? OR (t.finished_at = ? AND t.id <= ?)) "
+            "AND NOT (coalesce(k.source, '') = 'evaluation' AND json_extract(k.metadata, '$.split') = 'test') "
+            "ORDER BY t.finished_at DESC, t.id DESC LIMIT ?", [at, at, last_id, limit])
         return [r["id"] for r in rows]
 
     def steps(self, trajectory_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Step]:
@@ -655,7 +662,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
             )
             evaluation_id = cursor.lastrowid
             if task is not None:
-                metadata = {**(task.get("metadata") or {}), "evaluation": evaluation_id, "node": node_id}
+                metadata = {**(task.get("metadata") or {}), "evaluation": evaluation_id, "node": node_id,
+                            "split": split}
                 (queued, _), = self.add_tasks([{**task, "metadata": metadata, "source": "evaluation"}])
                 db.execute("UPDATE evaluations SET task_id = ? WHERE id = ?", [queued.id, evaluation_id])
         return self.get_evaluation(evaluation_id)

@@ -327,3 +327,17 @@ def test_tree_view_counts_clades_from_stored_evaluations(engine):
     assert view[child]["mean"] == round(3 / 5, 4)
     with pytest.raises(NotFound):
         e.store.get_node("node_missing")
+
+
+def test_nothing_is_learned_from_the_held_out_split(engine):
+    e = engine([*SOLVER], "tree-leak")
+    root = incumbent(e.store).id
+    for split in ("train", "test"):
+        e.store.start_evaluation(root, f"pack:x:{split}", split=split, task={
+            "prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}})
+    search = _search(e, slots=2)
+    assert _run_queued(e, search) == 2
+    learnable = e.store.finished_since(None, limit=100)
+    assert [e.store.get_task(t.task_id).metadata["split"] for t, _ in learnable] == ["train"]
+    mark = (learnable[-1][0].finished_at + 1, "")
+    assert len(e.store.finished_until(mark, limit=100)) == 1
