@@ -73,12 +73,11 @@ def reversals(store) -> list[str]:
 
 
 def shouts(store) -> list[str]:
-    return store.ingest([
-        NewTrajectory(prompt="Shout hi", final_answer="HI!", success=True,
-                      steps=_python_call("s = 'hi'\nprint(s.upper() + '!')", "HI!", 3)),
-        NewTrajectory(prompt="Shout yes", final_answer="YES!", success=True,
-                      steps=_python_call("s = 'yes'\nprint(s.upper() + '!')", "YES!", 4)),
-    ])
+    """Two tasks, one after the other (so their calls are shown in that order), that shouted a word."""
+    return [*store.ingest([NewTrajectory(prompt="Shout hi", final_answer="HI!", success=True,
+                                         steps=_python_call("s = 'hi'\nprint(s.upper() + '!')", "HI!", 3))]),
+            *store.ingest([NewTrajectory(prompt="Shout yes", final_answer="YES!", success=True,
+                                         steps=_python_call("s = 'yes'\nprint(s.upper() + '!')", "YES!", 4))])]
 
 
 @pytest.fixture
