@@ -54,6 +54,8 @@ class Launch:
     preexec_fn: Callable[[], None] | None = None
     user: int | None = None
     group: int | None = None
+    pass_fds: tuple[int, ...] = ()
+    """Descriptors the command is given (and that starting it closes here)."""
 
 
 def find_tool(name: str) -> str | None:
@@ -144,7 +146,7 @@ class ProcessSandbox:
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return run_process(launch.argv, cwd=launch.cwd, env=launch.env, stdin=data, limits=limits,
                            isolated=self.isolated, preexec_fn=launch.preexec_fn,
-                           user=launch.user, group=launch.group)
+                           user=launch.user, group=launch.group, pass_fds=launch.pass_fds)
 
     def _python(self) -> str:
         if not self.python_executable:
@@ -173,4 +175,4 @@ class ProcessSandbox:
         launch = self._prepare(worker_argv(self._python(), limits), self.workspace_dir(workspace), limits)
         return spawn(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=stderr, preexec_fn=launch.preexec_fn,
-                     user=launch.user, group=launch.group)
+                     user=launch.user, group=launch.group, pass_fds=launch.pass_fds)

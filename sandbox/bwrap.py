@@ -20,7 +20,9 @@ unprivileged bwrap could not mount. So bwrap runs as root (mounting needs no use
 namespace then) and ``setpriv`` inside the sandbox drops to the unprivileged
 uid/gid, clears supplementary groups, sets no_new_privs and empties the capability
 bounding set before the command runs; ``prlimit`` before it sets the limits, which
-bind from then on because the process is no longer root.
+bind from then on because the process is no longer root. Without a user namespace
+of its own, ``--disable-userns`` is not available, so a seccomp filter
+(``seccomp.py``) refuses to let the sandboxed code create one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 from .base import SYSTEM_PATH, Launch, ProcessSandbox, base_interpreter, find_tool
 from .errors import SandboxUnavailable
 from .limits import MIB, Limits
+from .seccomp import no_userns_program, program_fd
 
 
 WORKSPACE = "/workspace"
@@ -66,6 +69,8 @@ class BubblewrapSandbox(ProcessSandbox):
         self.python_prefix = os.path.abspath(python_prefix)
         self._fixed = self._fixed_args()
         self._prefix = self._prefix_args()
+        # As root no user namespace is made, so nested ones are refused by seccomp instead.
+        self._seccomp = no_userns_program() if self.as_root else None
 
     def _fixed_args(self) -> list[str]:
         """The part of the command line that is the same for every run."""
@@ -119,10 +124,14 @@ class BubblewrapSandbox(ProcessSandbox):
         args = (self._fixed
                 + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp"]
                 + self._prefix
-                + ["--bind", workspace, WORKSPACE, "--chdir", WORKSPACE, "--"]
-                + command)
+                + ["--bind", workspace, WORKSPACE, "--chdir", WORKSPACE])
+        pass_fds: tuple[int, ...] = ()
+        if self._seccomp:  # a fresh pipe per run: bubblewrap reads the program and closes it
+            pass_fds = (program_fd(self._seccomp),)
+            args += ["--seccomp", str(pass_fds[0])]
+        args += ["--", *command]
         # bwrap itself needs no limits; with the prlimit fallback they are inherited through it.
-        return Launch(argv=args, cwd="/", env={"PATH": SYSTEM_PATH}, preexec_fn=preexec)
+        return Launch(argv=args, cwd="/", env={"PATH": SYSTEM_PATH}, preexec_fn=preexec, pass_fds=pass_fds)
 
     def probe(self) -> None:
         """Start one trivial sandbox; raise ``SandboxUnavailable`` with bwrap's words if it fails."""

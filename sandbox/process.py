@@ -26,15 +26,24 @@ _TEARDOWN_S = 5.0  # how long a killed sandbox may take to empty its pid namespa
 
 def spawn(argv: Sequence[str], *, cwd: str, env: dict[str, str], stdin: int | None,
           stdout: int, stderr, preexec_fn: Callable[[], None] | None = None,
-          user: int | None = None, group: int | None = None) -> subprocess.Popen:
-    """Start ``argv`` in a new session with no inherited descriptors but 0, 1 and 2."""
+          user: int | None = None, group: int | None = None,
+          pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+    """Start ``argv`` in a new session with no inherited descriptors but 0, 1, 2 and ``pass_fds``.
+
+    ``pass_fds`` (bubblewrap's seccomp program) are handed over: they are closed
+    here once the child has them, or when it could not start.
+    """
     extra = {}
     if user is not None:
         extra = {"user": user, "group": group, "extra_groups": []}
-    return subprocess.Popen(
-        list(argv), cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
-        close_fds=True, start_new_session=True, preexec_fn=preexec_fn, **extra,
-    )
+    try:
+        return subprocess.Popen(
+            list(argv), cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+            close_fds=True, pass_fds=tuple(pass_fds), start_new_session=True, preexec_fn=preexec_fn, **extra,
+        )
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
 
 
 def signal_name(returncode: int | None, *, isolated: bool) -> str | None:
@@ -205,14 +214,14 @@ def _drain_ready(fd: int, buf: bytearray, cap: int, sizes: dict[str, int], name:
 
 def run_process(argv: Sequence[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
                 limits: Limits, isolated: bool, preexec_fn: Callable[[], None] | None = None,
-                user: int | None = None, group: int | None = None) -> RunResult:
+                user: int | None = None, group: int | None = None, pass_fds: Sequence[int] = ()) -> RunResult:
     """Start ``argv``, collect its result; a command that cannot start is a result too."""
     started = time.monotonic()
     try:
         proc = spawn(argv, cwd=cwd, env=env,
                      stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                     preexec_fn=preexec_fn, user=user, group=group)
+                     preexec_fn=preexec_fn, user=user, group=group, pass_fds=pass_fds)
     except OSError as exc:
         return RunResult(exit_code=None, isolated=isolated,
                          duration_ms=round((time.monotonic() - started) * 1000, 3),
