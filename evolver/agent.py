@@ -137,6 +137,11 @@ class Agent:
                     messages = self._opening(task, context, reflection)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose)
+                    if check:
+                        # The attempt is over: its worker dies before the verifier writes the check's
+                        # files, so nothing the attempt left running can rewrite them (a next attempt
+                        # starts a fresh worker).
+                        tools.close()
                     verdict = verify(check, answer=answer, sandbox=self.sandbox, workspace=workspace,
                                      limits=self.limits) if check else None
                     self.store.finish_trajectory(trajectory.id, status=ended, final_answer=answer)

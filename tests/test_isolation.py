@@ -26,8 +26,8 @@ the module, holding an API key in its environment):
   closes even a pipelined shutdown before a byte; no TCP, UDP or abstract
   socket listens by default.
 
-Two tests are strict xfails: holes found here whose fix lies outside the
-sandbox (see their reasons). No timing assertions; timeouts only bound the tests.
+One test is a strict xfail: a hole found here whose fix lies outside the
+sandbox (see its reason). No timing assertions; timeouts only bound the tests.
 """
 
 from __future__ import annotations
@@ -571,11 +571,6 @@ def test_no_secret_of_the_daemons_environment_reaches_sandboxed_code(daemon):
         assert leaked not in everything, leaked
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "evolver/agent.py runs verify() while the task's persistent worker is still alive, so a thread "
-    "(or child) that run_python left behind rewrites the check's files after the verifier wrote "
-    "them and a failing test passes; closing the task's tools (killing the worker) before verify() "
-    "would end it"))
 def test_code_left_running_in_the_worker_cannot_rewrite_the_checks_files(daemon):
     task = run_task(daemon, "ISOLATION-RACE", check={
         "type": "command", "command": "python3 test_solution.py",
