@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, replace
 
 from sandbox import Limits, Sandbox, SandboxError, write_text
@@ -68,7 +69,32 @@ def _limits(base: Limits | None, timeout_s: float) -> Limits:
     return replace(base, timeout_s=min(base.timeout_s, timeout_s) if base.timeout_s else timeout_s)
 
 
+def _shadowing(workspace: str) -> list[str]:
+    """Workspace entries a Python run there would import in place of the standard library's modules.
+
+    A command check such as ``python3 test_solution.py`` puts the workspace first on
+    ``sys.path``, so an attempt that plants ``unittest.py`` (or ``json/``) would decide
+    its own verdict. The check's files are the judge's; these are the attempt's.
+    """
+    found = []
+    try:
+        entries = os.listdir(workspace)
+    except OSError:
+        return found
+    for name in entries:
+        stem = name[:-3] if name.endswith(".py") else name
+        if stem in sys.stdlib_module_names and (name.endswith(".py") or
+                                                os.path.isdir(os.path.join(workspace, name))):
+            found.append(name)
+    return sorted(found)
+
+
 def _check_command(check: CommandCheck, sandbox: Sandbox, workspace: str, limits: Limits | None) -> Verdict:
+    shadows = _shadowing(workspace)
+    if shadows:
+        return Verdict(False, f"the workspace holds {', '.join(shadows)}, which would stand in for the standard "
+                              "library's module(s) of that name when the check runs Python; rename them",
+                       "command", score=0.0)
     result = sandbox.run(["/bin/sh", "-c", check.command], workspace=workspace, limits=_limits(limits, check.timeout_s))
     output = "\n".join(p for p in (result.stdout.strip(), result.stderr.strip(), result.error or "") if p)
     status = "timed out" if result.timed_out else f"exited {result.exit_code}"

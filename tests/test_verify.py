@@ -87,3 +87,23 @@ def test_modules_planted_in_the_workspace_cannot_fake_a_verdict(sandbox, tmp_pat
 def test_bad_checks_are_refused_naming_the_problem(check, message):
     with pytest.raises(CheckError, match=message):
         parse_check(check)
+
+
+@pytest.mark.parametrize("planted", ["unittest.py", "json"])
+def test_a_planted_standard_library_module_cannot_decide_a_command_check(sandbox, tmp_path, planted):
+    # The attempt plants a stand-in for a module the check's test imports, which would pass it.
+    fake = "import sys\nsys.exit(0)\nclass TestCase: pass\ndef main(): pass\ndumps = str\n"
+    if planted.endswith(".py"):
+        (tmp_path / planted).write_text(fake)
+    else:
+        (tmp_path / planted).mkdir()
+        (tmp_path / planted / "__init__.py").write_text(fake)
+    (tmp_path / "solution.py").write_text("def add(a, b):\n    return a - b\n")
+    check = {"type": "command", "command": "python3 test_solution.py",
+             "files": {"test_solution.py": "import unittest, json\nfrom solution import add\n"
+                                           "assert add(2, 3) == 5, 'add is wrong'\n"}}
+    verdict = judge(check, None, sandbox, tmp_path)
+    assert not verdict.success and f"the workspace holds {planted}" in verdict.output
+    (tmp_path / "solution.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / planted).rename(tmp_path / "helpers")  # the same files under an honest name
+    assert judge(check, None, sandbox, tmp_path).success
