@@ -172,8 +172,12 @@ class Daemon:
                 time.sleep(0.2)
 
     def _recover(self) -> None:
-        """Pick up after a daemon that died: its leased tasks are claimable at once (the attempt
-        counts), and its chat turns, which have no lease, end as failed."""
+        """Pick up after a daemon that died: the attempts it left open end as interrupted, its leased
+        tasks are claimable at once (the attempt counts), and its chat turns, which have no lease, end
+        as failed."""
+        interrupted = self.store.close_interrupted_trajectories()
+        if interrupted:
+            log.warning("%d trajectories were cut off by a daemon that died; marked interrupted", interrupted)
         for task in self.store.list_tasks(status="running", limit=10_000):
             if task.lease_owner is None:
                 self.store.set_task_status(task.id, "failed", error="interrupted: the daemon stopped mid-run")

@@ -411,6 +411,16 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
         self.sync_index()
         return self.get_trajectory(trajectory_id)
 
+    def close_interrupted_trajectories(self) -> int:
+        """End the attempts a process that died left open: status ``interrupted``, finished when their last
+        step was written (or when they started). Only for the store's owner before it runs anything (the
+        daemon at start), when every trajectory still ``running`` belongs to a dead process."""
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT max(s.created_at) "
+                "FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) WHERE status = 'running'")
+        return cursor.rowcount
+
     def get_trajectory(self, trajectory_id: str) -> Trajectory:
         row = self._one("SELECT * FROM trajectories WHERE id = ?", [trajectory_id])
         return Trajectory.from_row(self._require(row, "trajectory", trajectory_id))
