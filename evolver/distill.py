@@ -82,12 +82,16 @@ def distill_round(store: Store, model: ModelClient, config: Config, *, max_ops: 
     plan_changes(store, ops, shown, provenance=evidence, cap=cap,
                  merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
     summary = ", ".join(f"{op.kind} {op.ref or ''}".strip() for op in ops) or "no change"
-    event = store.append_event("distill", f"{len(ops)} insight operations from {len(batch)} trajectories: {summary}",
-                               why="contrast of new trajectories with similar past ones", evidence=evidence,
-                               cost_usd=reply.cost_usd, payload={"operations": [vars(op) for op in ops]})
-    apply_ops(store, ops, shown, provenance=evidence, cap=cap,
-              merge_threshold=config.evolution.insight_merge_threshold, event_id=event.id)
-    store.set_meta(WATERMARK_KEY, new_mark)
+    # The event, its insight changes and the watermark commit together: a kill between
+    # them would otherwise leave the round applied but unmarked, and the next run repeat it.
+    with store.transaction():
+        event = store.append_event("distill", f"{len(ops)} insight operations from {len(batch)} trajectories: "
+                                   f"{summary}", why="contrast of new trajectories with similar past ones",
+                                   evidence=evidence, cost_usd=reply.cost_usd,
+                                   payload={"operations": [vars(op) for op in ops]})
+        apply_ops(store, ops, shown, provenance=evidence, cap=cap,
+                  merge_threshold=config.evolution.insight_merge_threshold, event_id=event.id)
+        store.set_meta(WATERMARK_KEY, new_mark)
     return f"{len(ops)} operations ({summary}) from {len(batch)} trajectories"
 
 

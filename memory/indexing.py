@@ -65,6 +65,8 @@ class IndexMaintenance:
         """Bring the index up to date with the outbox; returns how many rows it wrote."""
         if self.index is None or self.readonly:
             return 0
+        if getattr(self._local, "writing", 0):
+            return 0  # inside a transaction: ``transaction()`` syncs once it has committed
         done = 0
         with self._index_lock:
             while True:

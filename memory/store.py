@@ -216,9 +216,18 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
             finally:
                 self._local.writing -= 1
 
-    def transaction(self):
-        """Group several of the store's writes into one durable transaction (all or none of them)."""
-        return self._write()
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite_utils.Database]:
+        """Group several of the store's writes into one durable transaction (all or none of them).
+
+        The vector index is brought up to date once the outermost block has
+        committed: syncing inside it would index rows a rollback then removes,
+        and would take the index lock while holding the write lock.
+        """
+        with self._write() as db:
+            yield db
+        if not getattr(self._local, "writing", 0):
+            self.sync_index()
 
     def _reader(self) -> sqlite_utils.Database:
         """The connection this thread reads through (see ``__init__``).

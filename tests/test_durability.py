@@ -82,9 +82,6 @@ class _Killed(BaseException):
     """The process dies here: nothing after this point is written."""
 
 
-@pytest.mark.xfail(strict=True, reason="evolver/distill.py commits a round's event, its insight changes and its "
-                                       "watermark in three transactions: a kill between them repeats the round "
-                                       "(the kill loop's distill_repeats counts it)")
 def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_store, sandbox, tmp_path, monkeypatch):
     from evolver import scripted
     from evolver.config import load_config

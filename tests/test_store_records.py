@@ -389,3 +389,18 @@ def test_everything_survives_reopening(open_store):
     assert again.list_events() == [event]
     assert again.spent() == (3, 0.5)
     assert entry.id == 1
+
+
+def test_a_transaction_indexes_its_rows_once_committed_and_none_of_a_rolled_back_one(store):
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.add_insight("Rolled back: never indexed.")
+            raise RuntimeError("the caller fails after the write")
+    assert store.index.count("insights") == 0
+    assert store.db.execute("SELECT count(*) FROM index_outbox").fetchone()[0] == 0
+    with store.transaction():
+        store.add_insight("Committed with the rest of the transaction.")
+        assert store.index.count("insights") == 0, "indexed before its transaction committed"
+    assert store.index.count("insights") == 1
+    assert [h.text for h in store.search_insights("committed transaction", k=1)] == [
+        "Committed with the rest of the transaction."]
