@@ -103,6 +103,8 @@ class Script:
     def from_file(cls, path: Path) -> "Script":
         try:
             return cls.from_data(json.loads(Path(path).read_text(encoding="utf-8")))
+        except UnicodeDecodeError as exc:
+            raise ScriptError(f"{path} cannot be read as UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except (OSError, json.JSONDecodeError) as exc:
             raise ScriptError(f"{path}: {exc}") from None
 

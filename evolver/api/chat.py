@@ -20,14 +20,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..budget import BudgetExceeded
 from .app import error_response
-from .models import ChatIn
+from .models import ChatIn, errors
 
 router = APIRouter(tags=["chat"])
 
 MODEL_ID = "evolver"
 
 
-@router.get("/models", summary="The models this daemon serves (OpenAI-compatible)")
+@router.get("/models", summary="The models this daemon serves (OpenAI-compatible)", responses=errors())
 def models(request: Request) -> dict:
     daemon = request.app.state.daemon
     return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": int(daemon.started_at),
@@ -72,7 +72,16 @@ def _model_failure(result) -> JSONResponse | None:
     return None
 
 
-@router.post("/chat/completions", summary="Chat with the incumbent agent (OpenAI-compatible)")
+_REPLY = {"description": "The reply (a chat.completion), or with ``stream`` its chunks as server-sent events "
+                         "ending with ``data: [DONE]``.",
+          "content": {"application/json": {"schema": {"type": "object"}},
+                      "text/event-stream": {"schema": {  # one event (OpenAPI 3.1 without itemSchema)
+                          "type": "object", "required": ["data"],
+                          "properties": {"event": {"const": "message"}, "data": {"type": "string"}}}}}}
+
+
+@router.post("/chat/completions", summary="Chat with the incumbent agent (OpenAI-compatible)",
+             responses={200: _REPLY, **errors(400, 404, 413, 422, 429, 502, 503)})
 async def completions(body: ChatIn, request: Request):
     daemon = request.app.state.daemon
     if body.model != MODEL_ID:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from .. import incumbent, views
 from .app import error_response
 from ..revert import revert_event
-from .models import EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn
+from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, errors
 
 router = APIRouter(tags=["inspection"])
 
@@ -19,62 +19,67 @@ def _daemon(request: Request):
     return request.app.state.daemon
 
 
-@router.get("/health", summary="Whether the daemon answers")
+@router.get("/health", summary="Whether the daemon answers", responses=errors())
 async def health() -> dict:
     return {"ok": True}
 
 
-@router.get("/status", summary="Queue, workers, budget, incumbent, next jobs")
+@router.get("/status", summary="Queue, workers, budget, incumbent, next jobs", responses=errors(503))
 def status(request: Request) -> dict:
     return _daemon(request).status()
 
 
-@router.post("/shutdown", status_code=202, summary="Stop the daemon gracefully (as SIGTERM does)")
+@router.post("/shutdown", status_code=202, summary="Stop the daemon gracefully (as SIGTERM does)",
+             responses=errors(413))
 def shutdown(request: Request) -> dict:
     _daemon(request).request_stop("asked through the API")
     return {"stopping": True}
 
 
-@router.post("/memory/search", summary="Past trajectories, insights or tools similar to a text")
+@router.post("/memory/search", summary="Past trajectories, insights or tools similar to a text",
+             responses=errors(400, 413, 422, 503))
 def memory_search(body: SearchIn, request: Request) -> dict:
     return views.search(_daemon(request).store, body.text, kind=body.kind, k=body.k, success=body.success,
                         node=body.node, since_hours=body.since_hours)
 
 
-@router.get("/insights", summary="Insights, most important first")
+@router.get("/insights", summary="Insights, most important first", responses=errors(422, 503))
 def insights(request: Request, status: Literal["active", "retired", "all"] = "active",
              limit: int = Query(default=100, ge=1, le=1000)) -> dict:
     return views.insights(_daemon(request).store, status=status, limit=limit)
 
 
-@router.get("/tools", summary="Tools the agent can use: built-in and synthesized")
+@router.get("/tools", summary="Tools the agent can use: built-in and synthesized", responses=errors(422, 503))
 def tools(request: Request, status: Literal["active", "quarantined", "retired", "all"] = "active") -> dict:
     return views.tools(_daemon(request).store, status=status)
 
 
-@router.get("/tree", summary="The self-modification tree")
+@router.get("/tree", summary="The self-modification tree", responses=errors(503))
 def tree(request: Request) -> dict:
     daemon = _daemon(request)
     return views.tree(daemon.store, daemon.config.evolution.promotion_quantile)
 
 
-@router.get("/nodes/{node_id}", summary="One node: its scaffold, diff, rationale and evaluations")
+@router.get("/nodes/{node_id}", summary="One node: its scaffold, diff, rationale and evaluations",
+            responses=errors(404, 422, 503))
 def node(node_id: str, request: Request) -> dict:
     return views.node(_daemon(request).store, node_id)
 
 
-@router.get("/history", summary="Evolution events, newest first")
+@router.get("/history", summary="Evolution events, newest first", responses=errors(422, 503))
 def history(request: Request, kind: str | None = Query(default=None, max_length=50),
             limit: int = Query(default=100, ge=1, le=1000)) -> dict:
     return views.history(_daemon(request).store, kind=kind, limit=limit)
 
 
-@router.post("/history/{event_id}/revert", summary="Undo an event's insight or tool changes (recorded as a new event)")
-def revert(event_id: int, body: RevertIn, request: Request) -> dict:
+@router.post("/history/{event_id}/revert", summary="Undo an event's insight or tool changes (recorded as a new event)",
+             responses=errors(400, 404, 409, 413, 422, 503))
+def revert(body: RevertIn, request: Request, event_id: int = Path(ge=1, le=MAX_ID)) -> dict:
     return asdict(revert_event(_daemon(request).store, event_id, why=body.why))
 
 
-@router.post("/evolve", summary="Run one round of background jobs now (all, or one by name)")
+@router.post("/evolve", summary="Run one round of background jobs now (all, or one by name)",
+             responses=errors(400, 404, 409, 413, 422, 503))
 def evolve(body: EvolveIn, request: Request) -> dict:
     daemon = _daemon(request)
     if body.job is not None and body.job not in daemon.jobs.jobs:
@@ -83,11 +88,12 @@ def evolve(body: EvolveIn, request: Request) -> dict:
     return {"rounds": [asdict(r) for r in daemon.jobs.run_now(body.job)]}
 
 
-@router.post("/promote", summary="Serve a node from the next task on")
+@router.post("/promote", summary="Serve a node from the next task on", responses=errors(400, 409, 413, 422, 503))
 def promote(body: PromoteIn, request: Request) -> dict:
     return asdict(incumbent.promote(_daemon(request).store, body.node_id, why=body.why))
 
 
-@router.post("/rollback", summary="Serve an earlier node (by default the previous incumbent)")
+@router.post("/rollback", summary="Serve an earlier node (by default the previous incumbent)",
+             responses=errors(400, 409, 413, 422, 503))
 def rollback(body: RollbackIn, request: Request) -> dict:
     return asdict(incumbent.rollback(_daemon(request).store, body.node_id, why=body.why))

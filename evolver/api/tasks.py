@@ -16,7 +16,7 @@ from memory import TERMINAL_STATUSES, NotFound
 from .. import views
 from ..views import task_json
 from .app import error_response
-from .models import FeedbackIn, TaskIn
+from .models import MAX_ID, FeedbackIn, TaskIn, errors
 
 router = APIRouter(tags=["tasks"])
 
@@ -29,7 +29,18 @@ def _daemon(request: Request):
 
 
 
-@router.post("/tasks", status_code=201, summary="Submit a task (committed before the reply)")
+_REPLAYED = {"description": "A retry with the same Idempotency-Key and body: the task it made.",
+             "content": {"application/json": {"schema": {"type": "object"}}}}
+_STEPS = {"description": "``event: step`` (data: the step as JSON, id: its event id), then ``event: end`` "
+                         "(data: the task as JSON).",
+          "content": {"text/event-stream": {"schema": {  # one event (OpenAPI 3.1 without itemSchema)
+              "type": "object", "required": ["event", "data"],
+              "properties": {"event": {"enum": ["step", "end"]}, "data": {"type": "string"},
+                             "id": {"type": "string", "pattern": "^[0-9]+$"}}}}}}
+
+
+@router.post("/tasks", status_code=201, summary="Submit a task (committed before the reply)",
+             responses={200: _REPLAYED, **errors(400, 413, 422, 503)})
 async def submit(body: TaskIn, request: Request,
                  idempotency_key: str | None = Header(default=None, max_length=200)) -> JSONResponse:
     daemon = _daemon(request)
@@ -47,18 +58,20 @@ async def submit(body: TaskIn, request: Request,
     return JSONResponse(task_json(task), status_code=201, headers={"Location": f"/v1/tasks/{task.id}"})
 
 
-@router.get("/tasks", summary="List tasks, newest first")
+@router.get("/tasks", summary="List tasks, newest first", responses=errors(422, 503))
 def list_tasks(request: Request, status: Status | None = None, source: str | None = Query(default=None, max_length=50),
-               limit: int = Query(default=50, ge=1, le=1000), offset: int = Query(default=0, ge=0)) -> dict:
+               limit: int = Query(default=50, ge=1, le=1000),
+               offset: int = Query(default=0, ge=0, le=MAX_ID)) -> dict:
     return views.task_list(_daemon(request).store, status=status, source=source, limit=limit, offset=offset)
 
 
-@router.get("/tasks/{task_id}", summary="A task with its trajectories and steps")
+@router.get("/tasks/{task_id}", summary="A task with its trajectories and steps", responses=errors(404, 422, 503))
 def get_task(task_id: str, request: Request) -> dict:
     return views.task_detail(_daemon(request).store, task_id)
 
 
-@router.post("/tasks/{task_id}/cancel", summary="Cancel a queued task now, a running one at its next step")
+@router.post("/tasks/{task_id}/cancel", summary="Cancel a queued task now, a running one at its next step",
+             responses=errors(404, 413, 422, 503))
 def cancel(task_id: str, request: Request) -> dict:
     daemon = _daemon(request)
     task = daemon.store.request_cancel(task_id)
@@ -66,7 +79,8 @@ def cancel(task_id: str, request: Request) -> dict:
     return task_json(task)
 
 
-@router.post("/tasks/{task_id}/feedback", summary="Say whether the task's answer was good")
+@router.post("/tasks/{task_id}/feedback", summary="Say whether the task's answer was good",
+             responses=errors(400, 404, 409, 413, 422, 503))
 def feedback(task_id: str, body: FeedbackIn, request: Request) -> dict:
     store = _daemon(request).store
     store.get_task(task_id)
@@ -83,8 +97,8 @@ def _sse(event: str, data: dict, event_id: int | None = None) -> bytes:
 
 
 @router.get("/tasks/{task_id}/events", summary="The task's steps as server-sent events, live",
-            response_class=StreamingResponse)
-async def events(task_id: str, request: Request, after: int = Query(default=0, ge=0),
+            response_class=StreamingResponse, responses={200: _STEPS, **errors(400, 404, 422, 503)})
+async def events(task_id: str, request: Request, after: int = Query(default=0, ge=0, le=MAX_ID),
                  last_event_id: str | None = Header(default=None)):
     """Each step is an ``event: step`` whose id resumes the stream (``Last-Event-ID``);
     an ``event: end`` carries the task once it has finished."""
@@ -94,7 +108,8 @@ async def events(task_id: str, request: Request, after: int = Query(default=0, g
     except NotFound as exc:
         return error_response(404, "not_found", str(exc))
     if last_event_id is not None:
-        if not last_event_id.isdigit():
+        digits = last_event_id.isascii() and last_event_id.isdigit() and len(last_event_id) <= len(str(MAX_ID))
+        if not (digits and int(last_event_id) <= MAX_ID):
             return error_response(400, "invalid_request", "Last-Event-ID must be an event id from this stream",
                                   "Last-Event-ID")
         after = max(after, int(last_event_id))
