@@ -157,9 +157,20 @@ class SandboxSettings(_Section):
     tmp_mb: int = Field(default=64, ge=1)
     """Size of the sandbox's private /tmp, in MiB."""
 
+    task_uids: int = Field(default=4096, ge=0, le=1_000_000)
+    """When the daemon runs as root (process limits do not bind root), sandboxed code runs as
+    an unprivileged uid of its workspace's own, one of this many from task_uid_base taken in
+    turn (gid = uid): the process limit counts a uid's processes machine-wide, so a task
+    that used up a shared uid's quota would leave every other task unable to fork. 0: every
+    sandbox runs as unprivileged_uid."""
+
+    task_uid_base: int = Field(default=2_000_000_000, ge=1, le=4_293_967_294)
+    """The first of the task_uids uids. Pick a range no account or container on this machine
+    uses."""
+
     unprivileged_uid: int = Field(default=65534, ge=1)
-    """The uid (and gid) sandboxed code runs as when the daemon runs as root (process limits
-    do not bind root)."""
+    """The uid (and gid) sandboxed code runs as when the daemon runs as root and task_uids is
+    0."""
 
 
 class DaemonSettings(_Section):

@@ -47,7 +47,9 @@ class Engine:
         try:
             limits = sandbox_limits(config)
             sandbox = sandbox or make_sandbox(require_isolation=config.sandbox.require_isolation,
-                                              unprivileged_uid=config.sandbox.unprivileged_uid, limits=limits)
+                                              unprivileged_uid=config.sandbox.unprivileged_uid, limits=limits,
+                                              task_uids=config.sandbox.task_uids,
+                                              task_uid_base=config.sandbox.task_uid_base)
             if not sandbox.isolated:
                 log.warning("SANDBOX DEGRADED: bubblewrap is unavailable; model-written code runs as a plain "
                             "subprocess with limits, not isolated from your files")

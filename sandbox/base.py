@@ -20,11 +20,14 @@ from .errors import SandboxError
 from .limits import Limits, prlimit_argv, rlimit_setter
 from .process import run_process, spawn
 from .result import RunResult
+from .uids import UidPool
 
 if TYPE_CHECKING:
     from .worker import PythonWorker
 
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+TASK_UID_BASE = 2_000_000_000  # far from users, system accounts and the usual subordinate-uid ranges
+TASK_UIDS = 4096
 _ARG_MAX = 100_000  # longer code goes through stdin: one argv string is capped at 128 KiB
 
 
@@ -97,20 +100,26 @@ class ProcessSandbox:
     isolated: bool = False
 
     def __init__(self, *, limits: Limits | None = None, unprivileged_uid: int = 65534,
-                 unprivileged_gid: int | None = None) -> None:
+                 unprivileged_gid: int | None = None, task_uids: int = TASK_UIDS,
+                 task_uid_base: int = TASK_UID_BASE) -> None:
         self.limits = limits or Limits()
         self.as_root = os.geteuid() == 0
-        # Only root can switch users; process limits do not bind root, so it always switches.
+        # Only root can switch users; process limits do not bind root, so it always switches:
+        # to a uid of the workspace's own (``task_uids`` > 0), or to ``unprivileged_uid``.
         self.uid = unprivileged_uid if self.as_root else os.getuid()
         self.gid = (unprivileged_gid if unprivileged_gid is not None else unprivileged_uid) \
             if self.as_root else os.getgid()
+        self.uids = UidPool(base=task_uid_base, count=task_uids if self.as_root else 0,
+                            uid=self.uid, gid=self.gid)
         self.prlimit = find_tool("prlimit")
 
     # -- what subclasses provide ------------------------------------------------------------
 
     python_executable: str | None = None
 
-    def _prepare(self, argv: Sequence[str], workspace: str, limits: Limits) -> Launch:
+    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int],
+                 limits: Limits) -> Launch:
+        """Wrap ``argv`` to run in ``workspace``, as ``owner`` (uid, gid) when root."""
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------
@@ -122,19 +131,21 @@ class ProcessSandbox:
         return argv, rlimit_setter(limits)
 
     def workspace_dir(self, workspace: str | os.PathLike[str]) -> str:
-        """The workspace as an absolute path, owned by the sandbox user so it can write there."""
+        """The workspace as an absolute path, owned by its sandbox user so its code can write there."""
+        return self._enter(workspace)[0]
+
+    def _enter(self, workspace: str | os.PathLike[str]) -> tuple[str, tuple[int, int]]:
+        """The workspace's absolute path and the (uid, gid) its code runs as."""
         path = os.path.abspath(os.fspath(workspace))
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise SandboxError(f"workspace {path!r} is not an accessible directory: {exc}") from exc
         try:
-            st = os.fstat(fd)
-            if self.as_root and (st.st_uid, st.st_gid) != (self.uid, self.gid):
-                os.fchown(fd, self.uid, self.gid)
+            owner = self.uids.claim(fd) if self.as_root else (self.uid, self.gid)
         finally:
             os.close(fd)
-        return path
+        return path, owner
 
     def run(self, argv: Sequence[str], *, workspace: str | os.PathLike[str],
             stdin: str | bytes | None = None, limits: Limits | None = None) -> RunResult:
@@ -142,7 +153,7 @@ class ProcessSandbox:
         if not argv:
             raise SandboxError("run() needs a command: argv is empty")
         limits = limits or self.limits
-        launch = self._prepare(list(argv), self.workspace_dir(workspace), limits)
+        launch = self._prepare(list(argv), *self._enter(workspace), limits)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return run_process(launch.argv, cwd=launch.cwd, env=launch.env, stdin=data, limits=limits,
                            isolated=self.isolated, preexec_fn=launch.preexec_fn,
@@ -172,7 +183,7 @@ class ProcessSandbox:
         """Start the worker loop: JSON lines in on stdin, out on stdout, crashes to ``stderr``."""
         from .worker import worker_argv
 
-        launch = self._prepare(worker_argv(self._python(), limits), self.workspace_dir(workspace), limits)
+        launch = self._prepare(worker_argv(self._python(), limits), *self._enter(workspace), limits)
         return spawn(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=stderr, preexec_fn=launch.preexec_fn,
                      user=launch.user, group=launch.group, pass_fds=launch.pass_fds)

@@ -31,7 +31,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 
-from .base import SYSTEM_PATH, Launch, ProcessSandbox, base_interpreter, find_tool
+from .base import SYSTEM_PATH, TASK_UID_BASE, TASK_UIDS, Launch, ProcessSandbox, base_interpreter, find_tool
 from .errors import SandboxUnavailable
 from .limits import MIB, Limits
 from .seccomp import no_userns_program, program_fd
@@ -50,8 +50,10 @@ class BubblewrapSandbox(ProcessSandbox):
 
     def __init__(self, *, bwrap: str = "/usr/bin/bwrap", limits: Limits | None = None,
                  unprivileged_uid: int = 65534, unprivileged_gid: int | None = None,
+                 task_uids: int = TASK_UIDS, task_uid_base: int = TASK_UID_BASE,
                  python: str | None = None, python_prefix: str | None = None) -> None:
-        super().__init__(limits=limits, unprivileged_uid=unprivileged_uid, unprivileged_gid=unprivileged_gid)
+        super().__init__(limits=limits, unprivileged_uid=unprivileged_uid, unprivileged_gid=unprivileged_gid,
+                         task_uids=task_uids, task_uid_base=task_uid_base)
         if not (os.path.isfile(bwrap) and os.access(bwrap, os.X_OK)):
             raise SandboxUnavailable(
                 f"bubblewrap was not found at {bwrap!r}, so model-written code cannot be isolated; "
@@ -116,10 +118,12 @@ class BubblewrapSandbox(ProcessSandbox):
             args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
         return args + ["--ro-bind", prefix, prefix]
 
-    def _prepare(self, argv: Sequence[str], workspace: str, limits: Limits) -> Launch:
+    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int],
+                 limits: Limits) -> Launch:
         command, preexec = self._limit(list(argv), limits)
         if self.setpriv:
-            command = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
+            uid, gid = owner
+            command = [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
                        "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"] + command
         args = (self._fixed
                 + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp"]

@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from .base import SYSTEM_PATH, Launch, ProcessSandbox, base_interpreter, reachable_by
+from .base import SYSTEM_PATH, TASK_UID_BASE, TASK_UIDS, Launch, ProcessSandbox, base_interpreter, reachable_by
 from .limits import Limits
 
 log = logging.getLogger(__name__)
@@ -28,30 +28,40 @@ class DegradedSandbox(ProcessSandbox):
     isolated = False
 
     def __init__(self, *, limits: Limits | None = None, unprivileged_uid: int = 65534,
-                 unprivileged_gid: int | None = None, python: str | None = None,
+                 unprivileged_gid: int | None = None, task_uids: int = TASK_UIDS,
+                 task_uid_base: int = TASK_UID_BASE, python: str | None = None,
                  reason: str = "bubblewrap is not available") -> None:
-        super().__init__(limits=limits, unprivileged_uid=unprivileged_uid, unprivileged_gid=unprivileged_gid)
+        super().__init__(limits=limits, unprivileged_uid=unprivileged_uid, unprivileged_gid=unprivileged_gid,
+                         task_uids=task_uids, task_uid_base=task_uid_base)
         self.reason = reason
         self.python_executable = python or self._find_python()
         log.warning(
-            "sandbox DEGRADED: %s; model-written code runs as a plain subprocess (uid %d) with "
+            "sandbox DEGRADED: %s; model-written code runs as a plain subprocess (%s) with "
             "resource limits only: it can read files that uid can read, use the network and reach "
-            "local sockets. Install bubblewrap to isolate it.", reason, self.uid)
+            "local sockets. Install bubblewrap to isolate it.", reason, self._who())
+
+    def _who(self) -> str:
+        if self.as_root and self.uids.count:
+            return f"a uid per workspace, {self.uids.base}..{self.uids.base + self.uids.count - 1}"
+        return f"uid {self.uid}"
 
     def _find_python(self) -> str | None:
         """The daemon's base Python, or a system one when the sandbox uid cannot reach it."""
         own, _ = base_interpreter()
         if not self.as_root:
             return own
+        # A pool uid owns nothing outside workspaces, so its first one stands for them all.
+        uid, gid = (self.uids.base, self.uids.base) if self.uids.count else (self.uid, self.gid)
         for candidate in (own, *_FALLBACK_PYTHONS):
-            if reachable_by(candidate, self.uid, self.gid):
+            if reachable_by(candidate, uid, gid):
                 if candidate != own:
                     log.warning("sandbox uid %d cannot reach %s; degraded runs use %s instead",
-                                self.uid, own, candidate)
+                                uid, own, candidate)
                 return candidate
         return None
 
-    def _prepare(self, argv: Sequence[str], workspace: str, limits: Limits) -> Launch:
+    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int],
+                 limits: Limits) -> Launch:
         command, preexec = self._limit(list(argv), limits)
         path = SYSTEM_PATH
         if self.python_executable:
@@ -59,5 +69,5 @@ class DegradedSandbox(ProcessSandbox):
         env = {"PATH": path, "HOME": workspace, "LANG": "C.UTF-8"}
         user = group = None
         if self.as_root:
-            user, group = self.uid, self.gid
+            user, group = owner
         return Launch(argv=command, cwd=workspace, env=env, preexec_fn=preexec, user=user, group=group)

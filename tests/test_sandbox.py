@@ -153,17 +153,39 @@ def test_output_is_capped_and_flagged(box, workspace):
     assert len(result.stdout) == 1000 and result.stdout_truncated and not result.stderr_truncated
 
 
+WHO_PY = """
+import os
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(),
+      status["CapEff"].strip(), status["CapBnd"].strip(), status["NoNewPrivs"].strip())
+"""
+
+
 @pytest.mark.skipif(not ROOT, reason="only root switches to another uid")
-def test_code_runs_as_the_unprivileged_uid_without_capabilities(box, workspace):
-    result = box.python(py("""
-        import os
-        status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
-        print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(),
-              status["CapEff"].strip(), status["CapBnd"].strip(), status["NoNewPrivs"].strip())
-    """), workspace=workspace, limits=FAST)
-    assert result.stdout.split() == [str(NOBODY), str(NOBODY), str(NOBODY), "[]",
-                                     "0000000000000000", "0000000000000000", "1"]
-    assert (workspace / ".").stat().st_uid == NOBODY  # the workspace was handed to that uid
+def test_code_runs_as_its_workspaces_own_unprivileged_uid_without_capabilities(box, tmp_path):
+    seen = {}
+    for name in ("a", "b", "a"):
+        workspace = tmp_path / name
+        workspace.mkdir(exist_ok=True)
+        result = box.python(WHO_PY, workspace=workspace, limits=FAST)
+        uid, euid, gid, groups, *caps = result.stdout.split()
+        assert uid == euid == gid and groups == "[]" and caps == ["0000000000000000", "0000000000000000", "1"]
+        assert int(uid) in box.uids and int(uid) != 0, uid
+        assert (workspace.stat().st_uid, workspace.stat().st_gid) == (int(uid), int(uid))  # handed to that uid
+        seen.setdefault(name, set()).add(int(uid))
+    assert len(seen["a"]) == 1  # a workspace seen again keeps its uid (its files stay its own)
+    assert seen["a"] != seen["b"]  # another workspace gets another one
+
+
+@pytest.mark.skipif(not ROOT, reason="only root switches to another uid")
+def test_without_task_uids_every_sandbox_runs_as_the_one_unprivileged_uid(box, tmp_path):
+    single = sandbox.BubblewrapSandbox(bwrap=box.bwrap, task_uids=0)
+    for name in ("a", "b"):
+        workspace = tmp_path / name
+        workspace.mkdir()
+        result = single.python(WHO_PY, workspace=workspace, limits=FAST)
+        assert result.stdout.split()[:4] == [str(NOBODY), str(NOBODY), str(NOBODY), "[]"], result
+        assert workspace.stat().st_uid == NOBODY
 
 
 # -- containment ----------------------------------------------------------------------------------
@@ -403,7 +425,9 @@ def test_without_bubblewrap_the_degraded_mode_is_chosen_and_logged(caplog, works
     result = fallback.python("import os; print(os.getcwd(), os.getuid(), 'EVOLVER_TEST_SECRET' in os.environ)",
                              workspace=workspace, limits=FAST)
     assert result.isolated is False
-    assert result.stdout.split() == [str(workspace), str(NOBODY if ROOT else os.getuid()), "False"]
+    # As root: the workspace's own uid from the pool; otherwise the daemon's user.
+    assert result.stdout.split() == [str(workspace), str(workspace.stat().st_uid), "False"]
+    assert (workspace.stat().st_uid in fallback.uids) if ROOT else workspace.stat().st_uid == os.getuid()
 
 
 def test_the_degraded_mode_still_times_out_the_whole_group(degraded, workspace):
