@@ -155,7 +155,7 @@ class SandboxSettings(_Section):
     """The largest file a sandboxed process may write, in MiB."""
 
     tmp_mb: int = Field(default=64, ge=1)
-    """Size of the sandbox's private /tmp, in MiB."""
+    """Size of the sandbox's private /tmp, and of its /dev/shm, in MiB."""
 
     task_uids: int = Field(default=4096, ge=0, le=1_000_000)
     """When the daemon runs as root (process limits do not bind root), sandboxed code runs as

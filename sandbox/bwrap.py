@@ -125,8 +125,10 @@ class BubblewrapSandbox(ProcessSandbox):
             uid, gid = owner
             command = [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
                        "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"] + command
+        # /dev/shm too: without it multiprocessing's semaphores (Pool, Queue) are refused.
         args = (self._fixed
                 + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp"]
+                + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/dev/shm"]
                 + self._prefix
                 + ["--bind", workspace, WORKSPACE, "--chdir", WORKSPACE])
         pass_fds: tuple[int, ...] = ()

@@ -161,6 +161,15 @@ print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(),
 """
 
 
+def test_multiprocessing_works_inside(box, workspace):
+    result = box.python(py("""
+        import multiprocessing
+        with multiprocessing.Pool(2) as pool:
+            print(pool.map(abs, [-1, -2, -3]))
+    """), workspace=workspace, limits=Limits(timeout_s=30))
+    assert result.ok and result.stdout == "[1, 2, 3]\n", result
+
+
 @pytest.mark.skipif(not ROOT, reason="only root switches to another uid")
 def test_code_runs_as_its_workspaces_own_unprivileged_uid_without_capabilities(box, tmp_path):
     seen = {}
@@ -335,7 +344,7 @@ def test_cpu_seconds_are_limited(box, workspace):
 
 def test_the_private_tmp_and_file_sizes_are_capped(box, workspace):
     result = box.python(py("""
-        for path, size in (("/tmp/big", 3 << 20), ("/workspace/big", 3 << 20)):
+        for path, size in (("/tmp/big", 3 << 20), ("/dev/shm/big", 3 << 20), ("/workspace/big", 3 << 20)):
             try:
                 with open(path, "wb") as f:
                     f.write(b"x" * size)
@@ -344,6 +353,7 @@ def test_the_private_tmp_and_file_sizes_are_capped(box, workspace):
                 print(path, "REFUSED", exc.strerror)
     """), workspace=workspace, limits=Limits(timeout_s=10, tmp_mb=1, max_file_mb=2))
     assert "/tmp/big REFUSED No space left on device" in result.stdout
+    assert "/dev/shm/big REFUSED No space left on device" in result.stdout
     assert "/workspace/big REFUSED File too large" in result.stdout
 
 
