@@ -46,21 +46,24 @@ def scaffold_of(store: Store, node: Node) -> Scaffold:
 
 
 def _switch(store: Store, kind: str, node_id: str, why: str, *, reverts: int | None = None) -> Event:
-    try:
-        node = store.get_node(node_id)
-    except NotFound:
-        raise IncumbentError(f"there is no node {node_id!r}; `evolver tree` lists them") from None
-    if node.status in UNSERVABLE:
-        raise IncumbentError(f"node {node_id} is {node.status}; only a validated node can be served")
-    scaffold_of(store, node)  # refuse a node whose snapshot no longer loads
-    previous = store.get_meta(KEY)
-    if previous == node_id:
-        raise IncumbentError(f"node {node_id} is already the incumbent")
-    store.set_meta(KEY, node_id)
-    if node.status != "promoted":
-        store.set_node_status(node_id, "promoted")
-    return store.append_event(kind, f"serving node {node_id} instead of {previous}", why=why, node_id=node_id,
-                              payload={"from": previous, "to": node_id}, reverts=reverts)
+    # One transaction: the checks see what they change (two switches cannot interleave), and a
+    # crash leaves either no switch or the switch with its node status and its event.
+    with store.transaction():
+        try:
+            node = store.get_node(node_id)
+        except NotFound:
+            raise IncumbentError(f"there is no node {node_id!r}; `evolver tree` lists them") from None
+        if node.status in UNSERVABLE:
+            raise IncumbentError(f"node {node_id} is {node.status}; only a validated node can be served")
+        scaffold_of(store, node)  # refuse a node whose snapshot no longer loads
+        previous = store.get_meta(KEY)
+        if previous == node_id:
+            raise IncumbentError(f"node {node_id} is already the incumbent")
+        store.set_meta(KEY, node_id)
+        if node.status != "promoted":
+            store.set_node_status(node_id, "promoted")
+        return store.append_event(kind, f"serving node {node_id} instead of {previous}", why=why,
+                                  node_id=node_id, payload={"from": previous, "to": node_id}, reverts=reverts)
 
 
 def promote(store: Store, node_id: str, *, why: str = "promoted by hand") -> Event:

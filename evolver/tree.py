@@ -175,13 +175,15 @@ class TreeSearch:
                                       "([evolution] packs is empty and no inbox task had a check)")
             validate(self.engine, child, node.id, smoke.task)
         except (InvalidProposal, ScaffoldError) as exc:
-            self.store.set_node_status(node.id, "invalid", reason=str(exc))
-            self.store.append_event("node_invalid", f"node {node.id} is invalid: {str(exc)[:200]}", why=str(exc),
-                                    node_id=node.id, payload={"reason": str(exc)})
+            with self.store.transaction():  # the verdict and its event, or (after a crash) neither
+                self.store.set_node_status(node.id, "invalid", reason=str(exc))
+                self.store.append_event("node_invalid", f"node {node.id} is invalid: {str(exc)[:200]}",
+                                        why=str(exc), node_id=node.id, payload={"reason": str(exc)})
             return f"invalid: {exc}"
-        self.store.set_node_status(node.id, "evaluating")
-        self.store.append_event("node_valid", f"node {node.id} passed validation", node_id=node.id,
-                                why="its edit applies, it loads, its tools import and a smoke task ran")
+        with self.store.transaction():
+            self.store.set_node_status(node.id, "evaluating")
+            self.store.append_event("node_valid", f"node {node.id} passed validation", node_id=node.id,
+                                    why="its edit applies, it loads, its tools import and a smoke task ran")
         return "valid: its tools import and a smoke task ran"
 
     def _dispatch(self, stats: list[policy.NodeStats], sharpness: float) -> str:

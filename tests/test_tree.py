@@ -224,6 +224,52 @@ def test_the_approval_gate_waits_for_a_person(engine):
     assert incumbent(e.store).id == child
 
 
+class Crash(Exception):
+    """The process dying at one write, as the code between the writes sees it."""
+
+
+def _failing_event(store, monkeypatch, kind: str) -> None:
+    """Make the store fail to append an event of ``kind``, as a crash at that write would."""
+    append = store.append_event
+
+    def append_or_fail(event_kind, *args, **kwargs):
+        if event_kind == kind:
+            raise Crash(f"the process died while recording {kind}")
+        return append(event_kind, *args, **kwargs)
+    monkeypatch.setattr(store, "append_event", append_or_fail)
+
+
+@pytest.mark.parametrize("switch", ["promote", "rollback"])
+def test_a_switch_that_fails_at_its_event_leaves_the_incumbent_and_node_as_they_were(engine, monkeypatch, switch):
+    e = engine([*SOLVER], f"tree-switch-{switch}")
+    root, child = incumbent(e.store).id, _child(e)
+    if switch == "rollback":
+        promote(e.store, child)
+    before = (incumbent(e.store).id, {n.id: n.status for n in e.store.list_nodes()},
+              len(e.store.list_events(limit=1000)))
+    _failing_event(e.store, monkeypatch, switch)
+    with pytest.raises(Crash):
+        promote(e.store, child) if switch == "promote" else rollback(e.store)
+    monkeypatch.undo()
+    assert (incumbent(e.store).id, {n.id: n.status for n in e.store.list_nodes()},
+            len(e.store.list_events(limit=1000))) == before
+    (promote(e.store, child) if switch == "promote" else rollback(e.store))  # and it can be done again
+    assert incumbent(e.store).id == (child if switch == "promote" else root)
+
+
+def test_a_validation_that_fails_at_its_event_leaves_the_node_proposed_for_the_next_step(engine, monkeypatch):
+    e = engine([_proposer({"parameters": {"max_steps": 11}}), *SOLVER], "tree-validate-atomic")
+    _failing_event(e.store, monkeypatch, "node_valid")
+    with pytest.raises(Crash):
+        _expanded(e, _search(e))
+    monkeypatch.undo()
+    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    assert child.status == "proposed"  # not "evaluating" without the event that says why
+    assert _search(e).step() == "valid: its tools import and a smoke task ran"
+    assert e.store.get_node(child.id).status == "evaluating"
+    assert len(e.store.list_events(kind="node_valid")) == 1
+
+
 def test_a_step_killed_between_proposing_and_validating_resumes_with_validation(engine, tmp_path):
     # The smoke task meets a model failure: the step stops with the node still proposed (never served).
     edit = {"parameters": {"max_steps": 9}}
