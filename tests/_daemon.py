@@ -12,10 +12,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -221,3 +224,44 @@ def read_events(response: httpx.Response) -> list[tuple[str, int | None, dict]]:
 
 def remove_root(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def serving(daemon: DaemonProcess) -> Iterator[DaemonProcess]:
+    """Start ``daemon``; on leaving, however that happens, stop it and remove its root."""
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.close()
+        remove_root(daemon.root)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def list_tasks(http: httpx.Client) -> list[dict]:
+    """Every task the daemon lists, through all of ``GET /v1/tasks``'s pages."""
+    tasks, offset = [], 0
+    while offset is not None:
+        response = http.get("/v1/tasks", params={"limit": 1000, "offset": offset})
+        assert response.status_code == 200, response.text
+        tasks += response.json()["tasks"]
+        offset = response.json()["next_offset"]
+    return tasks
+
+
+def assert_error(response: httpx.Response, status: int | tuple[int, ...], *words: str) -> dict:
+    """A JSON error of the documented shape whose message names the problem."""
+    assert response.status_code in ((status,) if isinstance(status, int) else status), (
+        response.status_code, response.text[:500])
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"type", "message", "param"}
+    for word in words:
+        assert word in error["message"], (word, error)
+    return error

@@ -20,10 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from _daemon import DaemonProcess, make_root, read_events, remove_root
+from _daemon import DaemonProcess, assert_error, list_tasks, make_root, read_events, serving
 
 EVOLVER = str(Path(sys.executable).parent / "evolver")
 MAX_ID = 2**63 - 1  # SQLite's largest INTEGER
@@ -153,13 +152,8 @@ def test_a_task_on_a_broken_script_fails_with_a_model_error_naming_the_file(tmp_
 @pytest.fixture(scope="module")
 def daemon():
     root = make_root()
-    proc = DaemonProcess(root, name="hostile")
-    try:
-        proc.start()
+    with serving(DaemonProcess(root, name="hostile")) as proc:
         yield proc
-    finally:
-        proc.close()
-        remove_root(root)
 
 
 @pytest.fixture(scope="module")
@@ -180,9 +174,7 @@ def before(daemon, http):
 
 
 def _listed(http) -> dict[str, dict]:
-    response = http.get("/v1/tasks", params={"limit": 1000})
-    assert response.status_code == 200, response.text
-    return {t["id"]: t for t in response.json()["tasks"]}
+    return {t["id"]: t for t in list_tasks(http)}
 
 
 def assert_still_serving_and_nothing_lost(daemon, http, before: dict) -> None:
@@ -195,16 +187,6 @@ def assert_still_serving_and_nothing_lost(daemon, http, before: dict) -> None:
         for key in ("prompt", "status", "metadata", "attempts", "check"):
             assert again[key] == task[key], (task_id, key)
         assert [t["id"] for t in again["trajectories"]] == [t["id"] for t in task["trajectories"]]
-
-
-def assert_error(response: httpx.Response, status: int, *words: str) -> dict:
-    assert response.status_code == status, (response.status_code, response.text[:500])
-    assert response.headers["content-type"].startswith("application/json")
-    error = response.json()["error"]
-    assert set(error) == {"type", "message", "param"}
-    for word in words:
-        assert word in error["message"], (word, error)
-    return error
 
 
 def test_a_10_mb_task_text_is_413_declared_or_streamed_and_nothing_is_lost(daemon, http, before):

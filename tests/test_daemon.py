@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from _daemon import DaemonProcess, SLOW_STEP, demo_rules, make_root, read_events, remove_root, wait_for, write_script
+from _daemon import (SLOW_STEP, DaemonProcess, assert_error, demo_rules, make_root, read_events, serving,
+                     wait_for, write_script)
 
 MAX_BODY = 4096
 
@@ -27,12 +28,8 @@ def daemon():
     model = write_script(root, "script", [slow, *demo_rules()])
     proc = DaemonProcess(root, model=model, settings={
         "EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_DAEMON_MAX_BODY_BYTES": MAX_BODY})
-    try:
-        proc.start()
+    with serving(proc):
         yield proc
-    finally:
-        proc.close()
-        remove_root(root)
 
 
 @pytest.fixture
@@ -45,18 +42,6 @@ def submit(http: httpx.Client, prompt: str, **body) -> dict:
     response = http.post("/v1/tasks", json={"prompt": prompt, **body})
     assert response.status_code == 201, response.text
     return response.json()
-
-
-def assert_error(response: httpx.Response, status: int | tuple[int, ...], *words: str) -> dict:
-    """A JSON error of the documented shape whose message names the problem."""
-    assert response.status_code in ((status,) if isinstance(status, int) else status), (
-        response.status_code, response.text)
-    assert response.headers["content-type"].startswith("application/json")
-    error = response.json()["error"]
-    assert set(error) == {"type", "message", "param"}
-    for word in words:
-        assert word in error["message"], (word, error)
-    return error
 
 
 # --- tasks ---------------------------------------------------------------------------------

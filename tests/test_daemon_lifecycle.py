@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from _daemon import DaemonProcess, SLOW_STEP, make_root, remove_root, wait_for, write_script
+from _daemon import SLOW_STEP, DaemonProcess, make_root, remove_root, serving, wait_for, write_script
 
 NOBODY = 65534
 GRACE_S = 5
@@ -113,14 +113,8 @@ def start_slow_task(daemon: DaemonProcess, http) -> str:
 
 @pytest.fixture(scope="module")
 def shared():
-    root = make_root()
-    daemon = DaemonProcess(root)
-    try:
-        daemon.start()
+    with serving(DaemonProcess(make_root())) as daemon:
         yield daemon
-    finally:
-        daemon.close()
-        remove_root(root)
 
 
 def test_the_socket_is_private_to_its_user(shared):

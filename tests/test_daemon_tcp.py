@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,11 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _daemon import free_port
 
 
 @pytest.fixture
@@ -37,7 +32,7 @@ def _env(root: Path, **extra: str) -> dict:
 
 
 def test_tcp_requests_need_the_token_and_the_listener_is_loopback_only(root):
-    port = _free_port()
+    port = free_port()
     env = _env(root, EVOLVER_DAEMON_TCP_PORT=str(port), EVOLVER_DAEMON_TCP_TOKEN_ENV="DAEMON_TEST_TOKEN",
                DAEMON_TEST_TOKEN="s3cret-token")
     daemon = subprocess.Popen([sys.executable, "-m", "evolver", "up", "--foreground"], env=env,
@@ -69,7 +64,7 @@ def test_tcp_requests_need_the_token_and_the_listener_is_loopback_only(root):
 
 
 def test_a_tcp_port_without_its_token_refuses_to_start(root):
-    env = _env(root, EVOLVER_DAEMON_TCP_PORT=str(_free_port()), EVOLVER_DAEMON_TCP_TOKEN_ENV="NO_SUCH_DAEMON_TOKEN")
+    env = _env(root, EVOLVER_DAEMON_TCP_PORT=str(free_port()), EVOLVER_DAEMON_TCP_TOKEN_ENV="NO_SUCH_DAEMON_TOKEN")
     result = subprocess.run([sys.executable, "-m", "evolver", "up", "--foreground"], env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2

@@ -12,24 +12,17 @@ A bigger budget: ``python benchmarks/reliability_fuzz.py``.
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
 
-from _daemon import DaemonProcess, make_root, remove_root
+from _daemon import DaemonProcess, free_port, make_root, serving
 from _fuzz import EXCLUDED, InProcessDaemon, black_box, fuzz, known_ids, tcp_settings
 
 # Cases per operation and mode (positive, negative).
 IN_PROCESS_EXAMPLES = 25
 BLACK_BOX_EXAMPLES = 25
 TOKEN = "fuzz-s3cret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +37,10 @@ def inprocess():
 @pytest.fixture(scope="module")
 def tcp_daemon():
     root = make_root()
-    port = _free_port()
-    proc = DaemonProcess(root, settings=tcp_settings(port, TOKEN), name="fuzzed")
-    try:
-        proc.start()
+    port = free_port()
+    with serving(DaemonProcess(root, settings=tcp_settings(port, TOKEN), name="fuzzed")) as proc:
         proc.base_url = f"http://127.0.0.1:{port}"
         yield proc
-    finally:
-        proc.close()
-        remove_root(root)
 
 
 def _operations(schema: dict) -> list[tuple[str, str]]:

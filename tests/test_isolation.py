@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from _daemon import REPO, DaemonProcess, make_root, remove_root, write_script
+from _daemon import REPO, DaemonProcess, make_root, serving, write_script
 from evolver.checks import parse_check
 from evolver.verify import verify
 from sandbox import Limits, SandboxError, WorkspaceError, list_dir, read_bytes, read_text, write_text
@@ -183,12 +183,8 @@ def daemon():
         "EVOLVER_AGENT_OBSERVATION_CHARS": "100000",
     }, name="isolation")
     proc.env["EVOLVER_MODEL_NAME"] = write_script(root, "isolation", daemon_rules(proc.data_dir, proc.socket_path))
-    try:
-        proc.start()
+    with serving(proc):
         yield proc
-    finally:
-        proc.close()
-        remove_root(root)
 
 
 def run_task(daemon: DaemonProcess, marker: str, check: dict | None = None) -> dict:

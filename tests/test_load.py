@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from _daemon import REPO, DaemonProcess, make_root, remove_root, wait_for
+from _daemon import REPO, DaemonProcess, list_tasks, make_root, serving, wait_for
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -54,21 +54,8 @@ def daemon():
     scaffold = load.write_long_scaffold(root / "scaffold.json", LONG_STEPS + 10)
     proc = DaemonProcess(root, model=model, settings={
         "EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_AGENT_SEED_SCAFFOLD": str(scaffold)})
-    try:
-        proc.start()
+    with serving(proc):
         yield proc
-    finally:
-        proc.close()
-        remove_root(root)
-
-
-def list_all(http) -> list[dict]:
-    tasks, offset = [], 0
-    while offset is not None:
-        page = http.get("/v1/tasks", params={"limit": 1000, "offset": offset}).json()
-        tasks += page["tasks"]
-        offset = page["next_offset"]
-    return tasks
 
 
 @pytest.fixture
@@ -93,7 +80,7 @@ def test_500_submits_from_five_processes_are_each_kept_once_while_a_long_stream_
     warm = load.run_submitters(daemon.socket_path, run="warm", processes=1, count=2 * CONNECTIONS,
                                connections=CONNECTIONS)
     assert all(r[1] == 201 for r in warm["results"]), [r for r in warm["results"] if r[1] != 201][:5]
-    list_all(http)
+    list_tasks(http)
     rss_before = load.rss_mb(pid)
 
     burst = load.run_submitters(daemon.socket_path, run="load", processes=PROCESSES, count=SUBMITS,
@@ -107,7 +94,7 @@ def test_500_submits_from_five_processes_are_each_kept_once_while_a_long_stream_
     assert len(acked) == SUBMITS and len(set(acked.values())) == SUBMITS, "two submits were given the same task"
 
     # None lost, none duplicated: through the API...
-    listed = list_all(http)
+    listed = list_tasks(http)
     ids = [t["id"] for t in listed]
     markers = [(t.get("metadata") or {}).get("marker") for t in listed]
     assert len(ids) == len(set(ids)), "the listing shows a task twice"
@@ -129,7 +116,7 @@ def test_500_submits_from_five_processes_are_each_kept_once_while_a_long_stream_
         again = http.post("/v1/tasks", json=load.submit_body(marker), headers={"Idempotency-Key": marker})
         assert again.status_code == 200, again.text
         assert again.headers["idempotent-replayed"] == "true" and again.json()["id"] == task_id
-    assert len(list_all(http)) == len(listed)
+    assert len(list_tasks(http)) == len(listed)
 
     # The stream: every stored step once, in order, ids only growing, then the end.
     reader.join(timeout=LONG_STEPS * STEP_SLEEP_S * 10 + 60)
