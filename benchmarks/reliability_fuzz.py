@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import sys
 import time
 from pathlib import Path
@@ -39,12 +38,6 @@ sys.path.insert(0, str(REPO / "tests"))  # the fuzzer and the daemon harness the
 sys.path.insert(0, str(REPO))
 
 TOKEN = "reliability-fuzz-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def in_process(max_examples: int):
@@ -61,14 +54,11 @@ def in_process(max_examples: int):
 def black_box(max_examples: int):
     import httpx
 
-    from _daemon import DaemonProcess, make_root, remove_root
+    from _daemon import DaemonProcess, free_port, make_root, serving
     from _fuzz import black_box as black_box_schema, fuzz, known_ids, tcp_settings
 
-    root = make_root()
-    port = _free_port()
-    proc = DaemonProcess(root, settings=tcp_settings(port, TOKEN), name="reliability-fuzz")
-    try:
-        proc.start()
+    port = free_port()
+    with serving(DaemonProcess(make_root(), settings=tcp_settings(port, TOKEN), name="reliability-fuzz")) as proc:
         base_url = f"http://127.0.0.1:{port}"
         schema, send, headers = black_box_schema(base_url, TOKEN)
         with httpx.Client(base_url=base_url, headers=headers, timeout=60) as http:
@@ -77,9 +67,6 @@ def black_box(max_examples: int):
         if proc.proc.poll() is not None:
             raise RuntimeError(f"the daemon exited during the fuzzing:\n{proc.log()}")
         return report
-    finally:
-        proc.close()
-        remove_root(root)
 
 
 def main() -> int:
