@@ -41,7 +41,7 @@ and which node they finally pick. The policies:
   expand, on own counts to evaluate, no cool-down (its default); pick the
   best posterior mean, (1 + s) / (2 + s + f), our reading of its
   "best-belief" final choice.
-* evolver: ``evolver.tree_policy``: the same two Thompson samplers with
+* evolver: ``evolver.tree.policy``: the same two Thompson samplers with
   virtual loss (inert when sequential) and the cool-down sharpness
   (B / (B - t))^0.5 on both, and ``final_pick``, the best 5% lower bound
   among nodes with at least 10 evaluations (the [evolution] defaults).
@@ -74,7 +74,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evolver.tree_policy import (  # noqa: E402
+from evolver.tree.policy import (  # noqa: E402
     NodeStats,
     choose_evaluee,
     choose_parent,
@@ -225,7 +225,7 @@ class HGM:
 
 
 class Evolver:
-    """This project's policy, straight from evolver.tree_policy."""
+    """This project's policy, straight from evolver.tree.policy."""
 
     def expand_now(self, t, n, budget):
         return should_expand(t, n, ALPHA)

@@ -18,14 +18,21 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .limits import Limits
 from .process import signal_name, terminate
 from .result import ExecResult
 
-if TYPE_CHECKING:
-    from .base import ProcessSandbox
+
+
+class WorkerHost(Protocol):
+    """What a worker needs of the sandbox that starts it (``ProcessSandbox``), named here so this
+    module does not import the one that imports it."""
+
+    isolated: bool
+
+    def _spawn_worker(self, workspace: str | os.PathLike[str], limits: Limits, stderr) -> Any: ...
 
 WORKER_SOURCE = (Path(__file__).parent / "_worker_main.py").read_text(encoding="utf-8")
 _CRASH_TAIL = 2000  # characters of the worker's own stderr quoted when it dies
@@ -45,7 +52,7 @@ class PythonWorker:
     replaced on the next call like any other dead worker, with a notice.
     """
 
-    def __init__(self, sandbox: ProcessSandbox, workspace: str | os.PathLike[str], limits: Limits) -> None:
+    def __init__(self, sandbox: WorkerHost, workspace: str | os.PathLike[str], limits: Limits) -> None:
         self._sandbox = sandbox
         self._workspace = workspace
         self.limits = limits

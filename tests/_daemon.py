@@ -88,7 +88,7 @@ class DaemonProcess:
     @property
     def socket_path(self) -> Path:
         from evolver.config import load_config
-        from evolver.daemon import socket_path
+        from evolver.service.daemon import socket_path
 
         config = load_config(env=self.env)
         return socket_path(config, self.data_dir)

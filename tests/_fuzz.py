@@ -12,7 +12,7 @@ whose path names an id is fuzzed a second time with ids that exist
 
 Two ways to reach the API:
 
-- ``InProcessDaemon``: a real ``evolver.daemon.Daemon`` serving in a thread of
+- ``InProcessDaemon``: a real ``evolver.service.daemon.Daemon`` serving in a thread of
   this process (its store, intake, workers and jobs are real), and a second
   ASGI app over it that schemathesis calls in-process;
 - ``tests/_daemon.py``'s ``DaemonProcess`` with its loopback TCP listener,
@@ -218,7 +218,7 @@ class InProcessDaemon:
 
     def __init__(self, *, token: str = "fuzz-token") -> None:
         from evolver.config import load_config
-        from evolver.daemon import Daemon
+        from evolver.service.daemon import Daemon
 
         self.root = Path(tempfile.mkdtemp(prefix="evf-", dir="/tmp"))  # short: socket paths are limited
         self.token = token

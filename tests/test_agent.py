@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from evolver import scripted
+from evolver.llm import scripted
 from evolver.config import load_config
-from evolver.engine import Engine
-from evolver.scaffold import default_scaffold
+from evolver.agent.engine import Engine
+from evolver.agent.scaffold import default_scaffold
 from memory import NewTrajectory
 from tools import ToolFiles
 

@@ -125,7 +125,7 @@ def test_a_pack_that_is_not_text_or_holds_no_task_is_refused(tmp_path, content, 
     (b"\xff\xfe{}", ["cannot be read", "UTF-8"]),
 ], ids=["cut-off", "rules-not-a-list", "bad-regex", "two-actions", "unknown-key", "not-utf8"])
 def test_a_bad_script_file_is_refused_naming_the_file_or_rule(tmp_path, content, words):
-    from evolver.scripted import ScriptError, script_for
+    from evolver.llm.scripted import ScriptError, script_for
 
     path = tmp_path / "script.json"
     path.write_bytes(content)

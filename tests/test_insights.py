@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evolver.insights import InsightOpError, apply_ops, numbered, parse_ops, render
+from evolver.meta.insights import InsightOpError, apply_ops, numbered, parse_ops, render
 
 CSV = "Use csv.DictReader rather than splitting lines on commas: quoted fields contain commas."
 MONEY = "Strip currency symbols and thousands separators before converting money strings to numbers."

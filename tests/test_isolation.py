@@ -47,8 +47,8 @@ from pathlib import Path
 import pytest
 
 from _daemon import REPO, DaemonProcess, make_root, serving, write_script
-from evolver.checks import parse_check
-from evolver.verify import verify
+from evolver.judge.checks import parse_check
+from evolver.judge.verify import verify
 from sandbox import Limits, SandboxError, WorkspaceError, list_dir, read_bytes, read_text, write_text
 from tools import TaskTools, ToolRegistry, builtin_specs
 

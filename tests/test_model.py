@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from evolver import scripted
-from evolver.budget import BudgetExceeded, BudgetGuard
+from evolver.llm import scripted
+from evolver.llm.budget import BudgetExceeded, BudgetGuard
 from evolver.config import BudgetSettings, ModelSettings
-from evolver.model import ModelClient, ModelError, parse_text_tool_calls
-from evolver.scripted import ScriptError
+from evolver.llm.client import ModelClient, ModelError, parse_text_tool_calls
+from evolver.llm.scripted import ScriptError
 
 TOOLS = [{"type": "function", "function": {
     "name": "run_python", "description": "run code",

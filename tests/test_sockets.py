@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evolver.sockets import DaemonRunning, SocketError, bind, peer_uid, prepare_runtime_dir, probe
+from evolver.service.sockets import DaemonRunning, SocketError, bind, peer_uid, prepare_runtime_dir, probe
 
 
 @pytest.fixture

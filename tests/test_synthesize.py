@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from evolver import scripted
-from evolver.budget import BudgetExceeded
+from evolver.llm import scripted
+from evolver.llm.budget import BudgetExceeded
 from evolver.config import load_config
-from evolver.engine import Engine
-from evolver.revert import RevertError, revert_event
-from evolver.synthesize import WATERMARK_KEY, SynthesisError, normalized_code, synthesize_round
+from evolver.agent.engine import Engine
+from evolver.meta.revert import RevertError, revert_event
+from evolver.meta.synthesize import WATERMARK_KEY, SynthesisError, normalized_code, synthesize_round
 from memory import NewTrajectory
 
 REVERSE = '''

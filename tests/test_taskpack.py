@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from evolver.checks import AnswerCheck, CommandCheck, PythonCheck
-from evolver.taskpack import SPLITS, PackTask, TaskPackError, bundled_pack, load_pack, parse_pack
-from evolver.verify import verify
+from evolver.judge.checks import AnswerCheck, CommandCheck, PythonCheck
+from evolver.judge.taskpack import SPLITS, PackTask, TaskPackError, bundled_pack, load_pack, parse_pack
+from evolver.judge.verify import verify
 from sandbox import Limits, write_text
 
 PACK = bundled_pack("basic")

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evolver import scripted
+from evolver.llm import scripted
 from evolver.config import load_config
-from evolver.engine import Engine
-from evolver.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
-from evolver.tree import TreeSearch, tree_view
-from evolver.tree_export import to_dot, to_html
-from evolver.worker import Worker
+from evolver.agent.engine import Engine
+from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
+from evolver.tree.search import TreeSearch, tree_view
+from evolver.tree.export import to_dot, to_html
+from evolver.service.worker import Worker
 from memory import NotFound
 
 PACK = "\n".join(json.dumps(t) for t in [
@@ -112,7 +112,7 @@ def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine
 def test_a_malformed_proposal_fails_the_step_and_makes_no_node(engine):
     e = engine([_proposer("I would make the prompt friendlier."), *SOLVER], "tree-malformed")
     search = _search(e)
-    from evolver.proposer import ProposalError
+    from evolver.tree.proposer import ProposalError
     with pytest.raises(ProposalError, match="not JSON"):
         _expanded(e, search)
     assert len(e.store.list_nodes()) == 1

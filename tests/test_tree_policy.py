@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
-from evolver.tree_policy import (
+from evolver.tree.policy import (
     NodeStats,
     choose_evaluee,
     choose_parent,

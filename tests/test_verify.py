@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from evolver.checks import CheckError, parse_check
-from evolver.verify import verify
+from evolver.judge.checks import CheckError, parse_check
+from evolver.judge.verify import verify
 
 
 def judge(check: dict, answer, sandbox, workspace):

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from evolver import scripted
+from evolver.llm import scripted
 from evolver.config import load_config
-from evolver.engine import Engine
-from evolver.worker import Worker
+from evolver.agent.engine import Engine
+from evolver.service.worker import Worker
 
 LOOP = {"rules": [
     {"match": "^42$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}},

@@ -1,9 +1,8 @@
-"""The ASGI app: routes, the error shape, the body cap and the TCP token."""
+"""The ASGI app: its routers, the handlers that turn errors into their shape, the body cap and the TCP token."""
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 
@@ -15,50 +14,17 @@ from starlette.exceptions import HTTPException
 from memory import NotFound, StoreError
 
 from .. import __version__
-from ..budget import BudgetExceeded
-from ..incumbent import IncumbentError
-from ..jobs import JobError
-from ..revert import RevertError
+from ..llm.budget import BudgetExceeded
+from ..tree.incumbent import IncumbentError
+from . import chat, inspect, tasks
+from .errors import error_response, http_error, validation_error
+from .host import ServiceHost
+from ..meta.jobs import JobError
+from ..meta.revert import RevertError
 
-__all__ = ["create_app", "error_response"]
+__all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
-
-
-def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message, "param": param}}, status_code=status)
-
-
-def _where(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    return ".".join(parts) or "body"
-
-
-def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    for e in errors:
-        if e.get("type") == "json_invalid":
-            return error_response(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])}")
-    problems = []
-    for e in errors:
-        if e.get("type") == "extra_forbidden":
-            problems.append(f"{_where(e['loc'])}: unknown field")
-        elif e.get("type") == "missing" and tuple(e["loc"]) == ("body",):
-            problems.append("a JSON body is required")
-        else:
-            problems.append(f"{_where(e['loc'])}: {e['msg'].removeprefix('Value error, ')}")
-    first = _where(errors[0]["loc"]) if errors else None
-    return error_response(422, "invalid_request", "; ".join(problems), first)
-
-
-def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    kind = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "http_error")
-    message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-    if exc.status_code == 400 and message == "There was an error parsing the body":
-        return error_response(400, "invalid_json", "the body could not be parsed: it must be JSON in UTF-8")
-    if exc.status_code == 404 and message == "Not Found":
-        message = f"there is no route {request.method} {request.url.path}; /openapi.json lists them"
-    return error_response(exc.status_code, kind, message)
 
 
 class BodyCap:
@@ -118,14 +84,14 @@ class TcpToken:
 
 
 def create_app(daemon) -> FastAPI:
-    """The API over a running daemon (``evolver.daemon.Daemon``)."""
+    """The API over a running daemon (``evolver.service.daemon.Daemon``)."""
     from . import chat, inspect, tasks
 
     app = FastAPI(title="evolver", version=__version__, docs_url=None, redoc_url=None,
                   description="A self-evolving agent daemon with experience memory, over a Unix socket.")
     app.state.daemon = daemon
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(NotFound, lambda r, e: error_response(404, "not_found", str(e)))
     app.add_exception_handler(IncumbentError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(JobError, lambda r, e: error_response(409, "conflict", str(e)))

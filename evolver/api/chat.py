@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..budget import BudgetExceeded
-from .app import error_response
+from ..llm.budget import BudgetExceeded
+from .errors import error_response
 from .models import ChatIn, errors
 
 router = APIRouter(tags=["chat"])

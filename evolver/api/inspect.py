@@ -7,9 +7,10 @@ from typing import Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
-from .. import incumbent, views
-from .app import error_response
-from ..revert import revert_event
+from ..tree import incumbent
+from . import views
+from .errors import error_response
+from ..meta.revert import revert_event
 from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, errors
 
 router = APIRouter(tags=["inspection"])

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..checks import CheckError, parse_check
+from ..judge.checks import CheckError, parse_check
 
 __all__ = ["TaskIn", "FeedbackIn", "SearchIn", "EvolveIn", "PromoteIn", "RollbackIn", "RevertIn", "ChatIn",
            "ErrorOut", "errors", "MAX_ID", "MAX_DEPTH"]

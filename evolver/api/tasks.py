@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from memory import TERMINAL_STATUSES, NotFound
 
-from .. import views
-from ..views import task_json
-from .app import error_response
+from . import views
+from .views import task_json
+from .errors import error_response
 from .models import MAX_ID, FeedbackIn, TaskIn, errors
 
 router = APIRouter(tags=["tasks"])

@@ -1,4 +1,9 @@
-"""The `evolver` command (click + rich): one module per family of subcommands."""
+"""The `evolver` command (click + rich): one module per family of subcommands, and ``client``,
+the socket client each of them calls.
+
+Imports: anything of evolver (it starts the daemon for ``up --foreground``);
+nothing imports it.
+"""
 
 from . import daemon, demo, inspect, local, tasks  # noqa: F401  (each registers its commands on `cli`)
 from .base import cli, main

@@ -21,12 +21,12 @@ from rich.table import Table
 from memory import StoreError
 from sandbox import SandboxError
 
-from ..budget import BudgetExceeded
-from ..client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenied
+from ..llm.budget import BudgetExceeded
+from .client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenied
 from ..config import ConfigError, load_config
-from ..model import ModelError
-from ..scaffold import ScaffoldError
-from ..sockets import SocketError
+from ..llm.client import ModelError
+from ..agent.scaffold import ScaffoldError
+from ..service.sockets import SocketError
 from ..storage import open_store
 
 # Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused,
@@ -55,7 +55,7 @@ class State:
 
     @property
     def socket_path(self) -> Path:
-        from ..daemon import socket_path
+        from ..service.daemon import socket_path
 
         return socket_path(self.config, self.data_dir)
 
@@ -65,7 +65,7 @@ class State:
     @contextmanager
     def api_or_store(self) -> Iterator[tuple[Client | None, object]]:
         """The daemon's client when it runs; otherwise the store, opened read-only (inspection only)."""
-        from ..sockets import probe
+        from ..service.sockets import probe
 
         if self.socket_path.exists() and probe(self.socket_path):
             with self.client() as client:

@@ -10,9 +10,9 @@ import time
 
 import click
 
-from ..client import ClientError, DaemonNotRunning
-from ..sockets import probe
-from ..systemd import render_unit, unit_path
+from .client import ClientError, DaemonNotRunning
+from ..service.sockets import probe
+from ..service.systemd import render_unit, unit_path
 from .base import EXIT_NO_DAEMON, State, cli, err, out, print_json, table
 
 
@@ -27,7 +27,7 @@ def _log_path(state: State):
 @click.pass_obj
 def up(state: State, foreground: bool, timeout_s: float) -> None:
     """Start the daemon (in the background unless --foreground)."""
-    from ..daemon import Daemon
+    from ..service.daemon import Daemon
 
     if foreground:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -106,7 +106,7 @@ def stop_daemon(state: State, *, timeout_s: float) -> int:
 @click.pass_obj
 def status(state: State, as_json: bool) -> None:
     """Whether the daemon runs, and what it is doing: queue, workers, budget, incumbent, next jobs."""
-    from .. import incumbent
+    from ..tree import incumbent
 
     try:
         with state.client(timeout_s=10) as client:

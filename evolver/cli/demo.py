@@ -24,7 +24,7 @@ from memory import NewTrajectory
 
 from ..config import load_config
 from ..storage import open_store
-from ..taskpack import bundled_pack
+from ..judge.taskpack import bundled_pack
 from .base import State, cli, out, table
 from .daemon import spawn_daemon, stop_daemon
 from .inspect import show_tree

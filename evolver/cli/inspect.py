@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 from rich.tree import Tree
 
-from .. import views
+from ..api import views
 from .base import State, cli, err, out, print_json, table
 
 
@@ -53,7 +53,7 @@ def show_tree(data: dict) -> None:
 @click.pass_obj
 def tree(state: State, fmt: str, as_json: bool, output: str | None) -> None:
     """The self-modification tree: every scaffold node, its counts, and which one is served."""
-    from ..tree_export import to_dot, to_html
+    from ..tree.export import to_dot, to_html
 
     with state.api_or_store() as (client, store):
         data = client.get("/v1/tree") if client else views.tree(store, state.config.evolution.promotion_quantile)

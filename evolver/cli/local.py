@@ -10,9 +10,9 @@ from dataclasses import asdict
 import click
 
 
-from .. import views
+from ..api import views
 from ..config import default_config_path, render_config
-from ..sockets import probe
+from ..service.sockets import probe
 from .base import State, _check_from_options, _print_step, cli, err, out, print_json, table
 
 
@@ -142,8 +142,8 @@ def memory_check(state: State) -> None:
 def run(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, quiet: bool,
         as_json: bool) -> None:
     """Solve one task now, in the foreground, and record it in the store."""
-    from ..checks import CheckError, parse_check
-    from ..engine import Engine
+    from ..judge.checks import CheckError, parse_check
+    from ..agent.engine import Engine
 
     if not text.strip():
         raise click.UsageError("TEXT is empty; say what the task is.")
@@ -176,7 +176,8 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
 
     With the daemon running, its workers solve the pack (as low-priority tasks);
     otherwise it runs here, in the foreground."""
-    from ..taskpack import TaskPackError, resolve_pack
+    from ..judge.catalog import resolve_pack
+    from ..judge.taskpack import TaskPackError
 
     try:
         tasks = resolve_pack(pack)
@@ -204,7 +205,7 @@ def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
 
 
 def _bench_here(state: State, tasks) -> list[dict]:
-    from ..engine import Engine
+    from ..agent.engine import Engine
 
     results = []
     with Engine.open(state.config, data_dir=state.data_dir) as engine:

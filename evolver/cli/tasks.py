@@ -10,8 +10,8 @@ import click
 import httpx
 from rich.markup import escape
 
-from .. import views
-from ..client import ApiError, decode
+from ..api import views
+from .client import ApiError, decode
 from .base import State, _check_from_options, cli, err, out, print_json, table
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memory import Event, Node, NotFound, Store
 
-from .scaffold import Scaffold, load_scaffold
+from ..agent.scaffold import Scaffold, load_scaffold
 
 __all__ = ["IncumbentError", "ensure_root", "incumbent", "promote", "rollback", "scaffold_of"]
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from memory import Store, _offline  # noqa: F401  (before litellm)
 
 from .budget import BudgetGuard
-from .config import ModelSettings
+from ..config import ModelSettings
 from . import scripted
 
 __all__ = ["ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls"]

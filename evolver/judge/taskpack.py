@@ -4,7 +4,7 @@ One JSON object per line:
 
     {"id": "arith-001",                      unique within the pack
      "prompt": "A train leaves at ...",      the task text
-     "check": {"type": "answer", ...},       required; see evolver/checks.py
+     "check": {"type": "answer", ...},       required; see evolver/judge/checks.py
      "tags": ["arithmetic"],                 optional
      "split": "train",                       "train" (default) or "test" (held out)
      "files": {"data.csv": "a,b\\n1,2\\n"}}  optional: files put in the workspace first
@@ -130,13 +130,3 @@ def bundled_pack(name: str = "basic") -> list[PackTask]:
         raise TaskPackError(f"there is no bundled pack named {name!r}")
     return parse_pack(resource.read_text(encoding="utf-8"), f"{name}.jsonl")
 
-
-def resolve_pack(name: str) -> list[PackTask]:
-    """A pack by what a person would type: "humaneval", a JSONL file's path, or a bundled pack's name."""
-    if name == "humaneval":
-        from .humaneval import humaneval_tasks  # its problems load only when asked for
-
-        return humaneval_tasks()
-    if Path(name).exists():
-        return load_pack(name)
-    return bundled_pack(name)

@@ -27,12 +27,13 @@ import numpy as np
 
 from memory import Node, Store, Task
 
-from . import tree_policy as policy
-from .engine import Engine
+from . import policy
+from ..agent.engine import Engine
 from .incumbent import incumbent, promote, scaffold_of
 from .proposer import InvalidProposal, apply_edit, propose, scaffold_diff, validate
-from .scaffold import ScaffoldError
-from .taskpack import TaskPackError, resolve_pack
+from ..agent.scaffold import ScaffoldError
+from ..judge.catalog import resolve_pack
+from ..judge.taskpack import TaskPackError
 
 __all__ = ["TreeSearch", "EvalItem", "SERVABLE", "node_stats", "tree_view"]
 

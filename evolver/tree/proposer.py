@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from memory import Node, Store
 
-from .engine import Engine, sandbox_limits
-from .scaffold import Scaffold, ScaffoldError, load_scaffold
+from ..agent.engine import Engine, sandbox_limits
+from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
 
 __all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "validate", "scaffold_diff"]
 

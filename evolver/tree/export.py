@@ -1,6 +1,6 @@
 """The tree for people: Graphviz DOT, and one standalone HTML page (no network, no CDN).
 
-Both are drawn from the tree view (``evolver.tree.tree_view``): each node is
+Both are drawn from the tree view (``evolver.tree.search.tree_view``): each node is
 colored by its clade's posterior mean (red for clades that fail, green for
 clades that succeed), invalid nodes are grey, the incumbent is outlined. The
 HTML page lays the tree out as nested lists, so it needs no script library; a

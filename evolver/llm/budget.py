@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from memory import Store
 
-from .config import BudgetSettings
+from ..config import BudgetSettings
 
 __all__ = ["BudgetGuard", "BudgetExceeded", "BACKGROUND_PURPOSES"]
 

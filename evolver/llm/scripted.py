@@ -35,6 +35,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ def script_for(model: str) -> Script:
     with _SCRIPTS_LOCK:
         script = _SCRIPTS.get(name)
     if script is None and name == "demo":
-        script = register_script("demo", Script.from_file(Path(__file__).parent / "data" / "demo_script.json"))
+        script = register_script("demo", Script.from_file(Path(str(resources.files("evolver").joinpath("data", "demo_script.json")))))
     if script is None and name.endswith(".json") and Path(name).is_absolute() and Path(name).is_file():
         # "scripted//abs/path/script.json": how a daemon in another process gets a test's script.
         script = register_script(name, Script.from_file(Path(name)))

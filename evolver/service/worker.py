@@ -21,7 +21,7 @@ from typing import Callable
 
 from memory import Lease, Step, Store, Task
 
-from .agent import Agent, TaskResult
+from ..agent.loop import Agent, TaskResult
 
 __all__ = ["Worker", "WorkerResult"]
 

@@ -3,7 +3,7 @@
 Input: the trajectories finished since this job's watermark, each beside a
 similar past task that went the other way (success against failure), and the
 active insights numbered 1..n. The model answers with insight operations
-(``evolver.insights``); they are checked whole, recorded as one "distill" event
+(``evolver.meta.insights``); they are checked whole, recorded as one "distill" event
 with the trajectories as evidence, and applied in one transaction. Only then
 does the watermark move, so a failed round (model error, bad answer, no
 budget) changes nothing and the next round sees the same trajectories again.
@@ -15,9 +15,9 @@ import json
 
 from memory import Filters, Store
 
-from .config import Config
+from ..config import Config
 from .insights import apply_ops, numbered, parse_ops, plan_changes, render
-from .model import ModelClient
+from ..llm.client import ModelClient
 
 __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 

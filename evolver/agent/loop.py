@@ -21,11 +21,11 @@ from memory import Context, Step, Store, Task
 from sandbox import Limits, Sandbox, write_text
 from tools import TaskTools, ToolRegistry, ToolSpec
 
-from .budget import BudgetExceeded
-from .checks import parse_check
-from .model import ModelClient, ModelError, ModelReply
+from ..llm.budget import BudgetExceeded
+from ..judge.checks import parse_check
+from ..llm.client import ModelClient, ModelError, ModelReply
 from .scaffold import Scaffold
-from .verify import Verdict, verify
+from ..judge.verify import Verdict, verify
 
 __all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from memory import Store
 from tools import ToolFileError, ToolFiles, ToolRegistry, ToolSpec, ToolSpecError, spec_from_source
 
-from .config import EvolutionSettings
+from ..config import EvolutionSettings
 
 __all__ = ["Toolbox"]
 

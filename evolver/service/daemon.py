@@ -5,7 +5,7 @@ mood; one loop in the main thread acts on it. On SIGTERM (or `evolver down`)
 the daemon stops taking work, lets running tasks reach a step boundary within
 ``[daemon] shutdown_grace_s``, sends what is unfinished back to the queue for
 the next start, stops the API and exits 0. The socket is the single-instance
-lock: ``evolver.sockets.bind`` refuses when a live daemon answers on it.
+lock: ``evolver.service.sockets.bind`` refuses when a live daemon answers on it.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from pathlib import Path
 
 from memory import IndexBusy, Step, Store, Task
 
-from .agent import Agent, TaskResult
-from .budget import start_of_day
-from .config import Config
-from .engine import Engine
+from ..agent.loop import Agent, TaskResult
+from ..llm.budget import start_of_day
+from ..config import Config
+from ..agent.engine import Engine
 from .feed import Feed
-from .incumbent import ensure_root, incumbent, scaffold_of
+from ..tree.incumbent import ensure_root, incumbent, scaffold_of
 from .intake import Intake
-from .jobs import Jobs, builtin_jobs
-from .scaffold import Scaffold
+from ..meta.jobs import Jobs, builtin_jobs
+from ..agent.scaffold import Scaffold
 from .sockets import SocketError, bind
-from .tree import TreeSearch
+from ..tree.search import TreeSearch
 from .worker import Worker
 
 __all__ = ["Daemon", "Mood", "socket_path"]
@@ -108,7 +108,7 @@ class Daemon:
             ensure_root(self.store, self.engine.seed_scaffold())
             self.intake = Intake(self.store, on_committed=self.task_submitted)
             self.intake.start()
-            from .api import create_app
+            from ..api import create_app
             from .server import ApiServer
 
             server = ApiServer(create_app(self), [bound.sock] + ([tcp] if tcp else []))

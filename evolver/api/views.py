@@ -12,7 +12,7 @@ from dataclasses import asdict
 from memory import Filters, Store
 from tools import builtin_specs
 
-from .incumbent import scaffold_of
+from ..tree.incumbent import scaffold_of
 
 __all__ = ["task_json", "task_detail", "task_list", "search", "insights", "tools", "tree", "node", "history"]
 
@@ -66,7 +66,7 @@ def tools(store: Store, *, status: str = "active") -> dict:
 
 def tree(store: Store, quantile: float = 0.05) -> dict:
     """Every node with its counts (own, clade, held-out), posterior mean and bound, and the incumbent."""
-    from .tree import tree_view
+    from ..tree.search import tree_view
 
     return tree_view(store, quantile)
 

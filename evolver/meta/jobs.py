@@ -17,19 +17,32 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from .budget import BudgetExceeded
-from .config import Config
+from memory import Store
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
+from ..llm.budget import BudgetExceeded
+from ..agent.engine import Engine
+from ..config import Config
+from ..tree.search import TreeSearch
 
-__all__ = ["Job", "JobRound", "Jobs", "JobError", "builtin_jobs"]
+
+__all__ = ["Job", "JobRound", "Jobs", "JobError", "JobHost", "builtin_jobs"]
 
 log = logging.getLogger(__name__)
+
+
+class JobHost(Protocol):
+    """What a job works with: the daemon keeps this (the jobs never import the service that runs them)."""
+
+    config: Config
+    engine: Engine
+    tree: TreeSearch | None
+
+    @property
+    def store(self) -> Store: ...
 
 
 class JobError(ValueError):
@@ -39,11 +52,11 @@ class JobError(ValueError):
 @dataclass
 class Job:
     name: str
-    run: Callable[["Daemon"], str]
+    run: Callable[[JobHost], str]
     every_min: float
     description: str
     after: int | None = None  # also due after this many new items of work...
-    pending: Callable[["Daemon"], int] | None = None  # ...as counted by this (up to ``after``)
+    pending: Callable[[JobHost], int] | None = None  # ...as counted by this (up to ``after``)
     purpose: str | None = None  # the budget purpose its model calls are charged to
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -57,48 +70,48 @@ class JobRound:
     event_id: int | None
 
 
-def _reconcile(daemon: "Daemon") -> str:
-    fixed = daemon.store.reconcile()
+def _reconcile(host: JobHost) -> str:
+    fixed = host.store.reconcile()
     return f"index agrees with the database; repaired {sum(fixed.values())} entries"
 
 
-def _distill(daemon: "Daemon") -> str:
+def _distill(host: JobHost) -> str:
     from .distill import distill_round
 
-    return distill_round(daemon.store, daemon.engine.model, daemon.config)
+    return distill_round(host.store, host.engine.model, host.config)
 
 
-def _synthesize(daemon: "Daemon") -> str:
+def _synthesize(host: JobHost) -> str:
     from .synthesize import synthesize_round
 
-    return synthesize_round(daemon.engine)
+    return synthesize_round(host.engine)
 
 
-def _new_for_synthesis(limit: int) -> Callable[["Daemon"], int]:
-    def count(daemon: "Daemon") -> int:
+def _new_for_synthesis(limit: int) -> Callable[[JobHost], int]:
+    def count(host: JobHost) -> int:
         from .synthesize import pending_trajectories
 
-        return pending_trajectories(daemon.store, limit)
+        return pending_trajectories(host.store, limit)
     return count
 
 
-def _evolve(daemon: "Daemon") -> str:
-    return daemon.tree.step()
+def _evolve(host: JobHost) -> str:
+    return host.tree.step()
 
 
-def _free_evaluation_slots(daemon: "Daemon") -> int:
+def _free_evaluation_slots(host: JobHost) -> int:
     """The tree search may act when an evaluation slot is free (or a proposed node awaits validation)."""
-    store = daemon.store
+    store = host.store
     if any(n.status == "proposed" for n in store.list_nodes()):
         return 1
-    return max(0, daemon.config.evolution.evaluation_slots - len(store.running_evaluations()))
+    return max(0, host.config.evolution.evaluation_slots - len(store.running_evaluations()))
 
 
-def _new_trajectories(limit: int) -> Callable[["Daemon"], int]:
-    def count(daemon: "Daemon") -> int:
+def _new_trajectories(limit: int) -> Callable[[JobHost], int]:
+    def count(host: JobHost) -> int:
         from .distill import watermark
 
-        return len(daemon.store.finished_since(watermark(daemon.store), limit=limit))
+        return len(host.store.finished_since(watermark(host.store), limit=limit))
     return count
 
 
@@ -121,8 +134,8 @@ def builtin_jobs(config: Config) -> list[Job]:
 
 
 class Jobs:
-    def __init__(self, daemon: "Daemon", jobs: list[Job]) -> None:
-        self.daemon = daemon
+    def __init__(self, host: JobHost, jobs: list[Job]) -> None:
+        self.host = host
         self.jobs = {job.name: job for job in jobs}
         self.scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1,
                                                            "misfire_grace_time": 3600})
@@ -138,19 +151,19 @@ class Jobs:
     def _triggers(self) -> None:
         for job in self.jobs.values():
             if job.after and job.pending is not None and not job.lock.locked():
-                if job.pending(self.daemon) >= job.after:
+                if job.pending(self.host) >= job.after:
                     self._scheduled(job.name)
 
     def _blocked(self, job: Job) -> str | None:
         """Why a scheduled round should wait, or None."""
-        if self.daemon.config.evolution.wait_for_idle:
+        if self.host.config.evolution.wait_for_idle:
             # The search's own evaluation tasks are not a person's work: they never hold a job.
-            depth = self.daemon.store.queue_depth(excluding=("evaluation",))
+            depth = self.host.store.queue_depth(excluding=("evaluation",))
             if depth.get("queued") or depth.get("running"):
                 return "the inbox has work"
         if job.purpose is not None:
             try:
-                self.daemon.engine.model.budget.check(purpose=job.purpose, tokens=1)
+                self.host.engine.model.budget.check(purpose=job.purpose, tokens=1)
             except BudgetExceeded as exc:
                 return str(exc)
         return None
@@ -188,12 +201,12 @@ class Jobs:
         started = time.perf_counter()
         try:
             try:
-                summary, ok = job.run(self.daemon), True
+                summary, ok = job.run(self.host), True
             except Exception as exc:  # a failed round is loud and recorded, never silent
                 log.exception("job %s failed", name)
                 summary, ok = f"{type(exc).__name__}: {exc}", False
             seconds = time.perf_counter() - started
-            event = self.daemon.store.append_event(
+            event = self.host.store.append_event(
                 "job" if ok else "job_failed", f"{name}: {summary}", why=job.description,
                 payload={"job": name, "seconds": round(seconds, 3)})
             return JobRound(job=name, ok=ok, summary=summary, seconds=seconds, event_id=event.id)

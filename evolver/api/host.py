@@ -1,0 +1,54 @@
+"""What the API asks of the process that serves it, as protocols.
+
+The daemon (``evolver.service.daemon.Daemon``) keeps these; the API never
+imports it, so the arrow points one way (service → api) and a test can serve
+the API over any object that keeps them.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Protocol
+
+from memory import Step, Store
+
+from ..agent.loop import TaskResult
+from ..config import Config
+from ..meta.jobs import Jobs
+
+__all__ = ["ServiceHost", "StepFeed", "TaskIntake"]
+
+
+class StepFeed(Protocol):
+    """Wakes the readers of a task's live steps."""
+
+    closed: threading.Event
+
+    def publish(self, task_id: str) -> None: ...
+
+    async def wait(self, task_id: str, timeout: float) -> None: ...
+
+
+class TaskIntake(Protocol):
+    """Commits submitted tasks; the future gives ``(task, new)`` once the task is durable."""
+
+    def submit(self, **task: Any) -> Future: ...
+
+
+class ServiceHost(Protocol):
+    config: Config
+    started_at: float
+    feed: StepFeed
+    intake: TaskIntake
+    jobs: Jobs
+
+    @property
+    def store(self) -> Store: ...
+
+    def status(self) -> dict: ...
+
+    def request_stop(self, reason: str) -> None: ...
+
+    def chat(self, prompt: str, *, on_step: Callable[[Step], None] | None = None,
+             metadata: dict | None = None) -> TaskResult: ...

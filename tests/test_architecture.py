@@ -1,0 +1,77 @@
+"""The house: the import contracts of pyproject.toml hold, and they are not decoration.
+
+`lint-imports` (import-linter) checks the arrows drawn in README's "Layout"
+section: memory, sandbox and tools stay below evolver, the judge imports
+nothing evolution can change, the meta-agent and the tree never reach into the
+service, the API knows the daemon only through a protocol, evolver's
+subpackages form layers, and no package has an import cycle at any depth.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("evolver", "memory", "tools", "sandbox")
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _copy(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copy(REPO / "pyproject.toml", root)
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    return root
+
+
+def test_the_import_contracts_hold():
+    result = _lint(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("module, back_import, broken", [
+    ("evolver/judge/verify.py", "from evolver.agent import loop", "the judge imports nothing"),
+    ("evolver/meta/distill.py", "from evolver.service import daemon", "never reach into the service"),
+    ("evolver/api/views.py", "from evolver.service import daemon", "only through a protocol"),
+    ("memory/records.py", "import evolver.config", "memory, the experience store"),
+    ("evolver/agent/scaffold.py", "from evolver.tree import incumbent", "each imports only those below it"),
+    ("sandbox/limits.py", "from sandbox import worker", "no import cycles"),
+])
+def test_a_back_import_breaks_a_contract(tmp_path, module, back_import, broken):
+    """Each contract fails CI when an arrow is drawn backwards (in a copy of the packages)."""
+    root = _copy(tmp_path)
+    path = root / module
+    path.write_text(path.read_text() + f"\n{back_import}  # the arrow drawn backwards\n")
+    result = _lint(root)
+    assert result.returncode != 0, result.stdout
+    broken_lines = [line for line in result.stdout.splitlines() if line.endswith(" BROKEN")]
+    assert any(broken in line for line in broken_lines), result.stdout
+
+
+@pytest.mark.parametrize("package", [
+    "evolver", "evolver.llm", "evolver.agent", "evolver.judge", "evolver.meta", "evolver.tree", "evolver.service",
+    "evolver.api", "evolver.cli", "memory", "tools", "sandbox"])
+def test_every_package_says_what_lives_there_and_exports_only_what_it_names(package):
+    module = importlib.import_module(package)
+    doc = (module.__doc__ or "").lower()
+    assert "import" in doc or "depend" in doc, f"{package}'s docstring says what it may import"
+    assert isinstance(module.__all__, list) and module.__all__
+    for name in module.__all__:
+        assert hasattr(module, name) or importlib.util.find_spec(f"{package}.{name}") is not None, \
+            f"{package}.__all__ names {name!r}, which it does not have"
