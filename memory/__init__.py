@@ -19,6 +19,7 @@ from .errors import (
 )
 from .records import (
     Context,
+    Ending,
     Evaluation,
     Event,
     Insight,
@@ -40,7 +41,7 @@ from .tool_log import NewTool, RecordedCall
 
 __all__ = [
     "Store", "StoreOptions", "NewTrajectory", "NewTool", "RecordedCall", "Filters", "Lease", "TERMINAL_STATUSES", "Embedder", "bundled_model_path", "new_id",
-    "Task", "Trajectory", "Step", "Outcome", "Insight", "ToolRecord", "Node", "Evaluation",
+    "Ending", "Task", "Trajectory", "Step", "Outcome", "Insight", "ToolRecord", "Node", "Evaluation",
     "LedgerEntry", "Event", "TrajectoryHit", "InsightHit", "ToolHit", "Context",
     "StoreError", "StoreCorrupt", "StoreLocked", "StoreReadOnly", "StoreFull", "IndexBusy",
     "EmbeddingMismatch", "NotFound",

@@ -348,3 +348,9 @@ def _tree_search(db: sqlite_utils.Database) -> None:
         CREATE INDEX evaluations_status ON evaluations (status, node_id);
         """
     )
+
+
+@MIGRATIONS(name="0007_task_ending")
+def _task_ending(db: sqlite_utils.Database) -> None:
+    # How a task's last run ended, typed (memory.records.Ending), so callers never parse ``error``.
+    db.execute("ALTER TABLE tasks ADD COLUMN ending TEXT")

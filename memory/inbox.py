@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import NotFound
-from .records import Task
+from .records import Ending, Task
 
 __all__ = ["Inbox", "Lease", "TERMINAL"]
 
@@ -86,16 +86,18 @@ class Inbox:
             return None
         return Lease(task=lease.task, owner=lease.owner, token=lease.token, expires_at=expires)
 
-    def complete_task(self, lease: Lease, status: str, *, error: str | None = None) -> bool:
+    def complete_task(self, lease: Lease, status: str, *, error: str | None = None,
+                      ending: Ending | None = None) -> bool:
         """Record how the leased run ended. False (and nothing written) if the lease was lost."""
         if status not in TERMINAL:
             raise ValueError(f"a task ends as one of {TERMINAL}, not {status!r}")
         now = time.time()
         with self._write() as db:
             cursor = db.execute(
-                "UPDATE tasks SET status = ?, error = ?, lease_owner = NULL, lease_expires_at = NULL, "
+                "UPDATE tasks SET status = ?, error = ?, ending = ?, lease_owner = NULL, lease_expires_at = NULL, "
                 "updated_at = ?, finished_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
-                [status, error, now, now, lease.task.id, lease.token])
+                [status, error, None if ending is None else Ending(ending).value, now, now, lease.task.id,
+                 lease.token])
         return cursor.rowcount == 1
 
     def release_task(self, lease: Lease) -> bool:

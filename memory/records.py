@@ -7,11 +7,13 @@ rest of the program never sees a raw string where a structure belongs.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "Ending",
     "Task",
     "Trajectory",
     "Step",
@@ -52,8 +54,27 @@ class _Record:
                 value = json.loads(value)
             if key in ("success", "cancel_requested") and value is not None:
                 value = bool(value)
+            if key == "ending" and value is not None:
+                value = Ending(value)
             values[key] = value
         return cls(**values)
+
+
+class Ending(str, enum.Enum):
+    """How a run of a task ended, as a typed field (the task's ``error`` is the human sentence).
+
+    Callers decide on this, never on the wording of the error: a smoke task that
+    failed for want of budget is not the scaffold's fault, an internal error is.
+    """
+
+    ANSWERED = "answered"  # an answer its check accepted, or one with no check to judge it
+    CHECK_FAILED = "check_failed"  # the last attempt's answer failed its check
+    NO_ANSWER = "no_answer"  # no answer (a step limit) and no check to fall back on
+    CANCELLED = "cancelled"
+    BUDGET = "budget"  # the day's budget for its kind of work was spent
+    MODEL_ERROR = "model_error"  # the model could not be reached or answered nonsense after retries
+    INTERNAL_ERROR = "internal_error"  # a bug or a broken part of evolver
+    INTERRUPTED = "interrupted"  # the daemon stopped while it ran
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,7 @@ class Task(_Record):
     lease_expires_at: float | None = None
     cancel_requested: bool = False
     started_at: float | None = None
+    ending: Ending | None = None  # how its last run ended; None while it has not
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,11 @@ class Retrieval:
         kept = [(i, s) for i, s in hits if i in allowed]
         if len(kept) >= k or len(hits) < fetch:  # enough, or every row was a candidate
             return kept
-        return self.index.query(collection, vector, fetch, where=filters.chroma_where())
+        wider = self.index.query(collection, vector, fetch, where=filters.chroma_where())
+        if not filters.learnable:
+            return wider
+        allowed = self._filter_trajectories([i for i, _ in wider], filters)  # what Chroma cannot filter on
+        return [(i, s) for i, s in wider if i in allowed]
 
     def _filter_trajectories(self, ids: list[str], filters: Filters) -> set[str]:
         if not ids:
@@ -166,7 +170,8 @@ class Retrieval:
             embedded.append(self.embedder.embed_query(query))
             return embedded[0]
 
-        filters = Filters(success=True) if successful_only else None
+        # Held-out attempts are never shown, to any task (``learnable_sql``).
+        filters = Filters(success=True if successful_only else None, learnable=True)
         hits = self.search_trajectories(query, k=trajectories, filters=filters,
                                         vector=embed if self.index is not None else None)
         vector = embedded[0] if embedded else None

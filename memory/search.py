@@ -16,7 +16,19 @@ from typing import Any
 
 import sqlite_utils
 
-__all__ = ["Filters", "match_expression", "keyword_search", "fuse"]
+__all__ = ["Filters", "match_expression", "keyword_search", "fuse", "learnable_sql", "HELD_OUT_TASKS"]
+
+# The one rule for what a learner may see. A held-out task (any task whose
+# metadata puts it in the "test" split: the evaluations that decide promotions)
+# is never learned from and never shown: its attempts are not retrieved as
+# examples for any task, not contrasted by distillation, not mined by tool
+# synthesis and not sampled for the proposer. Everything else is learnable.
+HELD_OUT_TASKS = "SELECT id FROM tasks WHERE json_extract(metadata, '$.split') = 'test'"
+
+
+def learnable_sql(alias: str = "t") -> str:
+    """A WHERE fragment: the trajectory ``alias`` is not an attempt at a held-out task."""
+    return f"{alias}.task_id NOT IN ({HELD_OUT_TASKS})"
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 # Words so common in task texts that matching them says nothing; dropping them
@@ -48,9 +60,11 @@ class Filters:
     since: float | None = None
     until: float | None = None
     node_id: str | None = None
+    learnable: bool = False  # only what a learner may see (``learnable_sql``); Chroma cannot filter on it
 
     def is_empty(self) -> bool:
-        return self.success is None and self.since is None and self.until is None and self.node_id is None
+        return (self.success is None and self.since is None and self.until is None and self.node_id is None
+                and not self.learnable)
 
     def chroma_where(self) -> dict | None:
         clauses: list[dict] = []
@@ -81,6 +95,8 @@ class Filters:
         if self.node_id is not None:
             parts.append(f"{alias}.node_id = ?")
             params.append(self.node_id)
+        if self.learnable:
+            parts.append(learnable_sql(alias))
         return (" AND ".join(parts) or "1"), params
 
 

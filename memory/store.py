@@ -34,11 +34,12 @@ from .tool_log import ToolLog
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .records import (
-    Event, Evaluation, Insight, LedgerEntry, Node, Outcome,
+    Ending, Event, Evaluation, Insight, LedgerEntry, Node, Outcome,
     Step, Task, ToolRecord, Trajectory,
 )
 from .retrieval import Retrieval
 from .scaffolds import Snapshots
+from .search import learnable_sql
 
 __all__ = ["Store", "StoreOptions", "NewTrajectory", "new_id"]
 
@@ -355,13 +356,15 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
             [task_id, after_id, limit])
         return [(r.pop("event_id"), r.pop("attempt"), Step.from_row(r)) for r in rows]
 
-    def set_task_status(self, task_id: str, status: str, *, error: str | None = None) -> Task:
+    def set_task_status(self, task_id: str, status: str, *, error: str | None = None,
+                        ending: Ending | None = None) -> Task:
         now = time.time()
         finished = now if status in ("done", "failed", "cancelled", "dead") else None
         with self._write() as db:
             cursor = db.execute(
-                "UPDATE tasks SET status = ?, error = ?, updated_at = ?, finished_at = coalesce(?, finished_at) WHERE id = ?",
-                [status, error, now, finished, task_id],
+                "UPDATE tasks SET status = ?, error = ?, ending = ?, updated_at = ?, "
+                "finished_at = coalesce(?, finished_at) WHERE id = ?",
+                [status, error, None if ending is None else Ending(ending).value, now, finished, task_id],
             )
             if cursor.rowcount == 0:
                 raise NotFound(f"No task with id {task_id!r}.")
@@ -435,24 +438,30 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
         return Trajectory.from_row(self._require(row, "trajectory", trajectory_id))
 
     def trajectories_of(self, task_id: str) -> list[Trajectory]:
-        rows = self._all("SELECT * FROM trajectories WHERE task_id = ? ORDER BY attempt, started_at", [task_id])
+        """A task's attempts in the order they ran. By time, not by attempt number: a task sent back
+        to the queue (a drain, an expired lease) numbers its attempts from 1 again."""
+        rows = self._all("SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at, rowid", [task_id])
         return [Trajectory.from_row(r) for r in rows]
+
+    def last_trajectory(self, task_id: str) -> Trajectory | None:
+        """The task's newest attempt (see ``trajectories_of``), or None before its first."""
+        row = self._one("SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at DESC, rowid DESC LIMIT 1",
+                        [task_id])
+        return None if row is None else Trajectory.from_row(row)
 
     def finished_since(self, mark: tuple[float, str] | None, *, limit: int = 100) -> list[tuple[Trajectory, bool | None]]:
         """Trajectories finished after ``mark`` (finished_at, id), oldest first, with their success.
 
         A background job keeps the last one it processed as its watermark, so it
-        neither repeats nor skips work across restarts. Attempts at held-out
-        evaluation tasks are left out: nothing learned (insights, tools, which
+        neither repeats nor skips work across restarts. Only learnable attempts
+        (``memory.search.learnable_sql``): nothing learned (insights, tools, which
         the proposer sees) may come from the split that judges promotions.
         """
         at, last_id = mark or (0.0, "")
         rows = self._all(
             "SELECT t.*, o.success AS outcome_success FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
-            "LEFT JOIN tasks k ON k.id = t.task_id "
             "WHERE t.finished_at IS NOT NULL AND (t.finished_at > ? OR (t.finished_at = ? AND t.id > ?)) "
-            "AND NOT (coalesce(k.source, '') = 'evaluation' AND json_extract(k.metadata, '$.split') = 'test') "
-            "ORDER BY t.finished_at, t.id LIMIT ?", [at, at, last_id, limit])
+            f"AND {learnable_sql('t')} ORDER BY t.finished_at, t.id LIMIT ?", [at, at, last_id, limit])
         out = []
         for row in rows:
             success = row.pop("outcome_success")
@@ -460,21 +469,33 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
         return out
 
     def last_verdict(self, task_id: str) -> tuple[str, bool | None] | None:
-        """The task's last attempt and whether its check passed (None: no verdict), or None without one."""
-        row = self._one("SELECT t.id, o.success FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
-                        "WHERE t.task_id = ? ORDER BY t.attempt DESC, t.started_at DESC LIMIT 1", [task_id])
-        return None if row is None else (row["id"], None if row["success"] is None else bool(row["success"]))
+        """The task's last attempt (``last_trajectory``) and whether its check passed (None: no verdict),
+        or None without one."""
+        last = self.last_trajectory(task_id)
+        if last is None:
+            return None
+        outcome = self.outcome(last.id)
+        return last.id, None if outcome is None else outcome.success
 
     def finished_until(self, mark: tuple[float, str], *, limit: int = 100) -> list[str]:
-        """Ids of the trajectories finished at or before ``mark``, newest first (a job's look back),
-        without held-out evaluations (see ``finished_since``)."""
+        """Ids of the learnable trajectories finished at or before ``mark``, newest first (a job's
+        look back; see ``finished_since``)."""
         at, last_id = mark
         rows = self._all(
-            "SELECT t.id FROM trajectories t LEFT JOIN tasks k ON k.id = t.task_id WHERE t.finished_at IS NOT NULL "
+            "SELECT t.id FROM trajectories t WHERE t.finished_at IS NOT NULL "
             "AND (t.finished_at < ? OR (t.finished_at = ? AND t.id <= ?)) "
-            "AND NOT (coalesce(k.source, '') = 'evaluation' AND json_extract(k.metadata, '$.split') = 'test') "
-            "ORDER BY t.finished_at DESC, t.id DESC LIMIT ?", [at, at, last_id, limit])
+            f"AND {learnable_sql('t')} ORDER BY t.finished_at DESC, t.id DESC LIMIT ?", [at, at, last_id, limit])
         return [r["id"] for r in rows]
+
+    def learnable(self, trajectory_ids: list[str]) -> set[str]:
+        """Those of ``trajectory_ids`` a learner may see (``memory.search.learnable_sql``)."""
+        found: set[str] = set()
+        for start in range(0, len(trajectory_ids), 500):  # SQLite's variable limit
+            chunk = trajectory_ids[start:start + 500]
+            rows = self._all(f"SELECT t.id FROM trajectories t WHERE t.id IN ({','.join('?' * len(chunk))}) "
+                             f"AND {learnable_sql('t')}", chunk)
+            found.update(r["id"] for r in rows)
+        return found
 
     def steps(self, trajectory_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Step]:
         rows = self._all(

@@ -10,7 +10,7 @@ from evolver.llm import scripted
 from evolver.config import load_config
 from evolver.agent.engine import Engine
 from evolver.agent.scaffold import default_scaffold
-from memory import NewTrajectory
+from memory import Ending, NewTrajectory
 from tools import ToolFiles
 
 ADD = [
@@ -196,6 +196,8 @@ def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):
     task, _ = engine.store.add_task("Start, then break")
     result = engine.agent().run_task(task)
     assert result.status == "failed" and result.error.startswith("model error: ")
+    # How it ended is a typed field, on the result and stored with the task: nobody parses the error.
+    assert result.ending is Ending.MODEL_ERROR and engine.store.get_task(task.id).ending is Ending.MODEL_ERROR
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
     assert trajectory.status == "error"
     assert [s.role for s in engine.store.steps(trajectory.id)] == ["assistant", "tool"]
@@ -238,4 +240,5 @@ def test_an_internal_failure_is_recorded_on_the_task_not_raised(engine_for, monk
     result = engine.agent().run_task(task)
     assert result.status == "failed" and result.error == "internal error: RuntimeError: the tool layer broke"
     assert engine.store.get_task(task.id).status == "failed"
+    assert result.ending is Ending.INTERNAL_ERROR and engine.store.get_task(task.id).ending is Ending.INTERNAL_ERROR
     assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "error"

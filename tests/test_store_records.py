@@ -404,3 +404,23 @@ def test_a_transaction_indexes_its_rows_once_committed_and_none_of_a_rolled_back
     assert store.index.count("insights") == 1
     assert [h.text for h in store.search_insights("committed transaction", k=1)] == [
         "Committed with the rest of the transaction."]
+
+
+def test_the_last_attempt_is_the_newest_even_when_a_restart_numbers_attempts_again(store):
+    """A drained task runs again after the restart with attempts numbered from 1: the newest one,
+    not the highest number, is its last (verdicts, feedback and the CLI's answer all read it)."""
+    task, _ = store.add_task("What is 2 + 2?")
+    before_restart = []
+    for attempt in (1, 2):
+        trajectory = store.start_trajectory(task.id, attempt=attempt)
+        store.finish_trajectory(trajectory.id, status="finished", final_answer="5")
+        store.record_outcome(trajectory.id, success=False, verifier="answer")
+        before_restart.append(trajectory.id)
+    time.sleep(0.01)
+    after = store.start_trajectory(task.id, attempt=1)
+    store.finish_trajectory(after.id, status="finished", final_answer="4")
+    store.record_outcome(after.id, success=True, verifier="answer")
+
+    assert store.last_trajectory(task.id).id == after.id
+    assert store.last_verdict(task.id) == (after.id, True)
+    assert [t.id for t in store.trajectories_of(task.id)] == [*before_restart, after.id]

@@ -17,7 +17,7 @@ from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promo
 from evolver.tree.search import TreeSearch, tree_view
 from evolver.tree.export import to_dot, to_html
 from evolver.service.worker import Worker
-from memory import NotFound
+from memory import NewTrajectory, NotFound
 
 PACK = "\n".join(json.dumps(t) for t in [
     {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
@@ -387,3 +387,32 @@ def test_nothing_is_learned_from_the_held_out_split(engine):
     assert [e.store.get_task(t.task_id).metadata["split"] for t, _ in learnable] == ["train"]
     mark = (learnable[-1][0].finished_at + 1, "")
     assert len(e.store.finished_until(mark, limit=100)) == 1
+
+
+def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
+    """One rule decides what a learner may see: a solved held-out evaluation is not retrieved as an
+    example for the same task or another one, nor contrasted by distillation, nor sampled for the proposer."""
+    from evolver.meta.distill import _prompt
+    from evolver.tree.proposer import _attempts
+
+    e = engine([*SOLVER], "tree-held-out-prompts")
+    root = incumbent(e.store).id
+    e.store.start_evaluation(root, "pack:x:h1", split="test", task={
+        "prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}})
+    e.store.start_evaluation(root, "pack:x:t1", split="train", task={
+        "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}})
+    assert _run_queued(e, _search(e, slots=2)) == 2
+    held_out = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "test"}
+    trained = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "train"}
+    assert all(e.store.last_verdict(t)[1] for t in held_out | trained)  # both were solved
+
+    for prompt in ("What is 1 + 6?", "What is 1 + 7?", "What is 2 + 3?"):  # the same task, another, a trained one
+        shown = {hit.task_id for hit in e.store.context(prompt, trajectories=5).trajectories}
+        assert not shown & held_out, prompt
+    assert {hit.task_id for hit in e.store.context("What is 2 + 3?", trajectories=5).trajectories} & trained
+
+    # Distillation contrasts a failure with a similar success: never the held-out one.
+    failed = e.store.ingest([NewTrajectory(prompt="What is 1 + 6 ?", final_answer="8", success=False)])[0]
+    batch = [(e.store.get_trajectory(failed), False)]
+    assert "-> 7" not in _prompt(e.store, batch, [])
+    assert "1 + 6?" not in _attempts(e.store, e.store.get_node(root))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from memory import Context, Step, Store, Task
+from memory import Context, Ending, Step, Store, Task
 from sandbox import Limits, Sandbox, write_text
 from tools import TaskTools, ToolRegistry, ToolSpec
 
@@ -52,6 +52,7 @@ class Cancelled(Exception):
 class TaskResult:
     task_id: str
     status: str  # done, failed, cancelled
+    ending: Ending  # why: decide on this, never on the wording of ``error``
     answer: str | None
     success: bool | None
     attempts: int
@@ -126,7 +127,7 @@ class Agent:
         reflection: str | None = None
         answer: str | None = None
         verdict: Verdict | None = None
-        status, error = "failed", None
+        status, ending, error = "failed", Ending.INTERNAL_ERROR, None
         try:
             with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
                            observation_chars=self.observation_chars, allowed=tool_names,
@@ -150,33 +151,33 @@ class Agent:
                                                   verifier=verdict.verifier, verifier_output=verdict.output)
                     if verdict is None or verdict.success:
                         if verdict is None and answer is None:  # no check to fall back on
-                            status, error = "failed", f"no answer ({ended})"
+                            status, ending, error = "failed", Ending.NO_ANSWER, f"no answer ({ended})"
                         else:
-                            status = "done"
+                            status, ending = "done", Ending.ANSWERED
                         break
                     if not (params.reflect_retry and attempt < params.max_attempts):
-                        error = verdict.output
+                        ending, error = Ending.CHECK_FAILED, verdict.output
                         break
                     reflection = self._reflect(trajectory.id, task, messages, verdict, on_step, purpose)
         except Cancelled:
-            status, error = "cancelled", "cancelled"
+            status, ending, error = "cancelled", Ending.CANCELLED, "cancelled"
             self._close_open(trajectory_ids, "cancelled")
         except BudgetExceeded as exc:
-            status, error = "failed", str(exc)
+            status, ending, error = "failed", Ending.BUDGET, str(exc)
             self._close_open(trajectory_ids, "budget")
         except ModelError as exc:
-            status, error = "failed", f"model error: {exc}"
+            status, ending, error = "failed", Ending.MODEL_ERROR, f"model error: {exc}"
             self._close_open(trajectory_ids, "error")
         except Exception as exc:  # a bug or a broken part: the task says so, the caller keeps serving
             log.exception("task %s failed inside evolver", task.id)
-            status, error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+            status, ending, error = "failed", Ending.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"
             self._close_open(trajectory_ids, "error")
         finally:
             if not self.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)
         if record_status:
-            self.store.set_task_status(task.id, status, error=error)
-        return TaskResult(task_id=task.id, status=status, answer=answer,
+            self.store.set_task_status(task.id, status, error=error, ending=ending)
+        return TaskResult(task_id=task.id, status=status, ending=ending, answer=answer,
                           success=None if verdict is None else verdict.success, attempts=len(trajectory_ids),
                           trajectory_ids=trajectory_ids, verdict=verdict.output if verdict else None, error=error)
 

@@ -18,6 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from memory import Ending
+
 from ..llm.budget import BudgetExceeded
 from .errors import error_response
 from .models import ChatIn, errors
@@ -64,11 +66,10 @@ def _usage(daemon, task_id: str) -> dict:
 
 
 def _model_failure(result) -> JSONResponse | None:
-    error = result.error or ""
-    if result.status == "failed" and error.startswith("budget:"):
-        return error_response(429, "budget_exceeded", error)
-    if result.status == "failed" and error.startswith("model error:"):
-        return error_response(502, "model_error", error)
+    if result.ending is Ending.BUDGET:
+        return error_response(429, "budget_exceeded", result.error or "the budget is spent")
+    if result.ending is Ending.MODEL_ERROR:
+        return error_response(502, "model_error", result.error or "the model failed")
     return None
 
 

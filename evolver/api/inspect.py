@@ -7,7 +7,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
-from ..tree import incumbent
+from ..tree.incumbent import promote as promote_node, rollback as rollback_node
 from . import views
 from .errors import error_response
 from ..meta.revert import revert_event
@@ -91,10 +91,10 @@ def evolve(body: EvolveIn, request: Request) -> dict:
 
 @router.post("/promote", summary="Serve a node from the next task on", responses=errors(400, 409, 413, 422, 503))
 def promote(body: PromoteIn, request: Request) -> dict:
-    return asdict(incumbent.promote(_daemon(request).store, body.node_id, why=body.why))
+    return asdict(promote_node(_daemon(request).store, body.node_id, why=body.why))
 
 
 @router.post("/rollback", summary="Serve an earlier node (by default the previous incumbent)",
              responses=errors(400, 409, 413, 422, 503))
 def rollback(body: RollbackIn, request: Request) -> dict:
-    return asdict(incumbent.rollback(_daemon(request).store, body.node_id, why=body.why))
+    return asdict(rollback_node(_daemon(request).store, body.node_id, why=body.why))

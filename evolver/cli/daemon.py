@@ -106,7 +106,7 @@ def stop_daemon(state: State, *, timeout_s: float) -> int:
 @click.pass_obj
 def status(state: State, as_json: bool) -> None:
     """Whether the daemon runs, and what it is doing: queue, workers, budget, incumbent, next jobs."""
-    from ..tree import incumbent
+    from ..tree.incumbent import incumbent
 
     try:
         with state.client(timeout_s=10) as client:
@@ -115,7 +115,7 @@ def status(state: State, as_json: bool) -> None:
         info = {"mood": "not running", "socket": str(state.socket_path)}
         try:
             with state.store(readonly=True) as store:
-                node = incumbent.incumbent(store)
+                node = incumbent(store)
                 info.update(queue=store.queue_depth(), incumbent=node.id if node else None)
         except Exception as exc:  # no store yet, or unreadable: say so, the status itself still stands
             info["store"] = str(exc)

@@ -55,7 +55,8 @@ def _prompt(store: Store, batch, shown) -> str:
         lines.append(f"{n}. Task: {_clip(trajectory.prompt, 300)}\n   Answer: {_clip(trajectory.final_answer, 200)} "
                      f"({_outcome(success)})")
         if success is not None:
-            other = store.search_trajectories(trajectory.prompt, k=1, filters=Filters(success=not success))
+            other = store.search_trajectories(trajectory.prompt, k=1,
+                                              filters=Filters(success=not success, learnable=True))
             if other:
                 lines.append(f"   A similar task that {_outcome(not success)}: {_clip(other[0].prompt, 200)} -> "
                              f"{_clip(other[0].final_answer, 120)}")

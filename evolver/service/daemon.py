@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from memory import IndexBusy, Step, Store, Task
+from memory import Ending, IndexBusy, Step, Store, Task
 
 from ..agent.loop import Agent, TaskResult
 from ..llm.budget import start_of_day
@@ -180,7 +180,8 @@ class Daemon:
             log.warning("%d trajectories were cut off by a daemon that died; marked interrupted", interrupted)
         for task in self.store.list_tasks(status="running", limit=10_000):
             if task.lease_owner is None:
-                self.store.set_task_status(task.id, "failed", error="interrupted: the daemon stopped mid-run")
+                self.store.set_task_status(task.id, "failed", error="interrupted: the daemon stopped mid-run",
+                                           ending=Ending.INTERRUPTED)
         expired = self.store.expire_leases(except_owner_prefix=self.owner_prefix)
         if expired:
             log.warning("%d tasks were running in a daemon that died; they run again now", expired)

@@ -96,7 +96,7 @@ class Worker:
             released = self.store.release_task(lease)
             log.info("task %s: sent back to the queue for the restart", lease.task.id)
             return WorkerResult(result=result, recorded=False, lease_lost=not released, released=released)
-        recorded = self.store.complete_task(lease, result.status, error=result.error)
+        recorded = self.store.complete_task(lease, result.status, error=result.error, ending=result.ending)
         if not recorded:
             log.warning("task %s: lease lost; this worker's result (%s) was not recorded", lease.task.id,
                         result.status)

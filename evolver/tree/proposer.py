@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from memory import Node, Store
+from memory import Ending, Node, Store
 
 from ..agent.engine import Engine, sandbox_limits
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
@@ -65,8 +65,10 @@ def _clip(text: str | None, chars: int) -> str:
 
 
 def _attempts(store: Store, node: Node) -> str:
-    """The parent's finished training evaluations, failures first, within SAMPLE_CHARS."""
+    """The parent's finished training evaluations that a learner may see, failures first, within SAMPLE_CHARS."""
     done = [e for e in store.evaluations_of(node.id) if e.split == "train" and e.status == "done" and e.trajectory_id]
+    shown = store.learnable([e.trajectory_id for e in done])
+    done = [e for e in done if e.trajectory_id in shown]
     done.sort(key=lambda e: (bool(e.success), -e.id))
     lines, left = [], SAMPLE_CHARS
     for evaluation in done[:SAMPLE]:
@@ -175,7 +177,7 @@ def validate(engine: Engine, child: Scaffold, node_id: str, smoke: dict) -> None
             raise InvalidProposal(f"its hooks do not load in the sandbox: {problem}")
     task, _ = engine.store.add_task(**{**smoke, "source": "smoke", "status": "running"})
     result = engine.agent(child, node_id=node_id).run_task(task)
-    if result.error and result.error.startswith("internal error"):
+    if result.ending is Ending.INTERNAL_ERROR:
         raise InvalidProposal(f"the smoke task did not run: {result.error}")
-    if result.error and (result.error.startswith("model error") or result.error.startswith("budget")):
+    if result.ending in (Ending.MODEL_ERROR, Ending.BUDGET):
         raise RuntimeError(f"the smoke task could not be judged: {result.error}")
