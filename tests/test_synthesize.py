@@ -313,6 +313,9 @@ def test_a_failing_tool_is_retired_and_the_retirement_can_be_reverted(engine):
         e.toolbox.record_use(spec, ok)
     assert e.store.list_tools()[0].status == "active"  # two uses: not enough to judge
     e.toolbox.record_use(spec, False)  # 1 of 3 succeeded: under 50 %
+    # Not under the task that is using it: the tool is retired between tasks, when the next one starts.
+    assert e.store.list_tools()[0].status == "active" and e.registry.get("reverse_text") is not None
+    e.agent()
     (tool,) = e.store.list_tools(status=None)
     assert tool.status == "retired" and (tool.uses, tool.successes) == (3, 1)
     assert e.registry.get("reverse_text") is None

@@ -29,6 +29,13 @@ class ToolRegistry:
             self._specs[spec.name] = spec
         return spec
 
+    def snapshot(self) -> "ToolRegistry":
+        """A copy that later registrations and removals leave alone: one task sees one tool set."""
+        copy = ToolRegistry()
+        with self._lock:
+            copy._specs = dict(self._specs)
+        return copy
+
     def remove(self, name: str) -> None:
         with self._lock:
             self._specs.pop(name, None)

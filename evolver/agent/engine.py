@@ -75,8 +75,8 @@ class Engine:
         return load_scaffold(Path(path).expanduser()) if path else default_scaffold()
 
     def agent(self, scaffold: Scaffold | None = None, *, node_id: str | None = None) -> Agent:
-        self.toolbox.refresh()
-        return Agent(store=self.store, model=self.model, sandbox=self.sandbox, registry=self.registry,
+        self.toolbox.refresh()  # between tasks: retirements and new tools take effect here
+        return Agent(store=self.store, model=self.model, sandbox=self.sandbox, registry=self.registry.snapshot(),
                      scaffold=scaffold or self.seed_scaffold(), workspace_root=self.data_dir / "workspaces",
                      node_id=node_id, observation_chars=self.config.agent.observation_chars,
                      keep_workspaces=self.config.agent.keep_workspaces, limits=sandbox_limits(self.config),

@@ -6,7 +6,9 @@ cheap when nothing changed, so every new agent calls it: a tool registered,
 retired or reverted by any path is offered, or withdrawn, from the next task
 on). Every call a synthesized tool carries out is counted; once a tool has
 been used enough and too few of its calls succeed, it is retired (an event,
-revertible like any other), never deleted.
+revertible like any other), never deleted. Retirement happens between tasks,
+at the next ``refresh``: a task keeps the tool set it started with (each agent
+gets a snapshot of the registry), so no tool disappears in the middle of one.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ class Toolbox:
         self.settings = settings
         self._loaded: tuple = ()
         self._lock = threading.Lock()
+        self._due: set[int] = set()  # tools whose record says retire, at the next refresh
+        self._due_lock = threading.Lock()
 
     def refresh(self) -> None:
-        """Offer exactly the active synthesized versions (those whose files check out)."""
+        """Retire the tools found failing since the last refresh, then offer exactly the active
+        synthesized versions (those whose files check out)."""
         with self._lock:
+            self._retire_failing()
             rows = self.store.list_tools(status="active")
             signature = tuple((r.id, r.code_hash) for r in rows)
             if signature == self._loaded:
@@ -60,20 +66,29 @@ class Toolbox:
             self._loaded = signature
 
     def record_use(self, spec: ToolSpec, ok: bool) -> None:
-        """Count one call; retire the tool when its record says it does more harm than good."""
+        """Count one call; a tool whose record now says it does more harm than good is retired at
+        the next refresh (between tasks), not under the task that is using it."""
         if spec.tool_id is None:
             return
         record = self.store.record_tool_use(spec.tool_id, ok=ok)
         s = self.settings
-        if record.status != "active" or record.uses < s.tool_retire_min_uses:
-            return
-        rate = record.successes / record.uses
-        if rate >= s.tool_retire_below:
-            return
-        self.store.apply_tool_changes(
-            "tool_retired", f"retired tool {record.name} v{record.version}: {record.successes} of {record.uses} "
-                            f"calls succeeded", why=f"success rate {rate:.0%} under tool_retire_below "
-                                                    f"{s.tool_retire_below:.0%}",
-            node_id=record.node_id, status={record.id: "retired"},
-            payload={"uses": record.uses, "successes": record.successes})
-        self.refresh()
+        if record.status == "active" and record.uses >= s.tool_retire_min_uses and \
+                record.successes / record.uses < s.tool_retire_below:
+            with self._due_lock:
+                self._due.add(record.id)
+
+    def _retire_failing(self) -> None:
+        with self._due_lock:
+            due, self._due = self._due, set()
+        s = self.settings
+        for tool_id in sorted(due):
+            record = self.store.get_tool(tool_id)
+            if record.status != "active":  # retired, replaced or reverted meanwhile
+                continue
+            rate = record.successes / record.uses
+            self.store.apply_tool_changes(
+                "tool_retired", f"retired tool {record.name} v{record.version}: {record.successes} of {record.uses} "
+                                f"calls succeeded", why=f"success rate {rate:.0%} under tool_retire_below "
+                                                        f"{s.tool_retire_below:.0%}",
+                node_id=record.node_id, status={record.id: "retired"},
+                payload={"uses": record.uses, "successes": record.successes})

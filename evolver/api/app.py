@@ -83,10 +83,8 @@ class TcpToken:
         await self.app(scope, receive, send)
 
 
-def create_app(daemon) -> FastAPI:
-    """The API over a running daemon (``evolver.service.daemon.Daemon``)."""
-    from . import chat, inspect, tasks
-
+def create_app(daemon: ServiceHost) -> FastAPI:
+    """The API over a running daemon: anything that keeps the ``ServiceHost`` protocol."""
     app = FastAPI(title="evolver", version=__version__, docs_url=None, redoc_url=None,
                   description="A self-evolving agent daemon with experience memory, over a Unix socket.")
     app.state.daemon = daemon

@@ -8,7 +8,9 @@ into one. A job may also be due after ``after`` new items of work (its
 repeats nor skips work); a trigger checks that every 30 s. Scheduled rounds wait
 while the inbox has work (``[evolution] wait_for_idle``) and while the budget
 for background work is spent. ``run_now`` runs rounds in the caller's thread
-for `evolver evolve`, without those gates.
+for `evolver evolve`, without those gates. ``poke`` asks for a scheduled round
+now: the daemon pokes ``record`` when an evaluation task ends, so the search
+records it on the job host, never in the worker's thread.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Job:
     after: int | None = None  # also due after this many new items of work...
     pending: Callable[[JobHost], int] | None = None  # ...as counted by this (up to ``after``)
     purpose: str | None = None  # the budget purpose its model calls are charged to
+    waits_for_idle: bool = True  # False: cheap bookkeeping that never waits for the inbox
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -99,6 +102,14 @@ def _evolve(host: JobHost) -> str:
     return host.tree.step()
 
 
+def _record(host: JobHost) -> str:
+    return host.tree.record_ended()
+
+
+def _ended_evaluations(host: JobHost) -> int:
+    return host.tree.ended_unrecorded() if host.tree is not None else 0
+
+
 def _free_evaluation_slots(host: JobHost) -> int:
     """The tree search may act when an evaluation slot is free (or a proposed node awaits validation)."""
     store = host.store
@@ -127,6 +138,8 @@ def builtin_jobs(config: Config) -> list[Job]:
         Job("synthesize", _synthesize, every_min=e.synthesize_every_min, after=e.synthesize_after,
             pending=_new_for_synthesis(e.synthesize_after), purpose="synthesize",
             description="turn code repeated across tasks, and capabilities failures lacked, into tested tools"),
+        Job("record", _record, every_min=5.0, after=1, pending=_ended_evaluations, waits_for_idle=False,
+            description="record the evaluations whose tasks ended, and consider a promotion"),
         Job("evolve", _evolve, every_min=e.evolve_every_min, after=1 if e.evaluation_slots else None,
             pending=_free_evaluation_slots, purpose="propose",
             description="one step of the self-modification tree search: expand a node or evaluate one"),
@@ -140,13 +153,22 @@ class Jobs:
         self.scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1,
                                                            "misfire_grace_time": 3600})
 
-    def start(self) -> None:
-        for job in self.jobs.values():
-            self.scheduler.add_job(self._scheduled, "interval", args=[job.name], id=job.name,
-                                   minutes=job.every_min)
-        if any(job.after for job in self.jobs.values()):
-            self.scheduler.add_job(self._triggers, "interval", id="triggers", seconds=30)
+    def start(self, *, schedule: bool = True) -> None:
+        """Start the job host; with ``schedule`` also the intervals and triggers (``[evolution] enabled``).
+        Without, it still runs the rounds it is poked for."""
+        if schedule:
+            for job in self.jobs.values():
+                self.scheduler.add_job(self._scheduled, "interval", args=[job.name], id=job.name,
+                                       minutes=job.every_min)
+            if any(job.after for job in self.jobs.values()):
+                self.scheduler.add_job(self._triggers, "interval", id="triggers", seconds=30)
         self.scheduler.start()
+
+    def poke(self, name: str) -> None:
+        """A scheduled round of ``name`` as soon as a thread is free (gates apply; one already
+        waiting or running covers this one)."""
+        if self.scheduler.running:
+            self.scheduler.add_job(self._scheduled, args=[name], id=f"poke-{name}", replace_existing=True)
 
     def _triggers(self) -> None:
         for job in self.jobs.values():
@@ -156,7 +178,7 @@ class Jobs:
 
     def _blocked(self, job: Job) -> str | None:
         """Why a scheduled round should wait, or None."""
-        if self.host.config.evolution.wait_for_idle:
+        if self.host.config.evolution.wait_for_idle and job.waits_for_idle:
             # The search's own evaluation tasks are not a person's work: they never hold a job.
             depth = self.host.store.queue_depth(excluding=("evaluation",))
             if depth.get("queued") or depth.get("running"):
@@ -198,17 +220,21 @@ class Jobs:
         job = self.jobs[name]
         if not job.lock.acquire(blocking=False):
             raise JobError(f"job {name!r} is already running")
-        started = time.perf_counter()
         try:
-            try:
-                summary, ok = job.run(self.host), True
-            except Exception as exc:  # a failed round is loud and recorded, never silent
-                log.exception("job %s failed", name)
-                summary, ok = f"{type(exc).__name__}: {exc}", False
-            seconds = time.perf_counter() - started
-            event = self.host.store.append_event(
-                "job" if ok else "job_failed", f"{name}: {summary}", why=job.description,
-                payload={"job": name, "seconds": round(seconds, 3)})
-            return JobRound(job=name, ok=ok, summary=summary, seconds=seconds, event_id=event.id)
+            return self._round(job)
         finally:
             job.lock.release()
+
+    def _round(self, job: Job) -> JobRound:
+        """One round of ``job`` (its lock held), recorded as an event."""
+        started = time.perf_counter()
+        try:
+            summary, ok = job.run(self.host), True
+        except Exception as exc:  # a failed round is loud and recorded, never silent
+            log.exception("job %s failed", job.name)
+            summary, ok = f"{type(exc).__name__}: {exc}", False
+        seconds = time.perf_counter() - started
+        event = self.host.store.append_event(
+            "job" if ok else "job_failed", f"{job.name}: {summary}", why=job.description,
+            payload={"job": job.name, "seconds": round(seconds, 3)})
+        return JobRound(job=job.name, ok=ok, summary=summary, seconds=seconds, event_id=event.id)

@@ -116,8 +116,7 @@ class Daemon:
             self.tree = TreeSearch(self.engine, slots=self.config.evolution.evaluation_slots)
             self._start_workers()
             self.jobs = Jobs(self, builtin_jobs(self.config))
-            if self.config.evolution.enabled:
-                self.jobs.start()
+            self.jobs.start(schedule=self.config.evolution.enabled)
             if self.mood is Mood.STARTING:
                 self.mood = Mood.RUNNING
             log.info("evolver daemon %d serving %s on %s with %d workers", os.getpid(), self.data_dir,
@@ -223,15 +222,9 @@ class Daemon:
 
     def _task_ended(self, task_id: str) -> None:
         self.feed.publish(task_id)
-        task = self.store.get_task(task_id)
-        if task.source == "evaluation" and self.tree is not None:
-            try:
-                note = self.tree.record(task)
-            except Exception:  # the tree catches up at its next step (reconcile); the worker goes on
-                log.exception("recording evaluation task %s failed", task_id)
-            else:
-                if note:
-                    log.info("tree: %s", note)
+        # The search records its evaluations itself, on the job host: the worker only says one ended.
+        if self.jobs is not None and self.store.get_task(task_id).source == "evaluation":
+            self.jobs.poke("record")
 
     def _on_step(self, task_id: str, step: Step) -> None:
         self.feed.publish(task_id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -67,6 +68,8 @@ class TreeSearch:
         self.config = engine.config
         self.slots = slots  # evaluations in flight at most
         self.rng = rng or np.random.default_rng()
+        # One step or recording at a time: the job host may run the "evolve" and "record" jobs at once.
+        self._lock = threading.RLock()
 
     # --- evaluation tasks ------------------------------------------------------------------
 
@@ -110,6 +113,10 @@ class TreeSearch:
 
     def step(self) -> str:
         """One step of the search; returns what it did. Raises BudgetExceeded when no budget is left."""
+        with self._lock:
+            return self._step()
+
+    def _step(self) -> str:
         notes = self.reconcile()
         pending = [n for n in self.store.list_nodes() if n.status == "proposed"]
         if pending:  # a step was interrupted between proposing and validating: finish it first
@@ -261,17 +268,29 @@ class TreeSearch:
             self.store.abandon_evaluation(evaluation.id)
         return self.consider_promotion()
 
+    def _ended(self) -> list[Task]:
+        """The tasks of evaluations still counted in flight whose tasks have ended."""
+        tasks = (self.store.get_task(e.task_id) for e in self.store.running_evaluations() if e.task_id is not None)
+        return [t for t in tasks if t.status in ("done", "failed", "cancelled", "dead")]
+
+    def ended_unrecorded(self) -> int:
+        """How many evaluations ended and await recording (the "record" job is due when any do)."""
+        return len(self._ended())
+
     def reconcile(self) -> list[str]:
-        """Evaluations whose task ended while no one was listening (a crash) are recorded now."""
-        notes = []
-        for evaluation in self.store.running_evaluations():
-            if evaluation.task_id is None:
-                continue
-            task = self.store.get_task(evaluation.task_id)
-            if task.status in ("done", "failed", "cancelled", "dead"):
+        """Record every evaluation whose task has ended. The search does this itself, at each step and
+        in the "record" job the daemon pokes when an evaluation task ends; a worker never does."""
+        with self._lock:
+            notes = []
+            for task in self._ended():
                 self.record(task)
-                notes.append(f"recorded evaluation {evaluation.id}")
-        return notes
+                notes.append(f"recorded evaluation {task.metadata.get('evaluation')}")
+            return notes
+
+    def record_ended(self) -> str:
+        """Record the evaluations that ended; promotion is considered with each."""
+        notes = self.reconcile()
+        return "; ".join(notes) if notes else "no evaluation ended since the last record"
 
     def consider_promotion(self) -> str | None:
         """Promote the best held-out candidate whose bound beats the incumbent's (or ask for approval)."""
