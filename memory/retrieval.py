@@ -97,25 +97,32 @@ class Retrieval:
             else:
                 keyword_ids = keyword_search(*keyword_args, **keyword_kwargs)
             vector_hits = self._vector_hits("trajectories", vector, k, filters) if vector is not None else []
-            fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
+            fused = self._fuse(vector_hits, keyword_ids, k)
             if not fused:
                 return []
-            similarity = dict(vector_hits)
-            keyword_rank = {i: n for n, i in enumerate(keyword_ids, start=1)}
             marks = ",".join("?" * len(fused))
             rows = {r["id"]: r for r in self._all(
                 f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success FROM trajectories t
                     LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
-                [i for i, _ in fused])}
+                [f[0] for f in fused])}
         return [
             TrajectoryHit(
                 trajectory_id=i, task_id=rows[i]["task_id"], prompt=rows[i]["prompt"],
                 final_answer=rows[i]["final_answer"],
                 success=None if rows[i]["success"] is None else bool(rows[i]["success"]),
-                score=score, similarity=similarity.get(i), keyword_rank=keyword_rank.get(i),
+                score=score, similarity=similarity, keyword_rank=rank,
             )
-            for i, score in fused if i in rows
+            for i, score, similarity, rank in fused if i in rows
         ]
+
+    def _fuse(self, vector_hits: list[tuple[str, float]], keyword_ids: list[str],
+              k: int) -> list[tuple[str, float, float | None, int | None]]:
+        """The best ``k`` of both rankings by reciprocal rank fusion: (id, fused score, similarity,
+        keyword rank), best first."""
+        similarity = dict(vector_hits)
+        keyword_rank = {i: n for n, i in enumerate(keyword_ids, start=1)}
+        fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
+        return [(i, score, similarity.get(i), keyword_rank.get(i)) for i, score in fused]
 
     def _query_vector(self, query: str, vector):
         """The given vector, or the query embedded now when the index can use one."""
@@ -129,16 +136,14 @@ class Retrieval:
         fetch = max(k * self.options.candidates_per_result, 20)
         vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
         keyword_ids = keyword_search(self._reader(), collection, query, fetch, where="t.status = 'active'")
-        fused = fuse([[i for i, _ in vector_hits], keyword_ids], self.options.rrf_k)[:k]
+        fused = self._fuse(vector_hits, keyword_ids, k)
         if not fused:
             return []
-        similarity = dict(vector_hits)
-        keyword_rank = {i: n for n, i in enumerate(keyword_ids, start=1)}
         marks = ",".join("?" * len(fused))
         rows = {str(r["id"]): r for r in self._all(
             f"SELECT {columns} FROM {collection} WHERE status = 'active' AND id IN ({marks})",
-            [int(i) for i, _ in fused])}
-        return [(rows[i], score, similarity.get(i), keyword_rank.get(i)) for i, score in fused if i in rows]
+            [int(f[0]) for f in fused])}
+        return [(rows[i], score, similarity, rank) for i, score, similarity, rank in fused if i in rows]
 
     def search_insights(self, query: str, *, k: int = 5, vector=None) -> list[InsightHit]:
         vector = self._query_vector(query, vector)

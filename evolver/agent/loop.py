@@ -26,6 +26,7 @@ from ..judge.checks import parse_check
 from ..llm.client import ModelClient, ModelError, ModelReply
 from .scaffold import Scaffold
 from ..judge.verify import Verdict, verify
+from ..text import clip
 
 __all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context"]
 
@@ -61,16 +62,12 @@ class TaskResult:
     error: str | None = None
 
 
-def _clip(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[: max(0, chars - 3)] + "..."
-
-
 def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
     """Worked examples and insights as prompt text, within a token budget (4 chars a token)."""
     left = budget_tokens * 4
     examples, insights = [], []
     for hit in context.trajectories:
-        block = f"- Task: {_clip(hit.prompt, 400)}\n  Answer: {_clip(hit.final_answer or '', 300)}"
+        block = f"- Task: {clip(hit.prompt, 400)}\n  Answer: {clip(hit.final_answer or '', 300)}"
         if len(block) > left:
             break
         examples.append(block)

@@ -18,6 +18,7 @@ from memory import Filters, Store
 from ..config import Config
 from .insights import apply_ops, numbered, parse_ops, plan_changes, render
 from ..llm.client import ModelClient
+from ..text import clip
 
 __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 
@@ -40,11 +41,6 @@ def watermark(store: Store) -> tuple[float, str] | None:
     return None if raw is None else tuple(json.loads(raw))  # type: ignore[return-value]
 
 
-def _clip(text: str | None, chars: int) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= chars else text[: chars - 3] + "..."
-
-
 def _outcome(success: bool | None) -> str:
     return {True: "succeeded", False: "failed", None: "outcome unknown"}[success]
 
@@ -52,14 +48,16 @@ def _outcome(success: bool | None) -> str:
 def _prompt(store: Store, batch, shown) -> str:
     lines = ["Insights now (numbered):", render(shown), "", "New experience:"]
     for n, (trajectory, success) in enumerate(batch, start=1):
-        lines.append(f"{n}. Task: {_clip(trajectory.prompt, 300)}\n   Answer: {_clip(trajectory.final_answer, 200)} "
+        lines.append(f"{n}. Task: {clip(trajectory.prompt, 300, one_line=True)}\n"
+                     f"   Answer: {clip(trajectory.final_answer, 200, one_line=True)} "
                      f"({_outcome(success)})")
         if success is not None:
             other = store.search_trajectories(trajectory.prompt, k=1,
                                               filters=Filters(success=not success, learnable=True))
             if other:
-                lines.append(f"   A similar task that {_outcome(not success)}: {_clip(other[0].prompt, 200)} -> "
-                             f"{_clip(other[0].final_answer, 120)}")
+                lines.append(f"   A similar task that {_outcome(not success)}: "
+                             f"{clip(other[0].prompt, 200, one_line=True)} -> "
+                             f"{clip(other[0].final_answer, 120, one_line=True)}")
     return "\n".join(lines)
 
 

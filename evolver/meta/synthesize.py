@@ -33,6 +33,7 @@ from tools import (BUILTIN_SOURCES, Replay, ToolFileError, ToolFiles, ToolSpecEr
 from ..config import Config
 from ..agent.engine import Engine, sandbox_limits
 from ..tree.incumbent import incumbent
+from ..text import clip
 
 __all__ = ["synthesize_round", "find_opportunities", "Opportunity", "SynthesisError", "WATERMARK_KEY",
            "pending_trajectories"]
@@ -114,10 +115,6 @@ def normalized_code(code: str) -> str | None:
         return None
 
 
-def _clip(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[: chars - 3] + "..."
-
-
 def _code_opportunities(store: Store, window: list[str], lookback: list[str], config: Config) -> list[Opportunity]:
     e = config.evolution
     in_window = set(window)
@@ -157,8 +154,8 @@ def _code_opportunities(store: Store, window: list[str], lookback: list[str], co
                                        ).hexdigest()[:16]
         lines = [f"This code ran in {len(tasks)} different tasks, each time on other data:"]
         for n, call in enumerate(shown, start=1):
-            lines.append(f"Recorded call {n}:\n```python\n{_clip(call.arguments['code'], 1500)}\n```\n"
-                         f"Its output:\n```\n{_clip(call.output, 600)}\n```")
+            lines.append(f"Recorded call {n}:\n```python\n{clip(call.arguments['code'], 1500)}\n```\n"
+                         f"Its output:\n```\n{clip(call.output, 600)}\n```")
         found.append((len(tasks), Opportunity(key=key, kind="repeated_code", calls=tuple(shown),
                                               evidence=tuple(sorted({c.trajectory_id for c in members})),
                                               text="\n".join(lines))))
@@ -172,9 +169,9 @@ def _gap_opportunities(store: Store, failed: dict[str, object]) -> list[Opportun
         if not _GAP.search(reflection):
             continue
         trajectory = failed[trajectory_id]
-        text = (f"A task failed for want of a capability.\nTask: {_clip(trajectory.prompt, 800)}\n"
-                f"Its answer: {_clip(trajectory.final_answer or '(none)', 300)}\n"
-                f"The agent's reflection: {_clip(reflection, 800)}\nThere are no recorded calls to reproduce "
+        text = (f"A task failed for want of a capability.\nTask: {clip(trajectory.prompt, 800)}\n"
+                f"Its answer: {clip(trajectory.final_answer or '(none)', 300)}\n"
+                f"The agent's reflection: {clip(reflection, 800)}\nThere are no recorded calls to reproduce "
                 "(give an empty replays list).")
         found.append(Opportunity(key=f"gap:{trajectory_id}", kind="missing_capability", calls=(),
                                  evidence=(trajectory_id,), text=text))
@@ -200,7 +197,7 @@ def _parse(content: str, opportunity: Opportunity) -> _Candidate | str:
         data = json.loads(text, strict=False)  # models often put raw newlines inside strings
     except json.JSONDecodeError as exc:
         raise SynthesisError(f"the model's answer is not JSON ({exc.msg} at character {exc.pos}): "
-                             f"{_clip(content, 200)!r}") from None
+                             f"{clip(content, 200)!r}") from None
     if not isinstance(data, dict):
         raise SynthesisError("the model's answer must be a JSON object")
     if "tool" in data and data["tool"] is None:
@@ -234,7 +231,7 @@ def _existing(store: Store) -> str:
     rows = [t for t in store.list_tools(status="active") if t.origin == "synthesized"]
     if not rows:
         return "There are no synthesized tools yet."
-    return "Synthesized tools now:\n" + "\n".join(f"- {t.name} (v{t.version}): {_clip(t.description, 200)}"
+    return "Synthesized tools now:\n" + "\n".join(f"- {t.name} (v{t.version}): {clip(t.description, 200)}"
                                                   for t in rows)
 
 
@@ -290,14 +287,14 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
     common = dict(evidence=list(opportunity.evidence), cost_usd=reply.cost_usd, node_id=node_id, meta=meta)
     if isinstance(candidate, str):
         store.apply_tool_changes("tool_skipped", f"no tool for {opportunity.kind} opportunity: "
-                                                 f"{_clip(candidate, 200)}", why=candidate,
+                                                 f"{clip(candidate, 200)}", why=candidate,
                                  payload={"opportunity": opportunity.key}, **common)
         return "skipped"
     try:
         spec, replaced, report = _check(engine, files, candidate, opportunity, node_id)
     except _Rejected as exc:
         reason = str(exc)
-        store.apply_tool_changes("tool_rejected", f"rejected tool {candidate.name}: {_clip(reason, 300)}",
+        store.apply_tool_changes("tool_rejected", f"rejected tool {candidate.name}: {clip(reason, 300)}",
                                  why=reason, payload={"opportunity": opportunity.key, "name": candidate.name,
                                                       "code": candidate.code, "tests": candidate.tests,
                                                       "reason": reason}, **common)
@@ -306,7 +303,7 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
     digest = files.write(spec.name, version, spec.code, spec.tests)  # durable before the row names it
     what = f"registered tool {spec.name} v{version}" + (f" (replaces v{replaced.version})" if replaced else "")
     store.apply_tool_changes(
-        "tool_registered", f"{what}: {_clip(spec.description, 200)}", why=candidate.rationale or opportunity.kind,
+        "tool_registered", f"{what}: {clip(spec.description, 200)}", why=candidate.rationale or opportunity.kind,
         payload={"opportunity": opportunity.key, "name": spec.name, "version": version,
                  "quarantine": report.summary(), "tests": report.tests, "replays": report.replays},
         new=NewTool(name=spec.name, description=spec.description, code_hash=digest, version=version,

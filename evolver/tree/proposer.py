@@ -24,6 +24,7 @@ from memory import Ending, Node, Store
 
 from ..agent.engine import Engine, sandbox_limits
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
+from ..text import clip
 
 __all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "validate", "scaffold_diff"]
 
@@ -59,11 +60,6 @@ class Proposal:
     tokens: int
 
 
-def _clip(text: str | None, chars: int) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= chars else text[: chars - 3] + "..."
-
-
 def _attempts(store: Store, node: Node) -> str:
     """The parent's finished training evaluations that a learner may see, failures first, within SAMPLE_CHARS."""
     done = [e for e in store.evaluations_of(node.id) if e.split == "train" and e.status == "done" and e.trajectory_id]
@@ -74,9 +70,11 @@ def _attempts(store: Store, node: Node) -> str:
     for evaluation in done[:SAMPLE]:
         trajectory = store.get_trajectory(evaluation.trajectory_id)
         steps = store.steps(trajectory.id, limit=12)
-        trace = " | ".join(f"{s.role}: {_clip(s.content, 160)}" for s in steps if s.content)
-        line = (f"- {'SUCCEEDED' if evaluation.success else 'FAILED'}: {_clip(trajectory.prompt, 300)}\n"
-                f"  answer: {_clip(trajectory.final_answer, 150)}\n  steps: {_clip(trace, 900)}")
+        trace = " | ".join(f"{s.role}: {clip(s.content, 160, one_line=True)}" for s in steps if s.content)
+        outcome = "SUCCEEDED" if evaluation.success else "FAILED"
+        line = (f"- {outcome}: {clip(trajectory.prompt, 300, one_line=True)}\n"
+                f"  answer: {clip(trajectory.final_answer, 150, one_line=True)}\n"
+                f"  steps: {clip(trace, 900, one_line=True)}")
         if len(line) > left:
             break
         lines.append(line)
@@ -101,7 +99,7 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
         data = json.loads(text, strict=False)
     except json.JSONDecodeError as exc:
         raise ProposalError(f"the proposer's answer is not JSON ({exc.msg} at character {exc.pos}): "
-                            f"{_clip(reply.content, 200)!r}") from None
+                            f"{clip(reply.content, 200, one_line=True)!r}") from None
     if not isinstance(data, dict) or not isinstance(data.get("edit"), dict):
         raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}')
     rationale = data.get("rationale")
