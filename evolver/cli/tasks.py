@@ -11,7 +11,7 @@ import httpx
 from rich.markup import escape
 
 from ..api import views
-from .client import ApiError, decode
+from .client import ApiError, decode, server_events
 from .base import State, _check_from_options, cli, err, out, print_json, table
 
 
@@ -155,6 +155,11 @@ def feedback(state: State, task_id: str, good: bool, note: str) -> None:
     click.echo(f"{task_id}: recorded as {'good' if outcome['success'] else 'bad'}")
 
 
+def _show_progress(comment: str) -> None:
+    """The chat stream's comments say which step the agent is at: each one overwrites the last."""
+    err.print(f"[dim]…{escape(comment)}[/dim]", end="\r")
+
+
 def _stream_reply(state: State, messages: list[dict]) -> str:
     """One streamed chat turn; prints the reply as it arrives and returns it."""
     client = state.client()
@@ -166,13 +171,7 @@ def _stream_reply(state: State, messages: list[dict]) -> str:
             if response.status_code != 200:
                 response.read()
                 decode(response)
-            for line in response.iter_lines():
-                if line.startswith(":"):
-                    err.print(f"[dim]…{escape(line[1:].strip())}[/dim]", end="\r")
-                    continue
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
+            for _, _, data in server_events(response, on_comment=_show_progress):
                 if "error" in data:
                     raise ApiError(500, data["error"]["type"], data["error"]["message"])
                 delta = data["choices"][0]["delta"].get("content") or ""
