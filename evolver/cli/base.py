@@ -129,6 +129,25 @@ def table(title: str, rows: list[dict], columns: list[str], *, width: dict[str, 
     return view
 
 
+# What each error the layers below raise on purpose exits with, most specific first (the daemon's
+# own refusals, ApiError, are told apart by their status in _exit_code).
+_EXIT_CODES: tuple[tuple[type | tuple[type, ...], int], ...] = (
+    (DaemonNotRunning, EXIT_NO_DAEMON),
+    (SocketDenied, EXIT_DENIED),
+    (ClientError, EXIT_REFUSED),
+    ((SocketError, ConfigError), EXIT_USAGE),
+    (StoreError, EXIT_STORE),
+    ((SandboxError, ModelError, ScaffoldError, BudgetExceeded), EXIT_ENGINE),
+)
+
+
+def _exit_code(exc: Exception) -> int | None:
+    """The exit code for a known error; None for anything else (a bug, whose traceback should show)."""
+    if isinstance(exc, ApiError):  # the request was wrong, or the daemon would not do it
+        return EXIT_USAGE if exc.status in (400, 404, 413, 422) else EXIT_REFUSED
+    return next((code for kinds, code in _EXIT_CODES if isinstance(exc, kinds)), None)
+
+
 def main() -> None:
     """Entry point: run the CLI, turning known errors into one line and an exit code."""
     try:
@@ -141,29 +160,9 @@ def main() -> None:
         sys.exit(EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except DaemonNotRunning as exc:
+    except Exception as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
         click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_NO_DAEMON)
-    except SocketDenied as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_DENIED)
-    except ApiError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE if exc.status in (400, 404, 413, 422) else EXIT_REFUSED)
-    except ClientError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_REFUSED)
-    except SocketError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    except StoreError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_STORE)
-    except (SandboxError, ModelError, ScaffoldError, BudgetExceeded) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_ENGINE)
-
-
+        sys.exit(code)
