@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
 import click
 from rich.console import Console
@@ -62,17 +61,21 @@ class State:
     def client(self, **kwargs) -> Client:
         return Client(self.socket_path, **kwargs)
 
-    @contextmanager
-    def api_or_store(self) -> Iterator[tuple[Client | None, object]]:
-        """The daemon's client when it runs; otherwise the store, opened read-only (inspection only)."""
+    def daemon_answers(self) -> bool:
+        """Whether a daemon answers on the socket now."""
         from ..service.sockets import probe
 
-        if self.socket_path.exists() and probe(self.socket_path):
+        return self.socket_path.exists() and probe(self.socket_path)
+
+    def view(self, path: str, from_store: Callable[..., dict], /, *args, post: bool = False, **params) -> dict:
+        """What the daemon answers to ``path`` (a GET with ``params``, or a POST of them) when it runs
+        (it owns the vector index); otherwise ``from_store(store, *args, **params)`` on the store
+        opened read-only, so that inspection works while it is down."""
+        if self.daemon_answers():
             with self.client() as client:
-                yield client, None
-            return
+                return client.post(path, params) if post else client.get(path, **params)
         with self.store(readonly=True) as store:
-            yield None, store
+            return from_store(store, *args, **params)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

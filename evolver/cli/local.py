@@ -12,7 +12,6 @@ import click
 
 from ..api import views
 from ..config import default_config_path, render_config
-from ..service.sockets import probe
 from .base import State, _check_from_options, _print_step, cli, err, out, print_json, table
 
 
@@ -90,8 +89,7 @@ def memory_search(state: State, text: str, kind: str, k: int, success: bool | No
     if not text.strip():
         raise click.UsageError("TEXT is empty; give some words to search for.")
     body = {"text": text, "kind": kind, "k": k, "success": success, "node": node, "since_hours": since_hours}
-    with state.api_or_store() as (client, store):
-        result = client.post("/v1/memory/search", body) if client else views.search(store, **body)
+    result = state.view("/v1/memory/search", views.search, post=True, **body)
     if as_json:
         print_json(result)
         return
@@ -184,7 +182,7 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     except TaskPackError as exc:
         raise click.UsageError(str(exc)) from None
     tasks = [t for t in tasks if split == "all" or t.split == split][:limit]
-    if state.socket_path.exists() and probe(state.socket_path):
+    if state.daemon_answers():
         results = _bench_through_daemon(state, tasks)
     else:
         results = _bench_here(state, tasks)

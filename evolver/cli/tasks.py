@@ -92,8 +92,7 @@ STATUSES = click.Choice(["queued", "running", "done", "failed", "cancelled", "de
 def tasks(state: State, status: str | None, source: str | None, limit: int, offset: int, as_json: bool) -> None:
     """List tasks, newest first."""
     params = {"status": status, "source": source, "limit": limit, "offset": offset}
-    with state.api_or_store() as (client, store):
-        result = client.get("/v1/tasks", **params) if client else views.task_list(store, **params)
+    result = state.view("/v1/tasks", views.task_list, **params)
     if as_json:
         print_json(result)
         return
@@ -111,8 +110,7 @@ def tasks(state: State, status: str | None, source: str | None, limit: int, offs
 @click.pass_obj
 def show(state: State, task_id: str, as_json: bool) -> None:
     """One task with its trajectories and every step."""
-    with state.api_or_store() as (client, store):
-        detail = client.get(f"/v1/tasks/{task_id}") if client else views.task_detail(store, task_id)
+    detail = state.view(f"/v1/tasks/{task_id}", views.task_detail, task_id)
     if as_json:
         print_json(detail)
         return
