@@ -7,6 +7,7 @@ become one readable line and a distinct exit code in ``main``, never a traceback
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -88,6 +89,27 @@ class State:
 def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
     """evolver: a self-evolving agent daemon with experience memory."""
     ctx.obj = State(config_path, data_dir)
+
+
+_CHECK_OPTIONS = (
+    click.option("--check-answer", default=None, help="Success when the final answer equals this."),
+    click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number."),
+    click.option("--check-regex", default=None, help="Success when the whole answer matches this regex."),
+    click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace."),
+)
+
+
+def check_options(command):
+    """The options that say how a task's answer is checked (at most one of them), handed to ``command``
+    as ``check``: the check's JSON, or None."""
+    @functools.wraps(command)
+    def with_check(*args, check_answer, check_numeric, check_regex, check_cmd, **kwargs):
+        return command(*args, check=_check_from_options(check_answer, check_numeric, check_regex, check_cmd),
+                       **kwargs)
+
+    for option in reversed(_CHECK_OPTIONS):  # decorators apply bottom-up: this keeps the options' order
+        with_check = option(with_check)
+    return with_check
 
 
 def _check_from_options(answer: str | None, numeric: float | None, regex: str | None, cmd: str | None) -> dict | None:

@@ -12,7 +12,7 @@ import click
 
 from ..api import views
 from ..config import default_config_path, render_config
-from .base import State, _check_from_options, _print_step, cli, err, out, print_json, table
+from .base import State, _print_step, check_options, cli, err, out, print_json, table
 
 
 # --- config ------------------------------------------------------------------------
@@ -130,22 +130,17 @@ def memory_check(state: State) -> None:
 
 @cli.command()
 @click.argument("text")
-@click.option("--check-answer", default=None, help="Success when the final answer equals this.")
-@click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number.")
-@click.option("--check-regex", default=None, help="Success when the whole answer matches this regex.")
-@click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace.")
+@check_options
 @click.option("--quiet", is_flag=True, help="Do not show the steps.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def run(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, quiet: bool,
-        as_json: bool) -> None:
+def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool) -> None:
     """Solve one task now, in the foreground, and record it in the store."""
     from ..judge.checks import CheckError, parse_check
     from ..agent.engine import Engine
 
     if not text.strip():
         raise click.UsageError("TEXT is empty; say what the task is.")
-    check = _check_from_options(check_answer, check_numeric, check_regex, check_cmd)
     if check is not None:
         try:
             parse_check(check)

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from ..api import views
 from .client import ApiError, decode, server_events
-from .base import State, _check_from_options, cli, err, out, print_json, table
+from .base import State, check_options, cli, err, out, print_json, table
 
 
 def _print_event_step(step: dict) -> None:
@@ -35,10 +35,7 @@ def _verdict(task: dict) -> tuple[bool | None, str | None]:
 
 @cli.command()
 @click.argument("text")
-@click.option("--check-answer", default=None, help="Success when the final answer equals this.")
-@click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number.")
-@click.option("--check-regex", default=None, help="Success when the whole answer matches this regex.")
-@click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace.")
+@check_options
 @click.option("--priority", type=click.IntRange(-100, 100), default=0, show_default=True, help="Higher runs first.")
 @click.option("--file", "files", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Put this file (by its name) into the task's workspace; repeatable.")
@@ -46,13 +43,12 @@ def _verdict(task: dict) -> tuple[bool | None, str | None]:
 @click.option("--wait", is_flag=True, help="Stream the steps live; exit 1 if the task fails.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
 @click.pass_obj
-def submit(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, priority: int,
-           files: tuple[str, ...], idempotency_key: str | None, wait: bool, as_json: bool) -> None:
+def submit(state: State, text: str, check: dict | None, priority: int, files: tuple[str, ...],
+           idempotency_key: str | None, wait: bool, as_json: bool) -> None:
     """Hand the daemon a task; it is stored durably before this returns."""
     import os
 
-    body: dict = {"prompt": text, "priority": priority,
-                  "check": _check_from_options(check_answer, check_numeric, check_regex, check_cmd)}
+    body: dict = {"prompt": text, "priority": priority, "check": check}
     if files:
         body["metadata"] = {"files": {os.path.basename(f): open(f, encoding="utf-8").read() for f in files}}
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
