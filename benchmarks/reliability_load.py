@@ -206,32 +206,16 @@ class StreamReader(threading.Thread):
     def run(self) -> None:
         import httpx
 
+        from evolver.cli.client import server_events
+
         try:
             with httpx.Client(transport=httpx.HTTPTransport(uds=self.socket_path), base_url="http://evolver",
                               timeout=self.timeout_s) as http:
                 with http.stream("GET", f"/v1/tasks/{self.task_id}/events") as response:
                     self.status = response.status_code
-                    event, data, event_id = "message", [], None
-                    for line in response.iter_lines():
-                        if line.startswith(":"):
-                            continue
-                        if not line:
-                            if data:
-                                self.events.append((event, None if event_id is None else int(event_id),
-                                                    json.loads("\n".join(data))))
-                                self.received.append(time.perf_counter())
-                                if event == "end":
-                                    return
-                            event, data, event_id = "message", [], None
-                            continue
-                        name, _, value = line.partition(":")
-                        value = value.removeprefix(" ")
-                        if name == "event":
-                            event = value
-                        elif name == "data":
-                            data.append(value)
-                        elif name == "id":
-                            event_id = value
+                    for event in server_events(response):
+                        self.events.append(event)
+                        self.received.append(time.perf_counter())
         except BaseException as exc:  # reported by the caller
             self.error = exc
 

@@ -24,6 +24,8 @@ from typing import Callable
 
 import httpx
 
+from evolver.cli.client import server_events
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -199,27 +201,7 @@ class DaemonProcess:
 
 def read_events(response: httpx.Response) -> list[tuple[str, int | None, dict]]:
     """The server-sent events of a response as (event, id, data), up to and including ``end``."""
-    events: list[tuple[str, int | None, dict]] = []
-    event, data, event_id = "message", [], None
-    for line in response.iter_lines():
-        if line.startswith(":"):
-            continue
-        if not line:
-            if data:
-                events.append((event, None if event_id is None else int(event_id), json.loads("\n".join(data))))
-                if event == "end":
-                    return events
-            event, data, event_id = "message", [], None
-            continue
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "event":
-            event = value
-        elif field == "data":
-            data.append(value)
-        elif field == "id":
-            event_id = value
-    return events
+    return list(server_events(response))
 
 
 def remove_root(root: Path) -> None:

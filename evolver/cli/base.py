@@ -7,11 +7,11 @@ become one readable line and a distinct exit code in ``main``, never a traceback
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
 import click
 from rich.console import Console
@@ -62,17 +62,21 @@ class State:
     def client(self, **kwargs) -> Client:
         return Client(self.socket_path, **kwargs)
 
-    @contextmanager
-    def api_or_store(self) -> Iterator[tuple[Client | None, object]]:
-        """The daemon's client when it runs; otherwise the store, opened read-only (inspection only)."""
+    def daemon_answers(self) -> bool:
+        """Whether a daemon answers on the socket now."""
         from ..service.sockets import probe
 
-        if self.socket_path.exists() and probe(self.socket_path):
+        return self.socket_path.exists() and probe(self.socket_path)
+
+    def view(self, path: str, from_store: Callable[..., dict], /, *args, post: bool = False, **params) -> dict:
+        """What the daemon answers to ``path`` (a GET with ``params``, or a POST of them) when it runs
+        (it owns the vector index); otherwise ``from_store(store, *args, **params)`` on the store
+        opened read-only, so that inspection works while it is down."""
+        if self.daemon_answers():
             with self.client() as client:
-                yield client, None
-            return
+                return client.post(path, params) if post else client.get(path, **params)
         with self.store(readonly=True) as store:
-            yield None, store
+            return from_store(store, *args, **params)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,6 +89,27 @@ class State:
 def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
     """evolver: a self-evolving agent daemon with experience memory."""
     ctx.obj = State(config_path, data_dir)
+
+
+_CHECK_OPTIONS = (
+    click.option("--check-answer", default=None, help="Success when the final answer equals this."),
+    click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number."),
+    click.option("--check-regex", default=None, help="Success when the whole answer matches this regex."),
+    click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace."),
+)
+
+
+def check_options(command):
+    """The options that say how a task's answer is checked (at most one of them), handed to ``command``
+    as ``check``: the check's JSON, or None."""
+    @functools.wraps(command)
+    def with_check(*args, check_answer, check_numeric, check_regex, check_cmd, **kwargs):
+        return command(*args, check=_check_from_options(check_answer, check_numeric, check_regex, check_cmd),
+                       **kwargs)
+
+    for option in reversed(_CHECK_OPTIONS):  # decorators apply bottom-up: this keeps the options' order
+        with_check = option(with_check)
+    return with_check
 
 
 def _check_from_options(answer: str | None, numeric: float | None, regex: str | None, cmd: str | None) -> dict | None:
@@ -129,6 +154,25 @@ def table(title: str, rows: list[dict], columns: list[str], *, width: dict[str, 
     return view
 
 
+# What each error the layers below raise on purpose exits with, most specific first (the daemon's
+# own refusals, ApiError, are told apart by their status in _exit_code).
+_EXIT_CODES: tuple[tuple[type | tuple[type, ...], int], ...] = (
+    (DaemonNotRunning, EXIT_NO_DAEMON),
+    (SocketDenied, EXIT_DENIED),
+    (ClientError, EXIT_REFUSED),
+    ((SocketError, ConfigError), EXIT_USAGE),
+    (StoreError, EXIT_STORE),
+    ((SandboxError, ModelError, ScaffoldError, BudgetExceeded), EXIT_ENGINE),
+)
+
+
+def _exit_code(exc: Exception) -> int | None:
+    """The exit code for a known error; None for anything else (a bug, whose traceback should show)."""
+    if isinstance(exc, ApiError):  # the request was wrong, or the daemon would not do it
+        return EXIT_USAGE if exc.status in (400, 404, 413, 422) else EXIT_REFUSED
+    return next((code for kinds, code in _EXIT_CODES if isinstance(exc, kinds)), None)
+
+
 def main() -> None:
     """Entry point: run the CLI, turning known errors into one line and an exit code."""
     try:
@@ -141,29 +185,9 @@ def main() -> None:
         sys.exit(EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except DaemonNotRunning as exc:
+    except Exception as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
         click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_NO_DAEMON)
-    except SocketDenied as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_DENIED)
-    except ApiError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE if exc.status in (400, 404, 413, 422) else EXIT_REFUSED)
-    except ClientError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_REFUSED)
-    except SocketError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-    except StoreError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_STORE)
-    except (SandboxError, ModelError, ScaffoldError, BudgetExceeded) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_ENGINE)
-
-
+        sys.exit(code)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
+# Its decoder, not its EventSource: EventSource drops comments, and the chat's progress comes in them.
+from httpx_sse._decoders import SSEDecoder
 
-__all__ = ["Client", "ClientError", "DaemonNotRunning", "SocketDenied", "ApiError", "decode"]
+__all__ = ["Client", "ClientError", "DaemonNotRunning", "SocketDenied", "ApiError", "decode", "server_events"]
 
 
 class ClientError(Exception):
@@ -86,32 +88,40 @@ class Client:
                     if response.status_code != 200:
                         response.read()
                         decode(response)
-                    event, data, event_id = "message", [], None
-                    for line in response.iter_lines():
-                        if line.startswith(":"):
-                            continue
-                        if not line:
-                            if data:
-                                if event_id is not None:
-                                    last = int(event_id)
-                                yield event, json.loads("\n".join(data))
-                                if event == "end":
-                                    return
-                            event, data, event_id = "message", [], None
-                            continue
-                        field, _, value = line.partition(":")
-                        value = value.removeprefix(" ")
-                        if field == "event":
-                            event = value
-                        elif field == "data":
-                            data.append(value)
-                        elif field == "id":
-                            event_id = value
+                    for event, event_id, data in server_events(response):
+                        if event_id is not None:
+                            last = event_id
+                        yield event, data
+                        if event == "end":
+                            return
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 if isinstance(exc, httpx.ConnectError):
                     raise self._unreachable(exc) from None
                 continue  # the stream was cut: resume after the last event seen
         raise ClientError(f"lost the event stream of task {task_id} repeatedly")
+
+
+def server_events(response: httpx.Response, *, on_comment: Callable[[str], None] | None = None
+                  ) -> Iterator[tuple[str, int | None, Any]]:
+    """A response's server-sent events as (event, id, data), the data decoded from JSON, up to and
+    including a task stream's ``end`` or up to a chat stream's ``[DONE]``.
+
+    The id is the stream's last event id (kept across events, as the spec says): where a reconnect
+    resumes, None before the first. Each comment's text goes to ``on_comment``."""
+    decoder = SSEDecoder()
+    for line in response.iter_lines():
+        if line.startswith(":") and on_comment is not None:
+            on_comment(line[1:].strip())
+        sse = decoder.decode(line)
+        # httpx-sse dispatches every blank line once an id was seen, so a keep-alive comment comes back
+        # as an event without data; the spec drops it, and so does this.
+        if sse is None or not sse.data:
+            continue
+        if sse.data == "[DONE]":
+            return
+        yield sse.event, int(sse.id) if sse.id else None, json.loads(sse.data)
+        if sse.event == "end":
+            return
 
 
 def _clean(params: dict | None) -> dict | None:

@@ -11,7 +11,6 @@ import time
 import click
 
 from .client import ClientError, DaemonNotRunning
-from ..service.sockets import probe
 from ..service.systemd import render_unit, unit_path
 from .base import EXIT_NO_DAEMON, State, cli, err, out, print_json, table
 
@@ -35,7 +34,7 @@ def up(state: State, foreground: bool, timeout_s: float) -> None:
             logging.getLogger(noisy).setLevel(logging.WARNING)
         sys.exit(Daemon(state.config, data_dir=state.data_dir).serve())
     path = state.socket_path
-    if path.exists() and probe(path):
+    if state.daemon_answers():
         click.echo(f"the daemon is already running on {path}")
         return
     log = _log_path(state)
@@ -51,7 +50,6 @@ def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None
         args += ["--config", os.path.abspath(state.config_path)]
     if state.data_dir:
         args += ["--data-dir", os.path.abspath(state.data_dir)]
-    path = state.socket_path
     with open(log, "ab") as sink:
         child = subprocess.Popen([*args, "up", "--foreground"], stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
                                  start_new_session=True,  # its own session: closing this terminal leaves it running
@@ -62,7 +60,7 @@ def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None
             if child.poll() is not None:
                 tail = log.read_text(errors="replace").splitlines()[-5:]
                 raise click.ClickException("the daemon stopped while starting:\n  " + "\n  ".join(tail))
-            if path.exists() and probe(path):
+            if state.daemon_answers():
                 try:
                     with state.client(timeout_s=5) as client:
                         return client.get("/v1/status")
@@ -88,14 +86,13 @@ def down(state: State, timeout_s: float | None) -> None:
 
 def stop_daemon(state: State, *, timeout_s: float) -> int:
     """Ask the daemon to stop and wait until its socket is gone; its pid."""
-    path = state.socket_path
     with state.client() as client:
         pid = client.get("/v1/status")["pid"]
         client.post("/v1/shutdown")
     deadline = time.monotonic() + timeout_s
     with err.status(f"stopping daemon {pid}…"):
         while time.monotonic() < deadline:
-            if not (path.exists() and probe(path)):
+            if not state.daemon_answers():
                 return pid
             time.sleep(0.1)
     raise click.ClickException(f"daemon {pid} is still running after {timeout_s:g} s; `kill {pid}` stops it harder")

@@ -55,8 +55,7 @@ def tree(state: State, fmt: str, as_json: bool, output: str | None) -> None:
     """The self-modification tree: every scaffold node, its counts, and which one is served."""
     from ..tree.export import to_dot, to_html
 
-    with state.api_or_store() as (client, store):
-        data = client.get("/v1/tree") if client else views.tree(store, state.config.evolution.promotion_quantile)
+    data = state.view("/v1/tree", views.tree, state.config.evolution.promotion_quantile)
     fmt = "json" if as_json else fmt
     if fmt == "text":
         show_tree(data)
@@ -79,8 +78,7 @@ def tree(state: State, fmt: str, as_json: bool, output: str | None) -> None:
 @click.pass_obj
 def node(state: State, node_id: str, as_json: bool) -> None:
     """One node: its scaffold, diff against its parent, rationale and evaluations."""
-    with state.api_or_store() as (client, store):
-        data = client.get(f"/v1/nodes/{node_id}") if client else views.node(store, node_id)
+    data = state.view(f"/v1/nodes/{node_id}", views.node, node_id)
     if as_json:
         print_json(data)
         return
@@ -110,9 +108,7 @@ def history(ctx: click.Context, kind: str | None, limit: int, as_json: bool) -> 
     if ctx.invoked_subcommand is not None:
         return
     state: State = ctx.obj
-    with state.api_or_store() as (client, store):
-        data = client.get("/v1/history", kind=kind, limit=limit) if client else views.history(store, kind=kind,
-                                                                                               limit=limit)
+    data = state.view("/v1/history", views.history, kind=kind, limit=limit)
     if as_json:
         print_json(data)
         return
@@ -138,9 +134,7 @@ def history_revert(state: State, event_id: int, why: str) -> None:
 @click.pass_obj
 def insights(state: State, status: str, limit: int, as_json: bool) -> None:
     """Distilled insights, most important first."""
-    with state.api_or_store() as (client, store):
-        data = client.get("/v1/insights", status=status, limit=limit) if client else views.insights(
-            store, status=status, limit=limit)
+    data = state.view("/v1/insights", views.insights, status=status, limit=limit)
     if as_json:
         print_json(data)
         return
@@ -154,8 +148,7 @@ def insights(state: State, status: str, limit: int, as_json: bool) -> None:
 @click.pass_obj
 def tools(state: State, status: str, as_json: bool) -> None:
     """Tools the agent can use: built-in, and synthesized ones with their usage."""
-    with state.api_or_store() as (client, store):
-        data = client.get("/v1/tools", status=status) if client else views.tools(store, status=status)
+    data = state.view("/v1/tools", views.tools, status=status)
     if as_json:
         print_json(data)
         return

@@ -12,8 +12,7 @@ import click
 
 from ..api import views
 from ..config import default_config_path, render_config
-from ..service.sockets import probe
-from .base import State, _check_from_options, _print_step, cli, err, out, print_json, table
+from .base import State, _print_step, check_options, cli, err, out, print_json, table
 
 
 # --- config ------------------------------------------------------------------------
@@ -90,8 +89,7 @@ def memory_search(state: State, text: str, kind: str, k: int, success: bool | No
     if not text.strip():
         raise click.UsageError("TEXT is empty; give some words to search for.")
     body = {"text": text, "kind": kind, "k": k, "success": success, "node": node, "since_hours": since_hours}
-    with state.api_or_store() as (client, store):
-        result = client.post("/v1/memory/search", body) if client else views.search(store, **body)
+    result = state.view("/v1/memory/search", views.search, post=True, **body)
     if as_json:
         print_json(result)
         return
@@ -132,22 +130,17 @@ def memory_check(state: State) -> None:
 
 @cli.command()
 @click.argument("text")
-@click.option("--check-answer", default=None, help="Success when the final answer equals this.")
-@click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number.")
-@click.option("--check-regex", default=None, help="Success when the whole answer matches this regex.")
-@click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace.")
+@check_options
 @click.option("--quiet", is_flag=True, help="Do not show the steps.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def run(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, quiet: bool,
-        as_json: bool) -> None:
+def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool) -> None:
     """Solve one task now, in the foreground, and record it in the store."""
     from ..judge.checks import CheckError, parse_check
     from ..agent.engine import Engine
 
     if not text.strip():
         raise click.UsageError("TEXT is empty; say what the task is.")
-    check = _check_from_options(check_answer, check_numeric, check_regex, check_cmd)
     if check is not None:
         try:
             parse_check(check)
@@ -184,7 +177,7 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     except TaskPackError as exc:
         raise click.UsageError(str(exc)) from None
     tasks = [t for t in tasks if split == "all" or t.split == split][:limit]
-    if state.socket_path.exists() and probe(state.socket_path):
+    if state.daemon_answers():
         results = _bench_through_daemon(state, tasks)
     else:
         results = _bench_here(state, tasks)

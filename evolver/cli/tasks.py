@@ -11,8 +11,8 @@ import httpx
 from rich.markup import escape
 
 from ..api import views
-from .client import ApiError, decode
-from .base import State, _check_from_options, cli, err, out, print_json, table
+from .client import ApiError, decode, server_events
+from .base import State, check_options, cli, err, out, print_json, table
 
 
 def _print_event_step(step: dict) -> None:
@@ -35,10 +35,7 @@ def _verdict(task: dict) -> tuple[bool | None, str | None]:
 
 @cli.command()
 @click.argument("text")
-@click.option("--check-answer", default=None, help="Success when the final answer equals this.")
-@click.option("--check-numeric", type=float, default=None, help="Success when the answer is this number.")
-@click.option("--check-regex", default=None, help="Success when the whole answer matches this regex.")
-@click.option("--check-cmd", default=None, help="Success when this shell command exits 0 in the workspace.")
+@check_options
 @click.option("--priority", type=click.IntRange(-100, 100), default=0, show_default=True, help="Higher runs first.")
 @click.option("--file", "files", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Put this file (by its name) into the task's workspace; repeatable.")
@@ -46,13 +43,12 @@ def _verdict(task: dict) -> tuple[bool | None, str | None]:
 @click.option("--wait", is_flag=True, help="Stream the steps live; exit 1 if the task fails.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
 @click.pass_obj
-def submit(state: State, text: str, check_answer, check_numeric, check_regex, check_cmd, priority: int,
-           files: tuple[str, ...], idempotency_key: str | None, wait: bool, as_json: bool) -> None:
+def submit(state: State, text: str, check: dict | None, priority: int, files: tuple[str, ...],
+           idempotency_key: str | None, wait: bool, as_json: bool) -> None:
     """Hand the daemon a task; it is stored durably before this returns."""
     import os
 
-    body: dict = {"prompt": text, "priority": priority,
-                  "check": _check_from_options(check_answer, check_numeric, check_regex, check_cmd)}
+    body: dict = {"prompt": text, "priority": priority, "check": check}
     if files:
         body["metadata"] = {"files": {os.path.basename(f): open(f, encoding="utf-8").read() for f in files}}
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
@@ -92,8 +88,7 @@ STATUSES = click.Choice(["queued", "running", "done", "failed", "cancelled", "de
 def tasks(state: State, status: str | None, source: str | None, limit: int, offset: int, as_json: bool) -> None:
     """List tasks, newest first."""
     params = {"status": status, "source": source, "limit": limit, "offset": offset}
-    with state.api_or_store() as (client, store):
-        result = client.get("/v1/tasks", **params) if client else views.task_list(store, **params)
+    result = state.view("/v1/tasks", views.task_list, **params)
     if as_json:
         print_json(result)
         return
@@ -111,8 +106,7 @@ def tasks(state: State, status: str | None, source: str | None, limit: int, offs
 @click.pass_obj
 def show(state: State, task_id: str, as_json: bool) -> None:
     """One task with its trajectories and every step."""
-    with state.api_or_store() as (client, store):
-        detail = client.get(f"/v1/tasks/{task_id}") if client else views.task_detail(store, task_id)
+    detail = state.view(f"/v1/tasks/{task_id}", views.task_detail, task_id)
     if as_json:
         print_json(detail)
         return
@@ -155,6 +149,11 @@ def feedback(state: State, task_id: str, good: bool, note: str) -> None:
     click.echo(f"{task_id}: recorded as {'good' if outcome['success'] else 'bad'}")
 
 
+def _show_progress(comment: str) -> None:
+    """The chat stream's comments say which step the agent is at: each one overwrites the last."""
+    err.print(f"[dim]…{escape(comment)}[/dim]", end="\r")
+
+
 def _stream_reply(state: State, messages: list[dict]) -> str:
     """One streamed chat turn; prints the reply as it arrives and returns it."""
     client = state.client()
@@ -166,13 +165,7 @@ def _stream_reply(state: State, messages: list[dict]) -> str:
             if response.status_code != 200:
                 response.read()
                 decode(response)
-            for line in response.iter_lines():
-                if line.startswith(":"):
-                    err.print(f"[dim]…{escape(line[1:].strip())}[/dim]", end="\r")
-                    continue
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
+            for _, _, data in server_events(response, on_comment=_show_progress):
                 if "error" in data:
                     raise ApiError(500, data["error"]["type"], data["error"]["message"])
                 delta = data["choices"][0]["delta"].get("content") or ""
