@@ -16,19 +16,25 @@ from typing import Any
 
 import sqlite_utils
 
-__all__ = ["Filters", "match_expression", "keyword_search", "fuse", "learnable_sql", "HELD_OUT_TASKS"]
+__all__ = ["Filters", "match_expression", "keyword_search", "fuse", "learnable_sql"]
 
 # The one rule for what a learner may see. A held-out task (any task whose
 # metadata puts it in the "test" split: the evaluations that decide promotions)
 # is never learned from and never shown: its attempts are not retrieved as
 # examples for any task, not contrasted by distillation, not mined by tool
 # synthesis and not sampled for the proposer. Everything else is learnable.
-HELD_OUT_TASKS = "SELECT id FROM tasks WHERE json_extract(metadata, '$.split') = 'test'"
 
 
 def learnable_sql(alias: str = "t") -> str:
-    """A WHERE fragment: the trajectory ``alias`` is not an attempt at a held-out task."""
-    return f"{alias}.task_id NOT IN ({HELD_OUT_TASKS})"
+    """A WHERE fragment: the trajectory ``alias`` is not an attempt at a held-out task.
+
+    Correlated, so it costs one primary-key lookup per candidate row: an
+    uncorrelated ``task_id NOT IN (SELECT ... FROM tasks ...)`` scans every
+    task's metadata on each query (12.6 ms against 0.07 ms for 40 candidates
+    among 100k tasks), and retrieval runs it for every task the agent solves.
+    """
+    return (f"NOT EXISTS (SELECT 1 FROM tasks held WHERE held.id = {alias}.task_id "
+            "AND json_extract(held.metadata, '$.split') = 'test')")
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 # Words so common in task texts that matching them says nothing; dropping them
