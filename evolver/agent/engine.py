@@ -10,12 +10,12 @@ from memory import Store
 from sandbox import Limits, Sandbox, make_sandbox
 from tools import ToolRegistry, builtin_specs
 
-from .loop import Agent
-from ..llm.budget import BudgetGuard
 from ..config import Config
+from ..llm.budget import BudgetGuard
 from ..llm.client import ModelClient
-from .scaffold import Scaffold, default_scaffold, load_scaffold
 from ..storage import open_store
+from .loop import Agent
+from .scaffold import Scaffold, default_scaffold, load_scaffold
 from .toolbox import Toolbox
 
 __all__ = ["Engine", "sandbox_limits"]

@@ -21,12 +21,12 @@ from memory import Context, Ending, Step, Store, Task
 from sandbox import Limits, Sandbox, write_text
 from tools import TaskTools, ToolRegistry, ToolSpec
 
-from ..llm.budget import BudgetExceeded
 from ..judge.checks import parse_check
-from ..llm.client import ModelClient, ModelError, ModelReply
-from .scaffold import Scaffold
 from ..judge.verify import Verdict, verify
+from ..llm.budget import BudgetExceeded
+from ..llm.client import ModelClient, ModelError, ModelReply
 from ..text import clip
+from .scaffold import Scaffold
 
 __all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context"]
 

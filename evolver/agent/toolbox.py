@@ -18,7 +18,14 @@ import threading
 from pathlib import Path
 
 from memory import Store
-from tools import ToolFileError, ToolFiles, ToolRegistry, ToolSpec, ToolSpecError, spec_from_source
+from tools import (
+    ToolFileError,
+    ToolFiles,
+    ToolRegistry,
+    ToolSpec,
+    ToolSpecError,
+    spec_from_source,
+)
 
 from ..config import EvolutionSettings
 

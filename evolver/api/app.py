@@ -15,12 +15,12 @@ from memory import NotFound, StoreError
 
 from .. import __version__
 from ..llm.budget import BudgetExceeded
+from ..meta.jobs import JobError
+from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, tasks
 from .errors import error_response, http_error, validation_error
 from .host import ServiceHost
-from ..meta.jobs import JobError
-from ..meta.revert import RevertError
 
 __all__ = ["create_app"]
 

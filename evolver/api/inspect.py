@@ -7,10 +7,11 @@ from typing import Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
-from ..tree.incumbent import promote as promote_node, rollback as rollback_node
+from ..meta.revert import revert_event
+from ..tree.incumbent import promote as promote_node
+from ..tree.incumbent import rollback as rollback_node
 from . import views
 from .errors import error_response
-from ..meta.revert import revert_event
 from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, errors
 
 router = APIRouter(tags=["inspection"])

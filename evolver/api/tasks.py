@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from memory import TERMINAL_STATUSES, NotFound
 
 from . import views
-from .views import task_json
 from .errors import error_response
 from .models import MAX_ID, FeedbackIn, TaskIn, errors
+from .views import task_json
 
 router = APIRouter(tags=["tasks"])
 

@@ -21,13 +21,13 @@ from rich.table import Table
 from memory import StoreError
 from sandbox import SandboxError
 
-from ..llm.budget import BudgetExceeded
-from .client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenied
-from ..config import ConfigError, load_config
-from ..llm.client import ModelError
 from ..agent.scaffold import ScaffoldError
+from ..config import ConfigError, load_config
+from ..llm.budget import BudgetExceeded
+from ..llm.client import ModelError
 from ..service.sockets import SocketError
 from ..storage import open_store
+from .client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenied
 
 # Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused,
 # 4 the engine could not work (no sandbox, the model unreachable, a bad scaffold, no budget),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
+
 # Its decoder, not its EventSource: EventSource drops comments, and the chat's progress comes in them.
 from httpx_sse._decoders import SSEDecoder
 

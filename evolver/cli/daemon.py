@@ -10,9 +10,9 @@ import time
 
 import click
 
-from .client import ClientError, DaemonNotRunning
 from ..service.systemd import render_unit, unit_path
 from .base import EXIT_NO_DAEMON, State, cli, err, out, print_json, table
+from .client import ClientError, DaemonNotRunning
 
 
 def _log_path(state: State):

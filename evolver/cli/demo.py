@@ -23,8 +23,8 @@ import click
 from memory import NewTrajectory
 
 from ..config import load_config
-from ..storage import open_store
 from ..judge.taskpack import bundled_pack
+from ..storage import open_store
 from .base import State, cli, out, table
 from .daemon import spawn_daemon, stop_daemon
 from .inspect import show_tree

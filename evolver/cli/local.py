@@ -9,11 +9,9 @@ from dataclasses import asdict
 
 import click
 
-
 from ..api import views
 from ..config import default_config_path, render_config
 from .base import State, _print_step, check_options, cli, err, out, print_json, table
-
 
 # --- config ------------------------------------------------------------------------
 
@@ -136,8 +134,8 @@ def memory_check(state: State) -> None:
 @click.pass_obj
 def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool) -> None:
     """Solve one task now, in the foreground, and record it in the store."""
-    from ..judge.checks import CheckError, parse_check
     from ..agent.engine import Engine
+    from ..judge.checks import CheckError, parse_check
 
     if not text.strip():
         raise click.UsageError("TEXT is empty; say what the task is.")

@@ -11,8 +11,8 @@ import httpx
 from rich.markup import escape
 
 from ..api import views
-from .client import ApiError, decode, server_events
 from .base import State, check_options, cli, err, out, print_json, table
+from .client import ApiError, decode, server_events
 
 
 def _print_event_step(step: dict) -> None:

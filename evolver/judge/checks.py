@@ -21,7 +21,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 __all__ = ["AnswerCheck", "CommandCheck", "PythonCheck", "Check", "parse_check", "CheckError"]
 

@@ -180,7 +180,14 @@ class _Factory:
 
     def __init__(self) -> None:
         from litellm import CustomLLM  # noqa: F401
-        from litellm.types.utils import ChatCompletionMessageToolCall, Choices, Function, Message, ModelResponse, Usage
+        from litellm.types.utils import (
+            ChatCompletionMessageToolCall,
+            Choices,
+            Function,
+            Message,
+            ModelResponse,
+            Usage,
+        )
 
         self.ToolCall, self.Choices, self.Function = ChatCompletionMessageToolCall, Choices, Function
         self.Message, self.ModelResponse, self.Usage = Message, ModelResponse, Usage

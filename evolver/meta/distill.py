@@ -16,9 +16,9 @@ import json
 from memory import Filters, Store
 
 from ..config import Config
-from .insights import apply_ops, numbered, parse_ops, plan_changes, render
 from ..llm.client import ModelClient
 from ..text import clip
+from .insights import apply_ops, numbered, parse_ops, plan_changes, render
 
 __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 

@@ -25,11 +25,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from memory import Store
 
-from ..llm.budget import BudgetExceeded
 from ..agent.engine import Engine
 from ..config import Config
+from ..llm.budget import BudgetExceeded
 from ..tree.search import TreeSearch
-
 
 __all__ = ["Job", "JobRound", "Jobs", "JobError", "JobHost", "builtin_jobs"]
 

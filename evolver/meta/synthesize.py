@@ -27,13 +27,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from memory import NewTool, RecordedCall, Store
-from tools import (BUILTIN_SOURCES, Replay, ToolFileError, ToolFiles, ToolSpecError, quarantine,
-                   spec_from_source)
+from tools import (
+    BUILTIN_SOURCES,
+    Replay,
+    ToolFileError,
+    ToolFiles,
+    ToolSpecError,
+    quarantine,
+    spec_from_source,
+)
 
-from ..config import Config
 from ..agent.engine import Engine, sandbox_limits
-from ..tree.incumbent import incumbent
+from ..config import Config
 from ..text import clip
+from ..tree.incumbent import incumbent
 
 __all__ = ["synthesize_round", "find_opportunities", "Opportunity", "SynthesisError", "WATERMARK_KEY",
            "pending_trajectories"]

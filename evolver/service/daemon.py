@@ -22,17 +22,17 @@ from pathlib import Path
 
 from memory import Ending, IndexBusy, Step, Store, Task
 
-from ..agent.loop import Agent, TaskResult
-from ..llm.budget import start_of_day
-from ..config import Config
 from ..agent.engine import Engine
-from .feed import Feed
-from ..tree.incumbent import ensure_root, incumbent, scaffold_of
-from .intake import Intake
-from ..meta.jobs import Jobs, builtin_jobs
+from ..agent.loop import Agent, TaskResult
 from ..agent.scaffold import Scaffold
-from .sockets import SocketError, bind
+from ..config import Config
+from ..llm.budget import start_of_day
+from ..meta.jobs import Jobs, builtin_jobs
+from ..tree.incumbent import ensure_root, incumbent, scaffold_of
 from ..tree.search import TreeSearch
+from .feed import Feed
+from .intake import Intake
+from .sockets import SocketError, bind
 from .worker import Worker
 
 __all__ = ["Daemon", "Mood", "socket_path"]

@@ -28,13 +28,13 @@ import numpy as np
 
 from memory import Node, Store, Task
 
-from . import policy
 from ..agent.engine import Engine
-from .incumbent import incumbent, promote, scaffold_of
-from .proposer import InvalidProposal, apply_edit, propose, scaffold_diff, validate
 from ..agent.scaffold import ScaffoldError
 from ..judge.catalog import resolve_pack
 from ..judge.taskpack import TaskPackError
+from . import policy
+from .incumbent import incumbent, promote, scaffold_of
+from .proposer import InvalidProposal, apply_edit, propose, scaffold_diff, validate
 
 __all__ = ["TreeSearch", "EvalItem", "SERVABLE", "node_stats", "tree_view"]
 
