@@ -58,8 +58,13 @@ def test_the_search_runs_on_the_daemons_workers_and_resumes_after_a_kill(root):
             wait_for(lambda: _recorded(http) == 2, timeout_s=60, what="two recorded evaluations")
             tasks = http.get("/v1/tasks", params={"source": "evaluation"}).json()["tasks"]
             assert len(tasks) == 2 and all(t["priority"] == -10 for t in tasks)
-            assert "valid: its tools import and a smoke task ran" in _step(http)  # t = 2: 2^0.6 >= 1 node
+            assert "smoke task" in _step(http)  # t = 2: 2^0.6 >= 1 node; its smoke task goes to the workers
             assert len(_counts(http)) == 2
+            # A worker runs the smoke task, and the "record" job the daemon pokes then validates the child.
+            wait_for(lambda: {n["status"] for n in http.get("/v1/tree").json()["nodes"]} == {"promoted", "evaluating"},
+                     timeout_s=60, what="the child validated by its smoke task")
+            (smoke,) = http.get("/v1/tasks", params={"source": "smoke"}).json()["tasks"]
+            assert smoke["status"] == "done" and smoke["priority"] == -10
             assert _step(http).startswith("queued 2 evaluations")  # t = 2 < 2 nodes ^ (1 / 0.6)
         daemon.proc.send_signal(signal.SIGKILL)  # with evaluations queued or running
         daemon.proc.wait(timeout=30)

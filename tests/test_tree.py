@@ -17,7 +17,7 @@ from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promo
 from evolver.tree.search import TreeSearch, tree_view
 from evolver.tree.export import to_dot, to_html
 from evolver.service.worker import Worker
-from memory import NewTrajectory, NotFound
+from memory import Ending, NewTrajectory, NotFound
 
 PACK = "\n".join(json.dumps(t) for t in [
     {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
@@ -84,6 +84,15 @@ def _expanded(e: Engine, search: TreeSearch):
     return search.step()
 
 
+def _validated(e: Engine, search: TreeSearch) -> str:
+    """Expand, run the smoke task it queued as the daemon's workers would, and read the verdict."""
+    summary = _expanded(e, search)
+    if "smoke task" in summary and "queued" in summary:
+        assert _run_queued(e, search) == 1
+        return search.record_ended()
+    return summary
+
+
 @pytest.mark.parametrize("edit, reason", [
     ({"parameters": {"max_stepz": 30}}, "the edit does not apply: the scaffold has no parameters 'max_stepz'"),
     ({"parameters": {"max_steps": 0}}, "the edited scaffold does not load"),
@@ -118,10 +127,21 @@ def test_a_malformed_proposal_fails_the_step_and_makes_no_node(engine):
     assert len(e.store.list_nodes()) == 1
 
 
-def test_a_valid_proposal_is_validated_with_a_smoke_task(engine):
+def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(engine):
     edit = {"parameters": {"max_steps": 12}, "prompts": {"system": "You are careful. Compute, then finish."}}
     e = engine([_proposer(edit), *SOLVER], "tree-valid")
-    summary = _expanded(e, _search(e))
+    search = _search(e)
+    summary = _expanded(e, search)
+    # The step proposes and queues a low-priority smoke task; the node stays proposed until it has run.
+    assert "smoke task" in summary and "queued" in summary, summary
+    (queued,) = e.store.list_tasks(source="smoke")
+    assert queued.status == "queued" and queued.priority == e.config.evolution.evaluation_priority
+    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    assert child.status == "proposed" and queued.metadata["node"] == child.id
+    assert search.step() == f"waiting for its smoke task {queued.id}"
+    assert _run_queued(e, search) == 1  # a worker runs it on the child's scaffold
+    assert search.ended_unrecorded() == 1  # so the "record" job is due
+    summary = search.record_ended()
     assert "valid: its tools import and a smoke task ran" in summary
     (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
     assert child.status == "evaluating" and child.reason == ""
@@ -129,6 +149,8 @@ def test_a_valid_proposal_is_validated_with_a_smoke_task(engine):
     assert scaffold_of(e.store, child).parameters.max_steps == 12
     smoke = e.store.list_tasks(source="smoke")
     assert len(smoke) == 1 and smoke[0].status == "done"
+    assert e.store.trajectories_of(smoke[0].id)[0].node_id == child.id
+    assert e.store.list_events(kind="node_valid")[0].evidence == [smoke[0].id]
     kinds = [ev.kind for ev in e.store.list_events(limit=10)]
     assert "propose" in kinds and "node_valid" in kinds
 
@@ -261,7 +283,7 @@ def test_a_validation_that_fails_at_its_event_leaves_the_node_proposed_for_the_n
     e = engine([_proposer({"parameters": {"max_steps": 11}}), *SOLVER], "tree-validate-atomic")
     _failing_event(e.store, monkeypatch, "node_valid")
     with pytest.raises(Crash):
-        _expanded(e, _search(e))
+        _validated(e, _search(e))
     monkeypatch.undo()
     (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
     assert child.status == "proposed"  # not "evaluating" without the event that says why
@@ -270,22 +292,28 @@ def test_a_validation_that_fails_at_its_event_leaves_the_node_proposed_for_the_n
     assert len(e.store.list_events(kind="node_valid")) == 1
 
 
-def test_a_step_killed_between_proposing_and_validating_resumes_with_validation(engine, tmp_path):
-    # The smoke task meets a model failure: the step stops with the node still proposed (never served).
+def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_validation(engine, tmp_path):
+    # The smoke task meets a model failure: not the child's fault, so the node stays proposed (never served).
     edit = {"parameters": {"max_steps": 9}}
     broken = [_proposer(edit), {"match": "", "error": "bad_request"}]
     e = engine(broken, "tree-kill-1")
-    with pytest.raises(RuntimeError, match="could not be judged"):
-        _expanded(e, _search(e))
+    search = _search(e)
+    _expanded(e, search)
+    assert _run_queued(e, search) == 1
     (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
-    assert child.status == "proposed"
+    (failed,) = e.store.list_tasks(source="smoke")
+    assert failed.ending is Ending.MODEL_ERROR
+    assert search.record_ended().startswith(f"node {child.id}: smoke task ")  # queued again
+    assert e.store.get_node(child.id).status == "proposed"
     with pytest.raises(IncumbentError):
         promote(e.store, child.id)
     e.close()
-    # A new process: the first step finishes the interrupted one, without a new proposal.
+    # A new process (the model works again): its workers run the queued smoke task, and the first step
+    # finishes the interrupted validation, without a new proposal.
     e2 = engine([*SOLVER], "tree-kill-2", data=e.data_dir)
-    summary = _search(e2).step()
-    assert summary == "valid: its tools import and a smoke task ran"
+    search2 = _search(e2)
+    assert _run_queued(e2, search2) == 1
+    assert search2.step() == "valid: its tools import and a smoke task ran"
     assert e2.store.get_node(child.id).status == "evaluating"
     assert len(e2.store.list_events(kind="propose")) == 1
 

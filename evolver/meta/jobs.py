@@ -28,7 +28,7 @@ from memory import Store
 from ..agent.engine import Engine
 from ..config import Config
 from ..llm.budget import BudgetExceeded
-from ..tree.search import TreeSearch
+from ..tree.search import SEARCH_SOURCES, TreeSearch
 
 __all__ = ["Job", "JobRound", "Jobs", "JobError", "JobHost", "builtin_jobs"]
 
@@ -138,7 +138,8 @@ def builtin_jobs(config: Config) -> list[Job]:
             pending=_new_for_synthesis(e.synthesize_after), purpose="synthesize",
             description="turn code repeated across tasks, and capabilities failures lacked, into tested tools"),
         Job("record", _record, every_min=5.0, after=1, pending=_ended_evaluations, waits_for_idle=False,
-            description="record the evaluations whose tasks ended, and consider a promotion"),
+            description="record the evaluations whose tasks ended (and consider a promotion), and judge a "
+                        "proposed node whose smoke task ended"),
         Job("evolve", _evolve, every_min=e.evolve_every_min, after=1 if e.evaluation_slots else None,
             pending=_free_evaluation_slots, purpose="propose",
             description="one step of the self-modification tree search: expand a node or evaluate one"),
@@ -178,8 +179,8 @@ class Jobs:
     def _blocked(self, job: Job) -> str | None:
         """Why a scheduled round should wait, or None."""
         if self.host.config.evolution.wait_for_idle and job.waits_for_idle:
-            # The search's own evaluation tasks are not a person's work: they never hold a job.
-            depth = self.host.store.queue_depth(excluding=("evaluation",))
+            # The search's own tasks are not a person's work: they never hold a job.
+            depth = self.host.store.queue_depth(excluding=SEARCH_SOURCES)
             if depth.get("queued") or depth.get("running"):
                 return "the inbox has work"
         if job.purpose is not None:

@@ -29,7 +29,7 @@ from ..config import Config
 from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
 from ..tree.incumbent import ensure_root, incumbent, scaffold_of
-from ..tree.search import TreeSearch
+from ..tree.search import SEARCH_SOURCES, TreeSearch
 from .feed import Feed
 from .intake import Intake
 from .sockets import SocketError, bind
@@ -208,9 +208,10 @@ class Daemon:
     # --- workers -----------------------------------------------------------------------
 
     def agent(self, task: Task | None = None) -> Agent:
-        """An agent for ``task``: an evaluation runs on the node it evaluates; everything else on the
-        incumbent scaffold (read at each call: a promotion takes effect from the next task)."""
-        if task is not None and task.source == "evaluation" and task.metadata.get("node"):
+        """An agent for ``task``: the search's tasks (evaluations, smoke tasks) run on the node they test;
+        everything else on the incumbent scaffold (read at each call: a promotion takes effect from the
+        next task)."""
+        if task is not None and task.source in SEARCH_SOURCES and task.metadata.get("node"):
             node = self.store.get_node(task.metadata["node"])
             return self.engine.agent(scaffold_of(self.store, node), node_id=node.id)
         node = incumbent(self.store)
@@ -222,8 +223,8 @@ class Daemon:
 
     def _task_ended(self, task_id: str) -> None:
         self.feed.publish(task_id)
-        # The search records its evaluations itself, on the job host: the worker only says one ended.
-        if self.jobs is not None and self.store.get_task(task_id).source == "evaluation":
+        # The search reads its tasks' results itself, on the job host: the worker only says one ended.
+        if self.jobs is not None and self.store.get_task(task_id).source in SEARCH_SOURCES:
             self.jobs.poke("record")
 
     def _on_step(self, task_id: str, step: Step) -> None:

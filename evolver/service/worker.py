@@ -22,6 +22,7 @@ from typing import Callable
 from memory import Lease, Step, Store, Task
 
 from ..agent.loop import Agent, TaskResult
+from ..tree.search import SEARCH_SOURCES
 
 __all__ = ["Worker", "WorkerResult"]
 
@@ -85,8 +86,8 @@ class Worker:
                 cancel.set()
 
         try:
-            # Evaluations are background work: their model calls count against the background share.
-            purpose = "evaluate" if lease.task.source == "evaluation" else "task"
+            # The search's tasks are background work: their model calls count against the background share.
+            purpose = "evaluate" if lease.task.source in SEARCH_SOURCES else "task"
             result = self.agent_for(lease.task).run_task(lease.task, cancel=cancel, on_step=on_step,
                                                          record_status=False, purpose=purpose)
         finally:

@@ -20,13 +20,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from memory import Ending, Node, Store
+from memory import Ending, Node, Store, Task
 
 from ..agent.engine import Engine, sandbox_limits
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
 from ..text import clip
 
-__all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "validate", "scaffold_diff"]
+__all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "check_child", "smoke_ran",
+           "scaffold_diff"]
 
 EDITABLE = ("prompts", "parameters", "tools", "hooks")
 PLACEHOLDERS = {"system": (), "task": ("task", "examples", "insights"), "reflection": ("task", "verdict"),
@@ -150,13 +151,9 @@ def scaffold_diff(parent: Scaffold, child: Scaffold) -> str:
     return "".join(difflib.unified_diff(lines(parent), lines(child), "parent", "child"))
 
 
-def validate(engine: Engine, child: Scaffold, node_id: str, smoke: dict) -> None:
-    """Raise InvalidProposal unless ``child`` can serve: tools exist, hooks load, a smoke task runs.
-
-    ``smoke`` is ``add_task``'s arguments for the smoke task. A model or budget
-    failure during the smoke task is not the child's fault: it is raised as is
-    (the node stays proposed and the next round validates it again).
-    """
+def check_child(engine: Engine, child: Scaffold) -> None:
+    """Raise InvalidProposal unless ``child``'s tools exist and its hooks load in the sandbox (what can be
+    checked before its smoke task runs)."""
     engine.toolbox.refresh()
     missing = [name for name in child.tools if engine.registry.get(name) is None]
     if missing:
@@ -173,9 +170,14 @@ def validate(engine: Engine, child: Scaffold, node_id: str, smoke: dict) -> None
         if not result.ok:
             problem = result.stderr.strip()[-800:] or result.error or f"exit code {result.exit_code}"
             raise InvalidProposal(f"its hooks do not load in the sandbox: {problem}")
-    task, _ = engine.store.add_task(**{**smoke, "source": "smoke", "status": "running"})
-    result = engine.agent(child, node_id=node_id).run_task(task)
-    if result.ending is Ending.INTERNAL_ERROR:
-        raise InvalidProposal(f"the smoke task did not run: {result.error}")
-    if result.ending in (Ending.MODEL_ERROR, Ending.BUDGET):
-        raise RuntimeError(f"the smoke task could not be judged: {result.error}")
+
+
+def smoke_ran(task: Task) -> bool:
+    """What an ended smoke task says of its child: True when it ran (whatever its answer), False when it
+    must run again because what stopped it was not the child's fault (the model, the budget, a person
+    cancelling it, a daemon stopping); InvalidProposal when the child broke it."""
+    if task.ending is Ending.INTERNAL_ERROR:
+        raise InvalidProposal(f"the smoke task did not run: {task.error}")
+    if task.status == "dead":
+        raise InvalidProposal(f"the smoke task's worker kept dying: {task.error}")
+    return task.ending in (Ending.ANSWERED, Ending.CHECK_FAILED, Ending.NO_ANSWER)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from memory import Node, Store, Task
+from memory import TERMINAL_STATUSES, Node, Store, Task
 
 from ..agent.engine import Engine
 from ..agent.scaffold import ScaffoldError
@@ -34,14 +34,23 @@ from ..judge.catalog import resolve_pack
 from ..judge.taskpack import TaskPackError
 from . import policy
 from .incumbent import incumbent, promote, scaffold_of
-from .proposer import InvalidProposal, apply_edit, propose, scaffold_diff, validate
+from .proposer import (
+    InvalidProposal,
+    apply_edit,
+    check_child,
+    propose,
+    scaffold_diff,
+    smoke_ran,
+)
 
-__all__ = ["TreeSearch", "EvalItem", "SERVABLE", "node_stats", "tree_view"]
+__all__ = ["TreeSearch", "EvalItem", "SERVABLE", "SEARCH_SOURCES", "node_stats", "tree_view"]
 
 log = logging.getLogger(__name__)
 
 SERVABLE = ("evaluating", "evaluated", "promoted")
-PERSON_SOURCES = ("api", "cli", "inbox")  # tasks a person handed over (not evaluations, smoke tests or chat)  # valid nodes: the search may build on and evaluate them
+PERSON_SOURCES = ("api", "cli", "inbox")  # tasks a person handed over (not evaluations, smoke tests or chat)
+# The search's own inbox tasks: background work, run on the scaffold of the node in their metadata.
+SEARCH_SOURCES = ("evaluation", "smoke")
 
 
 @dataclass(frozen=True)
@@ -173,15 +182,19 @@ class TreeSearch:
         return node
 
     def _validate(self, node: Node) -> str:
-        """Validate a proposed node: it becomes servable ("evaluating") or invalid with the reason."""
+        """Validate a proposed node: its static checks, then a smoke task run by the daemon's workers like
+        any other (this step queues it; a later step, or the "record" job, reads how it went). The node
+        becomes servable ("evaluating") or invalid with the reason; it stays proposed meanwhile."""
         try:
             child = scaffold_of(self.store, node)
-            pool = self.pool()
-            smoke = (pool["train"] or pool["test"] or [None])[0]
-            if smoke is None:
-                raise InvalidProposal("there is no evaluation task to run a smoke test with "
-                                      "([evolution] packs is empty and no inbox task had a check)")
-            validate(self.engine, child, node.id, smoke.task)
+            smoke = self._smoke_of(node)
+            if smoke is not None and smoke.status not in TERMINAL_STATUSES:
+                return f"waiting for its smoke task {smoke.id}"
+            if smoke is None or not smoke_ran(smoke):
+                check_child(self.engine, child)
+                queued = self._queue_smoke(node)
+                again = f" again ({smoke.error or smoke.status})" if smoke is not None else ""
+                return f"smoke task {queued.id} queued{again}"
         except (InvalidProposal, ScaffoldError) as exc:
             with self.store.transaction():  # the verdict and its event, or (after a crash) neither
                 self.store.set_node_status(node.id, "invalid", reason=str(exc))
@@ -191,8 +204,26 @@ class TreeSearch:
         with self.store.transaction():
             self.store.set_node_status(node.id, "evaluating")
             self.store.append_event("node_valid", f"node {node.id} passed validation", node_id=node.id,
-                                    why="its edit applies, it loads, its tools import and a smoke task ran")
+                                    why="its edit applies, it loads, its tools import and a smoke task ran",
+                                    evidence=[smoke.id])
         return "valid: its tools import and a smoke task ran"
+
+    def _smoke_of(self, node: Node) -> Task | None:
+        """The node's latest smoke task (only the newest node is ever proposed, so it is among the newest)."""
+        return next((t for t in self.store.list_tasks(source="smoke", limit=100)
+                     if t.metadata.get("node") == node.id), None)
+
+    def _queue_smoke(self, node: Node) -> Task:
+        self.engine.model.budget.check(purpose="evaluate", tokens=1)  # background work, like an evaluation
+        pool = self.pool()
+        item = (pool["train"] or pool["test"] or [None])[0]
+        if item is None:
+            raise InvalidProposal("there is no evaluation task to run a smoke test with "
+                                  "([evolution] packs is empty and no inbox task had a check)")
+        task, _ = self.store.add_task(**{**item.task, "source": "smoke",
+                                         "priority": self.config.evolution.evaluation_priority,
+                                         "metadata": {**item.task.get("metadata", {}), "node": node.id}})
+        return task
 
     def _dispatch(self, stats: list[policy.NodeStats], sharpness: float) -> str:
         in_flight = sum(n.in_flight for n in stats)
@@ -271,11 +302,16 @@ class TreeSearch:
     def _ended(self) -> list[Task]:
         """The tasks of evaluations still counted in flight whose tasks have ended."""
         tasks = (self.store.get_task(e.task_id) for e in self.store.running_evaluations() if e.task_id is not None)
-        return [t for t in tasks if t.status in ("done", "failed", "cancelled", "dead")]
+        return [t for t in tasks if t.status in TERMINAL_STATUSES]
+
+    def _smoked(self) -> list[Node]:
+        """Proposed nodes whose smoke task has ended: their verdict awaits."""
+        return [n for n in self.store.list_nodes() if n.status == "proposed"
+                and (smoke := self._smoke_of(n)) is not None and smoke.status in TERMINAL_STATUSES]
 
     def ended_unrecorded(self) -> int:
-        """How many evaluations ended and await recording (the "record" job is due when any do)."""
-        return len(self._ended())
+        """How many evaluations and smoke tasks ended unread (the "record" job is due when any did)."""
+        return len(self._ended()) + len(self._smoked())
 
     def reconcile(self) -> list[str]:
         """Record every evaluation whose task has ended. The search does this itself, at each step and
@@ -288,9 +324,12 @@ class TreeSearch:
             return notes
 
     def record_ended(self) -> str:
-        """Record the evaluations that ended; promotion is considered with each."""
-        notes = self.reconcile()
-        return "; ".join(notes) if notes else "no evaluation ended since the last record"
+        """Record the evaluations that ended (promotion is considered with each) and give the verdict
+        on a proposed node whose smoke task ended."""
+        with self._lock:
+            notes = self.reconcile()
+            notes += [f"node {n.id}: {self._validate(n)}" for n in self._smoked()]
+        return "; ".join(notes) if notes else "no evaluation or smoke task ended since the last record"
 
     def consider_promotion(self) -> str | None:
         """Promote the best held-out candidate whose bound beats the incumbent's (or ask for approval)."""
