@@ -24,7 +24,7 @@ from typing import Callable
 
 import httpx
 
-from evolver.cli.client import server_events
+from evolver.cli.client import finished_rounds, server_events
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -197,6 +197,13 @@ class DaemonProcess:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; it is {last.get('status')} ({last.get('error')})\n{self.log()}") from None
         return last
+
+
+def run_rounds(http: httpx.Client, job: str | None = None) -> list[dict]:
+    """``POST /v1/evolve`` (which queues the rounds on the job host) and the rounds once they finished."""
+    response = http.post("/v1/evolve", json={"job": job})
+    assert response.status_code == 202, response.text
+    return finished_rounds(response.json()["rounds"], lambda path: http.get(path).json())
 
 
 def read_events(response: httpx.Response) -> list[tuple[str, int | None, dict]]:

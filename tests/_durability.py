@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from tests._daemon import DaemonProcess, demo_rules, wait_for, write_script
+from tests._daemon import DaemonProcess, demo_rules, run_rounds, wait_for, write_script
 
 __all__ = ["kill_loop", "power_loss", "build_shim", "shim_env", "power_loss_image", "sync_counts", "Submitters",
            "Invariants", "read_state", "index_check", "durable_settings", "script_rules", "PHASES", "TERMINAL"]
@@ -380,8 +380,8 @@ def index_check(data_dir: Path) -> dict:
 def _post_job(daemon: DaemonProcess, job: str, outcome: dict) -> None:
     try:
         with daemon.client(timeout_s=300) as http:
-            outcome["rounds"] = http.post("/v1/evolve", json={"job": job}).json()["rounds"]
-    except (httpx.TransportError, ValueError, KeyError) as exc:
+            outcome["rounds"] = run_rounds(http, job)
+    except (httpx.TransportError, ValueError, KeyError, AssertionError) as exc:
         outcome["error"] = type(exc).__name__
 
 
@@ -414,7 +414,7 @@ def _settle_the_search(daemon: DaemonProcess, timeout_s: float) -> None:
                        for status in ("queued", "running"))
 
         if counts() == (0, 0):
-            http.post("/v1/evolve", json={"job": "evolve"})  # t = 0: queues the root's first evaluations
+            run_rounds(http, "evolve")  # t = 0: queues the root's first evaluations
         while time.monotonic() < deadline and counts()[0] and evaluating():
             time.sleep(0.2)
 

@@ -15,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from evolver.cli.client import finished_rounds
+
 from _daemon import (SLOW_STEP, DaemonProcess, assert_error, demo_rules, make_root, read_events, serving,
                      wait_for, write_script)
 
@@ -353,11 +355,15 @@ def test_the_tree_has_one_root_which_is_served_and_promote_or_rollback_without_a
     assert "seed" in kinds and "promote" not in kinds and "rollback" not in kinds
 
 
-def test_evolve_runs_the_reconcile_job_and_history_records_it(http):
+def test_evolve_queues_the_reconcile_job_on_the_job_host_and_history_records_it(http):
     response = http.post("/v1/evolve", json={"job": "reconcile"})
-    assert response.status_code == 200, response.text
-    rounds = response.json()["rounds"]
+    assert response.status_code == 202, response.text  # queued, not run inside the request
+    (queued,) = response.json()["rounds"]
+    assert queued["job"] == "reconcile" and queued["status"] == "queued" and queued["ok"] is None
+    rounds = finished_rounds([queued], lambda path: http.get(path).json())
     assert [r["job"] for r in rounds] == ["reconcile"] and rounds[0]["ok"] is True
+    assert rounds[0]["status"] == "done" and rounds[0]["id"] == queued["id"]
+    assert_error(http.get("/v1/evolve/round-999999"), 404, "no round")
     events = http.get("/v1/history", params={"kind": "job"}).json()["events"]
     assert events and events[0]["kind"] == "job" and events[0]["id"] == rounds[0]["event_id"]
     assert events[0]["payload"]["job"] == "reconcile"

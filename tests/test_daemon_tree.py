@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests._daemon import DaemonProcess, demo_rules, make_root, remove_root, wait_for, write_script
+from tests._daemon import (DaemonProcess, demo_rules, make_root, remove_root, run_rounds, wait_for,
+                           write_script)
 
 PACK = "\n".join(json.dumps(t) for t in [
     {"id": "e1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
@@ -40,7 +41,7 @@ def _counts(http) -> dict[str, tuple[int, int, int]]:
 
 
 def _step(http) -> str:
-    (round_,) = http.post("/v1/evolve", json={"job": "evolve"}).json()["rounds"]
+    (round_,) = run_rounds(http, "evolve")
     assert round_["ok"], round_
     return round_["summary"]
 

@@ -80,14 +80,25 @@ def revert(body: RevertIn, request: Request, event_id: int = Path(ge=1, le=MAX_I
     return asdict(revert_event(_daemon(request).store, event_id, why=body.why))
 
 
-@router.post("/evolve", summary="Run one round of background jobs now (all, or one by name)",
-             responses=errors(400, 404, 409, 413, 422, 503))
+@router.post("/evolve", status_code=202, responses=errors(400, 404, 413, 422, 503),
+             summary="Queue one round of background jobs on the job host (all, or one by name); poll each "
+                     "round's id for how it went")
 def evolve(body: EvolveIn, request: Request) -> dict:
-    daemon = _daemon(request)
-    if body.job is not None and body.job not in daemon.jobs.jobs:
+    jobs = _daemon(request).jobs
+    if body.job is not None and body.job not in jobs.jobs:
         return error_response(404, "not_found", f"there is no job {body.job!r}; jobs are: "
-                                                f"{', '.join(daemon.jobs.jobs)}", "job")
-    return {"rounds": [asdict(r) for r in daemon.jobs.run_now(body.job)]}
+                                                f"{', '.join(jobs.jobs)}", "job")
+    return {"rounds": jobs.submit(body.job)}
+
+
+@router.get("/evolve/{round_id}", summary="One submitted round: queued, running, done or failed",
+            responses=errors(404, 503))
+def evolve_round(request: Request, round_id: str = Path(max_length=40)) -> dict:
+    found = _daemon(request).jobs.round(round_id)
+    if found is None:
+        return error_response(404, "not_found", f"there is no round {round_id!r}; a daemon keeps the rounds "
+                                                "submitted since it started (it may have restarted)")
+    return found
 
 
 @router.post("/promote", summary="Serve a node from the next task on", responses=errors(400, 409, 413, 422, 503))

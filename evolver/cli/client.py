@@ -8,6 +8,7 @@ for a refused request.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -16,7 +17,8 @@ import httpx
 # Its decoder, not its EventSource: EventSource drops comments, and the chat's progress comes in them.
 from httpx_sse._decoders import SSEDecoder
 
-__all__ = ["Client", "ClientError", "DaemonNotRunning", "SocketDenied", "ApiError", "decode", "server_events"]
+__all__ = ["Client", "ClientError", "DaemonNotRunning", "SocketDenied", "ApiError", "decode", "server_events",
+           "finished_rounds"]
 
 
 class ClientError(Exception):
@@ -35,6 +37,18 @@ class ApiError(ClientError):
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(message)
         self.status, self.kind = status, kind
+
+
+def finished_rounds(rounds: list[dict], get: Callable[[str], dict], *, poll_s: float = 0.1) -> list[dict]:
+    """The rounds ``POST /v1/evolve`` queued, once each has finished (``get`` reads a path's JSON)."""
+    finished = []
+    for queued in rounds:
+        current = queued
+        while current["status"] not in ("done", "failed"):
+            time.sleep(poll_s)
+            current = get(f"/v1/evolve/{queued['id']}")
+        finished.append(current)
+    return finished
 
 
 class Client:
@@ -78,6 +92,10 @@ class Client:
 
     def post(self, path: str, body: dict | None = None, **kwargs) -> dict:
         return self.request("POST", path, json_body=body or {}, **kwargs)
+
+    def run_rounds(self, job: str | None = None) -> list[dict]:
+        """Queue a round of ``job`` (or of every job) on the daemon's job host and wait for them."""
+        return finished_rounds(self.post("/v1/evolve", {"job": job})["rounds"], self.get)
 
     def events(self, task_id: str, *, after: int = 0) -> Iterator[tuple[str, dict]]:
         """The task's server-sent events as (event, data), reconnecting from the last id if cut."""

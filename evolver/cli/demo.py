@@ -109,7 +109,7 @@ def demo(state: State, keep: bool) -> None:
                 {"role": "user", "content": "What is 2 * (3 + 4)?"}]})
             out.print(f"\n[bold]chat[/bold] (OpenAI-compatible, over the socket): 'What is 2 * (3 + 4)?' → "
                       f"{reply['choices'][0]['message']['content']!r}")
-            rounds = client.post("/v1/evolve", {})["rounds"]
+            rounds = client.run_rounds()
             out.print("\n[bold]one round of every background job:[/bold]")
             for r in rounds:
                 out.print(f"  {r['job']}: {'ok' if r['ok'] else 'FAILED'}: {r['summary']}", markup=False)

@@ -164,8 +164,8 @@ def tools(state: State, status: str, as_json: bool) -> None:
 @click.pass_obj
 def evolve(state: State, now: bool, job: str | None, as_json: bool) -> None:
     """Run one round of the background jobs now, instead of waiting for their schedule."""
-    with state.client(timeout_s=3600) as client, err.status(f"running {job or 'every job'}…"):
-        data = client.post("/v1/evolve", {"job": job})
+    with state.client() as client, err.status(f"running {job or 'every job'}…"):
+        data = {"rounds": client.run_rounds(job)}
     if as_json:
         print_json(data)
     else:

@@ -8,17 +8,21 @@ into one. A job may also be due after ``after`` new items of work (its
 repeats nor skips work); a trigger checks that every 30 s. Scheduled rounds wait
 while the inbox has work (``[evolution] wait_for_idle``) and while the budget
 for background work is spent. ``run_now`` runs rounds in the caller's thread
-for `evolver evolve`, without those gates. ``poke`` asks for a scheduled round
-now: the daemon pokes ``record`` when an evaluation task ends, so the search
-records it on the job host, never in the worker's thread.
+in the caller's thread, without those gates (tests, the foreground). ``submit``
+queues rounds on the job host, for `evolver evolve` through the API, which
+answers 202 with their ids at once (``round`` tells how each went). ``poke`` asks
+for a scheduled round now: the daemon pokes ``record`` when one of the search's
+tasks ends, so the search reads it on the job host, never in a worker's thread.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -30,9 +34,11 @@ from ..config import Config
 from ..llm.budget import BudgetExceeded
 from ..tree.search import SEARCH_SOURCES, TreeSearch
 
-__all__ = ["Job", "JobRound", "Jobs", "JobError", "JobHost", "builtin_jobs"]
+__all__ = ["Job", "JobRound", "Jobs", "JobError", "JobHost", "SubmittedRound", "builtin_jobs"]
 
 log = logging.getLogger(__name__)
+
+KEEP_ROUNDS = 500  # submitted rounds remembered, newest, for their callers to read
 
 
 class JobHost(Protocol):
@@ -61,6 +67,19 @@ class Job:
     purpose: str | None = None  # the budget purpose its model calls are charged to
     waits_for_idle: bool = True  # False: cheap bookkeeping that never waits for the inbox
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+@dataclass
+class SubmittedRound:
+    """A round asked for through the API: queued, running, then done or failed (``ok`` says which)."""
+
+    id: str
+    job: str
+    status: str = "queued"
+    ok: bool | None = None
+    summary: str = ""
+    seconds: float | None = None
+    event_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +171,9 @@ class Jobs:
         self.jobs = {job.name: job for job in jobs}
         self.scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1,
                                                            "misfire_grace_time": 3600})
+        self._rounds: OrderedDict[str, SubmittedRound] = OrderedDict()
+        self._round_numbers = itertools.count(1)
+        self._rounds_lock = threading.Lock()
 
     def start(self, *, schedule: bool = True) -> None:
         """Start the job host; with ``schedule`` also the intervals and triggers (``[evolution] enabled``).
@@ -169,6 +191,38 @@ class Jobs:
         waiting or running covers this one)."""
         if self.scheduler.running:
             self.scheduler.add_job(self._scheduled, args=[name], id=f"poke-{name}", replace_existing=True)
+
+    def submit(self, name: str | None = None) -> list[dict]:
+        """Queue one round of ``name`` (or of every job, in order) on the job host; returns them, queued."""
+        if name is not None and name not in self.jobs:
+            raise JobError(f"there is no job {name!r}; jobs are: {', '.join(self.jobs)}")
+        with self._rounds_lock:
+            rounds = [SubmittedRound(id=f"round-{next(self._round_numbers)}", job=n)
+                      for n in ([name] if name else list(self.jobs))]
+            for r in rounds:
+                self._rounds[r.id] = r
+            while len(self._rounds) > KEEP_ROUNDS:
+                self._rounds.popitem(last=False)
+            queued = [asdict(r) for r in rounds]
+        self.scheduler.add_job(self._run_submitted, args=[rounds], id=rounds[0].id)
+        return queued
+
+    def round(self, round_id: str) -> dict | None:
+        """A submitted round as it stands, or None when this daemon has none by that id."""
+        with self._rounds_lock:
+            found = self._rounds.get(round_id)
+            return None if found is None else asdict(found)
+
+    def _run_submitted(self, rounds: list[SubmittedRound]) -> None:
+        for r in rounds:
+            job = self.jobs[r.job]
+            with job.lock:  # after a scheduled round of the same job, never beside it
+                with self._rounds_lock:
+                    r.status = "running"
+                done = self._round(job)
+            with self._rounds_lock:
+                r.status, r.ok, r.summary = ("done" if done.ok else "failed"), done.ok, done.summary
+                r.seconds, r.event_id = done.seconds, done.event_id
 
     def _triggers(self) -> None:
         for job in self.jobs.values():
