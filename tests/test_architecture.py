@@ -9,8 +9,10 @@ subpackages form layers, and no package has an import cycle at any depth.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
+import inspect
 import os
 import shutil
 import subprocess
@@ -75,3 +77,52 @@ def test_every_package_says_what_lives_there_and_exports_only_what_it_names(pack
     for name in module.__all__:
         assert hasattr(module, name) or importlib.util.find_spec(f"{package}.{name}") is not None, \
             f"{package}.__all__ names {name!r}, which it does not have"
+
+
+def _keeps(implementation: type, protocol: type) -> list[str]:
+    """What of ``protocol`` the class lacks or declares otherwise (names, kinds and defaults of parameters)."""
+    problems = []
+    for name, member in vars(protocol).items():
+        if name.startswith("_") or not callable(member):
+            continue
+        theirs = getattr(implementation, name, None)
+        if theirs is None:
+            problems.append(f"{implementation.__name__} has no {name}")
+            continue
+        want = [(p.name, p.kind, p.default) for p in inspect.signature(member).parameters.values()]
+        have = [(p.name, p.kind, p.default) for p in inspect.signature(theirs).parameters.values()]
+        if want != have:
+            problems.append(f"{implementation.__name__}.{name}{inspect.signature(theirs)} is not "
+                            f"{protocol.__name__}.{name}{inspect.signature(member)}")
+    return problems
+
+
+def test_the_parts_keep_the_protocols_the_engine_depends_on():
+    from memory import ExperienceStore, Store
+    from evolver.llm import Model, ModelClient
+    from sandbox import BubblewrapSandbox, DegradedSandbox, Sandbox
+
+    assert _keeps(Store, ExperienceStore) == []
+    assert {"embedder", "index"} <= set(ExperienceStore.__annotations__)
+    assert _keeps(ModelClient, Model) == []
+    assert _keeps(BubblewrapSandbox, Sandbox) == [] and _keeps(DegradedSandbox, Sandbox) == []
+
+
+def test_only_storage_names_the_sqlite_store_and_only_the_engine_the_litellm_client():
+    """The engine depends on ExperienceStore and Model; opening the concrete parts happens in one place each,
+    so another store or model client is a new class, not a rewrite."""
+    allowed = {"Store": {"evolver/storage.py"}, "ModelClient": {"evolver/agent/engine.py", "evolver/llm/__init__.py",
+                                                                "evolver/llm/client.py"}}
+    found = []
+    for path in sorted((REPO / "evolver").rglob("*.py")):
+        where = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "memory":
+                names = [node.attr]
+            for name in names:
+                if name in allowed and where not in allowed[name]:
+                    found.append(f"{where} names {name}")
+    assert found == []

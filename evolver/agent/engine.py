@@ -6,13 +6,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from memory import Store
+from memory import ExperienceStore
 from sandbox import Limits, Sandbox, make_sandbox
 from tools import ToolRegistry, builtin_specs
 
 from ..config import Config
 from ..llm.budget import BudgetGuard
-from ..llm.client import ModelClient
+from ..llm.client import Model, ModelClient
 from ..storage import open_store
 from .loop import Agent
 from .scaffold import Scaffold, default_scaffold, load_scaffold
@@ -32,15 +32,15 @@ def sandbox_limits(config: Config) -> Limits:
 @dataclass
 class Engine:
     config: Config
-    store: Store
-    model: ModelClient
+    store: ExperienceStore
+    model: Model
     sandbox: Sandbox
     registry: ToolRegistry
     data_dir: Path
     toolbox: Toolbox
 
     @classmethod
-    def open(cls, config: Config, *, data_dir: Path | None = None, store: Store | None = None,
+    def open(cls, config: Config, *, data_dir: Path | None = None, store: ExperienceStore | None = None,
              sandbox: Sandbox | None = None) -> "Engine":
         data_dir = Path(data_dir or config.data_dir)
         store = store or open_store(config, data_dir=data_dir)

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from memory import Context, Ending, Step, Store, Task
+from memory import Context, Ending, ExperienceStore, Step, Task
 from sandbox import Limits, Sandbox, write_text
 from tools import TaskTools, ToolRegistry, ToolSpec
 
 from ..judge.checks import parse_check
 from ..judge.verify import Verdict, verify
 from ..llm.budget import BudgetExceeded
-from ..llm.client import ModelClient, ModelError, ModelReply
+from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
 from .scaffold import Scaffold
 
@@ -86,7 +86,7 @@ def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
 class Agent:
     """Solves tasks with one scaffold; everything it does is parameterized by it."""
 
-    def __init__(self, *, store: Store, model: ModelClient, sandbox: Sandbox, registry: ToolRegistry,
+    def __init__(self, *, store: ExperienceStore, model: Model, sandbox: Sandbox, registry: ToolRegistry,
                  scaffold: Scaffold, workspace_root: Path, node_id: str | None = None,
                  observation_chars: int = 4000, keep_workspaces: bool = False,
                  limits: Limits | None = None,

@@ -17,7 +17,7 @@ import logging
 import threading
 from pathlib import Path
 
-from memory import Store
+from memory import ExperienceStore
 from tools import (
     ToolFileError,
     ToolFiles,
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 
 class Toolbox:
-    def __init__(self, store: Store, registry: ToolRegistry, data_dir: Path, settings: EvolutionSettings) -> None:
+    def __init__(self, store: ExperienceStore, registry: ToolRegistry, data_dir: Path,
+                 settings: EvolutionSettings) -> None:
         self.store = store
         self.registry = registry
         self.files = ToolFiles(Path(data_dir) / "tools")

@@ -11,7 +11,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Protocol
 
-from memory import Step, Store
+from memory import ExperienceStore, Step
 
 from ..agent.loop import TaskResult
 from ..config import Config
@@ -44,7 +44,7 @@ class ServiceHost(Protocol):
     jobs: Jobs
 
     @property
-    def store(self) -> Store: ...
+    def store(self) -> ExperienceStore: ...
 
     def status(self) -> dict: ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from memory import Filters, Store
+from memory import ExperienceStore, Filters
 from tools import builtin_specs
 
 from ..tree.incumbent import scaffold_of
@@ -23,14 +23,14 @@ def task_json(task) -> dict:
     return data
 
 
-def task_list(store: Store, *, status: str | None = None, source: str | None = None, limit: int = 50,
+def task_list(store: ExperienceStore, *, status: str | None = None, source: str | None = None, limit: int = 50,
               offset: int = 0) -> dict:
     tasks = store.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
     more = len(tasks) > limit
     return {"tasks": [task_json(t) for t in tasks[:limit]], "next_offset": offset + limit if more else None}
 
 
-def task_detail(store: Store, task_id: str) -> dict:
+def task_detail(store: ExperienceStore, task_id: str) -> dict:
     task = store.get_task(task_id)
     trajectories = []
     for trajectory in store.trajectories_of(task_id):
@@ -40,7 +40,7 @@ def task_detail(store: Store, task_id: str) -> dict:
     return {**task_json(task), "trajectories": trajectories}
 
 
-def search(store: Store, text: str, *, kind: str = "trajectories", k: int = 5, success: bool | None = None,
+def search(store: ExperienceStore, text: str, *, kind: str = "trajectories", k: int = 5, success: bool | None = None,
            node: str | None = None, since_hours: float | None = None) -> dict:
     if kind == "trajectories":
         since = time.time() - since_hours * 3600 if since_hours is not None else None
@@ -52,31 +52,31 @@ def search(store: Store, text: str, *, kind: str = "trajectories", k: int = 5, s
     return {"kind": kind, "vector_search": store.index is not None, "hits": [asdict(h) for h in hits]}
 
 
-def insights(store: Store, *, status: str = "active", limit: int = 100) -> dict:
+def insights(store: ExperienceStore, *, status: str = "active", limit: int = 100) -> dict:
     rows = store.list_insights(status=None if status == "all" else status, limit=limit)
     return {"insights": [asdict(i) for i in rows]}
 
 
-def tools(store: Store, *, status: str = "active") -> dict:
+def tools(store: ExperienceStore, *, status: str = "active") -> dict:
     builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"}
                for spec in builtin_specs()]
     synthesized = store.list_tools(status=None if status == "all" else status)
     return {"builtin": builtin, "synthesized": [asdict(t) for t in synthesized]}
 
 
-def tree(store: Store, quantile: float = 0.05) -> dict:
+def tree(store: ExperienceStore, quantile: float = 0.05) -> dict:
     """Every node with its counts (own, clade, held-out), posterior mean and bound, and the incumbent."""
     from ..tree.search import tree_view
 
     return tree_view(store, quantile)
 
 
-def node(store: Store, node_id: str) -> dict:
+def node(store: ExperienceStore, node_id: str) -> dict:
     found = store.get_node(node_id)
     return {**asdict(found), "scaffold": scaffold_of(store, found).model_dump(mode="json"),
             "incumbent": store.get_meta("incumbent") == node_id,
             "evaluations": [asdict(e) for e in store.evaluations_of(node_id)]}
 
 
-def history(store: Store, *, kind: str | None = None, limit: int = 100) -> dict:
+def history(store: ExperienceStore, *, kind: str | None = None, limit: int = 100) -> dict:
     return {"events": [asdict(e) for e in store.list_events(kind=kind, limit=limit)]}

@@ -10,7 +10,7 @@ Imports: ``evolver.config`` and ``memory`` (the ledger), nothing else of evolver
 """
 
 from .budget import BACKGROUND_PURPOSES, BudgetExceeded, BudgetGuard
-from .client import ModelClient, ModelError, ModelReply, ToolCall
+from .client import Model, ModelClient, ModelError, ModelReply, ToolCall
 
-__all__ = ["ModelClient", "ModelReply", "ModelError", "ToolCall", "BudgetGuard", "BudgetExceeded",
+__all__ = ["Model", "ModelClient", "ModelReply", "ModelError", "ToolCall", "BudgetGuard", "BudgetExceeded",
            "BACKGROUND_PURPOSES", "scripted"]

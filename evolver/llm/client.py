@@ -16,15 +16,15 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from memory import Store, _offline  # noqa: F401  (before litellm)
+from memory import ExperienceStore, _offline  # noqa: F401  (before litellm)
 
-from .budget import BudgetGuard
 from ..config import ModelSettings
 from . import scripted
+from .budget import BudgetGuard
 
-__all__ = ["ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls"]
+__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls"]
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,19 @@ def _transient_errors() -> tuple[type[Exception], ...]:
             litellm.InternalServerError, litellm.ServiceUnavailableError)
 
 
+class Model(Protocol):
+    """What the engine asks of a model: ``ModelClient`` keeps it (litellm, so any provider, and the
+    scripted model); another client is a new class that keeps it."""
+
+    budget: BudgetGuard  # the caps its calls are checked against
+
+    def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
+                 purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
+                 max_tokens: int | None = None) -> ModelReply: ...
+
+
 class ModelClient:
-    def __init__(self, settings: ModelSettings, *, store: Store, budget: BudgetGuard,
+    def __init__(self, settings: ModelSettings, *, store: ExperienceStore, budget: BudgetGuard,
                  sleep: Callable[[float], None] = time.sleep, backoff_s: float = 0.5) -> None:
         import litellm
 

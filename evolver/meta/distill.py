@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 
-from memory import Filters, Store
+from memory import ExperienceStore, Filters
 
 from ..config import Config
-from ..llm.client import ModelClient
+from ..llm.client import Model
 from ..text import clip
 from .insights import apply_ops, numbered, parse_ops, plan_changes, render
 
@@ -36,7 +36,7 @@ class DistillError(RuntimeError):
     """A round that could not be applied; nothing was changed."""
 
 
-def watermark(store: Store) -> tuple[float, str] | None:
+def watermark(store: ExperienceStore) -> tuple[float, str] | None:
     raw = store.get_meta(WATERMARK_KEY)
     return None if raw is None else tuple(json.loads(raw))  # type: ignore[return-value]
 
@@ -45,7 +45,7 @@ def _outcome(success: bool | None) -> str:
     return {True: "succeeded", False: "failed", None: "outcome unknown"}[success]
 
 
-def _prompt(store: Store, batch, shown) -> str:
+def _prompt(store: ExperienceStore, batch, shown) -> str:
     lines = ["Insights now (numbered):", render(shown), "", "New experience:"]
     for n, (trajectory, success) in enumerate(batch, start=1):
         lines.append(f"{n}. Task: {clip(trajectory.prompt, 300, one_line=True)}\n"
@@ -61,7 +61,7 @@ def _prompt(store: Store, batch, shown) -> str:
     return "\n".join(lines)
 
 
-def distill_round(store: Store, model: ModelClient, config: Config, *, max_ops: int = 4) -> str:
+def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_ops: int = 4) -> str:
     """Run one round; returns a one-line summary. Raises (and changes nothing) when it cannot be applied."""
     mark = watermark(store)
     recent = store.finished_since(mark, limit=BATCH)

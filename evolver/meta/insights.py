@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memory import Insight, Store
+from memory import ExperienceStore, Insight
 
 __all__ = ["InsightOp", "InsightOpError", "numbered", "render", "parse_ops", "plan_changes", "apply_ops"]
 
@@ -40,7 +40,7 @@ class InsightOp:
     text: str | None = None
 
 
-def numbered(store: Store, *, limit: int) -> list[Insight]:
+def numbered(store: ExperienceStore, *, limit: int) -> list[Insight]:
     """The active insights in the order the prompt numbers them (most important first)."""
     return store.list_insights(status="active", limit=limit)
 
@@ -92,7 +92,7 @@ def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4) -> lis
     return ops
 
 
-def _similar(store: Store, text: str, candidates: list[Insight]) -> tuple[Insight | None, float]:
+def _similar(store: ExperienceStore, text: str, candidates: list[Insight]) -> tuple[Insight | None, float]:
     if not candidates:
         return None, 0.0
     vectors = np.asarray(store.embedder.embed_documents([text] + [c.text for c in candidates]), dtype=np.float32)
@@ -102,7 +102,7 @@ def _similar(store: Store, text: str, candidates: list[Insight]) -> tuple[Insigh
     return candidates[best], float(scores[best])
 
 
-def plan_changes(store: Store, ops: list[InsightOp], shown: list[Insight], *, provenance: list[str], cap: int,
+def plan_changes(store: ExperienceStore, ops: list[InsightOp], shown: list[Insight], *, provenance: list[str], cap: int,
                  merge_threshold: float) -> list[dict]:
     """The store changes the operations amount to (nothing is written here).
 
@@ -140,7 +140,7 @@ def plan_changes(store: Store, ops: list[InsightOp], shown: list[Insight], *, pr
     return changes
 
 
-def apply_ops(store: Store, ops: list[InsightOp], shown: list[Insight], *, provenance: list[str], cap: int,
+def apply_ops(store: ExperienceStore, ops: list[InsightOp], shown: list[Insight], *, provenance: list[str], cap: int,
               merge_threshold: float = 0.9, event_id: int | None = None) -> list[Insight]:
     """Apply the operations in one transaction; then retire the lowest-ranked insights over the cap."""
     changes = plan_changes(store, ops, shown, provenance=provenance, cap=cap, merge_threshold=merge_threshold)

@@ -27,7 +27,7 @@ from typing import Callable, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from memory import Store
+from memory import ExperienceStore
 
 from ..agent.engine import Engine
 from ..config import Config
@@ -49,7 +49,7 @@ class JobHost(Protocol):
     tree: TreeSearch | None
 
     @property
-    def store(self) -> Store: ...
+    def store(self) -> ExperienceStore: ...
 
 
 class JobError(ValueError):

@@ -10,7 +10,7 @@ Promotions are undone with `evolver rollback`.
 
 from __future__ import annotations
 
-from memory import Event, Store
+from memory import Event, ExperienceStore
 
 __all__ = ["RevertError", "revert_event"]
 
@@ -19,7 +19,7 @@ class RevertError(ValueError):
     """The event cannot be reverted; the message says why."""
 
 
-def revert_event(store: Store, event_id: int, *, why: str = "reverted by hand") -> Event:
+def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted by hand") -> Event:
     event = store.get_event(event_id)  # NotFound names the id
     if event.kind in ("promote", "rollback", "seed"):
         raise RevertError(f"event {event_id} changed the served node; use `evolver rollback` to serve another")
@@ -47,7 +47,7 @@ def revert_event(store: Store, event_id: int, *, why: str = "reverted by hand") 
     return revert
 
 
-def _revert_tools(store: Store, event: Event, changes: list[dict], why: str) -> Event:
+def _revert_tools(store: ExperienceStore, event: Event, changes: list[dict], why: str) -> Event:
     status: dict[int, str] = {}
     for change in changes:
         tool = store.get_tool(change["id"])

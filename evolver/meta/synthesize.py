@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memory import NewTool, RecordedCall, Store
+from memory import ExperienceStore, NewTool, RecordedCall
 from tools import (
     BUILTIN_SOURCES,
     Replay,
@@ -88,7 +88,7 @@ class _Candidate:
     rationale: str
 
 
-def _state(store: Store) -> dict:
+def _state(store: ExperienceStore) -> dict:
     raw = store.get_meta(WATERMARK_KEY)
     state = {"after": None, "until": None, "done": []}
     if raw is not None:
@@ -100,7 +100,7 @@ def _key(trajectory) -> list:
     return [trajectory.finished_at, trajectory.id]
 
 
-def pending_trajectories(store: Store, limit: int) -> int:
+def pending_trajectories(store: ExperienceStore, limit: int) -> int:
     """Trajectories finished since the last complete window (what the job's trigger counts)."""
     after = _state(store)["after"]
     return len(store.finished_since(None if after is None else tuple(after), limit=limit))
@@ -122,7 +122,8 @@ def normalized_code(code: str) -> str | None:
         return None
 
 
-def _code_opportunities(store: Store, window: list[str], lookback: list[str], config: Config) -> list[Opportunity]:
+def _code_opportunities(store: ExperienceStore, window: list[str], lookback: list[str],
+                        config: Config) -> list[Opportunity]:
     e = config.evolution
     in_window = set(window)
     groups: dict[str, list[RecordedCall]] = {}
@@ -170,7 +171,7 @@ def _code_opportunities(store: Store, window: list[str], lookback: list[str], co
     return [opportunity for _, opportunity in found]
 
 
-def _gap_opportunities(store: Store, failed: dict[str, object]) -> list[Opportunity]:
+def _gap_opportunities(store: ExperienceStore, failed: dict[str, object]) -> list[Opportunity]:
     found = []
     for trajectory_id, reflection in sorted(store.reflections(list(failed)).items()):
         if not _GAP.search(reflection):
@@ -185,7 +186,7 @@ def _gap_opportunities(store: Store, failed: dict[str, object]) -> list[Opportun
     return found
 
 
-def find_opportunities(store: Store, config: Config, window: list, lookback: list[str]) -> list[Opportunity]:
+def find_opportunities(store: ExperienceStore, config: Config, window: list, lookback: list[str]) -> list[Opportunity]:
     """Opportunities in a window of (trajectory, success) pairs, the strongest first."""
     ids = [t.id for t, _ in window]
     failed = {t.id: t for t, success in window if success is False}
@@ -234,7 +235,7 @@ def _parse(content: str, opportunity: Opportunity) -> _Candidate | str:
                       rationale=rationale if isinstance(rationale, str) else str(rationale))
 
 
-def _existing(store: Store) -> str:
+def _existing(store: ExperienceStore) -> str:
     rows = [t for t in store.list_tools(status="active") if t.origin == "synthesized"]
     if not rows:
         return "There are no synthesized tools yet."

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from memory import Ending, IndexBusy, Step, Store, Task
+from memory import Ending, ExperienceStore, IndexBusy, Step, Task
 
 from ..agent.engine import Engine
 from ..agent.loop import Agent, TaskResult
@@ -80,7 +80,7 @@ class Daemon:
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
 
     @property
-    def store(self) -> Store:
+    def store(self) -> ExperienceStore:
         assert self.engine is not None, "the daemon has not opened its store"
         return self.engine.store
 

@@ -15,7 +15,7 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
-from memory import Store
+from memory import ExperienceStore
 
 __all__ = ["Intake"]
 
@@ -25,7 +25,7 @@ _STOP = object()
 
 
 class Intake:
-    def __init__(self, store: Store, *, on_committed: Callable[[], None] = lambda: None,
+    def __init__(self, store: ExperienceStore, *, on_committed: Callable[[], None] = lambda: None,
                  max_batch: int = 256) -> None:
         self.store = store
         self.on_committed = on_committed
@@ -37,7 +37,7 @@ class Intake:
         self._thread.start()
 
     def submit(self, **task) -> Future:
-        """Queue ``Store.add_task`` arguments; the future gives ``(task, new)`` once committed."""
+        """Queue ``ExperienceStore.add_task`` arguments; the future gives ``(task, new)`` once committed."""
         future: Future = Future()
         self._queue.put((task, future))
         return future

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from memory import Lease, Step, Store, Task
+from memory import ExperienceStore, Lease, Step, Task
 
 from ..agent.loop import Agent, TaskResult
 from ..tree.search import SEARCH_SOURCES
@@ -41,7 +41,7 @@ class Worker:
     def __init__(self, agent: Agent | Callable[[Task], Agent], *, owner: str, lease_s: float, max_attempts: int,
                  sources: tuple[str, ...] | None = None, drain: threading.Event | None = None,
                  on_step: Callable[[str, Step], None] | None = None,
-                 on_end: Callable[[str], None] | None = None, store: Store | None = None) -> None:
+                 on_end: Callable[[str], None] | None = None, store: ExperienceStore | None = None) -> None:
         # A callable is asked for an agent for each claimed task, so a newly promoted scaffold serves
         # the next task, and an evaluation task runs on the scaffold of the node it evaluates.
         if isinstance(agent, Agent):

@@ -8,7 +8,7 @@ says from which node to which and why; rolling back reads those events.
 
 from __future__ import annotations
 
-from memory import Event, Node, NotFound, Store
+from memory import Event, ExperienceStore, Node, NotFound
 
 from ..agent.scaffold import Scaffold, load_scaffold
 
@@ -22,7 +22,7 @@ class IncumbentError(ValueError):
     """A promotion or rollback that cannot be done; the message says why."""
 
 
-def ensure_root(store: Store, seed: Scaffold) -> Node:
+def ensure_root(store: ExperienceStore, seed: Scaffold) -> Node:
     """Make sure the tree has a root (the seed scaffold) and an incumbent; return the incumbent."""
     current = store.get_meta(KEY)
     if current is not None:
@@ -36,16 +36,16 @@ def ensure_root(store: Store, seed: Scaffold) -> Node:
     return root
 
 
-def incumbent(store: Store) -> Node | None:
+def incumbent(store: ExperienceStore) -> Node | None:
     node_id = store.get_meta(KEY)
     return None if node_id is None else store.get_node(node_id)
 
 
-def scaffold_of(store: Store, node: Node) -> Scaffold:
+def scaffold_of(store: ExperienceStore, node: Node) -> Scaffold:
     return load_scaffold(store.get_scaffold(node.scaffold_hash))
 
 
-def _switch(store: Store, kind: str, node_id: str, why: str, *, reverts: int | None = None) -> Event:
+def _switch(store: ExperienceStore, kind: str, node_id: str, why: str, *, reverts: int | None = None) -> Event:
     # One transaction: the checks see what they change (two switches cannot interleave), and a
     # crash leaves either no switch or the switch with its node status and its event.
     with store.transaction():
@@ -66,12 +66,12 @@ def _switch(store: Store, kind: str, node_id: str, why: str, *, reverts: int | N
                                   node_id=node_id, payload={"from": previous, "to": node_id}, reverts=reverts)
 
 
-def promote(store: Store, node_id: str, *, why: str = "promoted by hand") -> Event:
+def promote(store: ExperienceStore, node_id: str, *, why: str = "promoted by hand") -> Event:
     """Serve ``node_id`` from the next task on."""
     return _switch(store, "promote", node_id, why)
 
 
-def rollback(store: Store, node_id: str | None = None, *, why: str = "rolled back by hand") -> Event:
+def rollback(store: ExperienceStore, node_id: str | None = None, *, why: str = "rolled back by hand") -> Event:
     """Serve ``node_id``, or without one the node served before the current incumbent."""
     if node_id is not None:
         return _switch(store, "rollback", node_id, why)

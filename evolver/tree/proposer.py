@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from memory import Ending, Node, Store, Task
+from memory import Ending, ExperienceStore, Node, Task
 
 from ..agent.engine import Engine, sandbox_limits
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
@@ -61,7 +61,7 @@ class Proposal:
     tokens: int
 
 
-def _attempts(store: Store, node: Node) -> str:
+def _attempts(store: ExperienceStore, node: Node) -> str:
     """The parent's finished training evaluations that a learner may see, failures first, within SAMPLE_CHARS."""
     done = [e for e in store.evaluations_of(node.id) if e.split == "train" and e.status == "done" and e.trajectory_id]
     shown = store.learnable([e.trajectory_id for e in done])

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from memory import TERMINAL_STATUSES, Node, Store, Task
+from memory import TERMINAL_STATUSES, ExperienceStore, Node, Task
 
 from ..agent.engine import Engine
 from ..agent.scaffold import ScaffoldError
@@ -60,7 +60,7 @@ class EvalItem:
     task: dict  # add_task's arguments: prompt, check, metadata
 
 
-def node_stats(store: Store, *, split: str = "train") -> list[policy.NodeStats]:
+def node_stats(store: ExperienceStore, *, split: str = "train") -> list[policy.NodeStats]:
     counts = {r["node_id"]: r for r in store.evaluation_counts(split=split)}
     stats = []
     for node in store.list_nodes():
@@ -362,7 +362,7 @@ class TreeSearch:
         return f"promoted {best.id}"
 
 
-def tree_view(store: Store, quantile: float = 0.05) -> dict:
+def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
     """Every node (with its diff) and its counts: own and clade (training), held-out, the posterior
     mean of its own training record, and the ``quantile`` bound of its held-out record."""
     train = node_stats(store, split="train")
