@@ -92,7 +92,7 @@ def evolve(body: EvolveIn, request: Request) -> dict:
 
 
 @router.get("/evolve/{round_id}", summary="One submitted round: queued, running, done or failed",
-            responses=errors(404, 503))
+            responses=errors(404, 422, 503))
 def evolve_round(request: Request, round_id: str = Path(max_length=40)) -> dict:
     found = _daemon(request).jobs.round(round_id)
     if found is None:
