@@ -12,9 +12,10 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .errors import SandboxError
 from .limits import Limits, prlimit_argv, rlimit_setter
@@ -38,8 +39,12 @@ class Sandbox(Protocol):
     isolated: bool
     """True behind bubblewrap; False in the degraded mode (a plain subprocess with limits)."""
 
+    python_executable: str | None
+    """The interpreter sandboxed Python runs with (None when there is none the sandbox user can run)."""
+
     def run(self, argv: Sequence[str], *, workspace: str | os.PathLike[str],
-            stdin: str | bytes | None = None, limits: Limits | None = None) -> RunResult: ...
+            stdin: str | bytes | None = None, limits: Limits | None = None,
+            pass_fds: Sequence[int] = ()) -> RunResult: ...
 
     def python(self, code: str, *, workspace: str | os.PathLike[str],
                limits: Limits | None = None) -> RunResult: ...
@@ -148,16 +153,26 @@ class ProcessSandbox:
         return path, owner
 
     def run(self, argv: Sequence[str], *, workspace: str | os.PathLike[str],
-            stdin: str | bytes | None = None, limits: Limits | None = None) -> RunResult:
-        """Run ``argv`` in the workspace; the result is data, whatever the command does."""
-        if not argv:
-            raise SandboxError("run() needs a command: argv is empty")
+            stdin: str | bytes | None = None, limits: Limits | None = None,
+            pass_fds: Sequence[int] = ()) -> RunResult:
+        """Run ``argv`` in the workspace; the result is data, whatever the command does.
+
+        ``pass_fds`` are handed to the command at the same numbers (a private channel,
+        such as the judge's verdict pipe) and closed here once it has them."""
         limits = limits or self.limits
-        launch = self._prepare(list(argv), *self._enter(workspace), limits)
+        try:
+            if not argv:
+                raise SandboxError("run() needs a command: argv is empty")
+            launch = self._prepare(list(argv), *self._enter(workspace), limits)
+        except BaseException:
+            for fd in pass_fds:  # handed over even when the command cannot start
+                os.close(fd)
+            raise
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return run_process(launch.argv, cwd=launch.cwd, env=launch.env, stdin=data, limits=limits,
                            isolated=self.isolated, preexec_fn=launch.preexec_fn,
-                           user=launch.user, group=launch.group, pass_fds=launch.pass_fds)
+                           user=launch.user, group=launch.group,
+                           pass_fds=(*launch.pass_fds, *pass_fds))
 
     def _python(self) -> str:
         if not self.python_executable:

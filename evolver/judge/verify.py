@@ -8,20 +8,27 @@ agent wrote, and the agent may have planted anything there).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import regex
 
 from sandbox import Limits, Sandbox, SandboxError, write_text
 
-from .checks import AnswerCheck, CommandCheck, PythonCheck
+from .checks import (
+    MAX_ANSWER_CHARS,
+    REGEX_TIMEOUT_S,
+    AnswerCheck,
+    CommandCheck,
+    PythonCheck,
+)
+from .harness import run_judged
 
 __all__ = ["Verdict", "verify"]
 
-_MARK = "__evolver_verdict__"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
@@ -45,6 +52,9 @@ def _number(text: str) -> float | None:
 def _check_answer(check: AnswerCheck, answer: str | None) -> Verdict:
     if answer is None:
         return Verdict(False, "no final answer was given", "answer")
+    if len(answer) > MAX_ANSWER_CHARS:
+        return Verdict(False, f"the answer is {len(answer):,} characters long; an answer check reads at most "
+                              f"{MAX_ANSWER_CHARS:,}", f"answer:{check.match}", score=0.0)
     given = answer.strip()
     if check.match == "numeric":
         value, expected = _number(given), float(str(check.expected).replace(",", ""))
@@ -55,18 +65,21 @@ def _check_answer(check: AnswerCheck, answer: str | None) -> Verdict:
         return Verdict(ok, f"answer {value:g} {'matches' if ok else 'differs from'} expected {expected:g} "
                            f"(tolerance {check.tolerance:g})", "answer:numeric", score=1.0 if ok else 0.0)
     if check.match == "regex":
-        ok = re.fullmatch(str(check.expected), given, re.DOTALL) is not None
+        # The regex package, not re: it can give up after a time, and it lets the other
+        # threads of the daemon run while it matches (re holds the GIL through a
+        # catastrophic backtrack such as (a+)+$ and freezes every request).
+        try:
+            ok = regex.fullmatch(str(check.expected), given, regex.DOTALL, timeout=REGEX_TIMEOUT_S,
+                                 concurrent=True) is not None
+        except TimeoutError:
+            return Verdict(False, f"matching the answer against /{check.expected}/ took over {REGEX_TIMEOUT_S:g} s; "
+                                  "counted as no match", "answer:regex", score=0.0)
         return Verdict(ok, f"answer {given[:200]!r} {'matches' if ok else 'does not match'} /{check.expected}/",
                        "answer:regex", score=1.0 if ok else 0.0)
     expected = str(check.expected).strip()
     ok = given.casefold() == expected.casefold() if check.casefold else given == expected
     return Verdict(ok, f"answer {given[:200]!r} {'equals' if ok else 'is not'} expected {expected[:200]!r}",
                    "answer:exact", score=1.0 if ok else 0.0)
-
-
-def _limits(base: Limits | None, timeout_s: float) -> Limits:
-    base = base or Limits()
-    return replace(base, timeout_s=min(base.timeout_s, timeout_s) if base.timeout_s else timeout_s)
 
 
 def _shadowing(workspace: str) -> list[str]:
@@ -82,11 +95,21 @@ def _shadowing(workspace: str) -> list[str]:
     except OSError:
         return found
     for name in entries:
-        stem = name[:-3] if name.endswith(".py") else name
+        stem = name.removesuffix(".py")
         if stem in sys.stdlib_module_names and (name.endswith(".py") or
                                                 os.path.isdir(os.path.join(workspace, name))):
             found.append(name)
     return sorted(found)
+
+
+def _judged(kind: str, job: dict, check: CommandCheck | PythonCheck, sandbox: Sandbox, workspace: str,
+            limits: Limits | None) -> Verdict:
+    judged = run_judged(sandbox, workspace, {"kind": kind, **job}, timeout_s=check.timeout_s, limits=limits)
+    if judged.report is None:
+        return Verdict(False, f"the checker gave no verdict: {judged.problem}", kind, score=0.0)
+    ok = judged.report.get("success") is True
+    message = str(judged.report.get("message") or ("check passed" if ok else "check failed"))
+    return Verdict(ok, message, kind, score=1.0 if ok else 0.0)
 
 
 def _check_command(check: CommandCheck, sandbox: Sandbox, workspace: str, limits: Limits | None) -> Verdict:
@@ -95,35 +118,12 @@ def _check_command(check: CommandCheck, sandbox: Sandbox, workspace: str, limits
         return Verdict(False, f"the workspace holds {', '.join(shadows)}, which would stand in for the standard "
                               "library's module(s) of that name when the check runs Python; rename them",
                        "command", score=0.0)
-    result = sandbox.run(["/bin/sh", "-c", check.command], workspace=workspace, limits=_limits(limits, check.timeout_s))
-    output = "\n".join(p for p in (result.stdout.strip(), result.stderr.strip(), result.error or "") if p)
-    status = "timed out" if result.timed_out else f"exited {result.exit_code}"
-    return Verdict(result.ok, f"`{check.command}` {status}\n{output}".strip(), "command",
-                   score=1.0 if result.ok else 0.0)
+    return _judged("command", {"command": check.command}, check, sandbox, workspace, limits)
 
 
 def _check_python(check: PythonCheck, sandbox: Sandbox, workspace: str, answer: str | None,
                   limits: Limits | None) -> Verdict:
-    # The agent controls the workspace, which is the checker's working directory:
-    # a planted json.py must not be what the checker imports, so the working
-    # directory leaves the import path before anything else runs.
-    harness = (
-        "import sys as _sys\n"
-        "_sys.path[:] = [_p for _p in _sys.path if _p not in ('', '.')]\n"
-        f"{check.code}\n\n"
-        "import json as _json, os as _os\n"
-        f"_result = check(_json.loads({json.dumps(json.dumps(answer))}), _os.getcwd())\n"
-        "_ok, _message = (_result if isinstance(_result, tuple) else (_result, ''))\n"
-        f"print({_MARK!r} + _json.dumps({{'success': bool(_ok), 'message': str(_message)}}))\n"
-    )
-    result = sandbox.python(harness, workspace=workspace, limits=_limits(limits, check.timeout_s))
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith(_MARK):
-            data = json.loads(line[len(_MARK):])
-            return Verdict(data["success"], data["message"] or ("check passed" if data["success"] else "check failed"),
-                           "python", score=1.0 if data["success"] else 0.0)
-    problem = "timed out" if result.timed_out else (result.stderr.strip()[-2000:] or result.error or "no verdict")
-    return Verdict(False, f"the checker did not give a verdict: {problem}", "python", score=0.0)
+    return _judged("python", {"code": check.code, "answer": answer}, check, sandbox, workspace, limits)
 
 
 def verify(check: AnswerCheck | CommandCheck | PythonCheck, *, answer: str | None, sandbox: Sandbox,
