@@ -8,6 +8,7 @@ package depends on no other package of the project (standard library only).
     Sandbox.python(code, workspace=…) -> RunResult   one Python snippet
     Sandbox.worker(workspace)         -> PythonWorker   a warm interpreter per task
     PythonWorker.execute(code) / .call(name, kwargs) -> ExecResult
+    run_judged(sandbox, workspace, job) -> Judged   a check's verdict the judged code cannot forge
     read_text / read_bytes / write_text / list_dir   host-side file access that never leaves the workspace
 
 Errors (everything sandboxed code does comes back as data instead):
@@ -22,6 +23,7 @@ from .bwrap import WORKSPACE, BubblewrapSandbox
 from .degraded import DegradedSandbox
 from .errors import SandboxError, SandboxUnavailable, WorkspaceError
 from .factory import make_sandbox
+from .judged import Judged, run_judged
 from .limits import Limits
 from .result import ExecResult, RunResult
 from .worker import PythonWorker
@@ -33,6 +35,7 @@ __all__ = [
     "DegradedSandbox",
     "Entry",
     "ExecResult",
+    "Judged",
     "Limits",
     "PythonWorker",
     "RunResult",
@@ -44,5 +47,6 @@ __all__ = [
     "make_sandbox",
     "read_bytes",
     "read_text",
+    "run_judged",
     "write_text",
 ]

@@ -5,75 +5,36 @@ A candidate must (1) parse, with its schema derived from its signature
 those tests, and the tests of the version it would replace, when run in the
 sandbox; and (4) reproduce the recorded output of every real call it claims
 to generalize, called with the arguments the model mapped onto that call.
-Nothing of the candidate runs in the host process: the code and the tests are
-files in a fresh workspace that only the sandboxed interpreter executes. This
-is a quality gate, not the security boundary: a synthesized tool only ever runs
+
+Nothing of the candidate runs in the host process, and the report does not
+come from the tool's interpreter: the judge's runner (``sandbox.run_judged``)
+loads the tool in a child process of its own and calls it with plain data,
+runs the tests in its own interpreter, and reports over a channel the tool
+cannot reach, with the run's nonce. A tool that patches ``json.dumps`` or the
+test framework patches only its own process. The candidate's own tests run
+apart from the earlier version's tests and the replays, which they could
+otherwise tamper with; replays are compared here, on plain data. This is a
+quality gate, not the security boundary: a synthesized tool only ever runs
 inside the sandbox, here and when the agent calls it.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import os
-import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox import Limits, Sandbox, write_text
+from sandbox import Limits, Sandbox, run_judged, write_text
 
 from .spec import ToolSpec, schema_for_call
 
 __all__ = ["Replay", "QuarantineReport", "quarantine", "defined_tests"]
 
-_MARK = "__evolver_quarantine__"
-
-# Runs inside the sandbox. The tool and its tests share one namespace (tests call
-# the function by name); every test and every replay runs even if one fails.
-_RUNNER = r'''
-import contextlib, io, json, sys, traceback
-ns = {"__name__": "evolver_tool"}
-report = {"tests": [], "replays": [], "load_error": None}
-def _tail(exc):
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]
-def _render(value, stdout):
-    parts = [stdout.rstrip("\n")] if stdout else []
-    if value is not None:
-        parts.append(value if isinstance(value, str) else json.dumps(value, default=repr))
-    return ["\n".join(parts), repr(value)]
-try:
-    exec(compile(open("tool.py").read(), "tool.py", "exec"), ns)
-    tool = ns[NAME]
-except BaseException as exc:
-    report["load_error"] = _tail(exc)
-else:
-    for path in TEST_FILES:
-        try:
-            exec(compile(open(path).read(), path, "exec"), ns)
-        except BaseException as exc:
-            report["tests"].append({"name": path, "ok": False, "error": "the tests do not load: " + _tail(exc)})
-            continue
-        for name in [n for n in list(ns) if n.startswith("test_") and callable(ns[n])]:
-            test = ns.pop(name)
-            try:
-                test()
-                report["tests"].append({"name": name, "ok": True, "error": None})
-            except BaseException as exc:
-                report["tests"].append({"name": name, "ok": False, "error": _tail(exc)})
-    for arguments in json.load(open("replays.json")):
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                value = tool(**arguments)
-            report["replays"].append({"got": _render(value, out.getvalue()), "error": None})
-        except BaseException as exc:
-            report["replays"].append({"got": None, "error": _tail(exc)})
-sys.stdout = sys.__stdout__
-print(MARK + json.dumps(report))
-'''
-
+_MODULE = "tool"  # the candidate's code, as tool.py in a fresh workspace
+_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Replay:
@@ -110,6 +71,17 @@ def _same(expected: str, got: list[str]) -> bool:
     return any(" ".join(g.split()) == want for g in got)
 
 
+def _judged(sandbox: Sandbox, workspace: Path, spec: ToolSpec, tests: list[tuple[str, str]],
+            replays: list[dict], limits: Limits | None) -> dict | QuarantineReport:
+    """One run of the judge's runner: the tool in a process of its own, the tests beside the verdict."""
+    timeout = (limits or Limits()).timeout_s or _TIMEOUT_S
+    judged = run_judged(sandbox, workspace, {"kind": "tool", "module": _MODULE, "name": spec.name,
+                                             "tests": tests, "replays": replays}, timeout_s=timeout, limits=limits)
+    if judged.report is None or not isinstance(judged.report.get("report"), dict):
+        return QuarantineReport(False, f"its run in the sandbox gave no report: {judged.problem or 'malformed'}")
+    return judged.report["report"]
+
+
 def quarantine(spec: ToolSpec, *, sandbox: Sandbox, work_root: str | os.PathLike[str],
                replays: list[Replay] = (), earlier_tests: str = "", limits: Limits | None = None) -> QuarantineReport:
     """Run the candidate's tests (and ``earlier_tests``) and ``replays`` in the sandbox; never raises for the tool."""
@@ -125,31 +97,25 @@ def quarantine(spec: ToolSpec, *, sandbox: Sandbox, work_root: str | os.PathLike
             return QuarantineReport(False, f"the arguments given for recorded call {replay.label} do not fit "
                                            f"its signature: {'; '.join(problems)}")
     os.makedirs(work_root, exist_ok=True)
-    workspace = Path(tempfile.mkdtemp(prefix=f"quarantine-{spec.name}-", dir=work_root))
+    workspace = Path(tempfile.mkdtemp(prefix="tool-", dir=work_root))
     try:
         os.chmod(workspace, 0o700)
         sandbox.workspace_dir(workspace)
-        files = ["test_tool.py"] + (["test_earlier.py"] if earlier_tests else [])
-        write_text(workspace, "tool.py", spec.code)
-        write_text(workspace, "test_tool.py", spec.tests)
-        if earlier_tests:
-            write_text(workspace, "test_earlier.py", earlier_tests)
-        write_text(workspace, "replays.json", json.dumps([r.arguments for r in replays]))
-        # A fresh mark per run, so output the tool prints cannot pass for the report by accident.
-        mark = f"{_MARK}{secrets.token_hex(8)}:"
-        runner = f"NAME = {spec.name!r}\nTEST_FILES = {files!r}\nMARK = {mark!r}\n{_RUNNER}"
-        result = sandbox.python(runner, workspace=workspace, limits=limits)
+        write_text(workspace, f"{_MODULE}.py", spec.code)
+        # Two runs: the candidate's own tests may do anything to the interpreter they run in,
+        # so the earlier version's tests and the recorded calls are judged in another.
+        own = _judged(sandbox, workspace, spec, [("test_tool.py", spec.tests)], [], limits)
+        if isinstance(own, QuarantineReport):
+            return own
+        report = own
+        if earlier_tests or replays:
+            other = _judged(sandbox, workspace, spec, [("test_earlier.py", earlier_tests)] if earlier_tests else [],
+                            [r.arguments for r in replays], limits)
+            if isinstance(other, QuarantineReport):
+                return other
+            report = {**other, "tests": own["tests"] + other["tests"]}
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
-    report = None
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith(mark):
-            report = json.loads(line[len(mark):])
-            break
-    if report is None:
-        problem = "timed out" if result.timed_out else (result.stderr.strip()[-1500:] or result.error or
-                                                         f"exit code {result.exit_code}")
-        return QuarantineReport(False, f"its run in the sandbox gave no report: {problem}")
     if report["load_error"]:
         return QuarantineReport(False, f"it fails to load in the sandbox: {report['load_error']}")
     replayed = [{"label": r.label, "expected": r.expected[:500], "got": (got["got"] or [None])[0],

@@ -14,7 +14,7 @@ Three kinds, all validated strictly where they enter (API, task packs):
   import decides the verdict. Use a Python check with ``solution()`` for that;
 - ``{"type": "python", "code": "def check(answer, workspace): ..."}`` — a
   checker function; it returns a bool, or (bool, message). It runs in the
-  sandbox in the judge's own runner (``harness.py``), which gives it
+  sandbox in the judge's own runner (``sandbox/judged.py``), which gives it
   ``solution(module="solution")`` (the attempt's module, loaded in a process of
   its own, its functions called with plain data), ``run(argv_or_line, stdin=…)``
   and ``run_unittest(*TestCases)``. The attempt's code never runs in the

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import regex
 
-from sandbox import Limits, Sandbox, SandboxError, write_text
+from sandbox import Limits, Sandbox, SandboxError, run_judged, write_text
 
 from .checks import (
     MAX_ANSWER_CHARS,
@@ -25,7 +25,6 @@ from .checks import (
     CommandCheck,
     PythonCheck,
 )
-from .harness import run_judged
 
 __all__ = ["Verdict", "verify"]
 

@@ -1,6 +1,6 @@
 """The checker's side of a verdict; runs inside the sandbox, standard library only.
 
-Never imported by the host: ``evolver.judge.harness`` reads this file and starts it as
+Never imported by the host: ``sandbox.judged`` reads this file and starts it as
 
     python3 -I -c <this file> judge NONCE_FD VERDICT_FD    the job, as JSON, on stdin
     python3 -c <this file> subject MODULE                  started by the judge (below)

@@ -2,7 +2,7 @@
 
 The host makes two pipes per run. On the first it writes a fresh secret nonce and closes
 its end; on the second it reads the runner's report. Both reach the runner
-(``_inside.py``, started with ``python3 -I``) as descriptors, never as text on a command
+(``_judge_main.py``, started with ``python3 -I``) as descriptors, never as text on a command
 line or in the environment, where the attempt's processes could read them. The runner
 makes itself undumpable before any of the attempt's code starts, and starts that code
 only as child processes that inherit neither pipe. A report counts only when it carries
@@ -18,11 +18,14 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sandbox import Limits, RunResult, Sandbox, SandboxError
+from .base import Sandbox
+from .errors import SandboxError
+from .limits import Limits
+from .result import RunResult
 
 __all__ = ["Judged", "run_judged"]
 
-RUNNER = (Path(__file__).with_name("_inside.py")).read_text(encoding="utf-8")
+RUNNER = (Path(__file__).with_name("_judge_main.py")).read_text(encoding="utf-8")
 _MARGIN_S = 5.0  # the runner's own start and report, beyond the check's time
 _REPORT_BYTES = 16 << 20
 
