@@ -182,8 +182,11 @@ class Subject:
                                       start_new_session=True)
         SUBJECTS.append(self)
         self._buffer = b""
-        hello = self._reply()
-        self.load_error = None if hello.get("ready") else str(hello.get("error"))
+        try:
+            hello = self._reply()
+            self.load_error = None if hello.get("ready") else str(hello.get("error"))
+        except AttemptError as exc:  # it ended (os._exit at import) or wrote nonsense before answering
+            self.load_error = str(exc)
 
     def _stderr_tail(self):
         self._stderr.seek(0, os.SEEK_END)
