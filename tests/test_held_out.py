@@ -66,6 +66,10 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(daemon):
         assert json.loads(bench.stdout)["solved"] == 1
         (benched,) = http.get("/v1/tasks", params={"source": "bench"}).json()["tasks"]
         assert benched["metadata"]["split"] == "test" and benched["metadata"]["pack_task"] == "h1"
+        # Sent again as a person's task that claims the training split, it is held out all the same.
+        again = http.post("/v1/tasks", json={"prompt": "What is 7717 + 1?", "metadata": {"split": "train"}})
+        assert again.status_code == 201 and again.json()["metadata"]["split"] == "test", again.text
+        assert http.post("/v1/tasks", json={"prompt": "x", "metadata": {"split": "dev"}}).status_code == 422
 
         # A person's task with a check: its split is decided at intake (about 999 in 1000 held out here;
         # an id that hashes into training is learnable, so take another task then).
