@@ -265,7 +265,7 @@ class EvolutionSettings(_Section):
     held out from the proposer and decides promotion). Past inbox tasks that carried a check are used too."""
 
     held_out_share: float = Field(default=0.2, ge=0, lt=1)
-    """The share of past inbox tasks (with a check) held out for promotion decisions."""
+    """The share of a person's tasks with a check held out for promotion decisions (decided when each comes in)."""
 
     evaluation_priority: int = -10
     """The inbox priority of evaluation tasks: below a person's tasks (0), so those never wait behind them."""

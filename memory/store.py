@@ -302,7 +302,10 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
                                     metadata=metadata, idempotency_key=idempotency_key, status=status)])[0]
 
     def add_tasks(self, items: list[dict]) -> list[tuple[Task, bool]]:
-        """Commit several tasks in one transaction (one fsync): ``add_task`` for each item's arguments."""
+        """Commit several tasks in one transaction (one fsync): ``add_task`` for each item's arguments.
+
+        An item may bring its own ``id`` (``new_id("task")``): a caller that decides something from
+        the id (the held-out split of a person's task) records it in the same commit."""
         for item in items:
             if not item.get("prompt") or not item["prompt"].strip():
                 raise ValueError("A task needs a non-empty prompt.")
@@ -316,7 +319,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
                     if row is not None:
                         results.append((Task.from_row(row), False))
                         continue
-                task = Task(id=new_id("task"), prompt=item["prompt"], status=item.get("status", "queued"),
+                task = Task(id=item.get("id") or new_id("task"), prompt=item["prompt"], status=item.get("status", "queued"),
                             created_at=now, updated_at=now, check=item.get("check"),
                             priority=item.get("priority", 0), source=item.get("source", "inbox"),
                             metadata=item.get("metadata") or {}, idempotency_key=key)

@@ -40,10 +40,11 @@ def make_root() -> Path:
     return root
 
 
-def write_script(root: Path, name: str, rules: list[dict]) -> str:
-    """Write a scripted-model script; returns the model name that makes a daemon answer from it."""
+def write_script(root: Path, name: str, rules: list[dict], *, record: Path | None = None) -> str:
+    """Write a scripted-model script; returns the model name that makes a daemon answer from it.
+    With ``record``, every conversation the model is sent is appended to that file (one JSON line each)."""
     path = root / f"{name}.json"
-    path.write_text(json.dumps({"rules": rules}), encoding="utf-8")
+    path.write_text(json.dumps({"rules": rules, **({"record": str(record)} if record else {})}), encoding="utf-8")
     return "scripted/" + str(path.absolute())
 
 

@@ -165,6 +165,10 @@ def test_bench_runs_a_pack_file_and_refuses_a_bad_one(tmp_path):
     held_out = json.loads(run("--data-dir", str(tmp_path / "d"), "bench", str(pack), "--split", "test",
                               "--json").stdout)
     assert [r["id"] for r in held_out["results"]] == ["b"]
+    # Stored as a benchmark's tasks, each in its pack's split (so "b" is hidden from every learner).
+    listed = json.loads(run("--data-dir", str(tmp_path / "d"), "tasks", "--json", "--limit", "100").stdout)["tasks"]
+    assert {(t["metadata"]["pack_task"], t["source"], t["metadata"].get("split")) for t in listed} == {
+        ("a", "bench", "train"), ("b", "bench", "test")}
     pack.write_text('{"id": "a", "prompt": "no check"}\n')
     refused = run("--data-dir", str(tmp_path / "d"), "bench", str(pack))
     assert refused.returncode == 2 and "pack.jsonl:1: task a has no check" in refused.stderr

@@ -141,6 +141,11 @@ def test_bench_goes_through_the_daemon_workers(env):
     assert (summary["tasks"], summary["solved"]) == (5, 4)
     listed = json.loads(ok("tasks", "--json", "--limit", "1000", env=env).stdout)["tasks"]
     assert sum(t["metadata"].get("pack_task") == "demo-05" for t in listed) == 1
+    # Each keeps its source and its pack's split through the daemon: demo-05 is held out.
+    benched = {t["metadata"]["pack_task"]: t for t in listed if "pack_task" in t["metadata"]}
+    assert {t["source"] for t in benched.values()} == {"bench"}
+    assert {n: t["metadata"].get("split") for n, t in benched.items()} == {
+        "demo-01": "train", "demo-02": "train", "demo-03": "train", "demo-04": "train", "demo-05": "test"}
 
 
 def test_bad_arguments_are_one_line_and_exit_code_2(env):

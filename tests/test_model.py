@@ -3,6 +3,8 @@ the JSON-in-text fallback, the budget guard and the ledger."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from evolver.llm import scripted
@@ -80,6 +82,17 @@ def test_models_without_native_tools_get_tools_in_text_and_their_json_parsed(cli
     assert "tool_calls" not in reply.assistant_message
 
 
+def test_a_script_with_a_record_file_appends_each_conversation_it_is_sent(client_for, tmp_path):
+    record = tmp_path / "sent.jsonl"
+    scripted.register_script("m-record", {"record": str(record), "rules": [{"match": "", "reply": "ok"}]})
+    client = client_for("scripted/m-record")
+    client.complete([{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"}])
+    client.complete([{"role": "user", "content": "two"}])
+    sent = [json.loads(line)["messages"] for line in record.read_text().splitlines()]
+    assert sent == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"}],
+                    [{"role": "user", "content": "two"}]]
+
+
 def test_text_tool_call_parser_reports_bad_json_and_ignores_prose():
     calls = parse_text_tool_calls('thinking...\n```json\n{"tool": "finish", "arguments": {"answer": "4"}}\n```')
     assert [(c.name, c.arguments) for c in calls] == [("finish", {"answer": "4"})]
@@ -133,6 +146,7 @@ def test_dollar_caps_refuse_once_reached(client_for, store):
     ({"rules": [{"match": "", "error": "meteor"}]}, "unknown error kind"),
     ({"rules": [{"match": "", "reply": "x", "colour": 1}]}, "rule 0"),
     ({"rules": [], "extra": 1}, "unknown script keys"),
+    ({"rules": [], "record": 1}, "must be a file path"),
 ])
 def test_bad_scripts_are_refused_with_the_reason(script, message):
     with pytest.raises(ScriptError, match=message):

@@ -15,9 +15,10 @@ from evolver.config import load_config
 from evolver.agent.engine import Engine
 from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
 from evolver.tree.search import TreeSearch, tree_view
+from evolver.tree.split import hashed_split
 from evolver.tree.export import to_dot, to_html
 from evolver.service.worker import Worker
-from memory import Ending, NewTrajectory, NotFound
+from memory import Ending, NewTrajectory, NotFound, new_id
 
 PACK = "\n".join(json.dumps(t) for t in [
     {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
@@ -401,6 +402,28 @@ def test_tree_view_counts_clades_from_stored_evaluations(engine):
     assert view[child]["mean"] == round(3 / 5, 4)
     with pytest.raises(NotFound):
         e.store.get_node("node_missing")
+
+
+def test_the_pool_keeps_the_split_a_persons_task_was_given_when_it_came_in(engine):
+    """A person's task with a check is split once, at intake, and the store's rule hides a held-out one
+    from then on; the pool must not split it again (a task recorded before splits were kept is split
+    by the same hash). Each item carries its split, so a smoke task run on a held-out one is held out."""
+    e = engine([*SOLVER], "tree-recorded-split")
+    share = e.config.evolution.held_out_share
+
+    def person(prompt: str, *, hashes_to: str, recorded: str | None) -> str:
+        task_id = next(i for i in iter(lambda: new_id("task"), None) if hashed_split(i, share) == hashes_to)
+        e.store.add_tasks([{"id": task_id, "prompt": prompt, "check": {"type": "answer", "expected": "9"},
+                            "source": "api", "status": "done", "metadata": {"split": recorded} if recorded else {}}])
+        return f"task:{task_id}"
+
+    held = person("What is 4 + 5?", hashes_to="train", recorded="test")
+    trained = person("What is 3 + 6?", hashes_to="test", recorded="train")
+    legacy = person("What is 2 + 7?", hashes_to="test", recorded=None)
+    pool = _search(e).pool()
+    assert [i.ref for i in pool["test"]] == ["pack:" + str(e.config.evolution.packs[0]) + ":h1", held, legacy]
+    assert [i.ref for i in pool["train"]][-1:] == [trained]
+    assert all(i.task["metadata"]["split"] == split for split in pool for i in pool[split])
 
 
 def test_nothing_is_learned_from_the_held_out_split(engine):

@@ -60,7 +60,12 @@ class TaskIn(_Strict):
     check: dict[str, Any] | None = Field(default=None, description="How success is decided (see the README).")
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
     metadata: dict[str, Any] | None = Field(
-        default=None, description="Free-form; `files` ({path: text}) are written into the task's workspace.")
+        default=None, description="Free-form; `files` ({path: text}) are written into the task's workspace; "
+                                  '`split` "test" holds the task out of everything learned (a task with a check '
+                                  "is held out or not by the daemon; none is ever moved out of the held-out split).")
+    source: Literal["api", "bench"] = Field(
+        default="api", description='"bench": a task of a benchmark\'s pack (`evolver bench`), in its pack\'s '
+                                   "`split`; never an evaluation task.")
 
     @field_validator("prompt")
     @classmethod
@@ -86,6 +91,8 @@ class TaskIn(_Strict):
         if files is not None and not (isinstance(files, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
             raise ValueError("metadata.files must map relative paths to file contents (strings)")
+        if (value or {}).get("split", "train") not in ("train", "test"):
+            raise ValueError('metadata.split must be "train" or "test"')
         return value
 
 

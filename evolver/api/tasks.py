@@ -27,6 +27,8 @@ def _daemon(request: Request):
     return request.app.state.daemon
 
 
+def _unsplit(metadata: dict) -> dict:
+    return {k: v for k, v in metadata.items() if k != "split"}
 
 
 _REPLAYED = {"description": "A retry with the same Idempotency-Key and body: the task it made.",
@@ -46,11 +48,12 @@ async def submit(body: TaskIn, request: Request,
     daemon = _daemon(request)
     # Committed together with whatever other submits arrive meanwhile (group commit), before the reply.
     task, new = await asyncio.wrap_future(daemon.intake.submit(
-        prompt=body.prompt, check=body.check, priority=body.priority, source="api", metadata=body.metadata,
+        prompt=body.prompt, check=body.check, priority=body.priority, source=body.source, metadata=body.metadata,
         idempotency_key=idempotency_key))
     if not new:
-        same = (task.prompt, task.check, task.priority, task.metadata) == (
-            body.prompt, body.check, body.priority, body.metadata or {})
+        # The split is the daemon's to record (``evolver.tree.split``), so it is left out of the comparison.
+        same = (task.prompt, task.check, task.priority, task.source, _unsplit(task.metadata)) == (
+            body.prompt, body.check, body.priority, body.source, _unsplit(body.metadata or {}))
         if not same:
             return error_response(422, "idempotency_conflict",
                                   "this Idempotency-Key was already used for a different task", "Idempotency-Key")

@@ -136,6 +136,7 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
     """Solve one task now, in the foreground, and record it in the store."""
     from ..agent.engine import Engine
     from ..judge.checks import CheckError, parse_check
+    from ..tree.split import decide_split, held_out_prompts
 
     if not text.strip():
         raise click.UsageError("TEXT is empty; say what the task is.")
@@ -144,8 +145,11 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
             parse_check(check)
         except CheckError as exc:
             raise click.UsageError(str(exc)) from None
+    evolution = state.config.evolution
+    item = decide_split({"prompt": text, "check": check, "source": "cli"}, share=evolution.held_out_share,
+                        held_out_prompts=held_out_prompts(evolution.packs))
     with Engine.open(state.config, data_dir=state.data_dir) as engine:
-        task, _ = engine.store.add_task(text, check=check, source="cli")
+        (task, _), = engine.store.add_tasks([item])
         result = engine.agent().run_task(task, on_step=None if quiet else _print_step)
     if as_json:
         click.echo(json.dumps(asdict(result), indent=2))
@@ -204,7 +208,8 @@ def _bench_here(state: State, tasks) -> list[dict]:
         with out.status(f"0/{len(tasks)}") as status:
             for n, pack_task in enumerate(tasks, start=1):
                 task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
-                                                metadata={"pack_task": pack_task.id, "files": pack_task.files})
+                                                metadata={"pack_task": pack_task.id, "files": pack_task.files,
+                                                          "split": pack_task.split})
                 result = agent.run_task(task, purpose="evaluate")
                 results.append(_result(pack_task, result.status, result.success, result.answer, result.attempts))
                 status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")
@@ -214,7 +219,8 @@ def _bench_here(state: State, tasks) -> list[dict]:
 def _bench_through_daemon(state: State, tasks) -> list[dict]:
     with state.client() as client:
         ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(), "priority": -10,
-                                         "metadata": {"pack_task": t.id, "files": t.files}})["id"] for t in tasks]
+                                         "source": "bench", "metadata": {"pack_task": t.id, "files": t.files,
+                                                                         "split": t.split}})["id"] for t in tasks]
         pending, done = dict(zip(ids, tasks)), {}
         with out.status(f"the daemon is solving 0/{len(tasks)}") as status:
             while pending:

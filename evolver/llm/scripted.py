@@ -23,7 +23,9 @@ have. Replies and string arguments are expanded with the match's groups
 ("rate_limit", "timeout", "server", "bad_request") for at most ``times`` calls
 of that rule per script, so retries and fallbacks can be tested.
 ``native_tools: false`` makes the script answer tool calls as JSON in text, as
-a model without native tool calling does.
+a model without native tool calling does. ``record`` names a file to which
+every conversation the script is sent is appended, one JSON line each
+(``{"messages": [...]}``), so a test can read what a daemon showed its model.
 
 Another process (a daemon under test) reads a script from a file when the
 model is named ``scripted/`` followed by the file's absolute path.
@@ -80,6 +82,7 @@ class Rule:
 class Script:
     rules: list[Rule]
     native_tools: bool = True
+    record: str | None = None  # a file each conversation sent is appended to, one JSON line each
     _fired: dict[int, int] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -87,7 +90,7 @@ class Script:
     def from_data(cls, data: dict) -> "Script":
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise ScriptError('a script is an object with a "rules" list')
-        unknown = set(data) - {"rules", "native_tools"}
+        unknown = set(data) - {"rules", "native_tools", "record"}
         if unknown:
             raise ScriptError(f"unknown script keys: {sorted(unknown)}")
         rules = []
@@ -98,7 +101,10 @@ class Script:
                 rules.append(Rule(**raw))
             except TypeError as exc:
                 raise ScriptError(f"rule {n}: {exc}") from None
-        return cls(rules=rules, native_tools=bool(data.get("native_tools", True)))
+        record = data.get("record")
+        if record is not None and not isinstance(record, str):
+            raise ScriptError('"record" must be a file path')
+        return cls(rules=rules, native_tools=bool(data.get("native_tools", True)), record=record)
 
     @classmethod
     def from_file(cls, path: Path) -> "Script":
@@ -108,6 +114,14 @@ class Script:
             raise ScriptError(f"{path} cannot be read as UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except (OSError, json.JSONDecodeError) as exc:
             raise ScriptError(f"{path}: {exc}") from None
+
+    def remember(self, messages: list[dict]) -> None:
+        """Append the conversation to the ``record`` file (a no-op without one)."""
+        if self.record is None:
+            return
+        line = json.dumps({"messages": [{"role": m.get("role"), "content": _text(m)} for m in messages]})
+        with self._lock, open(self.record, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
 
     def answer(self, messages: list[dict]) -> tuple[Rule, re.Match]:
         """The first rule that matches the conversation, and its match."""
@@ -219,6 +233,7 @@ def _build_handler():
         def completion(self, model: str, messages: list, *args, **kwargs):
             f = self._factory
             script = script_for(model)
+            script.remember(messages)
             rule, found = script.answer(messages)
             if rule.error:
                 _raise_simulated(rule.error, model)

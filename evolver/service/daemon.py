@@ -30,6 +30,7 @@ from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
 from ..tree.incumbent import ensure_root, incumbent, scaffold_of
 from ..tree.search import SEARCH_SOURCES, TreeSearch
+from ..tree.split import held_out_prompts
 from .feed import Feed
 from .intake import Intake
 from .sockets import SocketError, bind
@@ -106,7 +107,9 @@ class Daemon:
             self.store.embedder.embed_documents(["warm up"])
             self.store.embedder.embed_query("warm up")
             ensure_root(self.store, self.engine.seed_scaffold())
-            self.intake = Intake(self.store, on_committed=self.task_submitted)
+            self.intake = Intake(self.store, on_committed=self.task_submitted,
+                                 held_out_share=self.config.evolution.held_out_share,
+                                 held_out_prompts=held_out_prompts(self.config.evolution.packs))
             self.intake.start()
             from ..api import create_app
             from .server import ApiServer

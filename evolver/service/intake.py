@@ -17,6 +17,8 @@ from typing import Callable
 
 from memory import ExperienceStore
 
+from ..tree.split import decide_split
+
 __all__ = ["Intake"]
 
 log = logging.getLogger(__name__)
@@ -26,8 +28,11 @@ _STOP = object()
 
 class Intake:
     def __init__(self, store: ExperienceStore, *, on_committed: Callable[[], None] = lambda: None,
-                 max_batch: int = 256) -> None:
+                 max_batch: int = 256, held_out_share: float = 0.0,
+                 held_out_prompts: frozenset[str] = frozenset()) -> None:
         self.store = store
+        self.held_out_share = held_out_share  # a person's tasks with a check held out (``decide_split``)
+        self.held_out_prompts = held_out_prompts  # the configured packs' held-out task texts
         self.on_committed = on_committed
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -37,7 +42,11 @@ class Intake:
         self._thread.start()
 
     def submit(self, **task) -> Future:
-        """Queue ``ExperienceStore.add_task`` arguments; the future gives ``(task, new)`` once committed."""
+        """Queue ``ExperienceStore.add_task`` arguments; the future gives ``(task, new)`` once committed.
+
+        The task's split is decided here, before it is committed (``evolver.tree.split``), so no
+        learner ever sees an attempt at a task that is held out."""
+        task = decide_split(task, share=self.held_out_share, held_out_prompts=self.held_out_prompts)
         future: Future = Future()
         self._queue.put((task, future))
         return future

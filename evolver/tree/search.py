@@ -19,7 +19,6 @@ bound of the Beta posterior against the incumbent's on the same split.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from dataclasses import asdict, dataclass
@@ -42,6 +41,7 @@ from .proposer import (
     scaffold_diff,
     smoke_ran,
 )
+from .split import SPLITS, hashed_split
 
 __all__ = ["TreeSearch", "EvalItem", "SERVABLE", "SEARCH_SOURCES", "node_stats", "tree_view"]
 
@@ -94,17 +94,20 @@ class TreeSearch:
             for t in tasks:
                 metadata = {"files": t.files} if t.files else {}
                 items[t.split].append(EvalItem(ref=f"pack:{name}:{t.id}", split=t.split, task={
-                    "prompt": t.prompt, "check": t.check_data(), "metadata": metadata}))
+                    "prompt": t.prompt, "check": t.check_data(), "metadata": {**metadata, "split": t.split}}))
         share = self.config.evolution.held_out_share
         people = [t for source in PERSON_SOURCES for t in self.store.list_tasks(source=source, limit=1000)]
         for task in sorted(people, key=lambda t: (t.created_at, t.id)):
             if task.check is None or task.status not in ("done", "failed"):
                 continue
-            bucket = int(hashlib.sha256(task.id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-            split = "test" if bucket < share else "train"
+            # Decided once, when the task came in (``split.decide_split``); a task recorded before
+            # splits were kept is split by the same hash.
+            split = task.metadata.get("split")
+            if split not in SPLITS:
+                split = hashed_split(task.id, share)
+            metadata = {"files": task.metadata["files"]} if task.metadata.get("files") else {}
             items[split].append(EvalItem(ref=f"task:{task.id}", split=split, task={
-                "prompt": task.prompt, "check": task.check,
-                "metadata": {"files": task.metadata["files"]} if task.metadata.get("files") else {}}))
+                "prompt": task.prompt, "check": task.check, "metadata": {**metadata, "split": split}}))
         return items
 
     def _next_item(self, node_id: str, split: str, pool: dict[str, list[EvalItem]]) -> EvalItem | None:
