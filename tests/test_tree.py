@@ -97,6 +97,11 @@ def _validated(e: Engine, search: TreeSearch) -> str:
     ({"parameters": {"max_stepz": 30}}, "the edit does not apply: the scaffold has no parameters 'max_stepz'"),
     ({"parameters": {"max_steps": 0}}, "the edited scaffold does not load"),
     ({"prompts": {"task": "Do it: {task} {secret}"}}, "uses a placeholder it does not have"),
+    # Templates the loop could not render, whatever the exception: an attribute of a placeholder,
+    # a format spec or conversion that raises.
+    ({"prompts": {"task": "Do it: {task.prompt}"}}, "prompt 'task' cannot be rendered"),
+    ({"prompts": {"retry": "{task:d} again"}}, "prompt 'retry' cannot be rendered"),
+    ({"prompts": {"reflection": "{verdict!x}"}}, "prompt 'reflection' cannot be rendered"),
     ({"tools": ["finish", "teleport"]}, "its tools do not import: no tool named 'teleport'"),
     ({"verifier": {"type": "always_pass"}}, "the edit touches 'verifier', which is not part of the scaffold"),
     ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),
