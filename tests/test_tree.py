@@ -107,6 +107,8 @@ def _validated(e: Engine, search: TreeSearch) -> str:
     ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),
     ({"evaluation_harness": "return True"}, "touches 'evaluation_harness'"),
     ({"hooks": "import nonexistent_module_xyz\n"}, "its hooks do not load in the sandbox"),
+    # A NUL character no interpreter takes (raw in the answer: the scripted reply is a regex template).
+    ('{"rationale": "spell out the steps", "edit": {"hooks": "x = 1\x00"}}', "its hooks contain a NUL character"),
     ({}, "the edit changes nothing"),
 ])
 def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine, edit, reason):

@@ -162,6 +162,8 @@ def check_child(engine: Engine, child: Scaffold) -> None:
     missing = [name for name in child.tools if engine.registry.get(name) is None]
     if missing:
         raise InvalidProposal(f"its tools do not import: no tool named {', '.join(map(repr, missing))}")
+    if "\x00" in child.hooks:  # no interpreter takes it, and starting one with it raises, not fails
+        raise InvalidProposal("its hooks contain a NUL character, which Python source cannot hold")
     if child.hooks.strip():
         root = engine.data_dir / "workspaces"
         root.mkdir(parents=True, exist_ok=True)
