@@ -62,8 +62,10 @@ def _search(e: Engine, seed: int = 7, slots: int = 1) -> TreeSearch:
 
 
 def _run_queued(e: Engine, search: TreeSearch) -> int:
-    """Run the queued evaluation tasks as the daemon's workers do: each on its node's scaffold."""
+    """Run the queued tasks as the daemon's workers do: the search's each on its node's scaffold."""
     def agent_for(task):
+        if "node" not in task.metadata:  # a person's task
+            return e.agent()
         node = e.store.get_node(task.metadata["node"])
         return e.agent(scaffold_of(e.store, node), node_id=node.id)
 
@@ -176,6 +178,44 @@ def test_evaluations_are_handed_out_as_low_priority_tasks_and_recorded(engine):
     assert (root["successes"], root["failures"], root["in_flight"]) == (2, 0, 0)
     # The two took the two training tasks (the least evaluated first), never the held-out one.
     assert sorted(ev.task_ref.rsplit(":", 1)[1] for ev in e.store.evaluations_of(root["id"])) == ["t1", "t2"]
+
+
+def _purposes(e: Engine) -> dict[str, set[str]]:
+    """The purposes the ledger charged, by what they were for: a task's source, or "step" outside any task."""
+    rows = e.store.db.execute("SELECT l.purpose, t.source FROM ledger l LEFT JOIN tasks t ON t.id = l.task_id")
+    found: dict[str, set[str]] = {}
+    for purpose, source in rows.fetchall():
+        found.setdefault(source or "step", set()).add(purpose)
+    return found
+
+
+def test_the_searchs_model_calls_and_tasks_are_charged_to_the_background_share(engine):
+    # The proposer's call, the smoke task and the evaluations (their reflections too) are background
+    # work; a person's task is not.
+    e = engine([_proposer({"parameters": {"max_steps": 12}}), *SOLVER], "tree-purposes")
+    search = _search(e)
+    assert "queued" in _expanded(e, search)
+    assert _run_queued(e, search) == 1 and "valid" in search.record_ended()
+    assert search.step().startswith("queued 1 evaluations")
+    assert _run_queued(e, search) == 1
+    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "19"})  # fails: reflects
+    assert _run_queued(e, search) == 1
+    assert _purposes(e) == {"step": {"propose"}, "smoke": {"evaluate"}, "evaluation": {"evaluate"},
+                            "inbox": {"task"}}
+
+
+def test_a_spent_background_share_stops_evaluations_but_never_a_persons_task(engine):
+    e = engine([*SOLVER], "tree-share", EVOLVER_BUDGET_TOKENS_PER_DAY="100000",
+               EVOLVER_BUDGET_TOKENS_PER_TASK="1000", EVOLVER_BUDGET_BACKGROUND_SHARE="0.1")
+    search = _search(e)
+    assert search.step().startswith("queued 1 evaluations")
+    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
+    e.store.record_call(model="x", purpose="distill", tokens_in=10_000, tokens_out=0, cost_usd=0, latency_ms=1)
+    assert _run_queued(e, search) == 2
+    assert e.store.get_task(mine.id).status == "done"
+    (evaluation,) = e.store.list_tasks(source="evaluation")
+    assert evaluation.ending is Ending.BUDGET and "background token share" in evaluation.error
+    assert e.store.evaluations_of(incumbent(e.store).id)[0].status == "abandoned"  # it counts for nothing
 
 
 def test_a_persons_task_is_claimed_before_queued_evaluations(engine):
