@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -363,6 +364,32 @@ def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_vali
     assert search2.step() == "valid: its tools import and a smoke task ran"
     assert e2.store.get_node(child.id).status == "evaluating"
     assert len(e2.store.list_events(kind="propose")) == 1
+
+
+def test_an_evaluation_a_drain_sent_back_to_the_queue_is_not_ended_and_runs_again(engine):
+    e = engine([*SOLVER], "tree-drain")
+    search = _search(e)
+    search.step()
+    (task,) = e.store.list_tasks(source="evaluation")
+    ended: list[str] = []
+
+    def on_end(task_id: str) -> None:
+        ended.append(task_id)
+        search.record(e.store.get_task(task_id))
+
+    drain = threading.Event()
+    drain.set()  # the daemon is stopping: the run stops at its first step and goes back to the queue
+    worker = Worker(lambda t: e.agent(node_id=t.metadata["node"]), owner="w", lease_s=30, max_attempts=2,
+                    store=e.store, drain=drain, on_end=on_end)
+    assert worker.run_once().released
+    assert ended == [] and e.store.get_task(task.id).status == "queued"
+    # Even asked directly, the search records no result for a task that has not ended.
+    assert search.record(e.store.get_task(task.id)) is None
+    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    assert evaluation.status == "running" and search.ended_unrecorded() == 0
+    assert _run_queued(e, search) == 1  # after the restart: it runs again, and that result counts
+    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    assert evaluation.status == "done" and evaluation.success is True
 
 
 def test_an_evaluation_that_ended_unrecorded_is_recorded_by_the_next_step(engine):
