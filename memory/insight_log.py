@@ -6,7 +6,7 @@ import json
 import time
 
 from .errors import NotFound
-from .records import Insight
+from .records import Event, Insight
 
 __all__ = ["InsightLog"]
 
@@ -56,6 +56,17 @@ class InsightLog:
                 touched.append(insight_id)
         self.sync_index()
         return [self.get_insight(i) for i in touched]
+
+    def record_insight_changes(self, kind: str, what: str, changes: list[dict], *, why: str = "",
+                               evidence: list | None = None, cost_usd: float = 0.0, node_id: str | None = None,
+                               payload: dict | None = None, reverts: int | None = None) -> Event:
+        """Record one event and apply its insight changes (``apply_insight_changes``, under the event's id)
+        in one transaction: a revert whose changes fail leaves no revert event to refuse a retry."""
+        with self.transaction():
+            event = self.append_event(kind, what, why=why, evidence=evidence, cost_usd=cost_usd, node_id=node_id,
+                                      payload=payload, reverts=reverts)
+            self.apply_insight_changes(changes, event_id=event.id)
+        return event
 
     def insight_history(self, insight_id: int) -> list[dict]:
         """Every operation on one insight, oldest first, with the insight before and after it."""

@@ -135,6 +135,19 @@ class ExperienceStore(Protocol):
     ) -> Insight: ...
     def list_insights(self, *, status: str | None = "active", limit: int = 100) -> list[Insight]: ...
     def apply_insight_changes(self, changes: list[dict], *, event_id: int | None = None) -> list[Insight]: ...
+    def record_insight_changes(
+        self,
+        kind: str,
+        what: str,
+        changes: list[dict],
+        *,
+        why: str = "",
+        evidence: list | None = None,
+        cost_usd: float = 0.0,
+        node_id: str | None = None,
+        payload: dict | None = None,
+        reverts: int | None = None,
+    ) -> Event: ...
     def insight_changes_of(self, event_id: int) -> list[dict]: ...
     def insight_history(self, insight_id: int) -> list[dict]: ...
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tests._daemon import (DaemonProcess, demo_rules, make_root, remove_root, run_rounds, wait_for,
-                           write_script)
+from tests._daemon import (SLOW_STEP, DaemonProcess, demo_rules, make_root, remove_root, run_rounds,
+                           wait_for, write_script)
 
 PACK = "\n".join(json.dumps(t) for t in [
     {"id": "e1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
@@ -86,3 +86,42 @@ def test_the_search_runs_on_the_daemons_workers_and_resumes_after_a_kill(root):
         assert exported.stdout.startswith("digraph evolver_tree {") and exported.stdout.count("->") == 1
     finally:
         again.close()
+
+
+def test_an_evaluation_a_stop_drained_runs_again_after_the_restart_and_is_recorded_then(root):
+    (root / "pack.jsonl").write_text(PACK)
+    settings = {"EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 1,
+                "EVOLVER_EVOLUTION_ENABLED": "false",  # only the rounds asked for, and the record job poked
+                "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 5, "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]'}
+    first = DaemonProcess(root, model=write_script(root, "slow", [{"match": "", **SLOW_STEP}]), name="first",
+                          settings=settings)
+    first.start()
+    try:
+        with first.client() as http:
+            assert _step(http).startswith("queued 1 evaluations")
+            (task,) = http.get("/v1/tasks", params={"source": "evaluation"}).json()["tasks"]
+
+            def stepped():
+                seen = first.task(http, task["id"])
+                return seen["status"] == "running" and seen["trajectories"] and seen["trajectories"][-1]["steps"]
+            wait_for(stepped, timeout_s=60, what="the evaluation task to run and take a step")
+        first.proc.terminate()  # SIGTERM: the running evaluation goes back to the queue
+        assert first.wait_exit(35) == 0, first.log()
+    finally:
+        first.close()
+    second = DaemonProcess(root, model=write_script(root, "solver", demo_rules()), name="second",
+                           settings=settings)
+    second.start()
+    try:
+        with second.client() as http:
+            # The drained run counted for nothing: the evaluation ran again, and that result is the one recorded.
+            ran = second.wait_task(http, task["id"], ("done", "failed", "cancelled", "dead"), timeout_s=60)
+            assert ran["status"] == "done" and ran["attempts"] == 1, ran
+            wait_for(lambda: list(_counts(http).values()) == [(1, 0, 0)], timeout_s=60,
+                     what="the evaluation recorded once, as a success")
+            (node,) = http.get("/v1/tree").json()["nodes"]
+            evaluations = http.get(f"/v1/nodes/{node['id']}").json()["evaluations"]
+            assert [(ev["status"], ev["success"]) for ev in evaluations] == [("done", True)], evaluations
+        assert second.terminate() == 0
+    finally:
+        second.close()

@@ -134,3 +134,28 @@ def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
     revert_event(e.store, first.id)  # the ADD: the insight is retired, not deleted
     assert e.store.get_insight(added.id).status == "retired"
     assert e.store.list_insights() == [e.store.get_insight(kept.id)]
+
+
+def test_a_revert_that_fails_halfway_leaves_nothing_and_can_be_retried(engine, monkeypatch):
+    from evolver.meta.revert import revert_event
+    from memory import StoreError
+
+    e = engine(ADD, "distill-revert-crash")
+    _experience(e.store)
+    distill_round(e.store, e.model, e.config)
+    (event,) = e.store.list_events(kind="distill")
+    (added,) = e.store.list_insights()
+
+    def crash(*args, **kwargs):
+        raise StoreError("the disk went away while the insights were put back")
+
+    with monkeypatch.context() as m:  # the revert's event is written, its insight changes are not
+        m.setattr(type(e.store), "apply_insight_changes", crash)
+        with pytest.raises(StoreError, match="disk went away"):
+            revert_event(e.store, event.id)
+    assert e.store.list_events(kind="revert") == []  # no revert event stands for a revert that did not happen
+    assert e.store.get_insight(added.id).status == "active"
+    undone = revert_event(e.store, event.id)  # so a retry is not refused as "already reverted"
+    assert undone.reverts == event.id and e.store.get_insight(added.id).status == "retired"
+    assert [h["op"] for h in e.store.insight_history(added.id)] == ["ADD", "REVERT"]
+    assert e.store.insight_changes_of(undone.id)[0]["insight_id"] == added.id

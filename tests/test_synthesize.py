@@ -153,6 +153,9 @@ def test_the_registered_tool_runs_for_a_task_and_its_use_is_counted(engine):
     (proposal(tests="x = 1\n"), "brings no tests"),
     (proposal(code=REVERSE.replace("text: str", "text"),), "has no type annotation"),
     (proposal(name="run_shell", code=REVERSE.replace("reverse_text", "run_shell")), "built-in tool's name"),
+    # A schema no model call could carry would break every task the tool is offered to.
+    (proposal(code=REVERSE.replace("text: str", 'text: str = b""')), "its schema is not JSON"),
+    (proposal(code=REVERSE.replace("text: str", "text: str = ...")), "its schema is not JSON"),
 ])
 def test_a_tool_that_fails_quarantine_is_rejected_with_the_reason(engine, reply, reason):
     e = engine(_only(reply), f"synth-reject-{abs(hash(reason))}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +64,10 @@ def _search(e: Engine, seed: int = 7, slots: int = 1) -> TreeSearch:
 
 
 def _run_queued(e: Engine, search: TreeSearch) -> int:
-    """Run the queued evaluation tasks as the daemon's workers do: each on its node's scaffold."""
+    """Run the queued tasks as the daemon's workers do: the search's each on its node's scaffold."""
     def agent_for(task):
+        if "node" not in task.metadata:  # a person's task
+            return e.agent()
         node = e.store.get_node(task.metadata["node"])
         return e.agent(scaffold_of(e.store, node), node_id=node.id)
 
@@ -98,11 +101,18 @@ def _validated(e: Engine, search: TreeSearch) -> str:
     ({"parameters": {"max_stepz": 30}}, "the edit does not apply: the scaffold has no parameters 'max_stepz'"),
     ({"parameters": {"max_steps": 0}}, "the edited scaffold does not load"),
     ({"prompts": {"task": "Do it: {task} {secret}"}}, "uses a placeholder it does not have"),
+    # Templates the loop could not render, whatever the exception: an attribute of a placeholder,
+    # a format spec or conversion that raises.
+    ({"prompts": {"task": "Do it: {task.prompt}"}}, "prompt 'task' cannot be rendered"),
+    ({"prompts": {"retry": "{task:d} again"}}, "prompt 'retry' cannot be rendered"),
+    ({"prompts": {"reflection": "{verdict!x}"}}, "prompt 'reflection' cannot be rendered"),
     ({"tools": ["finish", "teleport"]}, "its tools do not import: no tool named 'teleport'"),
     ({"verifier": {"type": "always_pass"}}, "the edit touches 'verifier', which is not part of the scaffold"),
     ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),
     ({"evaluation_harness": "return True"}, "touches 'evaluation_harness'"),
     ({"hooks": "import nonexistent_module_xyz\n"}, "its hooks do not load in the sandbox"),
+    # A NUL character no interpreter takes (raw in the answer: the scripted reply is a regex template).
+    ('{"rationale": "spell out the steps", "edit": {"hooks": "x = 1\x00"}}', "its hooks contain a NUL character"),
     ({}, "the edit changes nothing"),
 ])
 def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine, edit, reason):
@@ -170,6 +180,44 @@ def test_evaluations_are_handed_out_as_low_priority_tasks_and_recorded(engine):
     assert (root["successes"], root["failures"], root["in_flight"]) == (2, 0, 0)
     # The two took the two training tasks (the least evaluated first), never the held-out one.
     assert sorted(ev.task_ref.rsplit(":", 1)[1] for ev in e.store.evaluations_of(root["id"])) == ["t1", "t2"]
+
+
+def _purposes(e: Engine) -> dict[str, set[str]]:
+    """The purposes the ledger charged, by what they were for: a task's source, or "step" outside any task."""
+    rows = e.store.db.execute("SELECT l.purpose, t.source FROM ledger l LEFT JOIN tasks t ON t.id = l.task_id")
+    found: dict[str, set[str]] = {}
+    for purpose, source in rows.fetchall():
+        found.setdefault(source or "step", set()).add(purpose)
+    return found
+
+
+def test_the_searchs_model_calls_and_tasks_are_charged_to_the_background_share(engine):
+    # The proposer's call, the smoke task and the evaluations (their reflections too) are background
+    # work; a person's task is not.
+    e = engine([_proposer({"parameters": {"max_steps": 12}}), *SOLVER], "tree-purposes")
+    search = _search(e)
+    assert "queued" in _expanded(e, search)
+    assert _run_queued(e, search) == 1 and "valid" in search.record_ended()
+    assert search.step().startswith("queued 1 evaluations")
+    assert _run_queued(e, search) == 1
+    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "19"})  # fails: reflects
+    assert _run_queued(e, search) == 1
+    assert _purposes(e) == {"step": {"propose"}, "smoke": {"evaluate"}, "evaluation": {"evaluate"},
+                            "inbox": {"task"}}
+
+
+def test_a_spent_background_share_stops_evaluations_but_never_a_persons_task(engine):
+    e = engine([*SOLVER], "tree-share", EVOLVER_BUDGET_TOKENS_PER_DAY="100000",
+               EVOLVER_BUDGET_TOKENS_PER_TASK="1000", EVOLVER_BUDGET_BACKGROUND_SHARE="0.1")
+    search = _search(e)
+    assert search.step().startswith("queued 1 evaluations")
+    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
+    e.store.record_call(model="x", purpose="distill", tokens_in=10_000, tokens_out=0, cost_usd=0, latency_ms=1)
+    assert _run_queued(e, search) == 2
+    assert e.store.get_task(mine.id).status == "done"
+    (evaluation,) = e.store.list_tasks(source="evaluation")
+    assert evaluation.ending is Ending.BUDGET and "background token share" in evaluation.error
+    assert e.store.evaluations_of(incumbent(e.store).id)[0].status == "abandoned"  # it counts for nothing
 
 
 def test_a_persons_task_is_claimed_before_queued_evaluations(engine):
@@ -317,6 +365,32 @@ def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_vali
     assert search2.step() == "valid: its tools import and a smoke task ran"
     assert e2.store.get_node(child.id).status == "evaluating"
     assert len(e2.store.list_events(kind="propose")) == 1
+
+
+def test_an_evaluation_a_drain_sent_back_to_the_queue_is_not_ended_and_runs_again(engine):
+    e = engine([*SOLVER], "tree-drain")
+    search = _search(e)
+    search.step()
+    (task,) = e.store.list_tasks(source="evaluation")
+    ended: list[str] = []
+
+    def on_end(task_id: str) -> None:
+        ended.append(task_id)
+        search.record(e.store.get_task(task_id))
+
+    drain = threading.Event()
+    drain.set()  # the daemon is stopping: the run stops at its first step and goes back to the queue
+    worker = Worker(lambda t: e.agent(node_id=t.metadata["node"]), owner="w", lease_s=30, max_attempts=2,
+                    store=e.store, drain=drain, on_end=on_end)
+    assert worker.run_once().released
+    assert ended == [] and e.store.get_task(task.id).status == "queued"
+    # Even asked directly, the search records no result for a task that has not ended.
+    assert search.record(e.store.get_task(task.id)) is None
+    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    assert evaluation.status == "running" and search.ended_unrecorded() == 0
+    assert _run_queued(e, search) == 1  # after the restart: it runs again, and that result counts
+    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    assert evaluation.status == "done" and evaluation.success is True
 
 
 def test_an_evaluation_that_ended_unrecorded_is_recorded_by_the_next_step(engine):

@@ -41,10 +41,10 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
         restored.setdefault(row["insight_id"], row["before"])
     changes = [{"op": "REVERT", "id": insight_id, "status": "retired"} if before is None
                else {"op": "REVERT", "id": insight_id, **before} for insight_id, before in restored.items()]
-    revert = store.append_event("revert", f"reverted event {event_id} ({event.kind}): {len(changes)} insights "
-                                          "restored", why=why, evidence=event.evidence, reverts=event_id)
-    store.apply_insight_changes(changes, event_id=revert.id)
-    return revert
+    # The event and its changes commit together: an event left alone would refuse every retry.
+    return store.record_insight_changes("revert", f"reverted event {event_id} ({event.kind}): {len(changes)} "
+                                        "insights restored", changes, why=why, evidence=event.evidence,
+                                        reverts=event_id)
 
 
 def _revert_tools(store: ExperienceStore, event: Event, changes: list[dict], why: str) -> Event:

@@ -257,6 +257,10 @@ def _check(engine: Engine, files: ToolFiles, candidate: _Candidate, opportunity:
         spec = spec_from_source(candidate.code, name=candidate.name, tests=candidate.tests, node_id=node_id)
     except ToolSpecError as exc:
         raise _Rejected(str(exc)) from None
+    try:  # a default or Literal of bytes, ..., inf: no model call could carry the schema
+        json.dumps(spec.openai_schema(), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise _Rejected(f"its schema is not JSON ({exc}); defaults and Literal values must be JSON values") from None
     missing = [n for n in range(1, len(opportunity.calls) + 1) if n not in candidate.replays]
     if missing:
         raise _Rejected(f"it gives no arguments for recorded call(s) {', '.join(map(str, missing))}; a tool must "

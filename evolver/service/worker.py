@@ -8,7 +8,8 @@ instead of overwriting the newer run's.
 
 On shutdown the daemon sets ``drain``: the agent stops at its next step
 boundary and the task goes back to the queue (its attempt refunded) to be
-re-run after the restart, rather than being recorded as cancelled.
+re-run after the restart, rather than being recorded as cancelled; ``on_end``
+is not called for it, since it has not ended.
 """
 
 from __future__ import annotations
@@ -66,11 +67,14 @@ class Worker:
         if lease is None:
             return None
         self.current = lease
+        ran: WorkerResult | None = None
         try:
-            return self._run(lease)
+            ran = self._run(lease)
+            return ran
         finally:
             self.current = None
-            if self.on_end is not None:
+            # A task a drain sent back to the queue has not ended: it runs again after the restart.
+            if self.on_end is not None and not (ran is not None and ran.released):
                 self.on_end(lease.task.id)
 
     def _run(self, lease: Lease) -> WorkerResult:

@@ -135,11 +135,15 @@ def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
         raise InvalidProposal(f"the edited scaffold does not load: {exc}") from None
     for name, allowed in PLACEHOLDERS.items():
         template = getattr(child.prompts, name)
+        may_use = ', '.join('{' + p + '}' for p in allowed) or 'none'
         try:
             template.format(**{p: "" for p in allowed})
-        except (KeyError, IndexError, ValueError) as exc:
+        except (KeyError, IndexError) as exc:
             raise InvalidProposal(f"prompt {name!r} uses a placeholder it does not have ({exc}); it may use "
-                                  f"{', '.join('{' + p + '}' for p in allowed) or 'none'}") from None
+                                  f"{may_use}") from None
+        except Exception as exc:  # whatever would fail the loop ({task.prompt}, {task:d}) fails the proposal
+            raise InvalidProposal(f"prompt {name!r} cannot be rendered ({type(exc).__name__}: {exc}); it may "
+                                  f"use {may_use}, each filled with a string") from None
     if child.hash == parent.hash:
         raise InvalidProposal("the edit changes nothing")
     return child
@@ -158,6 +162,8 @@ def check_child(engine: Engine, child: Scaffold) -> None:
     missing = [name for name in child.tools if engine.registry.get(name) is None]
     if missing:
         raise InvalidProposal(f"its tools do not import: no tool named {', '.join(map(repr, missing))}")
+    if "\x00" in child.hooks:  # no interpreter takes it, and starting one with it raises, not fails
+        raise InvalidProposal("its hooks contain a NUL character, which Python source cannot hold")
     if child.hooks.strip():
         root = engine.data_dir / "workspaces"
         root.mkdir(parents=True, exist_ok=True)

@@ -288,9 +288,10 @@ class TreeSearch:
     # --- results ---------------------------------------------------------------------------
 
     def record(self, task: Task) -> str | None:
-        """Record the result of an evaluation task that ended; then consider a promotion."""
+        """Record the result of an evaluation task that ended; then consider a promotion. A task not
+        ended (queued again by a drain, or still running) records nothing: its run after that does."""
         evaluation_id = task.metadata.get("evaluation")
-        if task.source != "evaluation" or evaluation_id is None:
+        if task.source != "evaluation" or evaluation_id is None or task.status not in TERMINAL_STATUSES:
             return None
         evaluation = self.store.get_evaluation(int(evaluation_id))
         if evaluation.status != "running":
