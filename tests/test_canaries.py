@@ -23,6 +23,7 @@ from evolver import judge
 from evolver.llm import scripted
 from evolver.config import load_config
 from evolver.agent.engine import Engine
+from evolver.cli.canaries import CANARIES, run_canary
 from evolver.tree.incumbent import ensure_root, incumbent
 from evolver.meta.synthesize import synthesize_round
 from evolver.tree.search import TreeSearch
@@ -166,3 +167,84 @@ def held_out_answers(split: str) -> list[str]:
     (rejected,) = e.store.list_events(kind="tool_rejected")
     assert "No such file or directory" in rejected.payload["reason"] or "Permission" in rejected.payload["reason"]
     assert e.store.list_tools(status=None) == [] and pack.read_bytes() == before
+
+
+# -- the attack suite (`evolver canaries`), run here as it runs for a user -------------------------------------
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from evolver.cli.canaries import Lab
+
+    made = Lab(tmp_path_factory.mktemp("canaries"))
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize("name", [c.name for c in CANARIES])
+def test_every_canary_of_the_attack_suite_is_refused_or_fails(lab, name):
+    (canary,) = [c for c in CANARIES if c.name == name]
+    result = run_canary(canary, lab)
+    assert result.held, result.detail
+
+
+def test_the_suite_can_tell_a_pass_and_a_leak(lab):
+    """The controls: an honest solution passes through the same path, and the searching solution
+    passes as soon as the tests are somewhere it can read them; a canary that holds means something."""
+    from evolver.cli.canaries import RIGHT, TARGETS, _leaky, _write_and_finish
+    from evolver.judge.catalog import resolve_pack
+
+    pack, task_id, fn = TARGETS[0]
+    (task,) = [t for t in resolve_pack(pack) if t.id == task_id]
+    lab.script(_write_and_finish("solution.py", RIGHT[fn]))
+    assert lab.solve(task.prompt, task.check_data())[0] is True
+    lab.script(_write_and_finish("solution.py", _leaky(fn, "check")))
+    assert lab.solve(task.prompt, task.check_data())[0] is False
+    leaked = lab.engine.store.add_task(task.prompt, check=task.check_data(), source="bench",
+                                       metadata={"files": {"notes.txt": "self.assertEqual(fizzbuzz(15), ...)"}})[0]
+    assert lab.engine.agent().run_task(leaked, purpose="evaluate").success is True
+
+
+# -- through the real daemon ------------------------------------------------------------------------------------
+
+def test_through_the_daemon_an_early_exit_fails_and_a_catastrophic_regex_leaves_it_serving(tmp_path):
+    import threading
+
+    from evolver.judge.catalog import resolve_pack
+    from tests._daemon import DaemonProcess, make_root, remove_root, wait_for, write_script
+
+    root = make_root()
+    model = write_script(root, "attacker", [
+        {"match": "", "on": "last", "role": "tool", "tool": "finish", "arguments": {"answer": "done"}},
+        {"match": "Answer with a run", "on": "task", "tool": "finish", "arguments": {"answer": "a" * 10_000 + "!"}},
+        {"match": "", "on": "task", "tool": "write_file",
+         "arguments": {"path": "solution.py", "content": "import os\nos._exit(0)\n"}}])
+    daemon = DaemonProcess(root, model=model).start()
+    try:
+        with daemon.client() as http:
+            (func,) = [t for t in resolve_pack("basic") if t.id == "func-01"]
+            early = http.post("/v1/tasks", json={"prompt": func.prompt, "check": func.check_data()}).json()["id"]
+            health, stop = [], threading.Event()
+
+            def poll():
+                with daemon.client(timeout_s=10.0) as other:
+                    while not stop.is_set():
+                        health.append(other.get("/v1/health").status_code)
+            poller = threading.Thread(target=poll)
+            poller.start()
+            try:
+                regex = http.post("/v1/tasks", json={
+                    "prompt": "Answer with a run of the letter a.",
+                    "check": {"type": "answer", "expected": "(a+)+$", "match": "regex"}}).json()["id"]
+                ended = wait_for(lambda: all(http.get(f"/v1/tasks/{i}").json()["status"] in ("done", "failed")
+                                             for i in (early, regex)), timeout_s=180, what="both tasks to end")
+            finally:
+                stop.set()
+                poller.join()
+            assert ended
+            for task_id in (early, regex):
+                detail = http.get(f"/v1/tasks/{task_id}").json()
+                assert detail["status"] == "failed" and detail["ending"] == "check_failed", detail
+            assert health and set(health) == {200}  # another client was answered all along
+    finally:
+        daemon.close()
+        remove_root(root)
