@@ -106,6 +106,7 @@ def _validated(e: Engine, search: TreeSearch) -> str:
     ({"prompts": {"task": "Do it: {task.prompt}"}}, "prompt 'task' cannot be rendered"),
     ({"prompts": {"retry": "{task:d} again"}}, "prompt 'retry' cannot be rendered"),
     ({"prompts": {"reflection": "{verdict!x}"}}, "prompt 'reflection' cannot be rendered"),
+    ({"prompts": {"task": "{task:>1000000000}"}}, "asks for a width or precision over 1000"),
     ({"tools": ["finish", "teleport"]}, "its tools do not import: no tool named 'teleport'"),
     ({"verifier": {"type": "always_pass"}}, "the edit touches 'verifier', which is not part of the scaffold"),
     ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),

@@ -16,7 +16,9 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import shutil
+import string
 import tempfile
 from dataclasses import dataclass
 
@@ -137,6 +139,7 @@ def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
         template = getattr(child.prompts, name)
         may_use = ', '.join('{' + p + '}' for p in allowed) or 'none'
         try:
+            _bounded(template)
             template.format(**{p: "" for p in allowed})
         except (KeyError, IndexError) as exc:
             raise InvalidProposal(f"prompt {name!r} uses a placeholder it does not have ({exc}); it may use "
@@ -153,6 +156,17 @@ def scaffold_diff(parent: Scaffold, child: Scaffold) -> str:
     def lines(s: Scaffold) -> list[str]:
         return json.dumps(s.model_dump(mode="json"), indent=1, sort_keys=True).splitlines(keepends=True)
     return "".join(difflib.unified_diff(lines(parent), lines(child), "parent", "child"))
+
+
+_MAX_WIDTH = 1000
+
+
+def _bounded(template: str) -> None:
+    """Refuse a format spec that would pad a field to a huge width ({task:>1000000000} builds a gigabyte,
+    here and in every task), before rendering it."""
+    for _, _, spec, _ in string.Formatter().parse(template):
+        if spec and any(int(n) > _MAX_WIDTH for n in re.findall(r"\d+", spec)):
+            raise ValueError(f"the format spec {spec!r} asks for a width or precision over {_MAX_WIDTH}")
 
 
 def check_child(engine: Engine, child: Scaffold) -> None:
