@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ from evolver.config import load_config
 from evolver.meta.distill import WATERMARK_KEY, distill_round
 from evolver.agent.engine import Engine
 from evolver.meta.insights import InsightOpError
-from evolver.meta.jobs import Jobs, builtin_jobs
+from evolver.meta.jobs import Job, Jobs, builtin_jobs
 from memory import NewTrajectory
 
 ADD = {"operations": [{"op": "ADD", "text": "Compute with run_python before answering a number."}]}
@@ -159,3 +160,37 @@ def test_a_revert_that_fails_halfway_leaves_nothing_and_can_be_retried(engine, m
     assert undone.reverts == event.id and e.store.get_insight(added.id).status == "retired"
     assert [h["op"] for h in e.store.insight_history(added.id)] == ["ADD", "REVERT"]
     assert e.store.insight_changes_of(undone.id)[0]["insight_id"] == added.id
+
+
+def test_failing_scheduled_rounds_back_off_doubling_to_a_cap_and_a_success_resets(engine):
+    e = engine(ADD, "distill-backoff")
+    daemon = SimpleNamespace(store=e.store, engine=e, config=e.config)
+    outcomes = iter([False, False, False, False, False, False, False, True])
+
+    def flaky(host) -> str:
+        if not next(outcomes):
+            raise ValueError("the answer is not JSON")
+        return "fine"
+    # Due on work every 30 s (the trigger) as the "evolve" job is: a failing round must not rerun at that pace.
+    job = Job("flaky", flaky, every_min=5.0, after=1, pending=lambda host: 1, waits_for_idle=False,
+              description="a round that fails until it does not")
+    jobs = Jobs(daemon, [job])
+    jobs.start()
+    try:
+        def delay() -> float:
+            (run,) = jobs.next_runs()
+            return run["next_run_at"] - time.time()
+        waits = []
+        for _ in range(7):
+            jobs.run_one("flaky")  # the round that was due
+            waits.append(delay())
+            jobs._triggers()  # in backoff: neither the trigger nor a poke runs it early
+            jobs._scheduled("flaky")
+            assert len(e.store.list_events(kind="job_failed")) == len(waits)
+        minutes = [round(w / 60) for w in waits]
+        assert minutes == [5, 10, 20, 40, 60, 60, 60]  # doubling from the interval, up to an hour
+        assert jobs.next_runs()[0]["failures"] == 7
+        jobs.run_now("flaky")  # a round by hand still runs; its success ends the backoff
+        assert round(delay() / 60) == 5 and jobs.next_runs()[0]["failures"] == 0
+    finally:
+        jobs.stop()

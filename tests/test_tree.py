@@ -542,3 +542,17 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
     batch = [(e.store.get_trajectory(failed), False)]
     assert "-> 7" not in _prompt(e.store, batch, [])
     assert "1 + 6?" not in _attempts(e.store, e.store.get_node(root))
+
+
+def test_failed_steps_count_against_the_evaluation_budget(engine):
+    # A model whose every proposal is unparseable: each step fails, and the budget must still end it.
+    e = engine([_proposer("I would make the prompt friendlier."), *SOLVER], "tree-failing-budget",
+               EVOLVER_EVOLUTION_EVALUATION_BUDGET="5")
+    search = _search(e)
+    from evolver.tree.proposer import ProposalError
+    with pytest.raises(ProposalError):
+        _expanded(e, search)  # 3 evaluations spent, and this failed step
+    with pytest.raises(ProposalError):
+        search.step()
+    assert search.step() == "the evaluation budget of 5 is spent (3 evaluations, 2 failed steps)"
+    assert len(e.store.list_nodes()) == 1

@@ -13,6 +13,10 @@ queues rounds on the job host, for `evolver evolve` through the API, which
 answers 202 with their ids at once (``round`` tells how each went). ``poke`` asks
 for a scheduled round now: the daemon pokes ``record`` when one of the search's
 tasks ends, so the search reads it on the job host, never in a worker's thread.
+
+A failing round backs off: the job's next scheduled round waits its interval, then twice that after
+each further failure, up to ``BACKOFF_CAP_S`` (or the interval, when longer), and the trigger leaves it
+alone meanwhile; a round that succeeds (by hand too) ends the backoff. ``next_runs`` shows it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from datetime import datetime, timezone
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
@@ -39,6 +44,9 @@ __all__ = ["Job", "JobRound", "Jobs", "JobError", "JobHost", "SubmittedRound", "
 log = logging.getLogger(__name__)
 
 KEEP_ROUNDS = 500  # submitted rounds remembered, newest, for their callers to read
+# A round that fails every time (a model whose every answer is unparseable) must not be retried every
+# 30 s by the trigger forever, nor wait so long that a fixed cause goes unnoticed for a day.
+BACKOFF_CAP_S = 3600.0
 
 
 class JobHost(Protocol):
@@ -174,6 +182,8 @@ class Jobs:
         self._rounds: OrderedDict[str, SubmittedRound] = OrderedDict()
         self._round_numbers = itertools.count(1)
         self._rounds_lock = threading.Lock()
+        self._failures: dict[str, int] = {}  # failed rounds in a row, by job
+        self._resume_at: dict[str, float] = {}  # no scheduled round of the job before this time
 
     def start(self, *, schedule: bool = True) -> None:
         """Start the job host; with ``schedule`` also the intervals and triggers (``[evolution] enabled``).
@@ -226,7 +236,7 @@ class Jobs:
 
     def _triggers(self) -> None:
         for job in self.jobs.values():
-            if job.after and job.pending is not None and not job.lock.locked():
+            if job.after and job.pending is not None and not job.lock.locked() and not self._backing_off(job.name):
                 if job.pending(self.host) >= job.after:
                     self._scheduled(job.name)
 
@@ -251,10 +261,38 @@ class Jobs:
     def next_runs(self) -> list[dict]:
         if not self.scheduler.running:
             return []
-        return [{"job": j.id, "next_run_at": j.next_run_time.timestamp() if j.next_run_time else None}
+        return [{"job": j.id, "next_run_at": j.next_run_time.timestamp() if j.next_run_time else None,
+                 "failures": self._failures.get(j.id, 0)}
                 for j in self.scheduler.get_jobs() if j.id in self.jobs]
 
+    def _backing_off(self, name: str) -> bool:
+        # A second of slack: the interval's own run, set to the end of the backoff, may fire a hair early.
+        return self._resume_at.get(name, 0.0) - time.time() > 1.0
+
+    def _note(self, job: Job, ok: bool) -> float | None:
+        """Count a round's outcome; after a failure, move the job's next scheduled round out and return
+        the seconds until then."""
+        if ok:
+            if self._failures.pop(job.name, 0):
+                self._resume_at.pop(job.name, None)
+                self._reschedule(job.name, job.every_min * 60)
+            return None
+        failures = self._failures[job.name] = self._failures.get(job.name, 0) + 1
+        interval = job.every_min * 60
+        delay = min(interval * 2 ** (failures - 1), max(BACKOFF_CAP_S, interval))
+        self._resume_at[job.name] = time.time() + delay
+        self._reschedule(job.name, delay)
+        return delay
+
+    def _reschedule(self, name: str, seconds: float) -> None:
+        if self.scheduler.running and self.scheduler.get_job(name) is not None:
+            self.scheduler.modify_job(name, next_run_time=datetime.fromtimestamp(time.time() + seconds,
+                                                                                 timezone.utc))
+
     def _scheduled(self, name: str) -> None:
+        if self._backing_off(name):  # a poke, or a trigger that raced the failure
+            log.info("job %s waits: it failed %d times in a row", name, self._failures.get(name, 0))
+            return
         reason = self._blocked(self.jobs[name])
         if reason is not None:
             log.info("job %s waits: %s", name, reason)
@@ -288,7 +326,10 @@ class Jobs:
             log.exception("job %s failed", job.name)
             summary, ok = f"{type(exc).__name__}: {exc}", False
         seconds = time.perf_counter() - started
+        retry_in = self._note(job, ok)
+        payload = {"job": job.name, "seconds": round(seconds, 3)}
+        if retry_in is not None:
+            payload |= {"failures": self._failures[job.name], "retry_in_s": round(retry_in)}
         event = self.host.store.append_event(
-            "job" if ok else "job_failed", f"{job.name}: {summary}", why=job.description,
-            payload={"job": job.name, "seconds": round(seconds, 3)})
+            "job" if ok else "job_failed", f"{job.name}: {summary}", why=job.description, payload=payload)
         return JobRound(job=job.name, ok=ok, summary=summary, seconds=seconds, event_id=event.id)

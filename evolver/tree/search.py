@@ -15,6 +15,8 @@ them after any person's task. Expansion happens when t^alpha >= the number of
 nodes (t: training evaluations finished). Training results drive the search;
 the held-out split (never shown to the proposer) decides promotion, by a lower
 bound of the Beta posterior against the incumbent's on the same split.
+A step that fails (an unparseable proposal) counts against the evaluation budget
+like an evaluation, so a model that never answers usably cannot step forever.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from memory import TERMINAL_STATUSES, ExperienceStore, Node, Task
 from ..agent.engine import Engine
 from ..agent.scaffold import ScaffoldError
 from ..judge.catalog import resolve_pack
+from ..llm.budget import BudgetExceeded
 from ..judge.taskpack import TaskPackError
 from . import policy
 from .incumbent import incumbent, promote, scaffold_of
@@ -51,6 +54,7 @@ SERVABLE = ("evaluating", "evaluated", "promoted")
 PERSON_SOURCES = ("api", "cli", "inbox")  # tasks a person handed over (not evaluations, smoke tests or chat)
 # The search's own inbox tasks: background work, run on the scaffold of the node in their metadata.
 SEARCH_SOURCES = ("evaluation", "smoke")
+FAILED_STEPS_KEY = "search.failed_steps"  # in the store's meta: kept across restarts, like the budget
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,16 @@ class TreeSearch:
     def step(self) -> str:
         """One step of the search; returns what it did. Raises BudgetExceeded when no budget is left."""
         with self._lock:
-            return self._step()
+            try:
+                return self._step()
+            except BudgetExceeded:  # a gate, not a failure: nothing was spent
+                raise
+            except Exception:
+                self.store.set_meta(FAILED_STEPS_KEY, str(self.failed_steps() + 1))
+                raise
+
+    def failed_steps(self) -> int:
+        return int(self.store.get_meta(FAILED_STEPS_KEY) or 0)
 
     def _step(self) -> str:
         notes = self.reconcile()
@@ -137,8 +150,10 @@ class TreeSearch:
         stats = node_stats(self.store)
         servable = [n for n in stats if n.expandable]
         spent = sum(n.evaluations for n in stats)
-        if e.evaluation_budget and spent >= e.evaluation_budget:
-            return "; ".join([*notes, f"the evaluation budget of {e.evaluation_budget} is spent"])
+        failed = self.failed_steps()
+        if e.evaluation_budget and spent + failed >= e.evaluation_budget:
+            return "; ".join([*notes, f"the evaluation budget of {e.evaluation_budget} is spent "
+                                      f"({spent} evaluations, {failed} failed steps)"])
         sharpness = policy.cool_down(spent, e.evaluation_budget) if e.evaluation_budget else 1.0
         # Every node counts, invalid ones too: a proposal is spent effort, and a run of invalid
         # children must not keep the search proposing without ever evaluating.
