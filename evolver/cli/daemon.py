@@ -135,8 +135,10 @@ def status(state: State, as_json: bool) -> None:
     out.print(f"spent today: {budget['tokens_today']} tokens of {budget['tokens_per_day'] or 'unlimited'}, "
               f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}")
     out.print(f"incumbent node: {info['incumbent']}")
-    jobs = [{"job": j["job"], "next run": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["next_run_at"]))
-             if j["next_run_at"] else "paused"} for j in info["jobs"]]
+    jobs = [{"job": j["job"], "next run": (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["next_run_at"]))
+                                           if j["next_run_at"] else "paused")
+             + (f" (backing off: {j['failures']} failed rounds in a row)" if j.get("failures") else "")}
+            for j in info["jobs"]]
     if jobs:
         out.print(table("scheduled jobs", jobs, ["job", "next run"]))
 
