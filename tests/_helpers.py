@@ -8,13 +8,24 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
+
+import pytest
 
 if TYPE_CHECKING:
     from memory import Embedder
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+
+def without_bubblewrap(reason: object) -> NoReturn:
+    """Skip a test that needs the real sandbox where bubblewrap cannot start; on CI (``CI=true``) fail it
+    instead, so a CI machine without a working sandbox can never pass by skipping them all."""
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"bubblewrap cannot run on this CI machine (CI=true), and the sandbox's tests need it: "
+                    f"{reason}", pytrace=False)
+    pytest.skip(f"bubblewrap cannot run here: {reason}")
 
 
 def run_python(code: str, *args: str, prefix: list[str] | None = None, env: dict | None = None,

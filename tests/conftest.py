@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import without_bubblewrap
 from memory import Embedder, Store
 from sandbox import SandboxUnavailable, make_sandbox
 
@@ -65,7 +66,7 @@ def sandbox():
     try:
         return make_sandbox(require_isolation=True)
     except SandboxUnavailable as exc:
-        pytest.skip(f"bubblewrap cannot run here: {exc}")
+        without_bubblewrap(exc)
 
 
 @pytest.fixture(scope="session")

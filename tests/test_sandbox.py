@@ -451,3 +451,13 @@ def test_the_degraded_mode_still_times_out_the_whole_group(degraded, workspace):
 def test_worker_in_the_degraded_mode_runs(degraded, workspace):
     with degraded.worker(workspace, limits=FAST) as worker:
         assert worker.execute("6 * 7").value == "42"
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_bubblewrap_skips_its_tests_but_fails_them_on_ci(monkeypatch, ci, outcome):
+    # A CI machine whose sandbox cannot start must never pass by skipping every test that needs it.
+    from _helpers import without_bubblewrap
+
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="bubblewrap cannot run"):
+        without_bubblewrap(SandboxUnavailable("bwrap: No permissions to create new namespace"))

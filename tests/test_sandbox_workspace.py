@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import without_bubblewrap
 from sandbox import (
     Limits,
     SandboxError,
@@ -123,7 +124,7 @@ def test_links_planted_from_inside_a_real_sandbox_are_refused(tmp_path):
     try:
         box = make_sandbox(require_isolation=True)
     except SandboxUnavailable as exc:
-        pytest.skip(f"bubblewrap cannot run here: {exc}")
+        without_bubblewrap(exc)
     outside = Path(tempfile.mkdtemp(prefix="evolver-sbx-target-"))
     try:
         (outside / "secret.txt").write_text("the-secret-value")
