@@ -242,3 +242,23 @@ def test_an_internal_failure_is_recorded_on_the_task_not_raised(engine_for, monk
     assert engine.store.get_task(task.id).status == "failed"
     assert result.ending is Ending.INTERNAL_ERROR and engine.store.get_task(task.id).ending is Ending.INTERNAL_ERROR
     assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "error"
+
+
+def test_a_chat_turn_without_an_answer_says_so_and_why(engine_for):
+    from evolver.api.chat import reply_text
+
+    # A weak model that never finishes: it lists the files again and again until the step limit.
+    engine = engine_for({"rules": [{"match": "", "tool": "list_files", "arguments": {"path": "."}}]}, "a-chat-loop")
+    task, _ = engine.store.add_task("Hello, who are you?", source="chat", status="running")
+    result = engine.agent(scaffold_with(max_steps=4)).run_task(task)
+    text = reply_text(engine.store, result)
+    assert text.startswith("The turn ended without an answer: ")
+    assert "used all 4 of its steps without calling finish" in text
+    assert 'it repeated the same call, list_files {"path": "."}, 4 times' in text
+    assert "(no answer" not in text
+
+    # A model that cannot be reached: the reason is the model's error.
+    engine = engine_for({"rules": [{"match": "", "error": "server", "times": 100}]}, "a-chat-down")
+    task, _ = engine.store.add_task("Hello?", source="chat", status="running")
+    text = reply_text(engine.store, engine.agent().run_task(task))
+    assert text.startswith("The turn ended without an answer: the model failed: ")

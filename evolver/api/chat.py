@@ -51,10 +51,39 @@ def _prompt(body: ChatIn) -> str:
     return "\n\n".join(parts)
 
 
-def _reply_text(result) -> str:
+REPEATED = 3  # the same call this many times in a row at the end of a turn: the model was stuck
+
+
+def _repetition(store, trajectory_id: str) -> str:
+    """A clause naming the call the turn ended on when it was made again and again, or ""."""
+    calls = [(c["name"], json.dumps(c.get("arguments")))
+             for step in store.steps(trajectory_id) for c in (step.tool_calls or [])]
+    if not calls:
+        return ""
+    run = 1
+    while run < len(calls) and calls[-1 - run] == calls[-1]:
+        run += 1
+    return f"; it repeated the same call, {calls[-1][0]} {calls[-1][1]}, {run} times" if run >= REPEATED else ""
+
+
+def reply_text(store, result) -> str:
+    """The answer, or a sentence that says the turn ended without one and why (a chat has no check to
+    fall back on: a weak model's silence must not reach the person as an empty or cryptic reply)."""
     if result.answer is not None:
         return result.answer
-    return f"(no answer: {result.error or result.status})"
+    why = result.error or result.status
+    if result.ending is Ending.NO_ANSWER and result.trajectory_ids:
+        last = store.get_trajectory(result.trajectory_ids[-1])
+        if last.status == "step_limit":
+            steps = sum(1 for s in store.steps(last.id) if s.role == "assistant")
+            why = (f"the agent used all {steps} of its steps without calling finish"
+                   f"{_repetition(store, last.id)}. A model too weak for the tools often does this; "
+                   "a stronger model, or the scaffold's max_steps, may help")
+    elif result.ending is Ending.MODEL_ERROR:
+        why = f"the model failed: {(result.error or '').removeprefix('model error: ')}"
+    elif result.ending is Ending.BUDGET:
+        why = f"the budget is spent: {result.error}"
+    return f"The turn ended without an answer: {why.rstrip('.')}."
 
 
 def _usage(daemon, task_id: str) -> dict:
@@ -99,10 +128,11 @@ async def completions(body: ChatIn, request: Request):
         if failure is not None:
             return failure
         usage = await run_in_threadpool(_usage, daemon, result.task_id)
+        text = await run_in_threadpool(reply_text, daemon.store, result)
         return {"id": f"chatcmpl-{result.task_id}", "object": "chat.completion", "created": created,
                 "model": MODEL_ID, "usage": usage, "evolver": {"task_id": result.task_id, "status": result.status},
                 "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": _reply_text(result)}}]}
+                             "message": {"role": "assistant", "content": text}}]}
 
     loop = asyncio.get_running_loop()
     progress: asyncio.Queue = asyncio.Queue()
@@ -112,6 +142,7 @@ async def completions(body: ChatIn, request: Request):
         try:
             outcome["result"] = daemon.chat(
                 prompt, on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, step.role))
+            outcome["text"] = reply_text(daemon.store, outcome["result"])
         except BaseException as exc:  # reported in the stream
             outcome["error"] = exc
         finally:
@@ -138,7 +169,7 @@ async def completions(body: ChatIn, request: Request):
             return
         result = outcome["result"]
         chat_id = f"chatcmpl-{result.task_id}"
-        yield chunk(chat_id, {"content": _reply_text(result)})
+        yield chunk(chat_id, {"content": outcome["text"]})
         yield chunk(chat_id, {}, "stop")
         yield b"data: [DONE]\n\n"
 
