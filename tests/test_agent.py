@@ -248,7 +248,8 @@ def test_a_chat_turn_without_an_answer_says_so_and_why(engine_for):
     from evolver.api.chat import reply_text
 
     # A weak model that never finishes: it lists the files again and again until the step limit.
-    engine = engine_for({"rules": [{"match": "", "tool": "list_files", "arguments": {"path": "."}}]}, "a-chat-loop")
+    engine = engine_for({"rules": [{"match": "", "tool": "list_files", "arguments": {"path": "."}}]},
+                        "a-chat-loop")
     task, _ = engine.store.add_task("Hello, who are you?", source="chat", status="running")
     result = engine.agent(scaffold_with(max_steps=4)).run_task(task)
     text = reply_text(engine.store, result)

@@ -172,3 +172,36 @@ def test_bench_runs_a_pack_file_and_refuses_a_bad_one(tmp_path):
     pack.write_text('{"id": "a", "prompt": "no check"}\n')
     refused = run("--data-dir", str(tmp_path / "d"), "bench", str(pack))
     assert refused.returncode == 2 and "pack.jsonl:1: task a has no check" in refused.stderr
+
+
+def test_a_daemon_that_dies_while_starting_is_one_line_with_its_own_reason(tmp_path):
+    root = Path(tempfile.mkdtemp(prefix="evf-", dir="/tmp"))  # short: socket paths are limited to 107 bytes
+    try:
+        data = root / "data"
+        data.mkdir()
+        (data / "evolver.db").write_bytes(b"this is not a SQLite database, " * 64)  # the daemon cannot open it
+        result = run("up", env={"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(data),
+                                "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run")})
+        assert "Traceback" not in result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("Error: the daemon stopped while starting: ")
+        assert "database" in line and f"(its log: {data / 'daemon.log'})" in line
+        assert result.returncode == 3  # the daemon's own: the store refused
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_demo_whose_daemon_dies_keeps_its_log_and_says_where():
+    runtime = Path(tempfile.mkdtemp(prefix="evd-", dir="/tmp"))
+    try:
+        (runtime / "a-file").write_text("")  # a runtime dir under a file: the daemon cannot bind its socket
+        result = run("demo", env={"TMPDIR": str(runtime),
+                                  "EVOLVER_DAEMON_RUNTIME_DIR": str(runtime / "a-file" / "run")})
+        assert "Traceback" not in result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("Error: the daemon stopped while starting: ")
+        (log,) = runtime.glob("evolver-demo-*/daemon.log")
+        assert f"(its log: {log})" in line and f"kept {log.parent}" in result.stdout
+        assert result.returncode == 4  # a daemon that crashed: the engine could not work
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -38,6 +38,14 @@ out = Console()
 err = Console(stderr=True)
 
 
+class DaemonDied(click.ClickException):
+    """A daemon that exited while starting: one line with its own reason, and its exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class State:
     def __init__(self, config_path: str | None, data_dir: str | None) -> None:
         self.config_path = config_path
@@ -182,7 +190,7 @@ def main() -> None:
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USAGE)
+        sys.exit(exc.exit_code if isinstance(exc, DaemonDied) else EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:

@@ -81,7 +81,9 @@ class Client:
         try:
             response = self.http.request(method, path, json=json_body, params=_clean(params), headers=headers,
                                          timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
-        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            # A read or write error: the daemon went away mid-request (one that dies just after binding
+            # its socket, say), which its caller reports, never a traceback.
             raise self._unreachable(exc) from None
         except httpx.TimeoutException:
             raise ClientError(f"the daemon on {self.socket_path} did not answer in time") from None

@@ -11,7 +11,8 @@ import time
 import click
 
 from ..service.systemd import render_unit, unit_path
-from .base import EXIT_NO_DAEMON, State, cli, err, out, print_json, table
+from .base import (EXIT_ENGINE, EXIT_NO_DAEMON, EXIT_REFUSED, EXIT_USAGE, DaemonDied, State, cli, err, out,
+                   print_json, table)
 from .client import ClientError, DaemonNotRunning
 
 
@@ -42,6 +43,16 @@ def up(state: State, foreground: bool, timeout_s: float) -> None:
     click.echo(f"evolver daemon {status['pid']} is up: socket {path}, data dir {status['data_dir']}, log {log}")
 
 
+def _reason(log, start: int) -> str:
+    """The daemon's own last word in its log since ``start``: its one-line error (the CLI's "error: ..."),
+    else the last line, which after a traceback names the exception."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return (errors or lines or ["it wrote nothing to its log"])[-1]
+
+
 def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None) -> dict:
     """Start `evolver up --foreground` in its own session and wait until it answers; its status."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +62,7 @@ def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None
     if state.data_dir:
         args += ["--data-dir", os.path.abspath(state.data_dir)]
     with open(log, "ab") as sink:
+        start = sink.tell()  # the log may hold earlier runs: only this one's lines give the reason
         child = subprocess.Popen([*args, "up", "--foreground"], stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
                                  start_new_session=True,  # its own session: closing this terminal leaves it running
                                  env={**os.environ, **(env or {})})
@@ -58,8 +70,9 @@ def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None
     with err.status("starting the daemon…"):
         while time.monotonic() < deadline:
             if child.poll() is not None:
-                tail = log.read_text(errors="replace").splitlines()[-5:]
-                raise click.ClickException("the daemon stopped while starting:\n  " + "\n  ".join(tail))
+                raise DaemonDied(f"the daemon stopped while starting: {_reason(log, start)} (its log: {log})",
+                                 # its own exit code when it is one of the CLI's; a crash is the engine's
+                                 child.returncode if EXIT_USAGE <= child.returncode <= EXIT_REFUSED else EXIT_ENGINE)
             if state.daemon_answers():
                 try:
                     with state.client(timeout_s=5) as client:

@@ -25,7 +25,7 @@ from memory import NewTrajectory
 from ..config import load_config
 from ..judge.taskpack import bundled_pack
 from ..storage import open_store
-from .base import State, cli, out, table
+from .base import DaemonDied, State, cli, out, table
 from .daemon import spawn_daemon, stop_daemon
 from .inspect import show_tree
 
@@ -86,7 +86,11 @@ def demo(state: State, keep: bool) -> None:
     started = False
     try:
         _seed_memory(demo_state, root / "data")
-        info = spawn_daemon(demo_state, log=root / "daemon.log", timeout_s=180, env=env)
+        try:
+            info = spawn_daemon(demo_state, log=root / "daemon.log", timeout_s=180, env=env)
+        except DaemonDied:
+            keep = True  # its log holds the whole story of why: never delete it
+            raise
         started = True
         out.print(f"\n[bold]daemon {info['pid']}[/bold] serving {info['data_dir']} on {info['socket']} with "
                   f"{info['workers']} workers and the scripted offline model")
