@@ -107,6 +107,10 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
     # ...and turns the percentages it computed twice into a tool that passed quarantine.
     assert "registered percent_of v1" in result.stdout and "tool_registered" in result.stdout
     assert "★ incumbent" in result.stdout and "seed" in result.stdout
+    # The demo model proposes edits too: offline, the tree grows a validated child, and no round failed.
+    assert re.search(r"scaffold tree \([2-9]\d* nodes\)", result.stdout), result.stdout
+    assert re.search(r"node_\w+ (evaluating|evaluated|promoted), own", result.stdout), result.stdout
+    assert "FAILED" not in result.stdout and "job_failed" not in result.stdout
     assert re.search(r"daemon \d+ stopped", result.stdout)
     # Its data dir and log are gone; only the (empty) runtime dir remains, without the socket.
     assert left in ([], ["runtime-0", "runtime-0/evolver"]), left

@@ -69,6 +69,22 @@ def _wait_all(client, ids: list[str], timeout_s: float) -> list[dict]:
             time.sleep(0.2)
 
 
+def _grow_tree(client, timeout_s: float) -> None:
+    """Step the tree search (evolve, then record what ended) until a child of the seed is validated."""
+    deadline = time.monotonic() + timeout_s
+    with out.status("growing the scaffold tree…"):
+        while time.monotonic() < deadline:
+            if any(n["parent_id"] and n["status"] in ("evaluating", "evaluated", "promoted")
+                   for n in client.get("/v1/tree")["nodes"]):
+                return
+            for r in client.run_rounds("record") + client.run_rounds("evolve"):
+                if r["ok"] and not r["summary"].startswith(("no evaluation", "waiting")):
+                    out.print(f"  {r['job']}: {r['summary']}", markup=False)
+                elif not r["ok"]:
+                    out.print(f"  {r['job']}: FAILED: {r['summary']}", markup=False)
+            time.sleep(0.5)
+
+
 @cli.command()
 @click.option("--keep", is_flag=True, help="Keep the temporary data dir and print where it is.")
 @click.pass_obj
@@ -117,6 +133,8 @@ def demo(state: State, keep: bool) -> None:
             out.print("\n[bold]one round of every background job:[/bold]")
             for r in rounds:
                 out.print(f"  {r['job']}: {'ok' if r['ok'] else 'FAILED'}: {r['summary']}", markup=False)
+            out.print("\n[bold]the tree search, until the seed has a validated child:[/bold]")
+            _grow_tree(client, timeout_s=120)
             out.print()
             show_tree(client.get("/v1/tree"))
             events = client.get("/v1/history", limit=20)["events"]
