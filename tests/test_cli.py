@@ -105,7 +105,7 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
     assert "reconcile: ok" in result.stdout
     assert "distill: ok: 1 operations (ADD)" in result.stdout  # the demo model proposes one insight
     # ...and turns the percentages it computed twice into a tool that passed quarantine.
-    assert "registered percent_of v1" in result.stdout and "tool_registered" in result.stdout
+    assert "synthesized tools: percent_of v1 (active)" in result.stdout
     assert "★ incumbent" in result.stdout and "seed" in result.stdout
     # The demo model proposes edits too: offline, the tree grows a validated child, and no round failed.
     assert re.search(r"scaffold tree \([2-9]\d* nodes\)", result.stdout), result.stdout

@@ -91,11 +91,17 @@ def _grow_tree(client, timeout_s: float) -> None:
 def demo(state: State, keep: bool) -> None:
     """Run the daemon offline on a temporary data dir: tasks, chat, background jobs, tree, history."""
     root = Path(tempfile.mkdtemp(prefix="evolver-demo-"))
+    # Importing sentence-transformers makes torch create its compile cache dir under TMPDIR; the
+    # demo's (and its daemon's) goes in the demo's own dir, removed with it.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "torchinductor"))
     # The socket goes in the usual runtime dir (a temp path may be too long for a socket); its name
     # is derived from the data dir, so it never meets the user's own daemon.
     # The tree search evaluates nodes on the demo pack, which the scripted model can mostly solve.
+    # Background jobs run only when the demo asks, so what it shows does not depend on a scheduled
+    # round having run first on a busy machine.
     env = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
-           "EVOLVER_EVOLUTION_PACKS": '["demo"]'}
+           "EVOLVER_EVOLUTION_PACKS": '["demo"]', "EVOLVER_EVOLUTION_ENABLED": "false",
+           "TORCHINDUCTOR_CACHE_DIR": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
     config = load_config(state.config_path, env={**os.environ, **env})
     demo_state = State(state.config_path, str(root / "data"))
     demo_state._config = config
@@ -112,8 +118,11 @@ def demo(state: State, keep: bool) -> None:
                   f"{info['workers']} workers and the scripted offline model")
         pack = bundled_pack("demo")
         with demo_state.client() as client:
-            ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(),
-                                             "metadata": {"pack_task": t.id}})["id"] for t in pack]
+            # As `evolver bench` sends them: each keeps its pack's split (demo-05 is held out of
+            # learning), so what the background jobs learn from is the same on every run.
+            ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(), "source": "bench",
+                                             "metadata": {"pack_task": t.id, "split": t.split}})["id"]
+                   for t in pack]
             out.print(f"submitted the bundled demo pack: {len(ids)} tasks, each committed before its 201")
             tasks = _wait_all(client, ids, timeout_s=300)
             rows = []
@@ -133,6 +142,10 @@ def demo(state: State, keep: bool) -> None:
             out.print("\n[bold]one round of every background job:[/bold]")
             for r in rounds:
                 out.print(f"  {r['job']}: {'ok' if r['ok'] else 'FAILED'}: {r['summary']}", markup=False)
+            # Whichever round registered it (this one, or a scheduled one that ran first on a busy machine).
+            made = client.get("/v1/tools")["synthesized"]
+            out.print("synthesized tools: " + (", ".join(f"{t['name']} v{t['version']} ({t['status']})" for t in made)
+                                               or "none yet"), markup=False)
             out.print("\n[bold]the tree search, until the seed has a validated child:[/bold]")
             _grow_tree(client, timeout_s=120)
             out.print()
