@@ -90,8 +90,10 @@ class Agent:
                  scaffold: Scaffold, workspace_root: Path, node_id: str | None = None,
                  observation_chars: int = 4000, keep_workspaces: bool = False,
                  limits: Limits | None = None,
-                 on_tool_use: Callable[[ToolSpec, bool], None] | None = None) -> None:
+                 on_tool_use: Callable[[ToolSpec, bool], None] | None = None,
+                 reflection_tokens: int | None = None) -> None:
         self.store = store
+        self.reflection_tokens = reflection_tokens  # None: the model's cap for the purpose
         self.on_tool_use = on_tool_use
         self.model = model
         self.sandbox = sandbox
@@ -234,9 +236,10 @@ class Agent:
         except StepLimit:
             return None, "step_limit"
 
-    def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str) -> ModelReply:
+    def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str,
+             max_tokens: int | None = None) -> ModelReply:
         return self.model.complete(messages, tools=schemas, temperature=self.scaffold.parameters.temperature,
-                                   purpose=purpose, task_id=task.id, node_id=self.node_id)
+                                   purpose=purpose, task_id=task.id, node_id=self.node_id, max_tokens=max_tokens)
 
     def _recorder(self, trajectory_id: str, on_step):
         def record(role: str, content: str, *, reply: ModelReply | None = None, tool_calls=None,
@@ -288,6 +291,7 @@ class Agent:
     def _reflect(self, trajectory_id: str, task: Task, messages: list[dict], verdict: Verdict, on_step,
                  purpose: str) -> str:
         prompt = self.scaffold.prompts.reflection.format(task=task.prompt, verdict=verdict.output)
-        reply = self._ask(messages + [{"role": "user", "content": prompt}], None, task, purpose)
+        reply = self._ask(messages + [{"role": "user", "content": prompt}], None, task, purpose,
+                          max_tokens=self.reflection_tokens)
         self._recorder(trajectory_id, on_step)("reflection", reply.content, reply=reply)
         return reply.content

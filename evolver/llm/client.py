@@ -24,7 +24,8 @@ from ..config import ModelSettings
 from . import scripted
 from .budget import BudgetGuard
 
-__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls"]
+__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls",
+           "credentials_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,50 @@ def _tools_as_text(tools: list[dict]) -> str:
 
 
 def _transient_errors() -> tuple[type[Exception], ...]:
+    """Errors worth the same request again. Not a timeout: the server may still be generating the
+    abandoned reply (a local server has one slot), and a new request would queue behind it."""
     import litellm
 
-    return (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
+    return (litellm.RateLimitError, litellm.APIConnectionError,
             litellm.InternalServerError, litellm.ServiceUnavailableError)
+
+
+# litellm raises a missing key as an InternalServerError (the OpenAI SDK's refusal to build a
+# client): without this, it would be retried as if the server were down.
+_MISSING_KEY = re.compile(r"Missing credentials|api_key client option must be set|No API key provided", re.IGNORECASE)
+
+# What a server of your own needs in place of a key: litellm's OpenAI client refuses to start without one.
+DUMMY_KEY = "sk-no-key-needed"
+
+
+def _missing_key(exc: Exception) -> bool:
+    import litellm
+
+    return isinstance(exc, litellm.AuthenticationError) or bool(_MISSING_KEY.search(str(exc)))
+
+
+def credentials_problem(settings: ModelSettings) -> str | None:
+    """Why the configured models cannot be called for want of an API key, or None when nothing is missing.
+    A server of your own (api_base set) needs none; neither does the scripted model."""
+    import litellm
+
+    problems = []
+    for model in [settings.name, *settings.fallbacks]:
+        if model.startswith(f"{scripted.PROVIDER}/") or settings.api_base:
+            continue
+        if settings.api_key_env:
+            if not os.environ.get(settings.api_key_env):
+                problems.append(f"{model}: no API key: the environment variable {settings.api_key_env} "
+                                "([model] api_key_env) is not set")
+            continue
+        try:
+            missing = litellm.validate_environment(model=model).get("missing_keys") or []
+        except Exception:
+            continue  # a provider litellm cannot check: the first call will say
+        if missing:
+            problems.append(f"{model}: no API key: set {' or '.join(missing)} (or name another variable in "
+                            "[model] api_key_env; a server of your own needs [model] api_base instead)")
+    return "; ".join(problems) or None
 
 
 class Model(Protocol):
@@ -107,7 +148,7 @@ class Model(Protocol):
 
     def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
                  purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None) -> ModelReply: ...
+                 max_tokens: int | None = None, response_format: dict | None = None) -> ModelReply: ...
 
 
 class ModelClient:
@@ -145,35 +186,43 @@ class ModelClient:
 
     def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
                  purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None) -> ModelReply:
+                 max_tokens: int | None = None, response_format: dict | None = None) -> ModelReply:
         if purpose not in PURPOSES:
             raise ValueError(f"unknown purpose {purpose!r}; one of {PURPOSES}")
         models = [self.settings.name, *self.settings.fallbacks]
         failures = []
         for model in models:
             try:
-                return self._complete_with(model, messages, tools, temperature, purpose, task_id, node_id, max_tokens)
+                return self._complete_with(model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
+                                           response_format)
             except ModelError as exc:
                 failures.append(f"{model}: {exc}")
                 log.warning("model %s failed, %s", model, "trying the next fallback" if model != models[-1] else "no fallback left")
         raise ModelError("; ".join(failures))
 
-    def _complete_with(self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens) -> ModelReply:
+    def _complete_with(self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
+                       response_format) -> ModelReply:
         native = self._native_tools(model) if tools else True
         call_messages = list(messages)
         if tools and not native:
             call_messages = [{"role": "system", "content": _tools_as_text(tools)}, *messages]
         self.budget.check(purpose=purpose, tokens=self._estimate_tokens(call_messages), task_id=task_id)
+        # Every reply is bounded (a small model may never stop), and the timeout reaches the HTTP
+        # request itself; retries are ours alone (the OpenAI SDK would retry a timeout twice more).
         kwargs: dict[str, Any] = {"model": model, "messages": call_messages, "temperature": temperature,
-                                  "timeout": self.settings.timeout_s, "num_retries": 0}
+                                  "timeout": self.settings.timeout_s, "num_retries": 0, "max_retries": 0,
+                                  "max_tokens": max_tokens or self.settings.max_tokens_for(purpose)}
         if tools and native:
             kwargs["tools"] = tools
-        if max_tokens:
-            kwargs["max_tokens"] = max_tokens
+        if response_format is not None:
+            kwargs["response_format"] = response_format
         if self.settings.api_base:
             kwargs["api_base"] = self.settings.api_base
-        if self.settings.api_key_env:
-            kwargs["api_key"] = os.environ.get(self.settings.api_key_env, "")
+        key = os.environ.get(self.settings.api_key_env, "") if self.settings.api_key_env else ""
+        if key:
+            kwargs["api_key"] = key
+        elif self.settings.api_base:
+            kwargs["api_key"] = DUMMY_KEY  # a server of your own: litellm refuses to call it without a key
         transient = _transient_errors()
         attempt = 0
         while True:
@@ -181,15 +230,20 @@ class ModelClient:
             try:
                 response = self._litellm.completion(**kwargs)
                 break
-            except transient as exc:
+            except self._litellm.Timeout as exc:
+                raise ModelError(f"no reply within {self.settings.timeout_s:g} s ([model] timeout_s); not retried, "
+                                 "since the server may still be generating it") from exc
+            except Exception as exc:
+                if _missing_key(exc):  # retrying cannot make a key appear
+                    raise ModelError(credentials_problem(self.settings) or f"no API key was accepted: {exc}") from exc
+                if not isinstance(exc, transient):  # bad request, unknown model: retrying will not help
+                    raise ModelError(f"{type(exc).__name__}: {exc}") from exc
                 attempt += 1
                 if attempt > self.settings.max_retries:
                     raise ModelError(f"gave up after {attempt} attempts: {type(exc).__name__}: {exc}") from exc
                 delay = self._backoff_s * 2 ** (attempt - 1)
                 log.info("model %s: %s; retrying in %.1f s", model, type(exc).__name__, delay)
                 self._sleep(delay)
-            except Exception as exc:  # bad request, auth, unknown model: retrying will not help
-                raise ModelError(f"{type(exc).__name__}: {exc}") from exc
         latency_ms = (time.perf_counter() - started) * 1000
         return self._record(model, response, native, latency_ms, purpose, task_id, node_id)
 
