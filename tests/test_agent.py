@@ -242,3 +242,25 @@ def test_an_internal_failure_is_recorded_on_the_task_not_raised(engine_for, monk
     assert engine.store.get_task(task.id).status == "failed"
     assert result.ending is Ending.INTERNAL_ERROR and engine.store.get_task(task.id).ending is Ending.INTERNAL_ERROR
     assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "error"
+
+
+def test_text_tool_calls_send_one_system_message_then_strictly_alternating_roles(engine_for, tmp_path):
+    # Two calls in one reply give two tool results; chat templates (Qwen's, Llama's) want one system
+    # message and user/assistant turns that alternate.
+    record = tmp_path / "sent.jsonl"
+    script = {"native_tools": False, "record": str(record), "rules": [
+        {"match": r"Result of list_files", "role": "user", "tool": "finish", "arguments": {"answer": "done"}},
+        {"match": "Tidy up", "role": "user", "calls": [{"tool": "list_files", "arguments": {}},
+                                                       {"tool": "list_files", "arguments": {}}]},
+    ]}
+    engine = engine_for(script, "a-roles")
+    task, _ = engine.store.add_task("Tidy up")
+    assert engine.agent().run_task(task).status == "done"
+    import json
+    for line in record.read_text().splitlines():
+        roles = [m["role"] for m in json.loads(line)["messages"]]
+        assert roles[0] == "system" and "system" not in roles[1:], roles
+        assert all(a != b for a, b in zip(roles[1:], roles[2:])), roles
+        assert roles[1] == "user"
+    last = json.loads(record.read_text().splitlines()[-1])["messages"]
+    assert "You can call these tools" in last[0]["content"] and "Result of list_files" in last[-1]["content"]

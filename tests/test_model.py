@@ -251,3 +251,16 @@ def test_every_call_bounds_its_output_by_purpose(client_for, local_server, monke
     client.complete([{"role": "user", "content": "hi"}], purpose="propose")
     client.complete([{"role": "user", "content": "hi"}], purpose="task", max_tokens=33)
     assert [r["body"]["max_tokens"] for r in server.requests] == [111, 222, 33]
+
+
+def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server = local_server()
+    # litellm knows nothing of a local alias, so "auto" would describe the tools in text.
+    client_for("openai/qwen", api_base=server.url, tool_mode="native").complete(
+        [{"role": "user", "content": "go"}], tools=TOOLS)
+    assert server.requests[0]["body"]["tools"] == TOOLS
+    record = tmp_path / "sent.jsonl"
+    scripted.register_script("m-native", {"record": str(record), "rules": [{"match": "", "reply": "ok"}]})
+    client_for("scripted/m-native", tool_mode="text").complete([{"role": "user", "content": "go"}], tools=TOOLS)
+    assert "You can call these tools" in json.loads(record.read_text())["messages"][0]["content"]

@@ -140,6 +140,26 @@ def credentials_problem(settings: ModelSettings) -> str | None:
     return "; ".join(problems) or None
 
 
+def chat_turns(messages: list[dict]) -> list[dict]:
+    """The conversation as chat templates want it: one system message first, then user and assistant
+    turns that alternate. System messages are joined into the first; consecutive plain messages of one
+    role (two tool results written back as text, a note after a result) are joined into one turn.
+    Native tool-call turns (an assistant's tool_calls, "tool" results) are kept as they are."""
+    system = [str(m.get("content") or "") for m in messages if m.get("role") == "system"]
+    turns: list[dict] = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    for message in messages:
+        if message.get("role") == "system":
+            continue
+        last = turns[-1] if turns else None
+        plain = message.get("role") in ("user", "assistant") and not message.get("tool_calls")
+        if (plain and last is not None and last.get("role") == message["role"] and not last.get("tool_calls")
+                and isinstance(last.get("content"), str) and isinstance(message.get("content"), str)):
+            turns[-1] = {**last, "content": f"{last['content']}\n\n{message['content']}"}
+        else:
+            turns.append(dict(message))
+    return turns
+
+
 class Model(Protocol):
     """What the engine asks of a model: ``ModelClient`` keeps it (litellm, so any provider, and the
     scripted model); another client is a new class that keeps it."""
@@ -166,6 +186,8 @@ class ModelClient:
         self._litellm = litellm
 
     def _native_tools(self, model: str) -> bool:
+        if self.settings.tool_mode != "auto":  # the user knows better than litellm's table (a local alias)
+            return self.settings.tool_mode == "native"
         if model.startswith(f"{scripted.PROVIDER}/"):
             try:
                 return scripted.script_for(model).native_tools
@@ -206,6 +228,7 @@ class ModelClient:
         call_messages = list(messages)
         if tools and not native:
             call_messages = [{"role": "system", "content": _tools_as_text(tools)}, *messages]
+        call_messages = chat_turns(call_messages)
         self.budget.check(purpose=purpose, tokens=self._estimate_tokens(call_messages), task_id=task_id)
         # Every reply is bounded (a small model may never stop), and the timeout reaches the HTTP
         # request itself; retries are ours alone (the OpenAI SDK would retry a timeout twice more).
