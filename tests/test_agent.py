@@ -264,3 +264,27 @@ def test_text_tool_calls_send_one_system_message_then_strictly_alternating_roles
         assert roles[1] == "user"
     last = json.loads(record.read_text().splitlines()[-1])["messages"]
     assert "You can call these tools" in last[0]["content"] and "Result of list_files" in last[-1]["content"]
+
+
+def test_an_unreadable_text_tool_call_is_refused_with_the_expected_shape_and_shown_as_sent(engine_for, capsys):
+    from dataclasses import asdict
+
+    from evolver.cli.tasks import _print_event_step
+
+    sent = "```json\n{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}\n```"  # ambiguous: not repaired
+    script = {"native_tools": False, "rules": [
+        {"match": "Tool call refused", "role": "user", "tool": "finish", "arguments": {"answer": "4"}},
+        {"match": "", "role": "user", "reply": sent},
+    ]}
+    engine = engine_for(script, "a-unreadable")
+    task, _ = engine.store.add_task("What is 2 + 2?")
+    result = engine.agent().run_task(task)
+    assert (result.status, result.answer) == ("done", "4")
+    steps = engine.store.steps(result.trajectory_ids[0])
+    refused = next(s for s in steps if s.role == "tool")
+    assert '{"tool": "<name>", "arguments": {...}}' in refused.content
+    (call,) = steps[0].tool_calls
+    assert call["raw"] == "{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}"
+    _print_event_step({**asdict(steps[0]), "attempt": 1})
+    shown = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "(null)" not in shown and "'answer': 'it's 4'" in shown

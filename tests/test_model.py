@@ -99,8 +99,8 @@ def test_text_tool_call_parser_reports_bad_json_and_ignores_prose():
     broken = parse_text_tool_calls('```json\n{"tool": "finish", "arguments": {"answer": }\n```')
     assert broken[0].error.startswith("invalid JSON")
     assert parse_text_tool_calls("The answer is 4.") == []
-    assert parse_text_tool_calls('```json\n{"tool": "x", "arguments": [1]}\n```')[0].error == \
-        "arguments must be a JSON object"
+    assert parse_text_tool_calls('```json\n{"tool": "x", "arguments": [1]}\n```')[0].error.startswith(
+        "arguments must be a JSON object")
 
 
 def test_malformed_native_arguments_become_a_call_error(client_for):
@@ -264,3 +264,24 @@ def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, mo
     scripted.register_script("m-native", {"record": str(record), "rules": [{"match": "", "reply": "ok"}]})
     client_for("scripted/m-native", tool_mode="text").complete([{"role": "user", "content": "go"}], tools=TOOLS)
     assert "You can call these tools" in json.loads(record.read_text())["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("text", [
+    '```json\n{"tool": "finish", "arguments": {"answer": "4"},}\n```',  # a trailing comma
+    '```json\n{"tool": "finish", "arguments": {"answer": "4"}\n```',  # the final brace missing
+    '```json\n{"tool": "finish", "arguments": {"answer": "4"}}',  # the closing fence missing
+    "```\n{'tool': 'finish', 'arguments': {'answer': '4'}}\n```",  # single quotes, no double ones
+    'I will finish now. {"tool": "finish", "arguments": {"answer": "4"}} That is all.',  # text around it
+])
+def test_slightly_malformed_tool_call_json_is_repaired(text):
+    calls = parse_text_tool_calls(text)
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("finish", {"answer": "4"}, None)]
+
+
+def test_ambiguous_tool_call_json_is_refused_with_the_expected_shape_and_the_raw_text_kept():
+    # An apostrophe inside single-quoted JSON: which quotes delimit strings is a guess, so no repair.
+    text = "```json\n{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}\n```"
+    (call,) = parse_text_tool_calls(text)
+    assert call.arguments is None and call.error.startswith("invalid JSON")
+    assert '{"tool": "<name>", "arguments": {' in call.error
+    assert call.raw_arguments == "{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}"

@@ -257,7 +257,9 @@ class Agent:
     def _step(self, messages, schemas, tools: TaskTools, task: Task, record, purpose: str, idle: int) -> int:
         """One model turn and its tool calls; returns how many turns in a row had no tool call."""
         reply = self._ask(messages, schemas, task, purpose)
-        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error} for c in reply.tool_calls]
+        # A call that could not be read keeps what the model sent, so a reader sees that, not null.
+        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error,
+                  **({"raw": c.raw_arguments} if c.error else {})} for c in reply.tool_calls]
         record("assistant", reply.content, reply=reply, tool_calls=calls or None)
         messages.append(reply.assistant_message)
         if not reply.tool_calls:

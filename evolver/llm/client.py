@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 from memory import ExperienceStore, _offline  # noqa: F401  (before litellm)
 
 from ..config import ModelSettings
-from . import scripted
+from . import jsonfix, scripted
 from .budget import BudgetGuard
 
 __all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls",
@@ -58,35 +58,45 @@ class ModelReply:
     assistant_message: dict = field(default_factory=dict)  # to append to the conversation
 
 
-_JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+# The one shape a call takes in text (what _tools_as_text teaches, and what a refusal shows again).
+TEXT_CALL_SHAPE = '```json\n{"tool": "<name>", "arguments": {...}}\n```'
+_FENCED = re.compile(r"```[a-zA-Z]*[ \t]*\n?(.*?)```", re.DOTALL)
+_LOOKS_LIKE_CALL = re.compile(r"""\{\s*["']?(tool|name)["']?\s*:""")
 
 
 def parse_text_tool_calls(text: str) -> list[ToolCall]:
-    """Tool calls written as JSON in text: ```json {"tool": ..., "arguments": {...}}```."""
+    """Tool calls written as JSON in text: ```json {"tool": ..., "arguments": {...}}```, one per fenced block
+    (or one object in the text), slightly malformed JSON repaired when the repair is unambiguous
+    (``jsonfix``). A call that cannot be read keeps the text as sent, and its error shows the shape."""
+    blocks = [b.strip() for b in _FENCED.findall(text) if b.strip().startswith("{")]
+    candidate = jsonfix.extract(text)
+    if not blocks and candidate.startswith("{") and (text.strip().startswith(("{", "```"))
+                                                     or _LOOKS_LIKE_CALL.search(text)):
+        blocks = [candidate]  # one object: unfenced, half-fenced, or with prose around it
     calls = []
-    blocks = _JSON_BLOCK.findall(text) or ([text.strip()] if text.strip().startswith("{") else [])
     for n, block in enumerate(blocks):
         try:
-            data = json.loads(block)
+            data, _ = jsonfix.loads(block)
         except json.JSONDecodeError as exc:
-            calls.append(ToolCall(id=f"text_{n}", name="", arguments=None, error=f"invalid JSON ({exc})",
-                                  raw_arguments=block))
+            calls.append(ToolCall(id=f"text_{n}", name="", arguments=None, raw_arguments=block,
+                                  error=f"invalid JSON ({exc}); write each call as {TEXT_CALL_SHAPE}, "
+                                        "with double quotes and every brace closed"))
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("tool") or data.get("name"), str):
+        name = data.get("tool") or data.get("name") if isinstance(data, dict) else None
+        if not isinstance(name, str):
             continue  # JSON that is not a tool call is just text
-        arguments = data.get("arguments", data.get("args", {}))
+        arguments = data.get("arguments", data.get("args", data.get("parameters", {})))
         if not isinstance(arguments, dict):
-            calls.append(ToolCall(id=f"text_{n}", name=data.get("tool") or data["name"], arguments=None,
-                                  error="arguments must be a JSON object", raw_arguments=json.dumps(arguments)))
+            calls.append(ToolCall(id=f"text_{n}", name=name, arguments=None, raw_arguments=block,
+                                  error=f"arguments must be a JSON object: {TEXT_CALL_SHAPE}"))
             continue
-        calls.append(ToolCall(id=f"text_{n}", name=data.get("tool") or data["name"], arguments=arguments,
-                              raw_arguments=json.dumps(arguments)))
+        calls.append(ToolCall(id=f"text_{n}", name=name, arguments=arguments, raw_arguments=json.dumps(arguments)))
     return calls
 
 
 def _tools_as_text(tools: list[dict]) -> str:
     lines = ["You can call these tools. To call one, reply with only a JSON block:",
-             '```json\n{"tool": "NAME", "arguments": {...}}\n```', ""]
+             TEXT_CALL_SHAPE.replace("<name>", "NAME"), ""]
     for tool in tools:
         fn = tool.get("function", tool)
         lines.append(f"- {fn['name']}: {fn.get('description', '')}\n  parameters: {json.dumps(fn.get('parameters', {}))}")
@@ -291,7 +301,8 @@ class ModelClient:
                     arguments = json.loads(text)
                     error = None if isinstance(arguments, dict) else "arguments must be a JSON object"
                 except json.JSONDecodeError as exc:
-                    arguments, error = None, f"invalid JSON ({exc})"
+                    arguments, error = None, (f"invalid JSON ({exc}); the arguments must be one JSON object "
+                                              "of the tool's parameters")
                 calls.append(ToolCall(id=raw.id, name=raw.function.name or "",
                                       arguments=arguments if error is None else None,
                                       error=error, raw_arguments=text))
