@@ -93,11 +93,28 @@ def test_the_step_limit_ends_an_attempt(engine_for):
     assert trajectory.status == "step_limit" and len(engine.store.steps(trajectory.id)) == 6
 
 
+def test_a_call_repeated_is_answered_from_before_and_too_many_repeats_end_the_attempt(engine_for):
+    # A small model repeated one identical call for 20 steps: after repeat_limit identical calls in a row
+    # it is told what it already has, and after twice that many the attempt ends.
+    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "print(7)"}}]},
+                        "a-repeat")
+    task, _ = engine.store.add_task("Loop forever")
+    result = engine.agent(scaffold_with(max_steps=20, repeat_limit=2)).run_task(task)
+    assert result.status == "failed" and result.error == "no answer (repeating)"
+    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    observations = [s.content for s in engine.store.steps(trajectory.id) if s.role == "tool"]
+    assert trajectory.status == "repeating" and len(observations) == 4
+    assert observations[0].strip() == "7"
+    assert "2 times in a row" in observations[1] and "7" in observations[1] and "something else" in observations[1]
+    assert "3 times in a row" in observations[2]
+    assert "This attempt ends" in observations[3] and "4 times in a row" in observations[3]
+
+
 def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
     engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-budget",
                         budget_tokens_per_task=400)
     task, _ = engine.store.add_task("Spend everything")
-    result = engine.agent(scaffold_with(max_steps=50)).run_task(task)
+    result = engine.agent(scaffold_with(max_steps=50, repeat_limit=0)).run_task(task)  # the same call, on and on
     assert result.status == "failed" and "per-task token cap of 400 tokens" in result.error
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
     assert trajectory.status == "budget" and engine.store.steps(trajectory.id)

@@ -54,6 +54,10 @@ class Parameters(_Strict):
     reflect_retry: bool = True
     max_attempts: int = Field(default=2, ge=1, le=10)
     plan_first: bool = False
+    repeat_limit: int = Field(default=3, ge=0, le=100)
+    """After this many identical tool calls in a row (same name and arguments) the model is given the
+    earlier result instead and told to do something else; after twice as many the attempt ends as a
+    failure. 0: never."""
 
 
 class Scaffold(_Strict):
