@@ -542,3 +542,11 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
     batch = [(e.store.get_trajectory(failed), False)]
     assert "-> 7" not in _prompt(e.store, batch, [])
     assert "1 + 6?" not in _attempts(e.store, e.store.get_node(root))
+
+
+def test_a_proposal_in_a_fence_with_its_last_brace_missing_is_repaired(engine):
+    edit = {"parameters": {"max_steps": 12}}
+    reply = "Here is my edit:\n```json\n" + json.dumps({"rationale": "fewer steps", "edit": edit})[:-1] + "\n```"
+    e = engine([_proposer(reply), *SOLVER], "tree-repair")
+    summary = _expanded(e, _search(e))
+    assert "smoke task" in summary and "queued" in summary, summary

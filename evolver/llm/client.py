@@ -25,7 +25,7 @@ from . import jsonfix, scripted
 from .budget import BudgetGuard
 
 __all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls",
-           "credentials_problem"]
+           "credentials_problem", "json_schema_format", "chat_turns"]
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,12 @@ def credentials_problem(settings: ModelSettings) -> str | None:
             problems.append(f"{model}: no API key: set {' or '.join(missing)} (or name another variable in "
                             "[model] api_key_env; a server of your own needs [model] api_base instead)")
     return "; ".join(problems) or None
+
+
+def json_schema_format(name: str, shape: type) -> dict:
+    """A response_format that asks the server for JSON of this pydantic model's schema (a server that supports
+    it, such as llama.cpp, vLLM or OpenAI, constrains the reply to it)."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": shape.model_json_schema()}}
 
 
 def chat_turns(messages: list[dict]) -> list[dict]:

@@ -26,7 +26,7 @@ def extract(text: str) -> str:
     first brace or bracket on."""
     text = text.strip()
     fenced = _FENCE.search(text)
-    if fenced and text.startswith("```"):
+    if fenced and fenced.group(1).strip().startswith(("{", "[")):
         return fenced.group(1).strip()
     starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
     return text[min(starts):].strip() if starts else text
