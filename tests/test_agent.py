@@ -73,6 +73,11 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     assert engine.store.outcome(first.id).success is False and engine.store.outcome(second.id).success is True
     assert [s.role for s in engine.store.steps(first.id)][-1] == "reflection"
     assert (second.attempt, first.attempt) == (2, 1)
+    # Run here, not leased by a worker: the task views still count its two attempts.
+    from evolver.api import views
+    (listed,) = views.task_list(engine.store)["tasks"]
+    assert listed["attempts"] == views.task_detail(engine.store, task.id)["attempts"] == 2
+    assert listed["claims"] == 0  # no worker ever leased it
 
 
 def test_without_reflect_retry_a_wrong_answer_fails_the_task_with_the_verdict(engine_for):
