@@ -251,6 +251,7 @@ def test_every_call_bounds_its_output_by_purpose(client_for, local_server, monke
     client.complete([{"role": "user", "content": "hi"}], purpose="propose")
     client.complete([{"role": "user", "content": "hi"}], purpose="task", max_tokens=33)
     assert [r["body"]["max_tokens"] for r in server.requests] == [111, 222, 33]
+    assert server.requests[0]["authorization"] == "Bearer sk-test"  # a key that is set is sent, not the dummy
 
 
 def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, monkeypatch, tmp_path):

@@ -142,8 +142,9 @@ def credentials_problem(settings: ModelSettings) -> str | None:
             continue
         try:
             missing = litellm.validate_environment(model=model).get("missing_keys") or []
-        except Exception:
-            continue  # a provider litellm cannot check: the first call will say
+        except Exception as exc:  # a provider litellm cannot check: the first call will say
+            log.debug("cannot check the API key of %s: %s", model, exc)
+            continue
         if missing:
             problems.append(f"{model}: no API key: set {' or '.join(missing)} (or name another variable in "
                             "[model] api_key_env; a server of your own needs [model] api_base instead)")
@@ -214,6 +215,14 @@ class ModelClient:
         except Exception:
             return False
 
+    def _key_in_environment(self, model: str) -> bool:
+        """Whether litellm finds the provider's usual key variable set (a gateway at api_base may need it)."""
+        try:
+            return bool(self._litellm.validate_environment(model=model).get("keys_in_environment"))
+        except Exception as exc:  # a provider litellm cannot check
+            log.debug("cannot check the API key of %s: %s", model, exc)
+            return False
+
     @staticmethod
     def _estimate_tokens(messages: list[dict]) -> int:
         """About four characters a token. The guard needs an estimate before the call
@@ -260,7 +269,7 @@ class ModelClient:
         key = os.environ.get(self.settings.api_key_env, "") if self.settings.api_key_env else ""
         if key:
             kwargs["api_key"] = key
-        elif self.settings.api_base:
+        elif self.settings.api_base and not self._key_in_environment(model):
             kwargs["api_key"] = DUMMY_KEY  # a server of your own: litellm refuses to call it without a key
         transient = _transient_errors()
         attempt = 0
@@ -274,7 +283,8 @@ class ModelClient:
                                  "since the server may still be generating it") from exc
             except Exception as exc:
                 if _missing_key(exc):  # retrying cannot make a key appear
-                    raise ModelError(credentials_problem(self.settings) or f"no API key was accepted: {exc}") from exc
+                    alone = self.settings.model_copy(update={"name": model, "fallbacks": []})
+                    raise ModelError(credentials_problem(alone) or f"the API key was refused: {exc}") from exc
                 if not isinstance(exc, transient):  # bad request, unknown model: retrying will not help
                     raise ModelError(f"{type(exc).__name__}: {exc}") from exc
                 attempt += 1

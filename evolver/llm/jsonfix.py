@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["loads", "extract"]
+__all__ = ["extract", "loads"]
 
 _FENCE = re.compile(r"```[a-zA-Z]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
 _CLOSER = {"{": "}", "[": "]"}

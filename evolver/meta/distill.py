@@ -22,7 +22,15 @@ from ..config import Config
 from ..llm import jsonfix
 from ..llm.client import Model, json_schema_format
 from ..text import clip
-from .insights import KINDS, InsightOpError, apply_ops, numbered, parse_ops, plan_changes, render
+from .insights import (
+    KINDS,
+    InsightOpError,
+    apply_ops,
+    numbered,
+    parse_ops,
+    plan_changes,
+    render,
+)
 
 __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 
