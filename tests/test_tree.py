@@ -130,13 +130,16 @@ def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine
     assert node_view["status"] == "invalid" and reason in node_view["reason"]
 
 
-def test_a_malformed_proposal_fails_the_step_and_makes_no_node(engine):
+def test_a_malformed_proposal_is_an_invalid_node_saying_what_came_back(engine):
+    # A proposal is spent effort even when unreadable: it counts, so a model that never answers in JSON
+    # cannot keep the search proposing without ever evaluating.
     e = engine([_proposer("I would make the prompt friendlier."), *SOLVER], "tree-malformed")
-    search = _search(e)
-    from evolver.tree.proposer import ProposalError
-    with pytest.raises(ProposalError, match="not JSON"):
-        _expanded(e, search)
-    assert len(e.store.list_nodes()) == 1
+    summary = _expanded(e, _search(e))
+    assert "invalid" in summary and "not JSON" in summary, summary
+    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    assert child.status == "invalid" and "I would make the prompt friendlier." in child.reason
+    (event,) = e.store.list_events(kind="propose")
+    assert event.payload["status"] == "invalid" and "not JSON" in event.payload["reason"]
 
 
 def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(engine):

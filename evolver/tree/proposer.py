@@ -68,7 +68,12 @@ class ProposalAnswer(BaseModel):
 
 
 class ProposalError(ValueError):
-    """The proposer's answer is not an edit at all; the round fails and no node is made."""
+    """The proposer's answer is not an edit at all. ``proposal`` holds what it cost (an empty edit), so the
+    search records it as an invalid node, the answer in its reason, like any other proposal spent."""
+
+    def __init__(self, message: str, proposal: "Proposal") -> None:
+        super().__init__(message)
+        self.proposal = proposal
 
 
 class InvalidProposal(ValueError):
@@ -116,16 +121,18 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
     structured = json_schema_format("scaffold_edit", ProposalAnswer) if engine.config.model.structured_output else None
     reply = engine.model.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
                                   purpose="propose", node_id=parent.id, response_format=structured)
+    spent = Proposal(rationale="", edit={}, cost_usd=reply.cost_usd, tokens=reply.tokens_in + reply.tokens_out)
     try:
         data, _ = jsonfix.loads(reply.content)  # a fence, prose around it, a last brace left off
     except json.JSONDecodeError as exc:
         raise ProposalError(f"the proposer's answer is not JSON ({exc.msg} at character {exc.pos}): "
-                            f"{clip(reply.content, 200, one_line=True)!r}") from None
+                            f"{clip(reply.content, 200, one_line=True)!r}", spent) from None
     if not isinstance(data, dict) or not isinstance(data.get("edit"), dict):
-        raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}')
+        raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}, not '
+                            f"{clip(reply.content, 200, one_line=True)!r}", spent)
     rationale = data.get("rationale")
     return Proposal(rationale=rationale if isinstance(rationale, str) else "", edit=data["edit"],
-                    cost_usd=reply.cost_usd, tokens=reply.tokens_in + reply.tokens_out)
+                    cost_usd=spent.cost_usd, tokens=spent.tokens)
 
 
 def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
