@@ -23,7 +23,7 @@ import os
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -70,7 +70,9 @@ class ModelSettings(_Section):
 
     api_key_env: str = ""
     """The name of the environment variable that holds the API key (never the key itself).
-    Empty: litellm's usual variable for the provider, such as OPENAI_API_KEY."""
+    Empty: litellm's usual variable for the provider, such as OPENAI_API_KEY. A server of
+    your own (api_base set: llama.cpp, vLLM, Ollama) needs no key: without one a dummy key
+    is sent. A hosted provider without its key is an error that names the variable."""
 
     fallbacks: list[str] = []
     """Models to try, in order, when the main one keeps failing."""
@@ -79,8 +81,46 @@ class ModelSettings(_Section):
     """Seconds to wait for one model reply."""
 
     max_retries: int = Field(default=3, ge=0, le=10)
-    """Retries, with exponential backoff, after a transient error (rate limit, timeout,
-    server error)."""
+    """Retries, with exponential backoff, after a transient error (rate limit, connection
+    or server error). A reply that took longer than timeout_s is not retried: the server may
+    still be generating it, and a new request would only queue behind it."""
+
+    tool_mode: Literal["auto", "native", "text"] = "auto"
+    """How the model is offered tools. "native": the provider's tool calling (tools= in the
+    request); "text": the tools described in the system prompt, calls written back as JSON
+    in the reply (for models and servers without tool calling); "auto": native when litellm
+    says the model supports function calling, text otherwise."""
+
+    structured_output: bool = False
+    """Ask for the meta-agent's JSON answers (insight operations, scaffold edits, tool
+    proposals) with response_format and a JSON schema, so a server that supports it (vLLM,
+    llama.cpp, OpenAI) constrains the reply to valid JSON. Off by default: a server that
+    does not support it may refuse the request."""
+
+    max_tokens_step: int = Field(default=1024, ge=1)
+    """Most tokens one reply of an agent step may have (tasks and evaluations), so a model
+    that never stops cannot hold a worker for the whole timeout."""
+
+    max_tokens_reflect: int = Field(default=512, ge=1)
+    """Most tokens of a reflection on a failed attempt."""
+
+    max_tokens_chat: int = Field(default=1024, ge=1)
+    """Most tokens of one reply in a chat turn."""
+
+    max_tokens_distill: int = Field(default=1024, ge=1)
+    """Most tokens of a distillation answer (insight operations)."""
+
+    max_tokens_propose: int = Field(default=2048, ge=1)
+    """Most tokens of the proposer's answer (an edit of the scaffold)."""
+
+    max_tokens_synthesize: int = Field(default=2048, ge=1)
+    """Most tokens of a tool proposal (its code and tests)."""
+
+    def max_tokens_for(self, purpose: str) -> int:
+        """The output cap of a call made for ``purpose``."""
+        return {"task": self.max_tokens_step, "evaluate": self.max_tokens_step, "reflect": self.max_tokens_reflect,
+                "chat": self.max_tokens_chat, "distill": self.max_tokens_distill,
+                "propose": self.max_tokens_propose, "synthesize": self.max_tokens_synthesize}[purpose]
 
 
 class AgentSettings(_Section):

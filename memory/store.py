@@ -446,6 +446,16 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
         rows = self._all("SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at, rowid", [task_id])
         return [Trajectory.from_row(r) for r in rows]
 
+    def trajectory_counts(self, task_ids: list[str]) -> dict[str, int]:
+        """How many attempts (trajectories) each of ``task_ids`` has had; 0 for one that never ran."""
+        counts = dict.fromkeys(task_ids, 0)
+        for start in range(0, len(task_ids), 500):  # SQLite's variable limit
+            chunk = task_ids[start:start + 500]
+            rows = self._all(f"SELECT task_id, count(*) AS n FROM trajectories WHERE task_id IN "
+                             f"({','.join('?' * len(chunk))}) GROUP BY task_id", chunk)
+            counts.update((r["task_id"], r["n"]) for r in rows)
+        return counts
+
     def last_trajectory(self, task_id: str) -> Trajectory | None:
         """The task's newest attempt (see ``trajectories_of``), or None before its first."""
         row = self._one("SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at DESC, rowid DESC LIMIT 1",

@@ -30,7 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 # One step that takes a while and never finishes: the task runs until cancelled, drained or its step limit.
-SLOW_STEP = {"tool": "run_python", "arguments": {"code": "import time; time.sleep(0.3); print(1)"}}
+# Two different calls a step, so no call is ever repeated in a row (that would end the attempt early).
+SLOW_STEP = {"calls": [{"tool": "run_python", "arguments": {"code": f"import time; time.sleep(0.15); print({n})"}}
+                       for n in (1, 2)]}
 
 
 def make_root() -> Path:

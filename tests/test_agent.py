@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -73,6 +74,11 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     assert engine.store.outcome(first.id).success is False and engine.store.outcome(second.id).success is True
     assert [s.role for s in engine.store.steps(first.id)][-1] == "reflection"
     assert (second.attempt, first.attempt) == (2, 1)
+    # Run here, not leased by a worker: the task views still count its two attempts.
+    from evolver.api import views
+    (listed,) = views.task_list(engine.store)["tasks"]
+    assert listed["attempts"] == views.task_detail(engine.store, task.id)["attempts"] == 2
+    assert listed["claims"] == 0  # no worker ever leased it
 
 
 def test_without_reflect_retry_a_wrong_answer_fails_the_task_with_the_verdict(engine_for):
@@ -93,11 +99,28 @@ def test_the_step_limit_ends_an_attempt(engine_for):
     assert trajectory.status == "step_limit" and len(engine.store.steps(trajectory.id)) == 6
 
 
+def test_a_call_repeated_is_answered_from_before_and_too_many_repeats_end_the_attempt(engine_for):
+    # A small model repeated one identical call for 20 steps: after repeat_limit identical calls in a row
+    # it is told what it already has, and after twice that many the attempt ends.
+    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "print(7)"}}]},
+                        "a-repeat")
+    task, _ = engine.store.add_task("Loop forever")
+    result = engine.agent(scaffold_with(max_steps=20, repeat_limit=2)).run_task(task)
+    assert result.status == "failed" and result.error == "no answer (repeating)"
+    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    observations = [s.content for s in engine.store.steps(trajectory.id) if s.role == "tool"]
+    assert trajectory.status == "repeating" and len(observations) == 4
+    assert observations[0].strip() == "7"
+    assert "2 times in a row" in observations[1] and "7" in observations[1] and "something else" in observations[1]
+    assert "3 times in a row" in observations[2]
+    assert "This attempt ends" in observations[3] and "4 times in a row" in observations[3]
+
+
 def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
     engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-budget",
                         budget_tokens_per_task=400)
     task, _ = engine.store.add_task("Spend everything")
-    result = engine.agent(scaffold_with(max_steps=50)).run_task(task)
+    result = engine.agent(scaffold_with(max_steps=50, repeat_limit=0)).run_task(task)  # the same call, on and on
     assert result.status == "failed" and "per-task token cap of 400 tokens" in result.error
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
     assert trajectory.status == "budget" and engine.store.steps(trajectory.id)
@@ -263,3 +286,49 @@ def test_a_chat_turn_without_an_answer_says_so_and_why(engine_for):
     task, _ = engine.store.add_task("Hello?", source="chat", status="running")
     text = reply_text(engine.store, engine.agent().run_task(task))
     assert text.startswith("The turn ended without an answer: the model failed: ")
+
+
+def test_text_tool_calls_send_one_system_message_then_strictly_alternating_roles(engine_for, tmp_path):
+    # Two calls in one reply give two tool results; chat templates (Qwen's, Llama's) want one system
+    # message and user/assistant turns that alternate.
+    record = tmp_path / "sent.jsonl"
+    script = {"native_tools": False, "record": str(record), "rules": [
+        {"match": r"Result of list_files", "role": "user", "tool": "finish", "arguments": {"answer": "done"}},
+        {"match": "Tidy up", "role": "user", "calls": [{"tool": "list_files", "arguments": {}},
+                                                       {"tool": "list_files", "arguments": {}}]},
+    ]}
+    engine = engine_for(script, "a-roles")
+    task, _ = engine.store.add_task("Tidy up")
+    assert engine.agent().run_task(task).status == "done"
+    import json
+    for line in record.read_text().splitlines():
+        roles = [m["role"] for m in json.loads(line)["messages"]]
+        assert roles[0] == "system" and "system" not in roles[1:], roles
+        assert all(a != b for a, b in itertools.pairwise(roles[1:])), roles
+        assert roles[1] == "user"
+    last = json.loads(record.read_text().splitlines()[-1])["messages"]
+    assert "You can call these tools" in last[0]["content"] and "Result of list_files" in last[-1]["content"]
+
+
+def test_an_unreadable_text_tool_call_is_refused_with_the_expected_shape_and_shown_as_sent(engine_for, capsys):
+    from dataclasses import asdict
+
+    from evolver.cli.tasks import _print_event_step
+
+    sent = "```json\n{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}\n```"  # ambiguous: not repaired
+    script = {"native_tools": False, "rules": [
+        {"match": "Tool call refused", "role": "user", "tool": "finish", "arguments": {"answer": "4"}},
+        {"match": "", "role": "user", "reply": sent},
+    ]}
+    engine = engine_for(script, "a-unreadable")
+    task, _ = engine.store.add_task("What is 2 + 2?")
+    result = engine.agent().run_task(task)
+    assert (result.status, result.answer) == ("done", "4")
+    steps = engine.store.steps(result.trajectory_ids[0])
+    refused = next(s for s in steps if s.role == "tool")
+    assert '{"tool": "<name>", "arguments": {...}}' in refused.content
+    (call,) = steps[0].tool_calls
+    assert call["raw"] == "{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}"
+    _print_event_step({**asdict(steps[0]), "attempt": 1})
+    shown = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "(null)" not in shown and "'answer': 'it's 4'" in shown

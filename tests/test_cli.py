@@ -45,6 +45,17 @@ def test_config_check_accepts_the_documented_file():
     assert result.stdout.startswith(f"ok: {REPO / 'config.toml'}")
 
 
+def test_config_check_reports_a_hosted_model_without_its_key_but_not_a_local_server(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    env = {"EVOLVER_MODEL_NAME": "openai/gpt-4o-mini"}
+    missing = run("--config", str(REPO / "config.toml"), "config", "check", env=env)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "openai/gpt-4o-mini: no API key: set OPENAI_API_KEY" in missing.stderr
+    local = run("--config", str(REPO / "config.toml"), "config", "check",
+                env={**env, "EVOLVER_MODEL_API_BASE": "http://127.0.0.1:8080/v1"})
+    assert local.returncode == 0, local.stderr
+
+
 def test_search_without_a_store_says_how_to_create_one(tmp_path):
     result = run("--data-dir", str(tmp_path / "none"), "memory", "search", "csv")
     assert result.returncode == 3

@@ -129,7 +129,7 @@ def test_cancel_ends_a_queued_task_at_once_and_a_running_one_at_a_step_boundary(
     # Wait for the first step, so the cancel lands mid-run.
     wait_for(lambda: daemon.task(http, slow["id"])["trajectories"] and
              daemon.task(http, slow["id"])["trajectories"][0]["steps"], timeout_s=30, what="the slow task's first step")
-    assert running["attempts"] == 1
+    assert running["claims"] == 1
 
     # The only worker is busy: a second task stays queued, and cancelling it ends it now.
     queued = submit(http, "What is (12 + 30) * 2?", priority=-5)

@@ -116,7 +116,7 @@ def test_an_evaluation_a_stop_drained_runs_again_after_the_restart_and_is_record
         with second.client() as http:
             # The drained run counted for nothing: the evaluation ran again, and that result is the one recorded.
             ran = second.wait_task(http, task["id"], ("done", "failed", "cancelled", "dead"), timeout_s=60)
-            assert ran["status"] == "done" and ran["attempts"] == 1, ran
+            assert ran["status"] == "done" and ran["claims"] == 1, ran
             wait_for(lambda: list(_counts(http).values()) == [(1, 0, 0)], timeout_s=60,
                      what="the evaluation recorded once, as a success")
             (node,) = http.get("/v1/tree").json()["nodes"]

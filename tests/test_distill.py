@@ -194,3 +194,31 @@ def test_failing_scheduled_rounds_back_off_doubling_to_a_cap_and_a_success_reset
         assert round(delay() / 60) == 5 and jobs.next_runs()[0]["failures"] == 0
     finally:
         jobs.stop()
+
+
+def test_an_answer_with_its_final_brace_missing_is_repaired_and_applied(engine):
+    # What a 0.5B model did: the right JSON in a fence, the last brace left off.
+    e = engine("```json\n" + json.dumps(ADD)[:-1] + "\n```", "distill-repair")
+    _experience(e.store)
+    assert distill_round(e.store, e.model, e.config).startswith("1 operations (ADD)")
+
+
+def test_with_structured_output_the_answer_is_asked_for_with_a_json_schema(engine, tmp_path):
+    record = tmp_path / "sent.jsonl"
+    scripted.register_script("distill-schema", {"record": str(record), "rules": [
+        {"match": "", "reply": json.dumps(ADD)}]})
+    config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/distill-schema",
+                              "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true"})
+    e = engine(ADD, "distill-schema-unused")
+    _experience(e.store)
+    distill_round(e.store, e.model.__class__(config.model, store=e.store, budget=e.model.budget), config)
+    sent = json.loads(record.read_text().splitlines()[-1])
+    schema = sent["response_format"]["json_schema"]["schema"]
+    assert "operations" in schema["properties"] and sent["max_tokens"] == config.model.max_tokens_distill
+
+
+def test_an_unreadable_answer_fails_the_round_saying_what_came_back(engine):
+    e = engine('{"operations": [{"op": "ADD", "text": "unclosed}]', "distill-unreadable")
+    _experience(e.store)
+    with pytest.raises(InsightOpError, match=r"not JSON.*came back.*unclosed"):
+        distill_round(e.store, e.model, e.config)

@@ -99,8 +99,8 @@ def test_text_tool_call_parser_reports_bad_json_and_ignores_prose():
     broken = parse_text_tool_calls('```json\n{"tool": "finish", "arguments": {"answer": }\n```')
     assert broken[0].error.startswith("invalid JSON")
     assert parse_text_tool_calls("The answer is 4.") == []
-    assert parse_text_tool_calls('```json\n{"tool": "x", "arguments": [1]}\n```')[0].error == \
-        "arguments must be a JSON object"
+    assert parse_text_tool_calls('```json\n{"tool": "x", "arguments": [1]}\n```')[0].error.startswith(
+        "arguments must be a JSON object")
 
 
 def test_malformed_native_arguments_become_a_call_error(client_for):
@@ -156,3 +156,133 @@ def test_bad_scripts_are_refused_with_the_reason(script, message):
 def test_an_unknown_script_is_a_model_error(client_for):
     with pytest.raises(ModelError, match="no script named 'nobody'"):
         client_for("scripted/nobody").complete([{"role": "user", "content": "hi"}])
+
+
+# --- a local OpenAI-compatible server (what llama.cpp's server is to litellm) ----------------
+
+
+class _FakeServer:
+    """A local OpenAI-compatible chat endpoint: it records each request (headers and body) and answers
+    at once, or only after ``delay_s`` (a slow generation)."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[dict] = []
+        self.delay_s = delay_s
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append({"authorization": self.headers.get("Authorization"), "body": body})
+                import time
+                time.sleep(server.delay_s)
+                reply = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "qwen",
+                                    "choices": [{"index": 0, "finish_reason": "stop",
+                                                 "message": {"role": "assistant", "content": "hello"}}],
+                                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply.encode())
+                except OSError:
+                    pass  # the client gave up
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def local_server():
+    servers = []
+
+    def start(delay_s: float = 0.0) -> _FakeServer:
+        servers.append(_FakeServer(delay_s))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def test_a_local_server_needs_no_api_key(client_for, local_server, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    server = local_server()
+    reply = client_for("openai/qwen", api_base=server.url).complete([{"role": "user", "content": "hi"}])
+    assert reply.content == "hello"
+    assert len(server.requests) == 1 and server.requests[0]["authorization"]  # a dummy key was sent
+
+
+def test_a_hosted_model_without_its_key_is_a_clear_error_never_retried(client_for, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    client = client_for("openai/gpt-4o-mini", max_retries=3)
+    with pytest.raises(ModelError, match="no API key.*OPENAI_API_KEY"):
+        client.complete([{"role": "user", "content": "hi"}])
+    assert client.sleeps == []
+
+
+def test_a_call_that_times_out_is_abandoned_once_not_sent_again(client_for, local_server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server = local_server(delay_s=3.0)
+    client = client_for("openai/qwen", api_base=server.url, timeout_s=0.5, max_retries=3)
+    with pytest.raises(ModelError, match="no reply within 0.5 s"):
+        client.complete([{"role": "user", "content": "hi"}])
+    # Retrying would queue a new generation behind the abandoned one on a one-slot server.
+    assert len(server.requests) == 1 and client.sleeps == []
+
+
+def test_every_call_bounds_its_output_by_purpose(client_for, local_server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server = local_server()
+    client = client_for("openai/qwen", api_base=server.url, max_tokens_step=111, max_tokens_propose=222)
+    client.complete([{"role": "user", "content": "hi"}], purpose="task")
+    client.complete([{"role": "user", "content": "hi"}], purpose="propose")
+    client.complete([{"role": "user", "content": "hi"}], purpose="task", max_tokens=33)
+    assert [r["body"]["max_tokens"] for r in server.requests] == [111, 222, 33]
+    assert server.requests[0]["authorization"] == "Bearer sk-test"  # a key that is set is sent, not the dummy
+
+
+def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, monkeypatch, tmp_path):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server = local_server()
+    # litellm knows nothing of a local alias, so "auto" would describe the tools in text.
+    client_for("openai/qwen", api_base=server.url, tool_mode="native").complete(
+        [{"role": "user", "content": "go"}], tools=TOOLS)
+    assert server.requests[0]["body"]["tools"] == TOOLS
+    record = tmp_path / "sent.jsonl"
+    scripted.register_script("m-native", {"record": str(record), "rules": [{"match": "", "reply": "ok"}]})
+    client_for("scripted/m-native", tool_mode="text").complete([{"role": "user", "content": "go"}], tools=TOOLS)
+    assert "You can call these tools" in json.loads(record.read_text())["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("text", [
+    '```json\n{"tool": "finish", "arguments": {"answer": "4"},}\n```',  # a trailing comma
+    '```json\n{"tool": "finish", "arguments": {"answer": "4"}\n```',  # the final brace missing
+    '```json\n{"tool": "finish", "arguments": {"answer": "4"}}',  # the closing fence missing
+    "```\n{'tool': 'finish', 'arguments': {'answer': '4'}}\n```",  # single quotes, no double ones
+    'I will finish now. {"tool": "finish", "arguments": {"answer": "4"}} That is all.',  # text around it
+])
+def test_slightly_malformed_tool_call_json_is_repaired(text):
+    calls = parse_text_tool_calls(text)
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("finish", {"answer": "4"}, None)]
+
+
+def test_ambiguous_tool_call_json_is_refused_with_the_expected_shape_and_the_raw_text_kept():
+    # An apostrophe inside single-quoted JSON: which quotes delimit strings is a guess, so no repair.
+    text = "```json\n{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}\n```"
+    (call,) = parse_text_tool_calls(text)
+    assert call.arguments is None and call.error.startswith("invalid JSON")
+    assert '{"tool": "<name>", "arguments": {' in call.error
+    assert call.raw_arguments == "{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}"

@@ -341,3 +341,9 @@ def test_a_tool_whose_file_changed_on_disk_is_not_offered(engine):
     restarted = engine(_only(proposal()), "synth-tamper", data=e.data_dir)
     restarted.agent()
     assert restarted.registry.get("reverse_text") is None
+
+
+def test_a_proposal_with_a_trailing_comma_and_its_last_brace_missing_is_repaired(engine):
+    e = engine(_only("```json\n" + proposal()[:-1] + ",\n```"), "synth-repair")
+    reversals(e.store)
+    assert synthesize_round(e).startswith("registered reverse_text v1")

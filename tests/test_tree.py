@@ -130,13 +130,16 @@ def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine
     assert node_view["status"] == "invalid" and reason in node_view["reason"]
 
 
-def test_a_malformed_proposal_fails_the_step_and_makes_no_node(engine):
+def test_a_malformed_proposal_is_an_invalid_node_saying_what_came_back(engine):
+    # A proposal is spent effort even when unreadable: it counts, so a model that never answers in JSON
+    # cannot keep the search proposing without ever evaluating.
     e = engine([_proposer("I would make the prompt friendlier."), *SOLVER], "tree-malformed")
-    search = _search(e)
-    from evolver.tree.proposer import ProposalError
-    with pytest.raises(ProposalError, match="not JSON"):
-        _expanded(e, search)
-    assert len(e.store.list_nodes()) == 1
+    summary = _expanded(e, _search(e))
+    assert "invalid" in summary and "not JSON" in summary, summary
+    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    assert child.status == "invalid" and "I would make the prompt friendlier." in child.reason
+    (event,) = e.store.list_events(kind="propose")
+    assert event.payload["status"] == "invalid" and "not JSON" in event.payload["reason"]
 
 
 def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(engine):
@@ -545,14 +548,23 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
 
 
 def test_failed_steps_count_against_the_evaluation_budget(engine):
-    # A model whose every proposal is unparseable: each step fails, and the budget must still end it.
-    e = engine([_proposer("I would make the prompt friendlier."), *SOLVER], "tree-failing-budget",
-               EVOLVER_EVOLUTION_EVALUATION_BUDGET="5")
+    # A proposer the model always refuses to answer: each step fails, and the budget must still end it.
+    # (An unparseable proposal is an invalid node, not a failed step.)
+    e = engine([{"match": "You improve an agent by editing its scaffold", "on": "all", "error": "bad_request",
+                 "times": 100}, *SOLVER], "tree-failing-budget", EVOLVER_EVOLUTION_EVALUATION_BUDGET="5")
     search = _search(e)
-    from evolver.tree.proposer import ProposalError
-    with pytest.raises(ProposalError):
+    from evolver.llm import ModelError
+    with pytest.raises(ModelError):
         _expanded(e, search)  # 3 evaluations spent, and this failed step
-    with pytest.raises(ProposalError):
+    with pytest.raises(ModelError):
         search.step()
     assert search.step() == "the evaluation budget of 5 is spent (3 evaluations, 2 failed steps)"
     assert len(e.store.list_nodes()) == 1
+
+
+def test_a_proposal_in_a_fence_with_its_last_brace_missing_is_repaired(engine):
+    edit = {"parameters": {"max_steps": 12}}
+    reply = "Here is my edit:\n```json\n" + json.dumps({"rationale": "fewer steps", "edit": edit})[:-1] + "\n```"
+    e = engine([_proposer(reply), *SOLVER], "tree-repair")
+    summary = _expanded(e, _search(e))
+    assert "smoke task" in summary and "queued" in summary, summary

@@ -16,8 +16,9 @@ LOOP = {"rules": [
     {"match": "^42$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}},
     {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(6 * 7)"}},
 ]}
-SLOW = {"rules": [
-    {"match": "", "tool": "run_python", "arguments": {"code": "import time; time.sleep(0.05)"}},
+SLOW = {"rules": [  # two different calls a step: never one call repeated in a row, which would end the attempt
+    {"match": "", "calls": [{"tool": "run_python", "arguments": {"code": f"import time; time.sleep(0.025); print({n})"}}
+                            for n in (1, 2)]},
 ]}
 
 

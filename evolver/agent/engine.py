@@ -80,4 +80,4 @@ class Engine:
                      scaffold=scaffold or self.seed_scaffold(), workspace_root=self.data_dir / "workspaces",
                      node_id=node_id, observation_chars=self.config.agent.observation_chars,
                      keep_workspaces=self.config.agent.keep_workspaces, limits=sandbox_limits(self.config),
-                     on_tool_use=self.toolbox.record_use)
+                     on_tool_use=self.toolbox.record_use, reflection_tokens=self.config.model.max_tokens_reflect)

@@ -9,6 +9,7 @@ the store as it happens, so a crash leaves a readable prefix of the trajectory.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -47,6 +48,30 @@ class StepLimit(Exception):
 
 class Cancelled(Exception):
     """Someone cancelled the task."""
+
+
+class Repeating(Exception):
+    """The model kept making one identical call; the attempt ends without an answer."""
+
+
+class _Repeats:
+    """Counts identical tool calls in a row (a small model can repeat one call for every step it has)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.key: str | None = None
+        self.count = 0
+        self.result = ""
+
+    def see(self, name: str, arguments: dict | None) -> int:
+        """Count this call; returns how many times in a row it has now been made."""
+        key = json.dumps([name, arguments], sort_keys=True, default=str)
+        self.count = self.count + 1 if key == self.key else 1
+        self.key = key
+        return self.count
+
+    def reset(self) -> None:
+        self.key, self.count = None, 0
 
 
 @dataclass(frozen=True)
@@ -90,8 +115,10 @@ class Agent:
                  scaffold: Scaffold, workspace_root: Path, node_id: str | None = None,
                  observation_chars: int = 4000, keep_workspaces: bool = False,
                  limits: Limits | None = None,
-                 on_tool_use: Callable[[ToolSpec, bool], None] | None = None) -> None:
+                 on_tool_use: Callable[[ToolSpec, bool], None] | None = None,
+                 reflection_tokens: int | None = None) -> None:
         self.store = store
+        self.reflection_tokens = reflection_tokens  # None: the model's cap for the purpose
         self.on_tool_use = on_tool_use
         self.model = model
         self.sandbox = sandbox
@@ -223,20 +250,24 @@ class Agent:
             messages.append({"role": "assistant", "content": reply.content})
             messages.append({"role": "user", "content": "Now carry out the plan with the tools."})
         idle = 0
+        repeats = _Repeats(params.repeat_limit)
         try:
             for _ in range(params.max_steps):
                 if cancel.is_set():
                     raise Cancelled()
-                idle = self._step(messages, schemas, tools, task, record, purpose, idle)
+                idle = self._step(messages, schemas, tools, task, record, purpose, idle, repeats)
             raise StepLimit(f"no answer after {params.max_steps} steps")
         except Submitted as done:
             return done.answer, "finished"
         except StepLimit:
             return None, "step_limit"
+        except Repeating:
+            return None, "repeating"
 
-    def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str) -> ModelReply:
+    def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str,
+             max_tokens: int | None = None) -> ModelReply:
         return self.model.complete(messages, tools=schemas, temperature=self.scaffold.parameters.temperature,
-                                   purpose=purpose, task_id=task.id, node_id=self.node_id)
+                                   purpose=purpose, task_id=task.id, node_id=self.node_id, max_tokens=max_tokens)
 
     def _recorder(self, trajectory_id: str, on_step):
         def record(role: str, content: str, *, reply: ModelReply | None = None, tool_calls=None,
@@ -251,10 +282,13 @@ class Agent:
                 on_step(step)
         return record
 
-    def _step(self, messages, schemas, tools: TaskTools, task: Task, record, purpose: str, idle: int) -> int:
+    def _step(self, messages, schemas, tools: TaskTools, task: Task, record, purpose: str, idle: int,
+              repeats: _Repeats) -> int:
         """One model turn and its tool calls; returns how many turns in a row had no tool call."""
         reply = self._ask(messages, schemas, task, purpose)
-        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error} for c in reply.tool_calls]
+        # A call that could not be read keeps what the model sent, so a reader sees that, not null.
+        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error,
+                  **({"raw": c.raw_arguments} if c.error else {})} for c in reply.tool_calls]
         record("assistant", reply.content, reply=reply, tool_calls=calls or None)
         messages.append(reply.assistant_message)
         if not reply.tool_calls:
@@ -265,19 +299,39 @@ class Agent:
             messages.append({"role": "user", "content": note})
             return idle + 1
         finished: str | None = None
+        stop = False
         for call in reply.tool_calls:
+            times = repeats.see(call.name, call.arguments) if call.error is None else 0
             if call.error is not None:
+                repeats.reset()
                 text, ok, took = f"Tool call refused: {call.name or 'the call'}: {call.error}", False, 0.0
+            elif repeats.limit and times >= repeats.limit:
+                # Running it again would give the model what it already has: say so, and end a loop
+                # that the note did not break.
+                stop = times >= 2 * repeats.limit
+                text, ok, took = self._repeat_note(call.name, times, repeats.result, stop), False, 0.0
             else:
                 observation = tools.run(call.name, call.arguments)
                 text, ok, took = observation.text, observation.ok, observation.duration_ms
+                repeats.result = text
                 if observation.finished and finished is None:
                     finished = observation.answer
             record("tool", text, tool_results=[{"id": call.id, "name": call.name, "ok": ok}], duration_ms=took)
             messages.append(self._tool_message(reply, call, text))
         if finished is not None:
             raise Submitted(finished)
+        if stop:
+            raise Repeating()
         return 0
+
+    @staticmethod
+    def _repeat_note(name: str, times: int, result: str, stop: bool) -> str:
+        if stop:
+            return (f"This attempt ends here: {name} was called with the same arguments {times} times in a row, "
+                    "and repeating it cannot give anything new.")
+        return (f"You have called {name} with these same arguments {times} times in a row; it was not run again. "
+                f"Its result was:\n{result}\nYou already have that. Do something else: another tool, other "
+                "arguments, or call finish with your answer.")
 
     @staticmethod
     def _tool_message(reply: ModelReply, call, text: str) -> dict:
@@ -288,6 +342,7 @@ class Agent:
     def _reflect(self, trajectory_id: str, task: Task, messages: list[dict], verdict: Verdict, on_step,
                  purpose: str) -> str:
         prompt = self.scaffold.prompts.reflection.format(task=task.prompt, verdict=verdict.output)
-        reply = self._ask(messages + [{"role": "user", "content": prompt}], None, task, purpose)
+        reply = self._ask(messages + [{"role": "user", "content": prompt}], None, task, purpose,
+                          max_tokens=self.reflection_tokens)
         self._recorder(trajectory_id, on_step)("reflection", reply.content, reply=reply)
         return reply.content

@@ -15,7 +15,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = ["Scaffold", "Prompts", "Parameters", "ScaffoldError", "load_scaffold", "default_scaffold"]
 
@@ -54,6 +54,17 @@ class Parameters(_Strict):
     reflect_retry: bool = True
     max_attempts: int = Field(default=2, ge=1, le=10)
     plan_first: bool = False
+    repeat_limit: int = Field(default=3, ge=0, le=100)
+    """After this many identical tool calls in a row (same name and arguments) the model is given the
+    earlier result instead and told to do something else; after twice as many the attempt ends as a
+    failure. 0: never; otherwise at least 2 (a first call is no repeat)."""
+
+    @field_validator("repeat_limit")
+    @classmethod
+    def _never_or_a_repeat(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("repeat_limit is 0 (never) or at least 2: a first call repeats nothing")
+        return value
 
 
 class Scaffold(_Strict):

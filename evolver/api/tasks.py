@@ -57,8 +57,10 @@ async def submit(body: TaskIn, request: Request,
         if not same:
             return error_response(422, "idempotency_conflict",
                                   "this Idempotency-Key was already used for a different task", "Idempotency-Key")
-        return JSONResponse(task_json(task), status_code=200, headers={"Idempotent-Replayed": "true"})
-    return JSONResponse(task_json(task), status_code=201, headers={"Location": f"/v1/tasks/{task.id}"})
+        shown = await run_in_threadpool(task_json, task, daemon.store)
+        return JSONResponse(shown, status_code=200, headers={"Idempotent-Replayed": "true"})
+    return JSONResponse(task_json(task, daemon.store, attempts=0), status_code=201,
+                        headers={"Location": f"/v1/tasks/{task.id}"})
 
 
 @router.get("/tasks", summary="List tasks, newest first", responses=errors(422, 503))
@@ -79,7 +81,7 @@ def cancel(task_id: str, request: Request) -> dict:
     daemon = _daemon(request)
     task = daemon.store.request_cancel(task_id)
     daemon.feed.publish(task_id)
-    return task_json(task)
+    return task_json(task, daemon.store)
 
 
 @router.post("/tasks/{task_id}/feedback", summary="Say whether the task's answer was good",
@@ -130,7 +132,7 @@ async def events(task_id: str, request: Request, after: int = Query(default=0, g
                 quiet = 0.0
                 continue
             if task.status in TERMINAL_STATUSES:
-                yield _sse("end", task_json(task))
+                yield _sse("end", await run_in_threadpool(task_json, task, daemon.store))
                 return
             if daemon.feed.closed.is_set() or await request.is_disconnected():
                 return

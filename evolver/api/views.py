@@ -17,9 +17,14 @@ from ..tree.incumbent import scaffold_of
 __all__ = ["task_json", "task_detail", "task_list", "search", "insights", "tools", "tree", "node", "history"]
 
 
-def task_json(task) -> dict:
+def task_json(task, store: ExperienceStore, *, attempts: int | None = None) -> dict:
+    """A task as clients see it. ``attempts`` counts the agent's attempts (its trajectories), however it
+    ran; the inbox's own count of worker leases, which a task run in-process (``evolver run``) never
+    gets, is ``claims``."""
     data = asdict(task)
     data.pop("lease_token", None)  # a fencing detail of the inbox, not the client's business
+    data["claims"] = data.pop("attempts")
+    data["attempts"] = attempts if attempts is not None else store.trajectory_counts([task.id])[task.id]
     return data
 
 
@@ -27,7 +32,9 @@ def task_list(store: ExperienceStore, *, status: str | None = None, source: str 
               offset: int = 0) -> dict:
     tasks = store.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
     more = len(tasks) > limit
-    return {"tasks": [task_json(t) for t in tasks[:limit]], "next_offset": offset + limit if more else None}
+    counts = store.trajectory_counts([t.id for t in tasks[:limit]])
+    return {"tasks": [task_json(t, store, attempts=counts[t.id]) for t in tasks[:limit]],
+            "next_offset": offset + limit if more else None}
 
 
 def task_detail(store: ExperienceStore, task_id: str) -> dict:
@@ -37,7 +44,7 @@ def task_detail(store: ExperienceStore, task_id: str) -> dict:
         outcome = store.outcome(trajectory.id)
         trajectories.append({**asdict(trajectory), "outcome": asdict(outcome) if outcome else None,
                              "steps": [asdict(s) for s in store.steps(trajectory.id)]})
-    return {**task_json(task), "trajectories": trajectories}
+    return {**task_json(task, store, attempts=len(trajectories)), "trajectories": trajectories}
 
 
 def search(store: ExperienceStore, text: str, *, kind: str = "trajectories", k: int = 5, success: bool | None = None,

@@ -135,9 +135,16 @@ def _check_from_options(answer: str | None, numeric: float | None, regex: str | 
     return None
 
 
+def _call_text(call: dict) -> str:
+    """A recorded call as one short line: name(arguments), or what the model sent when it could not be read."""
+    if call.get("arguments") is None and call.get("raw"):
+        return f"{call.get('name') or 'unreadable call'}: {call['raw'][:80]} (refused)"
+    return f"{call['name']}({json.dumps(call.get('arguments'))[:80]})"
+
+
 def _print_step(step, console: Console = err) -> None:
     text = step.content.strip().replace("\n", " ")
-    calls = ", ".join(f"{c['name']}({json.dumps(c.get('arguments'))[:80]})" for c in (step.tool_calls or []))
+    calls = ", ".join(_call_text(c) for c in (step.tool_calls or []))
     line = calls if step.role == "assistant" and calls else text
     console.print(f"[dim]{step.seq:>3} {step.role:<10}[/dim] {escape(line[:160])}", markup=True, highlight=False)
 

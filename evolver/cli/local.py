@@ -58,8 +58,14 @@ def config_init(force: bool) -> None:
 @config.command("check")
 @click.pass_obj
 def config_check(state: State) -> None:
-    """Load the settings and say whether they are valid."""
+    """Load the settings and say whether they are valid (and whether the model has its API key)."""
+    from ..config import ConfigError
+    from ..llm.client import credentials_problem
+
     cfg = state.config
+    problem = credentials_problem(cfg.model)
+    if problem:  # valid settings still, but the first model call would fail
+        raise ConfigError(f"{cfg.source}: [model] {problem}")
     click.echo(f"ok: {cfg.source}; data dir {state.data_dir or cfg.data_dir}")
 
 

@@ -11,13 +11,13 @@ import httpx
 from rich.markup import escape
 
 from ..api import views
-from .base import State, check_options, cli, err, out, print_json, table
+from .base import State, _call_text, check_options, cli, err, out, print_json, table
 from .client import ApiError, decode, server_events
 
 
 def _print_event_step(step: dict) -> None:
     text = (step.get("content") or "").strip().replace("\n", " ")
-    calls = ", ".join(f"{c['name']}({json.dumps(c.get('arguments'))[:80]})" for c in (step.get("tool_calls") or []))
+    calls = ", ".join(_call_text(c) for c in (step.get("tool_calls") or []))
     line = calls if step["role"] == "assistant" and calls else text
     err.print(f"[dim]{step['attempt']}.{step['seq']:<3} {step['role']:<10}[/dim] {escape(line[:160])}",
               highlight=False)

@@ -21,10 +21,11 @@ from typing import Any, Callable, Protocol
 from memory import ExperienceStore, _offline  # noqa: F401  (before litellm)
 
 from ..config import ModelSettings
-from . import scripted
+from . import jsonfix, scripted
 from .budget import BudgetGuard
 
-__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls"]
+__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls",
+           "credentials_problem", "json_schema_format", "chat_turns"]
 
 log = logging.getLogger(__name__)
 
@@ -57,35 +58,45 @@ class ModelReply:
     assistant_message: dict = field(default_factory=dict)  # to append to the conversation
 
 
-_JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+# The one shape a call takes in text (what _tools_as_text teaches, and what a refusal shows again).
+TEXT_CALL_SHAPE = '```json\n{"tool": "<name>", "arguments": {...}}\n```'
+_FENCED = re.compile(r"```[a-zA-Z]*[ \t]*\n?(.*?)```", re.DOTALL)
+_LOOKS_LIKE_CALL = re.compile(r"""\{\s*["']?(tool|name)["']?\s*:""")
 
 
 def parse_text_tool_calls(text: str) -> list[ToolCall]:
-    """Tool calls written as JSON in text: ```json {"tool": ..., "arguments": {...}}```."""
+    """Tool calls written as JSON in text: ```json {"tool": ..., "arguments": {...}}```, one per fenced block
+    (or one object in the text), slightly malformed JSON repaired when the repair is unambiguous
+    (``jsonfix``). A call that cannot be read keeps the text as sent, and its error shows the shape."""
+    blocks = [b.strip() for b in _FENCED.findall(text) if b.strip().startswith("{")]
+    candidate = jsonfix.extract(text)
+    if not blocks and candidate.startswith("{") and (text.strip().startswith(("{", "```"))
+                                                     or _LOOKS_LIKE_CALL.search(text)):
+        blocks = [candidate]  # one object: unfenced, half-fenced, or with prose around it
     calls = []
-    blocks = _JSON_BLOCK.findall(text) or ([text.strip()] if text.strip().startswith("{") else [])
     for n, block in enumerate(blocks):
         try:
-            data = json.loads(block)
+            data, _ = jsonfix.loads(block)
         except json.JSONDecodeError as exc:
-            calls.append(ToolCall(id=f"text_{n}", name="", arguments=None, error=f"invalid JSON ({exc})",
-                                  raw_arguments=block))
+            calls.append(ToolCall(id=f"text_{n}", name="", arguments=None, raw_arguments=block,
+                                  error=f"invalid JSON ({exc}); write each call as {TEXT_CALL_SHAPE}, "
+                                        "with double quotes and every brace closed"))
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("tool") or data.get("name"), str):
+        name = data.get("tool") or data.get("name") if isinstance(data, dict) else None
+        if not isinstance(name, str):
             continue  # JSON that is not a tool call is just text
-        arguments = data.get("arguments", data.get("args", {}))
+        arguments = data.get("arguments", data.get("args", data.get("parameters", {})))
         if not isinstance(arguments, dict):
-            calls.append(ToolCall(id=f"text_{n}", name=data.get("tool") or data["name"], arguments=None,
-                                  error="arguments must be a JSON object", raw_arguments=json.dumps(arguments)))
+            calls.append(ToolCall(id=f"text_{n}", name=name, arguments=None, raw_arguments=block,
+                                  error=f"arguments must be a JSON object: {TEXT_CALL_SHAPE}"))
             continue
-        calls.append(ToolCall(id=f"text_{n}", name=data.get("tool") or data["name"], arguments=arguments,
-                              raw_arguments=json.dumps(arguments)))
+        calls.append(ToolCall(id=f"text_{n}", name=name, arguments=arguments, raw_arguments=json.dumps(arguments)))
     return calls
 
 
 def _tools_as_text(tools: list[dict]) -> str:
     lines = ["You can call these tools. To call one, reply with only a JSON block:",
-             '```json\n{"tool": "NAME", "arguments": {...}}\n```', ""]
+             TEXT_CALL_SHAPE.replace("<name>", "NAME"), ""]
     for tool in tools:
         fn = tool.get("function", tool)
         lines.append(f"- {fn['name']}: {fn.get('description', '')}\n  parameters: {json.dumps(fn.get('parameters', {}))}")
@@ -93,10 +104,77 @@ def _tools_as_text(tools: list[dict]) -> str:
 
 
 def _transient_errors() -> tuple[type[Exception], ...]:
+    """Errors worth the same request again. Not a timeout: the server may still be generating the
+    abandoned reply (a local server has one slot), and a new request would queue behind it."""
     import litellm
 
-    return (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
+    return (litellm.RateLimitError, litellm.APIConnectionError,
             litellm.InternalServerError, litellm.ServiceUnavailableError)
+
+
+# litellm raises a missing key as an InternalServerError (the OpenAI SDK's refusal to build a
+# client): without this, it would be retried as if the server were down.
+_MISSING_KEY = re.compile(r"Missing credentials|api_key client option must be set|No API key provided", re.IGNORECASE)
+
+# What a server of your own needs in place of a key: litellm's OpenAI client refuses to start without one.
+DUMMY_KEY = "sk-no-key-needed"
+
+
+def _missing_key(exc: Exception) -> bool:
+    import litellm
+
+    return isinstance(exc, litellm.AuthenticationError) or bool(_MISSING_KEY.search(str(exc)))
+
+
+def credentials_problem(settings: ModelSettings) -> str | None:
+    """Why the configured models cannot be called for want of an API key, or None when nothing is missing.
+    A server of your own (api_base set) needs none; neither does the scripted model."""
+    import litellm
+
+    problems = []
+    for model in [settings.name, *settings.fallbacks]:
+        if model.startswith(f"{scripted.PROVIDER}/") or settings.api_base:
+            continue
+        if settings.api_key_env:
+            if not os.environ.get(settings.api_key_env):
+                problems.append(f"{model}: no API key: the environment variable {settings.api_key_env} "
+                                "([model] api_key_env) is not set")
+            continue
+        try:
+            missing = litellm.validate_environment(model=model).get("missing_keys") or []
+        except Exception as exc:  # a provider litellm cannot check: the first call will say
+            log.debug("cannot check the API key of %s: %s", model, exc)
+            continue
+        if missing:
+            problems.append(f"{model}: no API key: set {' or '.join(missing)} (or name another variable in "
+                            "[model] api_key_env; a server of your own needs [model] api_base instead)")
+    return "; ".join(problems) or None
+
+
+def json_schema_format(name: str, shape: type) -> dict:
+    """A response_format that asks the server for JSON of this pydantic model's schema (a server that supports
+    it, such as llama.cpp, vLLM or OpenAI, constrains the reply to it)."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": shape.model_json_schema()}}
+
+
+def chat_turns(messages: list[dict]) -> list[dict]:
+    """The conversation as chat templates want it: one system message first, then user and assistant
+    turns that alternate. System messages are joined into the first; consecutive plain messages of one
+    role (two tool results written back as text, a note after a result) are joined into one turn.
+    Native tool-call turns (an assistant's tool_calls, "tool" results) are kept as they are."""
+    system = [str(m.get("content") or "") for m in messages if m.get("role") == "system"]
+    turns: list[dict] = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    for message in messages:
+        if message.get("role") == "system":
+            continue
+        last = turns[-1] if turns else None
+        plain = message.get("role") in ("user", "assistant") and not message.get("tool_calls")
+        if (plain and last is not None and last.get("role") == message["role"] and not last.get("tool_calls")
+                and isinstance(last.get("content"), str) and isinstance(message.get("content"), str)):
+            turns[-1] = {**last, "content": f"{last['content']}\n\n{message['content']}"}
+        else:
+            turns.append(dict(message))
+    return turns
 
 
 class Model(Protocol):
@@ -107,7 +185,7 @@ class Model(Protocol):
 
     def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
                  purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None) -> ModelReply: ...
+                 max_tokens: int | None = None, response_format: dict | None = None) -> ModelReply: ...
 
 
 class ModelClient:
@@ -125,6 +203,8 @@ class ModelClient:
         self._litellm = litellm
 
     def _native_tools(self, model: str) -> bool:
+        if self.settings.tool_mode != "auto":  # the user knows better than litellm's table (a local alias)
+            return self.settings.tool_mode == "native"
         if model.startswith(f"{scripted.PROVIDER}/"):
             try:
                 return scripted.script_for(model).native_tools
@@ -133,6 +213,14 @@ class ModelClient:
         try:
             return bool(self._litellm.supports_function_calling(model))
         except Exception:
+            return False
+
+    def _key_in_environment(self, model: str) -> bool:
+        """Whether litellm finds the provider's usual key variable set (a gateway at api_base may need it)."""
+        try:
+            return bool(self._litellm.validate_environment(model=model).get("keys_in_environment"))
+        except Exception as exc:  # a provider litellm cannot check
+            log.debug("cannot check the API key of %s: %s", model, exc)
             return False
 
     @staticmethod
@@ -145,35 +233,44 @@ class ModelClient:
 
     def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
                  purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None) -> ModelReply:
+                 max_tokens: int | None = None, response_format: dict | None = None) -> ModelReply:
         if purpose not in PURPOSES:
             raise ValueError(f"unknown purpose {purpose!r}; one of {PURPOSES}")
         models = [self.settings.name, *self.settings.fallbacks]
         failures = []
         for model in models:
             try:
-                return self._complete_with(model, messages, tools, temperature, purpose, task_id, node_id, max_tokens)
+                return self._complete_with(model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
+                                           response_format)
             except ModelError as exc:
                 failures.append(f"{model}: {exc}")
                 log.warning("model %s failed, %s", model, "trying the next fallback" if model != models[-1] else "no fallback left")
         raise ModelError("; ".join(failures))
 
-    def _complete_with(self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens) -> ModelReply:
+    def _complete_with(self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
+                       response_format) -> ModelReply:
         native = self._native_tools(model) if tools else True
         call_messages = list(messages)
         if tools and not native:
             call_messages = [{"role": "system", "content": _tools_as_text(tools)}, *messages]
+        call_messages = chat_turns(call_messages)
         self.budget.check(purpose=purpose, tokens=self._estimate_tokens(call_messages), task_id=task_id)
+        # Every reply is bounded (a small model may never stop), and the timeout reaches the HTTP
+        # request itself; retries are ours alone (the OpenAI SDK would retry a timeout twice more).
         kwargs: dict[str, Any] = {"model": model, "messages": call_messages, "temperature": temperature,
-                                  "timeout": self.settings.timeout_s, "num_retries": 0}
+                                  "timeout": self.settings.timeout_s, "num_retries": 0, "max_retries": 0,
+                                  "max_tokens": max_tokens or self.settings.max_tokens_for(purpose)}
         if tools and native:
             kwargs["tools"] = tools
-        if max_tokens:
-            kwargs["max_tokens"] = max_tokens
+        if response_format is not None:
+            kwargs["response_format"] = response_format
         if self.settings.api_base:
             kwargs["api_base"] = self.settings.api_base
-        if self.settings.api_key_env:
-            kwargs["api_key"] = os.environ.get(self.settings.api_key_env, "")
+        key = os.environ.get(self.settings.api_key_env, "") if self.settings.api_key_env else ""
+        if key:
+            kwargs["api_key"] = key
+        elif self.settings.api_base and not self._key_in_environment(model):
+            kwargs["api_key"] = DUMMY_KEY  # a server of your own: litellm refuses to call it without a key
         transient = _transient_errors()
         attempt = 0
         while True:
@@ -181,15 +278,21 @@ class ModelClient:
             try:
                 response = self._litellm.completion(**kwargs)
                 break
-            except transient as exc:
+            except self._litellm.Timeout as exc:
+                raise ModelError(f"no reply within {self.settings.timeout_s:g} s ([model] timeout_s); not retried, "
+                                 "since the server may still be generating it") from exc
+            except Exception as exc:
+                if _missing_key(exc):  # retrying cannot make a key appear
+                    alone = self.settings.model_copy(update={"name": model, "fallbacks": []})
+                    raise ModelError(credentials_problem(alone) or f"the API key was refused: {exc}") from exc
+                if not isinstance(exc, transient):  # bad request, unknown model: retrying will not help
+                    raise ModelError(f"{type(exc).__name__}: {exc}") from exc
                 attempt += 1
                 if attempt > self.settings.max_retries:
                     raise ModelError(f"gave up after {attempt} attempts: {type(exc).__name__}: {exc}") from exc
                 delay = self._backoff_s * 2 ** (attempt - 1)
                 log.info("model %s: %s; retrying in %.1f s", model, type(exc).__name__, delay)
                 self._sleep(delay)
-            except Exception as exc:  # bad request, auth, unknown model: retrying will not help
-                raise ModelError(f"{type(exc).__name__}: {exc}") from exc
         latency_ms = (time.perf_counter() - started) * 1000
         return self._record(model, response, native, latency_ms, purpose, task_id, node_id)
 
@@ -214,7 +317,8 @@ class ModelClient:
                     arguments = json.loads(text)
                     error = None if isinstance(arguments, dict) else "arguments must be a JSON object"
                 except json.JSONDecodeError as exc:
-                    arguments, error = None, f"invalid JSON ({exc})"
+                    arguments, error = None, (f"invalid JSON ({exc}); the arguments must be one JSON object "
+                                              "of the tool's parameters")
                 calls.append(ToolCall(id=raw.id, name=raw.function.name or "",
                                       arguments=arguments if error is None else None,
                                       error=error, raw_arguments=text))

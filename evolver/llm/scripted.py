@@ -25,7 +25,8 @@ of that rule per script, so retries and fallbacks can be tested.
 ``native_tools: false`` makes the script answer tool calls as JSON in text, as
 a model without native tool calling does. ``record`` names a file to which
 every conversation the script is sent is appended, one JSON line each
-(``{"messages": [...]}``), so a test can read what a daemon showed its model.
+(``{"messages": [...]}``), so a test can read what a daemon showed its model (and the ``max_tokens`` and
+``response_format`` it asked for).
 
 Another process (a daemon under test) reads a script from a file when the
 model is named ``scripted/`` followed by the file's absolute path.
@@ -115,11 +116,13 @@ class Script:
         except (OSError, json.JSONDecodeError) as exc:
             raise ScriptError(f"{path}: {exc}") from None
 
-    def remember(self, messages: list[dict]) -> None:
-        """Append the conversation to the ``record`` file (a no-op without one)."""
+    def remember(self, messages: list[dict], options: dict | None = None) -> None:
+        """Append the conversation to the ``record`` file (a no-op without one), with the request's
+        max_tokens and response_format when it had them."""
         if self.record is None:
             return
-        line = json.dumps({"messages": [{"role": m.get("role"), "content": _text(m)} for m in messages]})
+        extra = {k: v for k, v in (options or {}).items() if k in ("max_tokens", "response_format")}
+        line = json.dumps({"messages": [{"role": m.get("role"), "content": _text(m)} for m in messages], **extra})
         with self._lock, open(self.record, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
@@ -233,7 +236,7 @@ def _build_handler():
         def completion(self, model: str, messages: list, *args, **kwargs):
             f = self._factory
             script = script_for(model)
-            script.remember(messages)
+            script.remember(messages, kwargs.get("optional_params"))
             rule, found = script.answer(messages)
             if rule.error:
                 _raise_simulated(rule.error, model)

@@ -12,13 +12,25 @@ budget) changes nothing and the next round sees the same trajectories again.
 from __future__ import annotations
 
 import json
+from typing import Literal
+
+from pydantic import BaseModel
 
 from memory import ExperienceStore, Filters
 
 from ..config import Config
-from ..llm.client import Model
+from ..llm import jsonfix
+from ..llm.client import Model, json_schema_format
 from ..text import clip
-from .insights import apply_ops, numbered, parse_ops, plan_changes, render
+from .insights import (
+    KINDS,
+    InsightOpError,
+    apply_ops,
+    numbered,
+    parse_ops,
+    plan_changes,
+    render,
+)
 
 __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 
@@ -30,6 +42,18 @@ SYSTEM = ("You maintain a short list of insights: general, reusable lessons for 
           'Answer with JSON only: {{"operations": [{{"op": "ADD", "text": "..."}}, {{"op": "EDIT", "id": 2, '
           '"text": "..."}}, {{"op": "UPVOTE", "id": 1}}, {{"op": "DOWNVOTE", "id": 3}}]}}. Refer to insights only by '
           'the numbers shown. Answer {{"operations": []}} when nothing should change.')
+
+
+class _Operation(BaseModel):
+    op: Literal[KINDS]  # type: ignore[valid-type]
+    id: int | None = None
+    text: str | None = None
+
+
+class DistillAnswer(BaseModel):
+    """The answer's shape, as a JSON schema for servers that constrain output (parse_ops checks the rest)."""
+
+    operations: list[_Operation]
 
 
 class DistillError(RuntimeError):
@@ -74,9 +98,16 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
     if not batch:  # only attempts without an answer (cancelled, errors): nothing to learn, move on
         store.set_meta(WATERMARK_KEY, new_mark)
         return f"{len(recent)} trajectories without an answer; nothing to distill"
+    structured = json_schema_format("insight_operations", DistillAnswer) if config.model.structured_output else None
     reply = model.complete([{"role": "system", "content": SYSTEM.format(max_ops=max_ops)},
-                            {"role": "user", "content": _prompt(store, batch, shown)}], purpose="distill")
-    ops = parse_ops(_json_text(reply.content), shown=len(shown), max_ops=max_ops)
+                            {"role": "user", "content": _prompt(store, batch, shown)}], purpose="distill",
+                           response_format=structured)
+    try:
+        answer, _ = jsonfix.loads(reply.content)  # a fence, a trailing comma, a last brace left off
+    except json.JSONDecodeError as exc:
+        raise InsightOpError(f"the answer is not JSON ({exc}); what came back: "
+                             f"{clip(reply.content, 300, one_line=True)!r}") from None
+    ops = parse_ops(answer, shown=len(shown), max_ops=max_ops)
     evidence = [t.id for t, _ in batch]
     plan_changes(store, ops, shown, provenance=evidence, cap=cap,
                  merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
@@ -92,11 +123,3 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
                   merge_threshold=config.evolution.insight_merge_threshold, event_id=event.id)
         store.set_meta(WATERMARK_KEY, new_mark)
     return f"{len(ops)} operations ({summary}) from {len(batch)} trajectories"
-
-
-def _json_text(content: str) -> str:
-    """The JSON object in a reply, allowing a fenced code block around it."""
-    text = content.strip()
-    if text.startswith("```"):
-        text = text.strip("`").removeprefix("json").strip()
-    return text

@@ -23,8 +23,10 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, RootModel
 
 from memory import ExperienceStore, NewTool, RecordedCall
 from tools import (
@@ -39,6 +41,8 @@ from tools import (
 
 from ..agent.engine import Engine, sandbox_limits
 from ..config import Config
+from ..llm import jsonfix
+from ..llm.client import json_schema_format
 from ..text import clip
 from ..tree.incumbent import incumbent
 
@@ -64,6 +68,28 @@ SYSTEM = (
 # A reflection that names something the agent could not do.
 _GAP = re.compile(r"\b(no tool|missing|lack(?:s|ed|ing)?|unable|cannot|can't|could not|couldn't|no way|"
                   r"not available|need(?:s|ed)? (?:a|an|to)|would need)\b", re.IGNORECASE)
+
+
+class _Replay(BaseModel):
+    call: int
+    arguments: dict[str, Any]
+
+
+class _Tool(BaseModel):
+    name: str
+    code: str
+    tests: str
+    replays: list[_Replay] = []
+    rationale: str = ""
+
+
+class _NoTool(BaseModel):
+    tool: None
+    why: str
+
+
+class ToolAnswer(RootModel[_Tool | _NoTool]):
+    """The answer's shape, as a JSON schema for servers that constrain output (_parse checks the rest)."""
 
 
 class SynthesisError(ValueError):
@@ -198,11 +224,8 @@ def find_opportunities(store: ExperienceStore, config: Config, window: list, loo
 
 def _parse(content: str, opportunity: Opportunity) -> _Candidate | str:
     """The model's proposal, or the reason it gives for proposing none; SynthesisError when malformed."""
-    text = content.strip()
-    if text.startswith("```"):
-        text = text.strip("`").removeprefix("json").strip()
-    try:
-        data = json.loads(text, strict=False)  # models often put raw newlines inside strings
+    try:  # raw newlines inside strings, a fence, a trailing comma, a last brace left off
+        data, _ = jsonfix.loads(content)
     except json.JSONDecodeError as exc:
         raise SynthesisError(f"the model's answer is not JSON ({exc.msg} at character {exc.pos}): "
                              f"{clip(content, 200)!r}") from None
@@ -291,7 +314,8 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
     store = engine.store
     reply = engine.model.complete(
         [{"role": "system", "content": SYSTEM},
-         {"role": "user", "content": f"{_existing(store)}\n\n{opportunity.text}"}], purpose="synthesize")
+         {"role": "user", "content": f"{_existing(store)}\n\n{opportunity.text}"}], purpose="synthesize",
+        response_format=json_schema_format("tool", ToolAnswer) if engine.config.model.structured_output else None)
     candidate = _parse(reply.content, opportunity)  # malformed: the round fails here, nothing recorded
     node = incumbent(store)
     node_id = node.id if node else None

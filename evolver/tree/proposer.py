@@ -21,11 +21,16 @@ import shutil
 import string
 import tempfile
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from memory import Ending, ExperienceStore, Node, Task
 
 from ..agent.engine import Engine, sandbox_limits
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
+from ..llm import jsonfix
+from ..llm.client import json_schema_format
 from ..text import clip
 
 __all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "check_child", "smoke_ran",
@@ -47,8 +52,28 @@ SYSTEM = (
     "scaffold can be edited.")
 
 
+class _Edit(BaseModel):
+    model_config = ConfigDict(extra="allow")  # an edit reaching outside the scaffold is refused by apply_edit
+    prompts: dict[str, str] | None = None
+    parameters: dict[str, Any] | None = None
+    tools: list[str] | None = None
+    hooks: str | None = None
+
+
+class ProposalAnswer(BaseModel):
+    """The answer's shape, as a JSON schema for servers that constrain output (apply_edit checks the rest)."""
+
+    rationale: str
+    edit: _Edit
+
+
 class ProposalError(ValueError):
-    """The proposer's answer is not an edit at all; the round fails and no node is made."""
+    """The proposer's answer is not an edit at all. ``proposal`` holds what it cost (an empty edit), so the
+    search records it as an invalid node, the answer in its reason, like any other proposal spent."""
+
+    def __init__(self, message: str, proposal: "Proposal") -> None:
+        super().__init__(message)
+        self.proposal = proposal
 
 
 class InvalidProposal(ValueError):
@@ -93,21 +118,21 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
             f"How it did on training tasks:\n{_attempts(store, parent)}\n\n"
             "Lessons from experience:\n" + ("\n".join(f"- {i.text}" for i in insights) or "(none yet)") +
             f"\n\nTools that exist: {', '.join(engine.registry.names())}")
+    structured = json_schema_format("scaffold_edit", ProposalAnswer) if engine.config.model.structured_output else None
     reply = engine.model.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-                                  purpose="propose", node_id=parent.id)
-    text = reply.content.strip()
-    if text.startswith("```"):
-        text = text.strip("`").removeprefix("json").strip()
+                                  purpose="propose", node_id=parent.id, response_format=structured)
+    spent = Proposal(rationale="", edit={}, cost_usd=reply.cost_usd, tokens=reply.tokens_in + reply.tokens_out)
     try:
-        data = json.loads(text, strict=False)
+        data, _ = jsonfix.loads(reply.content)  # a fence, prose around it, a last brace left off
     except json.JSONDecodeError as exc:
         raise ProposalError(f"the proposer's answer is not JSON ({exc.msg} at character {exc.pos}): "
-                            f"{clip(reply.content, 200, one_line=True)!r}") from None
+                            f"{clip(reply.content, 200, one_line=True)!r}", spent) from None
     if not isinstance(data, dict) or not isinstance(data.get("edit"), dict):
-        raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}')
+        raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}, not '
+                            f"{clip(reply.content, 200, one_line=True)!r}", spent)
     rationale = data.get("rationale")
     return Proposal(rationale=rationale if isinstance(rationale, str) else "", edit=data["edit"],
-                    cost_usd=reply.cost_usd, tokens=reply.tokens_in + reply.tokens_out)
+                    cost_usd=spent.cost_usd, tokens=spent.tokens)
 
 
 def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:

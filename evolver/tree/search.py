@@ -38,6 +38,7 @@ from . import policy
 from .incumbent import incumbent, promote, scaffold_of
 from .proposer import (
     InvalidProposal,
+    ProposalError,
     apply_edit,
     check_child,
     propose,
@@ -165,7 +166,12 @@ class TreeSearch:
     def _expand(self, parent: Node) -> str:
         self.engine.model.budget.check(purpose="propose", tokens=1)
         parent_scaffold = scaffold_of(self.store, parent)
-        proposal = propose(self.engine, parent, parent_scaffold)  # a malformed answer fails the round here
+        try:
+            proposal = propose(self.engine, parent, parent_scaffold)
+        except ProposalError as exc:  # an unreadable answer is a proposal spent, refused like any invalid one
+            node = self._record_node(parent, parent_scaffold.hash, "", exc.proposal, status="invalid",
+                                     reason=str(exc))
+            return f"proposed {node.id} from {parent.id}: invalid: {exc}"
         try:
             child = apply_edit(parent_scaffold, proposal.edit)
         except InvalidProposal as exc:

@@ -1,0 +1,91 @@
+"""A small, conservative repair of the JSON a model writes.
+
+Small models get JSON nearly right: a code fence around it (or only an opening
+one), prose before or after the one object, a trailing comma, the final brace
+or bracket missing, single quotes where JSON wants double ones. ``loads``
+repairs exactly those, and only when the repair is unambiguous: an unclosed
+string, a bracket that closes the wrong thing, single quotes beside double
+ones (or apostrophes within them), or several objects in the text are left
+as errors, since any repair would be a guess about what the model meant.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = ["extract", "loads"]
+
+_FENCE = re.compile(r"```[a-zA-Z]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
+_CLOSER = {"{": "}", "[": "]"}
+
+
+def extract(text: str) -> str:
+    """The JSON part of a reply: a fenced block's content (closing fence or not), else the text from the
+    first brace or bracket on."""
+    text = text.strip()
+    fenced = _FENCE.search(text)
+    if fenced and fenced.group(1).strip().startswith(("{", "[")):
+        return fenced.group(1).strip()
+    starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+    return text[min(starts):].strip() if starts else text
+
+
+def _balance(text: str) -> str | None:
+    """``text`` without trailing commas and with its missing closers appended; None when that is a guess."""
+    out, stack, in_string, escaped = [], [], False, False
+    for n, ch in enumerate(text):
+        if in_string:
+            out.append(ch)
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in _CLOSER:
+            stack.append(_CLOSER[ch])
+        elif ch in "}]":
+            if not stack or stack.pop() != ch:
+                return None  # closes what was not opened
+            while out and out[-1].isspace():
+                out.pop()
+            if out and out[-1] == ",":
+                out.pop()  # a trailing comma
+            if not stack:
+                out.append(ch)
+                rest = text[n + 1:].strip()
+                # Text after the object: one object and some prose is fine; a second object is not.
+                return None if rest.startswith(("{", "[")) else "".join(out)
+        out.append(ch)
+    if in_string:
+        return None  # where the string was meant to end is a guess
+    while out and (out[-1].isspace() or out[-1] == ","):
+        out.pop()
+    return "".join(out) + "".join(reversed(stack))
+
+
+def loads(text: str) -> tuple[Any, bool]:
+    """The JSON value in ``text`` and whether it needed repair; ``json.JSONDecodeError`` (of the text as
+    written) when no unambiguous repair parses."""
+    try:
+        return json.loads(text, strict=False), False
+    except json.JSONDecodeError as original:
+        error = original
+    candidate = extract(text)
+    if "'" in candidate and '"' not in candidate:
+        # Single quotes only, and none inside a word (it's): every one delimits a string.
+        if re.search(r"\w'\w", candidate):
+            raise error
+        candidate = candidate.replace("'", '"')
+    balanced = _balance(candidate)
+    if balanced is None:
+        raise error
+    try:
+        return json.loads(balanced, strict=False), True
+    except json.JSONDecodeError:
+        raise error from None
