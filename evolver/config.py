@@ -93,9 +93,14 @@ class ModelSettings(_Section):
 
     structured_output: bool = False
     """Ask for the meta-agent's JSON answers (insight operations, scaffold edits, tool
-    proposals) with response_format and a JSON schema, so a server that supports it (vLLM,
-    llama.cpp, OpenAI) constrains the reply to valid JSON. Off by default: a server that
-    does not support it may refuse the request."""
+    proposals), and for tool calls in text mode, with response_format and a JSON schema,
+    so a server that supports it (vLLM, llama.cpp, OpenAI) constrains the reply to valid
+    JSON. Off by default: a server that does not support it may refuse the request."""
+
+    schema_format: Literal["json_schema", "json_object"] = "json_schema"
+    """How a JSON schema is sent with structured_output: "json_schema" as OpenAI and vLLM take
+    it, or "json_object" (``{"type": "json_object", "schema": ...}``) as llama-cpp-python's
+    server does."""
 
     max_tokens_step: int = Field(default=1024, ge=1)
     """Most tokens one reply of an agent step may have (tasks and evaluations), so a model

@@ -267,6 +267,22 @@ def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, mo
     assert "You can call these tools" in json.loads(record.read_text())["messages"][0]["content"]
 
 
+def test_structured_output_constrains_text_tool_calls_in_the_spelling_the_server_takes(client_for, local_server,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server = local_server()
+    for spelling in ("json_schema", "json_object"):
+        client_for("openai/qwen", api_base=server.url, tool_mode="text", structured_output=True,
+                   schema_format=spelling).complete([{"role": "user", "content": "go"}], tools=TOOLS)
+    openai_style, llama_style = (r["body"]["response_format"] for r in server.requests[-2:])
+    schema = openai_style["json_schema"]["schema"]
+    assert [o["properties"]["tool"]["enum"] for o in schema["anyOf"]] == [[t["function"]["name"]] for t in TOOLS]
+    assert llama_style == {"type": "json_object", "schema": schema}  # llama-cpp-python's server takes only this
+    client_for("openai/qwen", api_base=server.url, tool_mode="text").complete(
+        [{"role": "user", "content": "go"}], tools=TOOLS)
+    assert "response_format" not in server.requests[-1]["body"]  # off unless asked: a server may refuse it
+
+
 @pytest.mark.parametrize("text", [
     '```json\n{"tool": "finish", "arguments": {"answer": "4"},}\n```',  # a trailing comma
     '```json\n{"tool": "finish", "arguments": {"answer": "4"}\n```',  # the final brace missing

@@ -121,6 +121,20 @@ def test_a_task_runs_its_tool_calls_in_the_sandbox_and_ends_cleanly(engine):
     assert any(r["ok"] and r["name"] in ("run_python", "run_shell") for r in ran), shown
 
 
+def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_store, sandbox, tmp_path):
+    settings = {**_settings(llama), "EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+                "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object"}
+    e = Engine.open(load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"),
+                    sandbox=sandbox)
+    ensure_root(e.store, e.seed_scaffold())
+    task, _ = e.store.add_task("What is 12 * 12? Compute it with run_python, then call finish with it.",
+                               check={"type": "answer", "expected": "144"})
+    result = e.agent(_short(e, max_steps=3)).run_task(task)
+    assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
+    calls = [c for _, _, step in e.store.task_steps(task.id) for c in (step.tool_calls or [])]
+    assert calls and all(c.get("error") is None for c in calls), calls  # the grammar allows nothing else
+
+
 def test_a_distill_and_a_propose_round_end_valid_or_in_a_clean_refusal(engine):
     task, _ = engine.store.add_task("What is 6 * 7? Answer with the number only.",
                                     check={"type": "answer", "expected": "42"})

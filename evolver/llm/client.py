@@ -157,6 +157,18 @@ def json_schema_format(name: str, shape: type) -> dict:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": shape.model_json_schema()}}
 
 
+def text_call_format(tools: list[dict]) -> dict:
+    """Text-mode tool calls as constrained output: the reply is one JSON object calling one of ``tools``
+    with arguments of its schema (a server that constrains output cannot then send a malformed call)."""
+    options = []
+    for tool in tools:
+        fn = tool.get("function", tool)
+        options.append({"type": "object", "properties": {
+            "tool": {"type": "string", "enum": [fn["name"]]},
+            "arguments": fn.get("parameters") or {"type": "object"}}, "required": ["tool", "arguments"]})
+    return {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": {"anyOf": options}}}
+
+
 def chat_turns(messages: list[dict]) -> list[dict]:
     """The conversation as chat templates want it: one system message first, then user and assistant
     turns that alternate. System messages are joined into the first; consecutive plain messages of one
@@ -262,7 +274,12 @@ class ModelClient:
                                   "max_tokens": max_tokens or self.settings.max_tokens_for(purpose)}
         if tools and native:
             kwargs["tools"] = tools
+        if tools and not native and response_format is None and self.settings.structured_output:
+            response_format = text_call_format(tools)  # the server's grammar makes every reply a well-formed call
         if response_format is not None:
+            schema = (response_format.get("json_schema") or {}).get("schema")
+            if self.settings.schema_format == "json_object" and schema is not None:
+                response_format = {"type": "json_object", "schema": schema}  # llama-cpp-python's spelling
             kwargs["response_format"] = response_format
         if self.settings.api_base:
             kwargs["api_base"] = self.settings.api_base
