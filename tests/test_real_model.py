@@ -8,7 +8,7 @@ internal error, a chat through the daemon answers, and a distill and a propose r
 a valid result or a recorded, clean refusal.
 
 It needs llama-cpp-python's server and the GGUF: ``eval "$(scripts/real-model-setup)"`` builds
-and fetches both (cached) and sets EVOLVER_LLAMA_PYTHON and EVOLVER_LLAMA_MODEL. Without them
+and fetches both (cached) and sets REAL_MODEL_PYTHON and REAL_MODEL_GGUF. Without them
 the tier skips, saying so; under CI (CI=true) it fails instead.
 """
 
@@ -41,7 +41,7 @@ SETUP = 'eval "$(scripts/real-model-setup)"'
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """The server's base URL; the server runs for this module's tests only."""
-    python, model = os.environ.get("EVOLVER_LLAMA_PYTHON", ""), os.environ.get("EVOLVER_LLAMA_MODEL", "")
+    python, model = os.environ.get("REAL_MODEL_PYTHON", ""), os.environ.get("REAL_MODEL_GGUF", "")
     if not (python and model and Path(python).exists() and Path(model).exists()):
         message = (f"the real-model tier needs llama-cpp-python's server and the model: run {SETUP} "
                    "(builds and fetches both, cached; about 5 min the first time)")
