@@ -454,7 +454,9 @@ def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None
         if not name.startswith(ENV_PREFIX) or name == "EVOLVER_CONFIG":
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("_")
-        if section not in SECTIONS or not key:
+        if section not in SECTIONS:
+            continue  # another program's variable (EVOLVER_TCP_TOKEN): not ours to refuse
+        if not key:
             raise ConfigError(
                 f"environment variable {name}: not a setting; use EVOLVER_<SECTION>_<KEY> with a section among "
                 + ", ".join(SECTIONS) + "."

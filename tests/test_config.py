@@ -86,8 +86,11 @@ def test_bad_values_are_refused_naming_file_key_and_what_is_allowed(tmp_path, te
 def test_bad_environment_override_names_the_variable(tmp_path):
     with pytest.raises(ConfigError, match=r"environment variable EVOLVER_AGENT_OBSERVATION_CHARS: \[agent\] observation_chars = 0"):
         load_config(env={"EVOLVER_AGENT_OBSERVATION_CHARS": "0"})
-    with pytest.raises(ConfigError, match="EVOLVER_NOPE_X: not a setting"):
-        load_config(env={"EVOLVER_NOPE_X": "1"})
+    # A setting's section with a key it does not have is a typo, named; a name outside every section
+    # is another program's variable (a token a user keeps as EVOLVER_TCP_TOKEN), left alone.
+    with pytest.raises(ConfigError, match=r"environment variable EVOLVER_MODEL_NAMEE: unknown key 'namee'"):
+        load_config(env={"EVOLVER_MODEL_NAMEE": "x"})
+    assert load_config(env={"EVOLVER_TCP_TOKEN": "s3cret", "EVOLVER_NOPE_X": "1"}).model.name == "scripted/demo"
 
 
 def test_a_missing_explicit_file_is_an_error(tmp_path):
