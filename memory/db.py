@@ -37,7 +37,8 @@ def connect(path: Path, *, busy_timeout_ms: int, readonly: bool = False) -> sqli
                 timeout=busy_timeout_ms / 1000,
             )
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # The data dir holds the user's tasks, answers and spend: only its owner may read it.
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             _require_writable(path)
             conn = sqlite3.connect(path, check_same_thread=False, timeout=busy_timeout_ms / 1000)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")

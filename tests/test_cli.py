@@ -220,3 +220,11 @@ def test_a_demo_whose_daemon_dies_keeps_its_log_and_says_where():
         assert result.returncode == 4  # a daemon that crashed: the engine could not work
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_file_that_is_not_utf8_text_is_one_line_and_exit_code_2(tmp_path):
+    binary = tmp_path / "image.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    result = run("--data-dir", str(tmp_path / "d"), "submit", "describe it", "--file", str(binary))
+    assert result.returncode == 2, result.stderr
+    assert "image.bin is not UTF-8 text" in result.stderr and "Traceback" not in result.stderr

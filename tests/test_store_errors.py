@@ -367,3 +367,9 @@ def test_a_failed_open_lets_go_of_the_index(open_store, data_dir, embedder):
     assert caught.value is not None  # the failed store stays referenced by the traceback
     store = open_store()
     assert store.index.count("trajectories") == 1
+
+
+def test_a_new_data_dir_is_its_owners_alone(open_store, tmp_path):
+    data = tmp_path / "new" / "data"
+    open_store(data)
+    assert data.stat().st_mode & 0o777 == 0o700  # tasks, answers and spend: nobody else's to read

@@ -55,7 +55,7 @@ def _reason(log, start: int) -> str:
 
 def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None) -> dict:
     """Start `evolver up --foreground` in its own session and wait until it answers; its status."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the data dir: its owner's alone
     args = [sys.executable, "-m", "evolver"]
     if state.config_path:
         args += ["--config", os.path.abspath(state.config_path)]

@@ -33,6 +33,18 @@ def _verdict(task: dict) -> tuple[bool | None, str | None]:
     return outcome.get("success"), last.get("final_answer")
 
 
+def _text_of(path: str) -> str:
+    """A file for the task's workspace: text, or a usage error that names it."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"{path} is not UTF-8 text (byte {exc.start}); a task's files are text",
+                                 param_hint="--file") from None
+    except OSError as exc:
+        raise click.BadParameter(f"{path} cannot be read: {exc.strerror}", param_hint="--file") from None
+
+
 @cli.command()
 @click.argument("text")
 @check_options
@@ -50,7 +62,7 @@ def submit(state: State, text: str, check: dict | None, priority: int, files: tu
 
     body: dict = {"prompt": text, "priority": priority, "check": check}
     if files:
-        body["metadata"] = {"files": {os.path.basename(f): open(f, encoding="utf-8").read() for f in files}}
+        body["metadata"] = {"files": {os.path.basename(f): _text_of(f) for f in files}}
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     with state.client() as client:
         task = client.post("/v1/tasks", body, headers=headers)
