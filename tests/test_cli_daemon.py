@@ -57,6 +57,7 @@ def test_submit_wait_streams_the_steps_and_reports_the_check(env):
     assert "run_python" in solved.stderr and "finish" in solved.stderr  # the steps, live
     failed = run("submit", ENGLISH_FAIL, "--check-answer", "Paris", "--wait", env=env)
     assert failed.returncode == 1 and failed.stdout.startswith("failed (check failed)")
+    assert "the verifier: answer" in failed.stdout and "is not expected 'Paris'" in failed.stdout  # and why
 
 
 def test_submit_then_list_show_cancel_and_feedback(env):

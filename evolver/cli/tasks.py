@@ -11,6 +11,7 @@ import httpx
 from rich.markup import escape
 
 from ..api import views
+from ..text import clip
 from .base import State, _call_text, check_options, cli, err, out, print_json, table
 from .client import ApiError, decode, server_events
 
@@ -83,6 +84,10 @@ def submit(state: State, text: str, check: dict | None, priority: int, files: tu
     else:
         verdict = "" if success is None else (" (check passed)" if success else " (check failed)")
         click.echo(f"{detail['status']}{verdict}: {answer if answer is not None else detail.get('error')}")
+        if success is False:  # what the verifier said, so the failure can be understood without `show`
+            said = ((detail["trajectories"][-1].get("outcome") or {}).get("verifier_output") or "").strip()
+            if said:
+                click.echo(f"  the verifier: {clip(said, 500)}")
     if detail["status"] != "done" or success is False:
         sys.exit(1)
 
