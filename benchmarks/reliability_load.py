@@ -91,6 +91,7 @@ def write_long_scaffold(path: Path, max_steps: int) -> Path:
     """The bundled seed scaffold with its step limit raised to ``max_steps`` (its limit is 20)."""
     scaffold = json.loads((REPO / "evolver" / "data" / "scaffold.json").read_text(encoding="utf-8"))
     scaffold["parameters"]["max_steps"] = max_steps
+    scaffold["parameters"]["repeat_limit"] = 0  # its ticks are one call made again on purpose, not a loop
     path.write_text(json.dumps(scaffold, indent=2), encoding="utf-8")
     return path
 

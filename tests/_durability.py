@@ -80,7 +80,9 @@ def script_rules() -> list[dict]:
     a sibling repeats its twin and is invalid), percent_of for up to six recorded calls, and SLOW tasks
     that take three sandboxed steps of 0.4 s before they answer."""
     demo = demo_rules()
-    assert demo[0]["match"].startswith("You write one reusable tool"), "the demo script changed: update this"
+    tool = next((r for r in demo if r["match"].startswith("You write one reusable tool[\\s\\S]*Recorded call 1")),
+                None)
+    assert tool is not None, "the demo script's percent_of rule changed: update this"
     chain = (20, 12, 10, 8, 6, 5, 4)
     proposers = [{"match": rf'You improve an agent by editing its scaffold[\s\S]*"max_steps": {a},', "on": "all",
                   "reply": json.dumps({"rationale": f"{b} steps are enough", "edit": {"parameters": {"max_steps": b}}})}
@@ -96,7 +98,7 @@ def script_rules() -> list[dict]:
          "on": "all", "role": "tool", "tool": "run_python",
          "arguments": {"code": "import time; time.sleep(0.4); print(round(\\g<expr>, 6))"}},
     ]
-    return [*proposers, *[_percent_tool_rule(demo[0], k) for k in range(6, 2, -1)], *slow, *demo]
+    return [*proposers, *[_percent_tool_rule(tool, k) for k in range(6, 2, -1)], *slow, *demo]
 
 
 def durable_settings(root: Path) -> dict:
