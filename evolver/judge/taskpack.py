@@ -16,6 +16,7 @@ half-read pack never feeds an evaluation.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,9 +24,15 @@ from pathlib import Path, PurePosixPath
 
 from .checks import AnswerCheck, CheckError, CommandCheck, PythonCheck, parse_check
 
-__all__ = ["PackTask", "TaskPackError", "load_pack", "parse_pack", "bundled_pack", "SPLITS"]
+__all__ = ["PackTask", "TaskPackError", "load_pack", "parse_pack", "bundled_pack", "SPLITS", "hashed_split"]
 
 SPLITS = ("train", "test")
+
+
+def hashed_split(task_id: str, test_share: float) -> str:
+    """A stable split by the hash of an id: "test" (held out) for about ``test_share`` of ids."""
+    bucket = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "test" if bucket < test_share else "train"
 _KEYS = {"id", "prompt", "check", "tags", "split", "files"}
 
 

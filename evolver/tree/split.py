@@ -14,22 +14,12 @@ committed, so no attempt at one is ever learnable, not even for a moment:
 
 from __future__ import annotations
 
-import hashlib
-
 from memory import new_id
 
 from ..judge.catalog import resolve_pack
-from ..judge.taskpack import TaskPackError
+from ..judge.taskpack import SPLITS, TaskPackError, hashed_split
 
 __all__ = ["hashed_split", "decide_split", "held_out_prompts", "SPLITS"]
-
-SPLITS = ("train", "test")
-
-
-def hashed_split(task_id: str, share: float) -> str:
-    """The split of a person's task with a check: "test" for ``share`` of ids, by their hash."""
-    bucket = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "test" if bucket < share else "train"
 
 
 def decide_split(item: dict, *, share: float, held_out_prompts: frozenset[str] = frozenset()) -> dict:
