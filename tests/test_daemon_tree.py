@@ -26,14 +26,14 @@ def root():
     remove_root(path)
 
 
-def _daemon(root, name: str = "daemon") -> DaemonProcess:
+def _daemon(root, name: str = "daemon", **extra: str) -> DaemonProcess:
     (root / "pack.jsonl").write_text(PACK)
     proposer = {"match": "You improve an agent by editing its scaffold", "on": "all",
                 "reply": json.dumps({"rationale": "fewer steps", "edit": {"parameters": {"max_steps": 8}}})}
     model = write_script(root, "script", [proposer, *demo_rules()])
     return DaemonProcess(root, model=model, name=name, settings={
         "EVOLVER_DAEMON_WORKERS": 2, "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2,
-        "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]'})
+        "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]', **extra})
 
 
 def _counts(http) -> dict[str, tuple[int, int, int]]:
@@ -71,7 +71,8 @@ def test_the_search_runs_on_the_daemons_workers_and_resumes_after_a_kill(root):
         daemon.proc.wait(timeout=30)
     finally:
         daemon.close()
-    again = _daemon(root, name="daemon2")
+    # Only the recording the daemon pokes: a scheduled round could expand the tree once four are in.
+    again = _daemon(root, name="daemon2", EVOLVER_EVOLUTION_ENABLED="false")
     again.start()
     try:
         with again.client() as http:
