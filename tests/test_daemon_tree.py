@@ -126,3 +126,36 @@ def test_an_evaluation_a_stop_drained_runs_again_after_the_restart_and_is_record
         assert second.terminate() == 0
     finally:
         second.close()
+
+
+def test_an_evaluation_that_ended_unrecorded_before_a_kill_is_recorded_when_the_next_daemon_starts(root):
+    """Its worker finished it and the daemon died before the "record" job read it: no worker will say
+    so again, so the starting daemon looks (with scheduled rounds off, nothing else would)."""
+    import numpy as np
+
+    from evolver.agent.engine import Engine
+    from evolver.config import load_config
+    from evolver.service.worker import Worker
+    from evolver.tree.incumbent import ensure_root
+    from evolver.tree.search import TreeSearch
+
+    (root / "pack.jsonl").write_text(PACK)
+    daemon = DaemonProcess(root, model=write_script(root, "solver", demo_rules()), settings={
+        "EVOLVER_EVOLUTION_ENABLED": "false", "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]'})
+    engine = Engine.open(load_config(env=daemon.env), data_dir=daemon.data_dir)
+    try:
+        ensure_root(engine.store, engine.seed_scaffold())
+        assert TreeSearch(engine, slots=1, rng=np.random.default_rng(0)).step().startswith("queued 1 evaluations")
+        worker = Worker(lambda task: engine.agent(), owner="dead daemon", lease_s=60, max_attempts=1,
+                        store=engine.store, sources=("evaluation",))
+        assert worker.run_once() is not None  # the evaluation task ran and ended; nobody recorded it
+        assert [e.status for e in engine.store.running_evaluations()] == ["running"]
+    finally:
+        engine.close()
+    daemon.start()
+    try:
+        with daemon.client() as http:
+            wait_for(lambda: _recorded(http) == 1, timeout_s=60, what="the evaluation recorded at start")
+            assert all(flight == 0 for _, _, flight in _counts(http).values())
+    finally:
+        daemon.close()

@@ -120,6 +120,8 @@ class Daemon:
             self._start_workers()
             self.jobs = Jobs(self, builtin_jobs(self.config))
             self.jobs.start(schedule=self.config.evolution.enabled)
+            if self.tree.ended_unrecorded():  # ended before a kill, unread: no worker will say so again
+                self.jobs.poke("record")
             if self.mood is Mood.STARTING:
                 self.mood = Mood.RUNNING
             log.info("evolver daemon %d serving %s on %s with %d workers", os.getpid(), self.data_dir,
