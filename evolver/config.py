@@ -143,6 +143,13 @@ class AgentSettings(_Section):
     keep_workspaces: bool = False
     """Keep each task's workspace directory after the task ends (for debugging)."""
 
+    hook_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    """Seconds one call of a scaffold's policy hook may take; a slower call is cut off (its
+    sandboxed interpreter killed), recorded on the trajectory and ignored."""
+
+    hook_memory_mb: int = Field(default=256, ge=64, le=65_536)
+    """Address space of the sandboxed interpreter that runs a task's hooks, in MiB."""
+
 
 class MemorySettings(_Section):
     """[memory] The experience store: SQLite, the Chroma index and the embedder."""

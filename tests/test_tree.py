@@ -111,9 +111,17 @@ def _validated(e: Engine, search: TreeSearch) -> str:
     ({"verifier": {"type": "always_pass"}}, "the edit touches 'verifier', which is not part of the scaffold"),
     ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),
     ({"evaluation_harness": "return True"}, "touches 'evaluation_harness'"),
-    ({"hooks": "import nonexistent_module_xyz\n"}, "its hooks do not load in the sandbox"),
+    ({"hooks": "import nonexistent_module_xyz\ndef after_tool(data):\n    return None\n"},
+     "the hooks did not load: ModuleNotFoundError"),
+    ({"hooks": "x = 1\n"}, "the hooks define none of the hook points"),
+    ({"hooks": "def before_finish(data):\n    return {'answer': 5}\n"},
+     "its hooks failed a sample call: before_finish's answer must be a string, not int"),
+    ({"hooks": "def on_failure(data):\n    return data['verdict']\n"},
+     "its hooks failed a sample call: on_failure failed: KeyError: 'verdict'"),
+    ({"hooks": "def after_tool(data):\n    while True:\n        pass\n"},
+     "its hooks failed a sample call: after_tool failed: the call ran past its 2 s timeout"),
     # A NUL character no interpreter takes (raw in the answer: the scripted reply is a regex template).
-    ('{"rationale": "spell out the steps", "edit": {"hooks": "x = 1\x00"}}', "its hooks contain a NUL character"),
+    ('{"rationale": "spell out the steps", "edit": {"hooks": "x = 1\x00"}}', "the hooks contain a NUL character"),
     ({}, "the edit changes nothing"),
 ])
 def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine, edit, reason):

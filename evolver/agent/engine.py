@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from memory import ExperienceStore
@@ -18,7 +18,7 @@ from .loop import Agent
 from .scaffold import Scaffold, default_scaffold, load_scaffold
 from .toolbox import Toolbox
 
-__all__ = ["Engine", "sandbox_limits"]
+__all__ = ["Engine", "sandbox_limits", "hook_limits"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,12 @@ def sandbox_limits(config: Config) -> Limits:
     s = config.sandbox
     return Limits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, max_processes=s.max_processes,
                   max_open_files=s.max_open_files, max_file_mb=s.max_file_mb, tmp_mb=s.tmp_mb)
+
+
+def hook_limits(config: Config) -> Limits:
+    """The hooks' interpreter: the sandbox's limits with the hooks' own memory. Its timeout only bounds
+    the start; each call has ``[agent] hook_timeout_s``."""
+    return replace(sandbox_limits(config), memory_mb=config.agent.hook_memory_mb)
 
 
 @dataclass
@@ -80,4 +86,5 @@ class Engine:
                      scaffold=scaffold or self.seed_scaffold(), workspace_root=self.data_dir / "workspaces",
                      node_id=node_id, observation_chars=self.config.agent.observation_chars,
                      keep_workspaces=self.config.agent.keep_workspaces, limits=sandbox_limits(self.config),
-                     on_tool_use=self.toolbox.record_use, reflection_tokens=self.config.model.max_tokens_reflect)
+                     on_tool_use=self.toolbox.record_use, reflection_tokens=self.config.model.max_tokens_reflect,
+                     hook_limits=hook_limits(self.config), hook_timeout_s=self.config.agent.hook_timeout_s)

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +27,7 @@ from ..judge.verify import Verdict, verify
 from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
+from .hooks import HookCalls, Hooks
 from .scaffold import Scaffold
 
 __all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context"]
@@ -74,6 +75,24 @@ class _Repeats:
         self.key, self.count = None, 0
 
 
+@dataclass
+class _Turn:
+    """Where an attempt is, as the hooks are told: its number, the step, the calls made so far."""
+
+    hooks: HookCalls
+    attempt: int
+    step: int = 0
+    calls: list = field(default_factory=list)
+
+    def data(self, task: Task) -> dict:
+        return {"task": task.prompt, "attempt": self.attempt, "step": self.step}
+
+
+def _plain(messages: list[dict]) -> list[dict]:
+    """The conversation as plain JSON (a provider's message objects become their data)."""
+    return json.loads(json.dumps(messages, default=str))
+
+
 @dataclass(frozen=True)
 class TaskResult:
     task_id: str
@@ -116,8 +135,11 @@ class Agent:
                  observation_chars: int = 4000, keep_workspaces: bool = False,
                  limits: Limits | None = None,
                  on_tool_use: Callable[[ToolSpec, bool], None] | None = None,
-                 reflection_tokens: int | None = None) -> None:
+                 reflection_tokens: int | None = None, hook_limits: Limits | None = None,
+                 hook_timeout_s: float = 2.0) -> None:
         self.store = store
+        self.hook_limits = hook_limits or Limits(timeout_s=30, memory_mb=256)
+        self.hook_timeout_s = hook_timeout_s
         self.reflection_tokens = reflection_tokens  # None: the model's cap for the purpose
         self.on_tool_use = on_tool_use
         self.model = model
@@ -152,16 +174,20 @@ class Agent:
         answer: str | None = None
         verdict: Verdict | None = None
         status, ending, error = "failed", Ending.INTERNAL_ERROR, None
+        note: str | None = None
+        hooks = HookCalls(None)
         try:
             with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
                            observation_chars=self.observation_chars, allowed=tool_names,
                            on_use=self.on_tool_use) as tools:
+                hooks = HookCalls(self._hooks(task))
                 for attempt in range(1, params.max_attempts + 1):
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
-                    messages = self._opening(task, context, reflection)
+                    messages = self._opening(task, context, reflection, note)
+                    failed_hooks = len(hooks.failures)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
-                                                  on_step, purpose)
+                                                  on_step, purpose, hooks, attempt)
                     if check:
                         # The attempt is over: its worker dies before the verifier writes the check's
                         # files, so nothing the attempt left running can rewrite them (a next attempt
@@ -169,6 +195,11 @@ class Agent:
                         tools.close()
                     verdict = verify(check, answer=answer, sandbox=self.sandbox, workspace=workspace,
                                      limits=self.limits) if check else None
+                    if verdict is not None and purpose == "evaluate" and len(hooks.failures) > failed_hooks:
+                        # A node's hooks are part of what is evaluated: one that broke fails the run.
+                        verdict = Verdict(False, f"a hook failed during this evaluation: "
+                                                 f"{hooks.failures[failed_hooks]}", "hooks", score=0.0,
+                                          feedback=f"a hook failed: {hooks.failures[failed_hooks]}")
                     self.store.finish_trajectory(trajectory.id, status=ended, final_answer=answer)
                     if verdict is not None:
                         self.store.record_outcome(trajectory.id, success=verdict.success, score=verdict.score,
@@ -183,6 +214,10 @@ class Agent:
                         ending, error = Ending.CHECK_FAILED, verdict.output
                         break
                     reflection = self._reflect(trajectory.id, task, messages, verdict, on_step, purpose)
+                    told = hooks("on_failure", {"task": task.prompt, "attempt": attempt, "answer": answer,
+                                                "feedback": verdict.for_learner, "reflection": reflection},
+                                 self._recorder(trajectory.id, on_step))
+                    note = told.get("note") if told else None
         except Cancelled:
             status, ending, error = "cancelled", Ending.CANCELLED, "cancelled"
             self._close_open(trajectory_ids, "cancelled")
@@ -197,6 +232,8 @@ class Agent:
             status, ending, error = "failed", Ending.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"
             self._close_open(trajectory_ids, "error")
         finally:
+            if hooks.hooks is not None:
+                hooks.hooks.close()
             if not self.keep_workspaces:
                 shutil.rmtree(workspace, ignore_errors=True)
         if record_status:
@@ -222,24 +259,34 @@ class Agent:
             write_text(workspace, path, text)
         return workspace
 
+    def _hooks(self, task: Task) -> Hooks | None:
+        """The scaffold's hooks for this task, in a sandboxed interpreter of their own (see hooks.py)."""
+        if not self.scaffold.hooks.strip():
+            return None
+        return Hooks(self.scaffold.hooks, sandbox=self.sandbox, scratch=self.workspace_root / f"{task.id}.hooks",
+                     limits=self.hook_limits, timeout_s=self.hook_timeout_s)
+
     def _tool_names(self, context: Context) -> list[str]:
         enabled = [n for n in self.scaffold.tools if self.registry.get(n) is not None]
         relevant = [hit.name for hit in context.tools
                     if self.registry.get(hit.name) is not None and hit.name not in enabled]
         return enabled + relevant
 
-    def _opening(self, task: Task, context: Context, reflection: str | None) -> list[dict]:
+    def _opening(self, task: Task, context: Context, reflection: str | None, note: str | None = None) -> list[dict]:
         prompts = self.scaffold.prompts
         examples, insights = render_context(context, self.scaffold.parameters.context_tokens)
         user = prompts.task.format(task=task.prompt, examples=examples, insights=insights)
         if reflection is not None:
             user += "\n\n" + prompts.retry.format(task=task.prompt, reflection=reflection)
+        if note:
+            user += "\n\n" + note
         return [{"role": "system", "content": prompts.system}, {"role": "user", "content": user}]
 
     # --- one attempt ---------------------------------------------------------------
 
     def _attempt(self, trajectory_id: str, task: Task, messages: list[dict], schemas: list[dict],
-                 tools: TaskTools, cancel: threading.Event, on_step, purpose: str) -> tuple[str | None, str]:
+                 tools: TaskTools, cancel: threading.Event, on_step, purpose: str, hooks: HookCalls,
+                 attempt: int) -> tuple[str | None, str]:
         """Run steps until an answer or a limit; returns the answer and how it ended."""
         params = self.scaffold.parameters
         record = self._recorder(trajectory_id, on_step)
@@ -251,11 +298,14 @@ class Agent:
             messages.append({"role": "user", "content": "Now carry out the plan with the tools."})
         idle = 0
         repeats = _Repeats(params.repeat_limit)
+        turn = _Turn(hooks=hooks, attempt=attempt)
+        hooks.unusable(record)
         try:
-            for _ in range(params.max_steps):
+            for step in range(1, params.max_steps + 1):
                 if cancel.is_set():
                     raise Cancelled()
-                idle = self._step(messages, schemas, tools, task, record, purpose, idle, repeats)
+                turn.step = step
+                idle = self._step(messages, schemas, tools, task, record, purpose, idle, repeats, turn)
             raise StepLimit(f"no answer after {params.max_steps} steps")
         except Submitted as done:
             return done.answer, "finished"
@@ -283,26 +333,42 @@ class Agent:
         return record
 
     def _step(self, messages, schemas, tools: TaskTools, task: Task, record, purpose: str, idle: int,
-              repeats: _Repeats) -> int:
+              repeats: _Repeats, turn: _Turn) -> int:
         """One model turn and its tool calls; returns how many turns in a row had no tool call."""
-        reply = self._ask(messages, schemas, task, purpose)
+        outgoing, offered = messages, schemas
+        names = [s["function"]["name"] for s in schemas]
+        change = turn.hooks("before_model", {**turn.data(task), "messages": _plain(messages), "tools": names},
+                            record)
+        if change:
+            outgoing = change.get("messages", messages)
+            if "tools" in change:
+                offered = [s for s in schemas if s["function"]["name"] in change["tools"]]
+        reply = self._ask(outgoing, offered, task, purpose)
         # A call that could not be read keeps what the model sent, so a reader sees that, not null.
         calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error,
                   **({"raw": c.raw_arguments} if c.error else {})} for c in reply.tool_calls]
         record("assistant", reply.content, reply=reply, tool_calls=calls or None)
         messages.append(reply.assistant_message)
         if not reply.tool_calls:
-            if idle >= 1 and reply.content.strip():
-                raise Submitted(reply.content.strip())  # said twice without a tool: that is its answer
+            if idle >= 1 and reply.content.strip():  # said twice without a tool: that is its answer
+                verdict = self._finishing(reply.content.strip(), task, turn, record)
+                if isinstance(verdict, Submitted):
+                    raise verdict
+                messages.append({"role": "user", "content": verdict})
+                return idle
             note = ("You did not call a tool. If that is your final answer, call finish with it; "
                     "otherwise continue with a tool.")
             messages.append({"role": "user", "content": note})
             return idle + 1
         finished: str | None = None
         stop = False
+        offered_names = {s["function"]["name"] for s in offered}
         for call in reply.tool_calls:
             times = repeats.see(call.name, call.arguments) if call.error is None else 0
-            if call.error is not None:
+            if call.error is None and call.name not in offered_names and call.name in names:
+                repeats.reset()  # a tool a before_model hook held back this turn
+                text, ok, took = f"Tool call refused: {call.name} is not offered at this step", False, 0.0
+            elif call.error is not None:
                 repeats.reset()
                 text, ok, took = f"Tool call refused: {call.name or 'the call'}: {call.error}", False, 0.0
             elif repeats.limit and times >= repeats.limit:
@@ -315,14 +381,33 @@ class Agent:
                 text, ok, took = observation.text, observation.ok, observation.duration_ms
                 repeats.result = text
                 if observation.finished and finished is None:
-                    finished = observation.answer
+                    decided = self._finishing(observation.answer, task, turn, record)
+                    if isinstance(decided, Submitted):
+                        finished = decided.answer
+                    else:
+                        text, ok = decided, False
             record("tool", text, tool_results=[{"id": call.id, "name": call.name, "ok": ok}], duration_ms=took)
+            turn.calls.append([call.name, call.arguments])
+            if finished is None:  # after the finish, nothing more is read
+                change = turn.hooks("after_tool", {**turn.data(task), "name": call.name,
+                                                   "arguments": call.arguments, "result": text, "ok": ok,
+                                                   "calls": turn.calls}, record)
+                if change:
+                    text = change["result"]
             messages.append(self._tool_message(reply, call, text))
         if finished is not None:
             raise Submitted(finished)
         if stop:
             raise Repeating()
         return 0
+
+    @staticmethod
+    def _finishing(answer: str | None, task: Task, turn: _Turn, record) -> Submitted | str:
+        """The answer handed in (``before_finish`` may change it), or why the finish was refused."""
+        change = turn.hooks("before_finish", {**turn.data(task), "answer": answer}, record)
+        if change and "reject" in change:
+            return f"finish was refused: {change['reject']}"
+        return Submitted(change["answer"] if change else answer)
 
     @staticmethod
     def _repeat_note(name: str, times: int, result: str, stop: bool) -> str:
@@ -341,7 +426,7 @@ class Agent:
 
     def _reflect(self, trajectory_id: str, task: Task, messages: list[dict], verdict: Verdict, on_step,
                  purpose: str) -> str:
-        prompt = self.scaffold.prompts.reflection.format(task=task.prompt, verdict=verdict.output)
+        prompt = self.scaffold.prompts.reflection.format(task=task.prompt, verdict=verdict.for_learner)
         reply = self._ask(messages + [{"role": "user", "content": prompt}], None, task, purpose,
                           max_tokens=self.reflection_tokens)
         self._recorder(trajectory_id, on_step)("reflection", reply.content, reply=reply)

@@ -25,8 +25,8 @@ of that rule per script, so retries and fallbacks can be tested.
 ``native_tools: false`` makes the script answer tool calls as JSON in text, as
 a model without native tool calling does. ``record`` names a file to which
 every conversation the script is sent is appended, one JSON line each
-(``{"messages": [...]}``), so a test can read what a daemon showed its model (and the ``max_tokens`` and
-``response_format`` it asked for).
+(``{"messages": [...]}``), so a test can read what a daemon showed its model (and the ``max_tokens``,
+``response_format`` and tool names it asked for).
 
 Another process (a daemon under test) reads a script from a file when the
 model is named ``scripted/`` followed by the file's absolute path.
@@ -118,10 +118,12 @@ class Script:
 
     def remember(self, messages: list[dict], options: dict | None = None) -> None:
         """Append the conversation to the ``record`` file (a no-op without one), with the request's
-        max_tokens and response_format when it had them."""
+        max_tokens, response_format and the names of the tools offered when it had them."""
         if self.record is None:
             return
         extra = {k: v for k, v in (options or {}).items() if k in ("max_tokens", "response_format")}
+        if (options or {}).get("tools"):
+            extra["tools"] = [t.get("function", {}).get("name") for t in options["tools"]]
         line = json.dumps({"messages": [{"role": m.get("role"), "content": _text(m)} for m in messages], **extra})
         with self._lock, open(self.record, "a", encoding="utf-8") as f:
             f.write(line + "\n")

@@ -8,7 +8,8 @@ edit may name nothing else: the verifiers, the evaluation harness, the budget,
 the sandbox policy, the event log and the store are not part of the scaffold,
 and an edit that reaches for them is invalid. A valid edit must apply, the
 child must load, its prompts must only use their placeholders, its tools must
-exist, its hooks must load in the sandbox, and a smoke task must run on it.
+exist, its hooks must load in the sandbox and answer a sample call at each of
+their points, and a smoke task must run on it.
 """
 
 from __future__ import annotations
@@ -17,24 +18,25 @@ import difflib
 import json
 import os
 import re
-import shutil
 import string
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from memory import Ending, ExperienceStore, Node, Task
 
-from ..agent.engine import Engine, sandbox_limits
+from ..agent.engine import Engine, hook_limits
+from ..agent.hooks import HOOKS_GUIDE, SAMPLE_DATA, HookError, Hooks, hook_points
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
 from ..llm import jsonfix
 from ..llm.client import json_schema_format
 from ..text import clip
 
-__all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "check_child", "smoke_ran",
-           "scaffold_diff"]
+__all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "check_child", "check_hooks",
+           "smoke_ran", "scaffold_diff"]
 
 EDITABLE = ("prompts", "parameters", "tools", "hooks")
 PLACEHOLDERS = {"system": (), "task": ("task", "examples", "insights"), "reflection": ("task", "verdict"),
@@ -49,7 +51,7 @@ SYSTEM = (
     '{"rationale": "<what you change and why>", "edit": {"prompts": {"<name>": "<new template>"}, '
     '"parameters": {"<name>": <value>}, "tools": ["<tool>", ...], "hooks": "<python>"}} '
     "(include only the parts you change). Templates must keep to their placeholders. Nothing outside the "
-    "scaffold can be edited.")
+    "scaffold can be edited. " + HOOKS_GUIDE)
 
 
 class _Edit(BaseModel):
@@ -201,20 +203,27 @@ def check_child(engine: Engine, child: Scaffold) -> None:
     missing = [name for name in child.tools if engine.registry.get(name) is None]
     if missing:
         raise InvalidProposal(f"its tools do not import: no tool named {', '.join(map(repr, missing))}")
-    if "\x00" in child.hooks:  # no interpreter takes it, and starting one with it raises, not fails
-        raise InvalidProposal("its hooks contain a NUL character, which Python source cannot hold")
     if child.hooks.strip():
-        root = engine.data_dir / "workspaces"
-        root.mkdir(parents=True, exist_ok=True)
-        workspace = tempfile.mkdtemp(prefix="hooks-", dir=root)
-        try:
-            os.chmod(workspace, 0o700)
-            result = engine.sandbox.python(child.hooks, workspace=workspace, limits=sandbox_limits(engine.config))
-        finally:
-            shutil.rmtree(workspace, ignore_errors=True)
-        if not result.ok:
-            problem = result.stderr.strip()[-800:] or result.error or f"exit code {result.exit_code}"
-            raise InvalidProposal(f"its hooks do not load in the sandbox: {problem}")
+        check_hooks(engine, child.hooks)
+
+
+def check_hooks(engine: Engine, source: str) -> None:
+    """Raise InvalidProposal unless the hooks parse, define a hook point, load in their sandbox and
+    answer a sample call at each point they define with a well-formed reply."""
+    try:
+        points = hook_points(source)
+    except HookError as exc:
+        raise InvalidProposal(str(exc)) from None
+    root = engine.data_dir / "workspaces"
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="hooks-", dir=root))
+    os.chmod(scratch, 0o700)
+    with Hooks(source, sandbox=engine.sandbox, scratch=scratch, limits=hook_limits(engine.config),
+               timeout_s=engine.config.agent.hook_timeout_s) as hooks:
+        for point in points:
+            outcome = hooks.call(point, SAMPLE_DATA[point])
+            if outcome.error is not None:
+                raise InvalidProposal(f"its hooks failed a sample call: {outcome.error}")
 
 
 def smoke_ran(task: Task) -> bool:
