@@ -1,7 +1,7 @@
 """Simulate self-improvement trees and compare search policies at equal evaluation budgets; prints JSON.
 
     python benchmarks/tree_policy_sim.py [--landscapes 200] [--budgets 50,100,200,400] [--seeds 0]
-        [--workers 1] [--expand-cost 0] [--policies greedy,dgm,hgm,evolver]
+        [--workers 1] [--expand-cost 0] [--race-start 0.85] [--policies greedy,dgm,hgm,evolver]
 
 No model: each node of a landscape has a hidden true success rate, and an
 evaluation is one Bernoulli draw of it.
@@ -46,8 +46,12 @@ and which node they finally pick. The policies:
   "best-belief" final choice.
 * evolver: ``evolver.tree.policy``: the same two Thompson samplers with
   virtual loss (inert when sequential) and the cool-down sharpness
-  (B / (B - t))^0.5 on both, and ``final_pick``, the best 5% lower bound
-  among nodes with at least 10 evaluations (the [evolution] defaults).
+  (B / (B - t))^0.5 on both (t: budget spent); from ``--race-start`` of the
+  budget on (default 0.85, the [evolution] race_start default; 1: no race)
+  it stops expanding and races: ``choose_racer`` evaluates the node with the
+  best 5% lower bound or its challenger with the best 95% upper bound,
+  whichever has fewer evaluations; and ``final_pick``, the best 5% lower
+  bound among nodes with at least 10 evaluations (the [evolution] defaults).
 
 With ``--workers W`` evaluations are started W at a time and their results
 arrive together, as on parallel workers; in-flight evaluations are what
@@ -59,7 +63,7 @@ the seeds it is measured on.
 
 Output (stdout): {budget: {policy: {final_true_mean, ratio_to_own_best,
 ratio_to_global_best, regret}}, "run": {seeds, landscapes_per_seed,
-expand_cost, workers}}, means over landscapes of the final pick's
+expand_cost, race_start, workers}}, means over landscapes of the final pick's
 true rate, that rate over the best true rate the policy generated, over the
 best true rate any of the four policies generated on that landscape at that
 budget, and the gap to that global best. Run information goes to stderr,
@@ -86,8 +90,10 @@ from evolver.tree.policy import (  # noqa: E402
     NodeStats,
     choose_evaluee,
     choose_parent,
+    choose_racer,
     cool_down,
     final_pick,
+    racing,
     should_expand,
 )
 
@@ -95,6 +101,7 @@ POLICIES = ("greedy", "dgm", "hgm", "evolver")
 ALPHA = 0.6
 MIN_EVALUATIONS = 10
 QUANTILE = 0.05
+RACE_START = 0.85  # [evolution] race_start's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,13 +242,18 @@ class HGM:
 class Evolver:
     """This project's policy, straight from evolver.tree.policy."""
 
+    def __init__(self, race_start: float = RACE_START):
+        self.race_start = race_start
+
     def expand_now(self, t, n, spent, budget):
-        return should_expand(t, n, ALPHA)
+        return not racing(spent, budget, self.race_start) and should_expand(t, n, ALPHA)
 
     def parent(self, search, rng, spent, budget):
         return int(choose_parent(search.stats, rng, sharpness=cool_down(spent, budget)))
 
     def evaluee(self, search, rng, spent, budget):
+        if racing(spent, budget, self.race_start):
+            return int(choose_racer(search.stats, quantile=QUANTILE))
         return int(choose_evaluee(search.stats, rng, sharpness=cool_down(spent, budget)))
 
     def pick(self, search):
@@ -329,6 +341,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="evaluations started together (parallel workers)")
     parser.add_argument("--expand-cost", type=int, default=0,
                         help="evaluations of budget one expansion (a proposer call) costs")
+    parser.add_argument("--race-start", type=float, default=RACE_START,
+                        help="share of the budget after which evolver races (1: no race)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(POLICIES))
     args = parser.parse_args(argv)
     budgets, seeds = _ints(args.budgets), _ints(args.seeds)
@@ -339,10 +353,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--expand-cost cannot be negative")
     if not policies or set(policies) - set(POLICIES):
         parser.error(f"--policies must name some of {', '.join(POLICIES)}")
+    if not 0 < args.race_start <= 1:
+        parser.error("--race-start must be above 0 and at most 1")
+    RUNNERS["evolver"] = Evolver(args.race_start)
     began = time.perf_counter()
     report, paired = simulate(args.landscapes, budgets, seeds, args.workers, args.expand_cost, policies)
     report["run"] = {"seeds": seeds, "landscapes_per_seed": args.landscapes, "expand_cost": args.expand_cost,
-                     "workers": args.workers}
+                     "race_start": args.race_start, "workers": args.workers}
     print(json.dumps(report, indent=2))
     print(json.dumps({"landscapes": args.landscapes, "budgets": budgets, "seeds": seeds,
                       "expand_cost": args.expand_cost, "workers": args.workers,
