@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
+from evolver.config import ConfigError, load_config
 from evolver.tree.policy import (
     NodeStats,
     choose_evaluee,
@@ -191,6 +192,15 @@ def test_the_race_is_the_last_part_of_a_finite_budget_only():
     for start in (0, -0.1, 1.5):
         with pytest.raises(ValueError, match="share of the budget"):
             racing(50, 100, start)
+
+
+@pytest.mark.parametrize("value, allowed", [
+    ("0", "greater than 0"), ("1.5", "less than or equal to 1"), ("half", "a valid number"),
+])
+def test_a_race_start_that_is_not_a_share_of_the_budget_is_refused_by_the_settings(value, allowed):
+    with pytest.raises(ConfigError, match=rf"\[evolution\] race_start = .*{allowed}"):
+        load_config(env={"EVOLVER_EVOLUTION_RACE_START": value})
+    assert load_config(env={"EVOLVER_EVOLUTION_RACE_START": "1"}).evolution.race_start == 1.0
 
 
 RACE = [
