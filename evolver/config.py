@@ -330,6 +330,10 @@ class EvolutionSettings(_Section):
     """Evaluations the tree search may spend in all (0: no limit). With a limit, the search cools down:
     its posteriors sharpen as the limit nears, and it stops there."""
 
+    race_start: float = Field(default=0.85, gt=0, le=1)
+    """With an evaluation_budget, the share of it after which the search stops expanding and races: each
+    evaluation goes to the node with the best lower bound or to its strongest challenger (1: no race)."""
+
     alpha: float = Field(default=0.6, gt=0, le=1)
     """Expand the tree when t^alpha >= number of nodes (t: evaluations spent)."""
 

@@ -570,6 +570,21 @@ def test_failed_steps_count_against_the_evaluation_budget(engine):
     assert len(e.store.list_nodes()) == 1
 
 
+@pytest.mark.parametrize("race_start, expands", [("0.3", False), ("0.5", True)])
+def test_the_end_of_an_evaluation_budget_is_a_race_that_builds_no_more_nodes(engine, race_start, expands):
+    # Three evaluations in, t^alpha calls for a child: built while the budget of 10 is short of its race,
+    # not once the race has begun.
+    e = engine([_proposer({"parameters": {"max_steps": 12}}), *SOLVER], f"tree-race-{race_start}",
+               EVOLVER_EVOLUTION_EVALUATION_BUDGET="10", EVOLVER_EVOLUTION_RACE_START=race_start)
+    summary = _expanded(e, _search(e))
+    if expands:
+        assert summary.startswith("proposed"), summary
+        assert len(e.store.list_nodes()) == 2
+    else:
+        assert summary.startswith("queued 1 evaluations"), summary
+        assert len(e.store.list_nodes()) == 1
+
+
 def test_a_proposal_in_a_fence_with_its_last_brace_missing_is_repaired(engine):
     edit = {"parameters": {"max_steps": 12}}
     reply = "Here is my edit:\n```json\n" + json.dumps({"rationale": "fewer steps", "edit": edit})[:-1] + "\n```"

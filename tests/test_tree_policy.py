@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
+from evolver.config import ConfigError, load_config
 from evolver.tree.policy import (
     NodeStats,
     choose_evaluee,
     choose_parent,
+    choose_racer,
     clade_counts,
     cool_down,
     final_pick,
     lower_bound,
+    racing,
     should_expand,
     should_promote,
 )
@@ -178,6 +181,79 @@ def test_sharpness_keeps_the_means_and_favours_the_better_one():
     assert sharp["r"] < 50
     with pytest.raises(ValueError, match="at least 1"):
         choose_evaluee(nodes, np.random.default_rng(0), sharpness=0.5)
+
+
+def test_the_race_is_the_last_part_of_a_finite_budget_only():
+    assert not racing(84, 100, 0.85)
+    assert racing(85, 100, 0.85)
+    assert racing(150, 100, 0.85)  # past the budget: still racing
+    assert not racing(99, 100, 1.0)  # a start of 1 means no race
+    assert not racing(10_000, 0, 0.5)  # no budget (0): no end to race towards
+    for start in (0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="share of the budget"):
+            racing(50, 100, start)
+
+
+@pytest.mark.parametrize("value, allowed", [
+    ("0", "greater than 0"), ("1.5", "less than or equal to 1"), ("half", "a valid number"),
+])
+def test_a_race_start_that_is_not_a_share_of_the_budget_is_refused_by_the_settings(value, allowed):
+    with pytest.raises(ConfigError, match=rf"\[evolution\] race_start = .*{allowed}"):
+        load_config(env={"EVOLVER_EVOLUTION_RACE_START": value})
+    assert load_config(env={"EVOLVER_EVOLUTION_RACE_START": "1"}).evolution.race_start == 1.0
+
+
+RACE = [
+    node("r", None, 10, 40),
+    node("leader", "r", 35, 15),     # the best bound (0.59)
+    node("close", "r", 13, 7),       # fewer evaluations, an upper bound above the leader's lower
+    node("worse", "leader", 10, 40),  # confidently below the leader
+    node("retired", "r", 90, 0, expandable=False),
+]
+
+
+def test_the_race_evaluates_the_leader_or_its_challenger_whichever_has_less_evidence():
+    assert choose_racer(RACE) == "close"
+    # Once the challenger has as much evidence as the leader, the leader is tested again.
+    even = [*RACE[:2], node("close", "r", 33, 17), *RACE[3:]]
+    assert choose_racer(even) == "leader"
+
+
+def test_a_thinly_tested_node_is_challenged_a_confidently_worse_one_never():
+    thin = [*RACE, node("young", "close", 1, 1)]  # 1/2: a wide interval, reaching 0.87
+    assert choose_racer(thin) == "young"
+    settled = [node("r", None, 5, 45), node("best", "r", 40, 10), node("worse", "r", 20, 30)]
+    assert choose_racer(settled) == "best"  # the only rival is far below: sharpen the leader
+
+
+def test_the_race_ignores_non_expandable_nodes():
+    assert "retired" not in {choose_racer(RACE), choose_racer(RACE[::-1])}
+    only = [node("r", None, 3, 3), node("gone", "r", 50, 0, expandable=False)]
+    assert choose_racer(only) == "r"
+    with pytest.raises(ValueError, match="no expandable node"):
+        choose_racer([node("r", None, 1, 1, expandable=False)])
+
+
+def test_evaluations_in_flight_send_parallel_workers_to_the_next_contender():
+    assert choose_racer(RACE) == "close"
+    busy = [*RACE[:2], node("close", "r", 13, 7, in_flight=30), *RACE[3:]]
+    assert choose_racer(busy) == "leader"
+
+
+def test_a_race_concentrates_its_evaluations_on_the_best_candidates_and_finds_the_best():
+    # Eight nodes with hidden rates, each with five results in; the race spends 300 evaluations.
+    rates = {"a": 0.72, "b": 0.65, "c": 0.5, "d": 0.45, "e": 0.4, "f": 0.3, "g": 0.2, "h": 0.1}
+    rng = np.random.default_rng(5)
+    counts = {k: [int(s), 5 - int(s)] for k, s in zip(rates, rng.binomial(5, list(rates.values())))}
+    spent = Counter()
+    for _ in range(300):
+        nodes = [node(k, None if k == "a" else "a", s, f) for k, (s, f) in counts.items()]
+        chosen = choose_racer(nodes)
+        spent[chosen] += 1
+        counts[chosen][rng.random() >= rates[chosen]] += 1
+    assert spent["a"] + spent["b"] > 200
+    assert spent["g"] + spent["h"] < 20
+    assert final_pick([node(k, None if k == "a" else "a", s, f) for k, (s, f) in counts.items()]) == "a"
 
 
 @pytest.mark.parametrize("s, f, q", [(0, 0, 0.05), (3, 0, 0.05), (40, 10, 0.05), (7, 30, 0.2), (1, 1, 0.5)])

@@ -11,6 +11,10 @@ Pure functions over ``NodeStats``: no store, no model, no clock. Randomness
 comes from a ``numpy.random.Generator`` passed in, so a fixed seed gives a
 fixed sequence of choices. The daemon's tree search and
 ``benchmarks/tree_policy_sim.py`` both call these.
+
+With a finite budget the search ends in a race (``racing``, ``choose_racer``):
+the tree stops growing and the last evaluations go where they sharpen the
+choice between the leader and the node most likely to beat it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ __all__ = [
     "choose_evaluee",
     "should_expand",
     "cool_down",
+    "racing",
+    "choose_racer",
     "lower_bound",
     "should_promote",
     "final_pick",
@@ -177,6 +183,59 @@ def cool_down(evaluations_spent: int, budget: int, power: float = 0.5) -> float:
         raise ValueError(f"budget is {budget}; it must be positive")
     remaining = max(budget - evaluations_spent, 1)
     return (budget / remaining) ** power
+
+
+def racing(evaluations_spent: int, budget: int, start: float = 0.85) -> bool:
+    """Whether a search ``evaluations_spent`` into a ``budget`` is in its final race.
+
+    The race is the budget's last ``1 - start``: from ``start * budget`` on, the
+    search no longer expands and evaluates with ``choose_racer`` instead of
+    ``choose_evaluee``. A node built that late could not be tested enough to
+    be picked, so its cost is better spent telling the best candidates apart.
+    ``start`` 1 means no race. Without a finite budget (``budget`` 0, the
+    daemon's default) there is no end to race towards: never racing.
+    """
+    if not 0 < start <= 1:
+        raise ValueError(f"the race start is {start}; it must be a share of the budget, above 0 and at most 1")
+    return budget > 0 and start < 1 and evaluations_spent >= start * budget
+
+
+def choose_racer(nodes: Iterable[NodeStats], *, quantile: float = 0.05) -> str:
+    """The node to evaluate during the race: the leader or its strongest challenger, whichever has less evidence.
+
+    Best-arm identification by LUCB (Kalyanakrishnan et al., 2012). The
+    leader is the node with the best ``quantile`` lower bound, the bound
+    ``final_pick`` ranks by; the challenger is the one, among the
+    others, with the best upper bound (the ``1 - quantile`` quantile), the
+    node most likely to be better than it. Evaluating whichever of the two
+    has fewer evaluations shrinks the interval that keeps them from being
+    told apart: either the challenger falls under the leader and the next
+    challenger is raced, or it rises and takes the lead. Thinly tested nodes
+    have wide intervals, so a node the search abandoned after an unlucky
+    start is challenged again, while nodes that are confidently worse than
+    the leader get nothing.
+
+    Deterministic (ties: the earlier node). Evaluations in flight count as
+    failures in both bounds (virtual loss, as in ``choose_evaluee``) and as
+    evidence when comparing the two, so parallel workers spread over the
+    leader and its challengers. Only expandable nodes race.
+    """
+    candidates = [n for n in nodes if n.expandable]
+    if not candidates:
+        raise ValueError("no expandable node to choose from")
+    lows = [lower_bound(n.successes, n.failures + n.in_flight, quantile) for n in candidates]
+    leader = max(range(len(candidates)), key=lambda i: (lows[i], -i))
+    others = [i for i in range(len(candidates)) if i != leader]
+    if not others:
+        return candidates[leader].id
+    highs = {i: float(betaincinv(1 + candidates[i].successes, 1 + candidates[i].failures + candidates[i].in_flight,
+                                 1 - quantile)) for i in others}
+    challenger = max(others, key=lambda i: (highs[i], -i))
+
+    def evidence(i: int) -> int:
+        return candidates[i].evaluations + candidates[i].in_flight
+
+    return candidates[challenger if evidence(challenger) < evidence(leader) else leader].id
 
 
 def lower_bound(successes: int, failures: int, quantile: float = 0.05) -> float:

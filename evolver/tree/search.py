@@ -12,9 +12,13 @@ counts, the child proposed, validated and added) or hands out evaluations (the
 node for each by Thompson sampling on its own counts, evaluations in flight
 counting as failures) as low-priority inbox tasks, so the daemon's workers run
 them after any person's task. Expansion happens when t^alpha >= the number of
-nodes (t: training evaluations finished). Training results drive the search;
-the held-out split (never shown to the proposer) decides promotion, by a lower
-bound of the Beta posterior against the incumbent's on the same split.
+nodes (t: training evaluations finished). With an ``evaluation_budget``, its
+last share (from ``race_start``) is a race: no more expansions, and each
+evaluation goes to the leader by lower bound or its strongest challenger
+(``policy.choose_racer``); with no budget (0, the default) the race never
+starts and the search grows for as long as it runs. Training results drive the
+search; the held-out split (never shown to the proposer) decides promotion, by
+a lower bound of the Beta posterior against the incumbent's on the same split.
 A step that fails (an unparseable proposal) counts against the evaluation budget
 like an evaluation, so a model that never answers usably cannot step forever.
 """
@@ -156,12 +160,15 @@ class TreeSearch:
             return "; ".join([*notes, f"the evaluation budget of {e.evaluation_budget} is spent "
                                       f"({spent} evaluations, {failed} failed steps)"])
         sharpness = policy.cool_down(spent, e.evaluation_budget) if e.evaluation_budget else 1.0
+        # The budget's last share is a race: no more nodes, and evaluations that tell the best apart.
+        # Without a budget (0) the race never starts.
+        race = policy.racing(spent + failed, e.evaluation_budget, e.race_start)
         # Every node counts, invalid ones too: a proposal is spent effort, and a run of invalid
         # children must not keep the search proposing without ever evaluating.
-        if servable and policy.should_expand(spent, len(stats), e.alpha):
+        if servable and not race and policy.should_expand(spent, len(stats), e.alpha):
             parent_id = policy.choose_parent(stats, self.rng, sharpness=sharpness)
             return "; ".join([*notes, self._expand(self.store.get_node(parent_id))])
-        return "; ".join([*notes, self._dispatch(stats, sharpness)])
+        return "; ".join([*notes, self._dispatch(stats, sharpness, race=race)])
 
     def _expand(self, parent: Node) -> str:
         self.engine.model.budget.check(purpose="propose", tokens=1)
@@ -249,7 +256,7 @@ class TreeSearch:
                                          "metadata": {**item.task.get("metadata", {}), "node": node.id}})
         return task
 
-    def _dispatch(self, stats: list[policy.NodeStats], sharpness: float) -> str:
+    def _dispatch(self, stats: list[policy.NodeStats], sharpness: float, *, race: bool = False) -> str:
         in_flight = sum(n.in_flight for n in stats)
         free = self.slots - in_flight
         if not self.slots:
@@ -263,7 +270,10 @@ class TreeSearch:
         by_id = {n.id: n for n in stats}
         queued = []
         for _ in range(free):
-            chosen = policy.choose_evaluee(list(by_id.values()), self.rng, sharpness=sharpness)
+            if race:
+                chosen = policy.choose_racer(list(by_id.values()), quantile=self.config.evolution.promotion_quantile)
+            else:
+                chosen = policy.choose_evaluee(list(by_id.values()), self.rng, sharpness=sharpness)
             split = self._split_for(chosen, pool)
             item = self._next_item(chosen, split, pool)
             if item is None:
