@@ -757,6 +757,18 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
         rows = self._all("SELECT * FROM evaluations WHERE node_id = ? ORDER BY id", [node_id])
         return [Evaluation.from_row(r) for r in rows]
 
+    def hook_effects(self, node_id: str) -> dict[str, dict[str, int]]:
+        """Per hook point, how often the node's hooks changed something and how often a call failed,
+        over every trajectory run on the node (from its ``hook`` steps)."""
+        rows = self._all(
+            "SELECT json_extract(s.tool_results, '$[0].hook') AS point, "
+            "SUM(json_extract(s.tool_results, '$[0].changed')) AS changed, "
+            "SUM(json_extract(s.tool_results, '$[0].error') IS NOT NULL) AS failed "
+            "FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
+            "WHERE t.node_id = ? AND s.role = 'hook' GROUP BY point ORDER BY point", [node_id])
+        return {r["point"] or "load": {"changed": int(r["changed"] or 0), "failed": int(r["failed"] or 0)}
+                for r in rows}
+
     # --- budget ledger and evolution events -------------------------------------
 
     def record_call(self, *, model: str, purpose: str, tokens_in: int, tokens_out: int, cost_usd: float,

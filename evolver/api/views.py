@@ -82,7 +82,8 @@ def node(store: ExperienceStore, node_id: str) -> dict:
     found = store.get_node(node_id)
     return {**asdict(found), "scaffold": scaffold_of(store, found).model_dump(mode="json"),
             "incumbent": store.get_meta("incumbent") == node_id,
-            "evaluations": [asdict(e) for e in store.evaluations_of(node_id)]}
+            "evaluations": [asdict(e) for e in store.evaluations_of(node_id)],
+            "hook_effects": store.hook_effects(node_id)}
 
 
 def history(store: ExperienceStore, *, kind: str | None = None, limit: int = 100) -> dict:

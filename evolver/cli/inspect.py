@@ -93,6 +93,15 @@ def node(state: State, node_id: str, as_json: bool) -> None:
     params = data["scaffold"]["parameters"]
     out.print("parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()), markup=False)
     out.print("tools: " + ", ".join(data["scaffold"]["tools"]), markup=False)
+    hooks = data["scaffold"].get("hooks") or ""
+    if hooks.strip():
+        out.print("hooks:", markup=False)
+        out.print(hooks.rstrip(), markup=False, highlight=False)
+        effects = data.get("hook_effects") or {}
+        out.print("hook effects: " + (", ".join(f"{point} changed something {e['changed']}x, failed {e['failed']}x"
+                                                for point, e in effects.items()) or "none yet"), markup=False)
+    else:
+        out.print("hooks: none", markup=False)
     done = [e for e in data["evaluations"] if e["status"] == "done"]
     out.print(f"evaluations: {sum(bool(e['success']) for e in done)} ok / "
               f"{sum(not e['success'] for e in done)} failed")
