@@ -159,3 +159,47 @@ def test_an_evaluation_that_ended_unrecorded_before_a_kill_is_recorded_when_the_
             assert all(flight == 0 for _, _, flight in _counts(http).values())
     finally:
         daemon.close()
+
+
+def test_a_hooks_only_child_changes_what_the_daemon_does_once_it_is_served(root):
+    """The model hands in its answers as sentences; the proposer's only edit is a before_finish hook that
+    hands in the number. The same task fails on the seed and succeeds on the child, through the daemon."""
+    (root / "pack.jsonl").write_text(PACK)
+    hook = ("import re\ndef before_finish(data):\n    found = re.findall('[0-9]+', data['answer'] or '')\n"
+            "    return {'answer': found[-1]} if found else None\n")
+    rules = [{"match": "You improve an agent by editing its scaffold", "on": "all",
+              "reply": json.dumps({"rationale": "hand in the number alone", "edit": {"hooks": hook}})},
+             {"match": r"What is (\d+) \+ (\d+)\?", "on": "last", "role": "user", "tool": "run_python",
+              "arguments": {"code": r"print(\1 + \2)"}},
+             {"match": r"^(\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"The answer is \1."}}]
+    daemon = DaemonProcess(root, model=write_script(root, "wordy", rules), settings={
+        "EVOLVER_EVOLUTION_ENABLED": "false", "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2,
+        "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]'})
+    daemon.start()
+    try:
+        with daemon.client() as http:
+            def solve() -> dict:
+                submitted = http.post("/v1/tasks", json={"prompt": "What is 19 + 23?",
+                                                         "check": {"type": "answer", "expected": "42"}}).json()
+                return daemon.wait_task(http, submitted["id"], ("done", "failed"))
+            seed = solve()
+            assert seed["status"] == "failed" and "'The answer is 42.' is not expected '42'" in seed["error"]
+            assert _step(http).startswith("queued 2 evaluations")
+            wait_for(lambda: _recorded(http) == 2, timeout_s=60, what="the seed's evaluations")
+            assert "smoke task" in _step(http)
+            wait_for(lambda: {n["status"] for n in http.get("/v1/tree").json()["nodes"]} == {"promoted", "evaluating"},
+                     timeout_s=60, what="the hooks-only child validated")
+            (child,) = [n for n in http.get("/v1/tree").json()["nodes"] if n["status"] == "evaluating"]
+            promoted = http.post("/v1/promote", json={"node_id": child["id"], "why": "test"})
+            assert promoted.status_code == 200, promoted.text
+            served = solve()
+            assert served["status"] == "done", served
+            steps = [s for t in served["trajectories"] for s in t["steps"]]
+            assert [s["role"] for s in steps] == ["assistant", "tool", "assistant", "hook", "tool"]
+        shown = subprocess.run([sys.executable, "-m", "evolver", "node", child["id"]], env=daemon.env,
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        assert "def before_finish(data):" in shown.stdout
+        assert "before_finish changed something" in shown.stdout and "failed 0x" in shown.stdout
+    finally:
+        daemon.close()
