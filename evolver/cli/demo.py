@@ -85,6 +85,18 @@ def _grow_tree(client, timeout_s: float) -> None:
             time.sleep(0.5)
 
 
+def _show_hooks(client) -> None:
+    """What the validated child's hooks (the proposer's code) did on the tasks it ran."""
+    for n in client.get("/v1/tree")["nodes"]:
+        node = client.get(f"/v1/nodes/{n['id']}")
+        if not node["scaffold"].get("hooks", "").strip():
+            continue
+        effects = node.get("hook_effects") or {}
+        done = ", ".join(f"{point} changed something {e['changed']}x, failed {e['failed']}x"
+                         for point, e in effects.items()) or "nothing yet"
+        out.print(f"\n[bold]hooks of {node['id']}[/bold] (run in the sandbox at points of the loop): {done}")
+
+
 @cli.command()
 @click.option("--keep", is_flag=True, help="Keep the temporary data dir and print where it is.")
 @click.pass_obj
@@ -150,6 +162,7 @@ def demo(state: State, keep: bool) -> None:
             _grow_tree(client, timeout_s=120)
             out.print()
             show_tree(client.get("/v1/tree"))
+            _show_hooks(client)
             events = client.get("/v1/history", limit=20)["events"]
             out.print(table("history", [{**e, "when": time.strftime("%H:%M:%S", time.localtime(e["at"]))}
                                         for e in events], ["id", "when", "kind", "what"], width={"what": 90}))
