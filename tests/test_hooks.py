@@ -190,3 +190,17 @@ def test_hook_points_and_replies_are_checked():
         check_reply("after_tool", {"answer": "x"}, {})
     with pytest.raises(HookError, match="message 0 needs a role"):
         check_reply("before_model", {"messages": [{"content": "x"}]}, offered)
+
+
+def test_hooks_that_do_not_load_are_recorded_once_and_not_started_again(engine_for):
+    rules = [{"match": r"What is (\d+) \+ (\d+)\?", "role": "user", "tool": "run_python",
+              "arguments": {"code": "print(1)"}},
+             {"match": "^1$", "role": "tool", "tool": "run_python", "arguments": {"code": "print(2)"}},
+             {"match": "^2$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}}]
+    engine = engine_for(rules, "h-noload")
+    source = "import nonexistent_module_xyz\ndef after_tool(data):\n    return {'result': 'never'}\n"
+    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
+    result = engine.agent(with_hooks(source)).run_task(task)
+    assert (result.status, result.answer) == ("done", "42")
+    (step,) = hook_steps(engine, result)
+    assert "the hooks did not load: ModuleNotFoundError" in step.content

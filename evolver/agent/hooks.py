@@ -200,6 +200,7 @@ class Hooks:
         loaded = self._worker.execute(self.source, timeout_s=self.timeout_s)
         if not loaded.ok:
             self._worker.close()
+            self.points = set()  # one failure to record, not a sandbox start and a failure at every call
             return f"the hooks did not load: {_last_line(loaded.error)}"
         return None
 

@@ -185,7 +185,6 @@ class Agent:
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
                     messages = self._opening(task, context, reflection, note)
-                    failed_hooks = len(hooks.failures)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose, hooks, attempt)
                     if check:
@@ -195,11 +194,11 @@ class Agent:
                         tools.close()
                     verdict = verify(check, answer=answer, sandbox=self.sandbox, workspace=workspace,
                                      limits=self.limits) if check else None
-                    if verdict is not None and purpose == "evaluate" and len(hooks.failures) > failed_hooks:
-                        # A node's hooks are part of what is evaluated: one that broke fails the run.
-                        verdict = Verdict(False, f"a hook failed during this evaluation: "
-                                                 f"{hooks.failures[failed_hooks]}", "hooks", score=0.0,
-                                          feedback=f"a hook failed: {hooks.failures[failed_hooks]}")
+                    if verdict is not None and purpose == "evaluate" and hooks.failures:
+                        # A node's hooks are part of what is evaluated: one that broke, in this attempt or
+                        # after an earlier one, fails the run.
+                        verdict = Verdict(False, f"a hook failed during this evaluation: {hooks.failures[0]}",
+                                          "hooks", score=0.0, feedback=f"a hook failed: {hooks.failures[0]}")
                     self.store.finish_trajectory(trajectory.id, status=ended, final_answer=answer)
                     if verdict is not None:
                         self.store.record_outcome(trajectory.id, success=verdict.success, score=verdict.score,
