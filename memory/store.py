@@ -89,6 +89,9 @@ class NewTrajectory:
     started_at: float | None = None
     check: dict | None = None
     source: str = "import"
+    status: str = "finished"
+    """How the attempt ended: finished (with an answer), step_limit, repeating, ..."""
+    verifier_output: str | None = None
 
 
 class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
@@ -572,7 +575,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
                 db.execute(
                     """INSERT INTO trajectories (id, task_id, node_id, prompt, status, final_answer, started_at, finished_at,
                        tokens_in, tokens_out, cost_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
-                    [trajectory_id, task_id, item.node_id, item.prompt, "finished", item.final_answer, started, started,
+                    [trajectory_id, task_id, item.node_id, item.prompt, item.status, item.final_answer, started, started,
                      *totals],
                 )
                 for seq, step in enumerate(item.steps, start=1):
@@ -586,8 +589,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
                     )
                 if item.success is not None:
                     db.execute(
-                        "INSERT INTO outcomes (trajectory_id, success, decided_at) VALUES (?,?,?)",
-                        [trajectory_id, int(item.success), started],
+                        "INSERT INTO outcomes (trajectory_id, success, decided_at, verifier_output) VALUES (?,?,?,?)",
+                        [trajectory_id, int(item.success), started, item.verifier_output],
                     )
                 ids.append(trajectory_id)
         if sync:

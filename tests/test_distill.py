@@ -222,3 +222,43 @@ def test_an_unreadable_answer_fails_the_round_saying_what_came_back(engine):
     _experience(e.store)
     with pytest.raises(InsightOpError, match=r"not JSON.*came back.*unclosed"):
         distill_round(e.store, e.model, e.config)
+
+
+def _stuck(prompt: str, status: str, code: str, turns: int) -> NewTrajectory:
+    """An attempt that ended without an answer: the same run_python call, turn after turn."""
+    steps = []
+    for i in range(turns):
+        steps.append({"role": "assistant", "content": "",
+                      "tool_calls": [{"id": f"c{i}", "name": "run_python", "arguments": {"code": code}}]})
+        steps.append({"role": "tool", "content": "NameError: name 'x' is not defined"})
+    steps.append({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "bad", "name": "finish", "arguments": None, "error": "arguments are not JSON", "raw": "{answer:"}]})
+    return NewTrajectory(prompt=prompt, success=False, status=status, steps=steps,
+                         verifier_output="no final answer was given")
+
+
+def test_attempts_without_an_answer_are_distilled_with_what_the_model_kept_doing(engine, tmp_path):
+    record = tmp_path / "distill-seen.jsonl"
+    scripted.register_script("distill-stuck", {"rules": [{"match": "", "reply": json.dumps(ADD)}],
+                                               "record": str(record)})
+    e = engine(ADD, "distill-stuck-unused", EVOLVER_MODEL_NAME="scripted/distill-stuck")
+    ids = e.store.ingest([_stuck("What is x + 1?", "step_limit", "print(x + 1)", 4),
+                          _stuck("What is y * 2?", "repeating", "print(y * 2)", 6)])
+    assert distill_round(e.store, e.model, e.config) == "1 operations (ADD) from 2 trajectories"
+    (insight,) = e.store.list_insights()
+    assert sorted(insight.provenance) == sorted(ids)
+    prompt = json.loads(record.read_text().splitlines()[0])["messages"][-1]["content"]
+    assert ("What it did: hit the step limit after 5 model turns; calls: run_python x4; "
+            "4 identical calls in a row; 1 calls that could not be read; "
+            "last result: NameError: name 'x' is not defined") in prompt
+    assert "was stopped for repeating one call after 7 model turns" in prompt
+    assert prompt.count("The verifier said: no final answer was given") == 2
+
+
+def test_attempts_cut_short_by_something_else_teach_nothing_and_move_the_watermark(engine):
+    e = engine(ADD, "distill-cut")
+    e.store.ingest([NewTrajectory(prompt="What is 1 + 1?", status="cancelled"),
+                    NewTrajectory(prompt="What is 2 + 2?", status="error")])
+    assert distill_round(e.store, e.model, e.config) == ("2 trajectories cut short (cancelled or an error); "
+                                                         "nothing to distill")
+    assert e.store.list_insights() == [] and e.store.get_meta(WATERMARK_KEY) is not None

@@ -591,3 +591,32 @@ def test_a_proposal_in_a_fence_with_its_last_brace_missing_is_repaired(engine):
     e = engine([_proposer(reply), *SOLVER], "tree-repair")
     summary = _expanded(e, _search(e))
     assert "smoke task" in summary and "queued" in summary, summary
+
+
+def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_results(engine, tmp_path):
+    record = tmp_path / "proposer-seen.jsonl"
+    e = engine([_proposer({"tools": ["finish", "teleport"]}), *SOLVER], "tree-tried")
+    scripted.register_script("tree-tried", {"rules": [_proposer({"tools": ["finish", "teleport"]}), *SOLVER],
+                                            "record": str(record)})
+    root = incumbent(e.store)
+    steps = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "name": "run_python", "arguments": {"code": "print(x)"}}]}] * 3
+    (stuck,) = e.store.ingest([NewTrajectory(prompt="What is 2 + 3?", success=False, status="step_limit",
+                                             steps=steps, node_id=root.id)])
+    for trajectory in (stuck, None, None):
+        ev = e.store.start_evaluation(root.id, "pack:x:t1", split="train")
+        e.store.finish_evaluation(ev.id, success=False, trajectory_id=trajectory)
+    search = _search(e)
+    assert "invalid" in search.step()
+    for _ in range(3):  # t = 6: 6^0.6 >= 2 nodes, the next step expands again
+        ev = e.store.start_evaluation(root.id, "pack:x:t2", split="train")
+        e.store.finish_evaluation(ev.id, success=False)
+    assert "invalid" in search.step()  # the same edit again: the proposer was shown it had been tried
+    prompts = [json.loads(line)["messages"][-1]["content"] for line in record.read_text().splitlines()
+               if "You improve an agent" in line]
+    first, second = prompts[:2]
+    assert "Failure modes in these 1 attempts: no finish 1, repeated calls 1" in first
+    assert "hit the step limit after 3 model turns; calls: run_python x3; 3 identical calls in a row" in first
+    assert "Edits already tried on this scaffold (propose something else):\n(none yet)" in first
+    assert "result: invalid: its tools do not import: no tool named 'teleport'" in second
+    assert '"teleport"' in second.split("Edits already tried")[1]  # the edit itself, from the node's diff

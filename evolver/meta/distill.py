@@ -2,7 +2,11 @@
 
 Input: the trajectories finished since this job's watermark, each beside a
 similar past task that went the other way (success against failure), and the
-active insights numbered 1..n. The model answers with insight operations
+active insights numbered 1..n. Attempts that ended without an answer (the step
+limit, a repeated call) are the commonest with a weak model and the most
+instructive: they come with what the model kept doing and what the verifier
+said (``evolver.agent.failures``). Only attempts cut short by something else
+(cancelled, a model error, the budget) teach nothing about the agent. The model answers with insight operations
 (``evolver.meta.insights``); they are checked whole, recorded as one "distill" event
 with the trajectories as evidence, and applied in one transaction. Only then
 does the watermark move, so a failed round (model error, bad answer, no
@@ -18,6 +22,7 @@ from pydantic import BaseModel
 
 from memory import ExperienceStore, Filters
 
+from ..agent.failures import behaviour
 from ..config import Config
 from ..llm import jsonfix
 from ..llm.client import Model, json_schema_format
@@ -36,6 +41,7 @@ __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 
 WATERMARK_KEY = "watermark.distill"
 BATCH = 20
+LEARNED_FROM = ("finished", "step_limit", "repeating")  # how an attempt of the agent's own ended
 
 SYSTEM = ("You maintain a short list of insights: general, reusable lessons for an agent that solves tasks with "
           "tools. Compare what worked with what failed and propose at most {max_ops} operations on the list. "
@@ -72,9 +78,17 @@ def _outcome(success: bool | None) -> str:
 def _prompt(store: ExperienceStore, batch, shown) -> str:
     lines = ["Insights now (numbered):", render(shown), "", "New experience:"]
     for n, (trajectory, success) in enumerate(batch, start=1):
-        lines.append(f"{n}. Task: {clip(trajectory.prompt, 300, one_line=True)}\n"
-                     f"   Answer: {clip(trajectory.final_answer, 200, one_line=True)} "
-                     f"({_outcome(success)})")
+        lines.append(f"{n}. Task: {clip(trajectory.prompt, 300, one_line=True)}")
+        if trajectory.status == "finished":
+            lines.append(f"   Answer: {clip(trajectory.final_answer, 200, one_line=True)} ({_outcome(success)})")
+        else:
+            lines.append(f"   No answer ({_outcome(success)})")
+        if trajectory.status != "finished" or success is False:
+            seen = behaviour(trajectory.status, success, store.steps(trajectory.id, limit=200))
+            lines.append(f"   What it did: {seen.describe()}")
+            outcome = store.outcome(trajectory.id)
+            if outcome is not None and outcome.verifier_output:
+                lines.append(f"   The verifier said: {clip(outcome.verifier_output, 200, one_line=True)}")
         if success is not None:
             other = store.search_trajectories(trajectory.prompt, k=1,
                                               filters=Filters(success=not success, learnable=True))
@@ -91,13 +105,13 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
     recent = store.finished_since(mark, limit=BATCH)
     if not recent:
         return "no new trajectories since the last round"
-    batch = [(t, s) for t, s in recent if t.status == "finished"]  # ended with an answer
+    batch = [(t, s) for t, s in recent if t.status in LEARNED_FROM]
     cap = config.evolution.max_insights
     shown = numbered(store, limit=cap)
     new_mark = json.dumps([recent[-1][0].finished_at, recent[-1][0].id])
-    if not batch:  # only attempts without an answer (cancelled, errors): nothing to learn, move on
+    if not batch:  # only attempts cut short (cancelled, errors, the budget): nothing to learn, move on
         store.set_meta(WATERMARK_KEY, new_mark)
-        return f"{len(recent)} trajectories without an answer; nothing to distill"
+        return f"{len(recent)} trajectories cut short (cancelled or an error); nothing to distill"
     structured = json_schema_format("insight_operations", DistillAnswer) if config.model.structured_output else None
     reply = model.complete([{"role": "system", "content": SYSTEM.format(max_ops=max_ops)},
                             {"role": "user", "content": _prompt(store, batch, shown)}], purpose="distill",

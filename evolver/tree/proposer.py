@@ -2,7 +2,10 @@
 
 The proposer (the model, purpose "propose") sees the parent scaffold, a sample
 of the parent's failed and successful attempts on *training* tasks (held-out
-ones never), and the top insights, and answers with a structured edit: new
+ones never) with the failure modes counted across it (no finish, repeated
+calls, malformed calls, wrong answers), the edits already tried on the parent
+with their training results or why they were invalid, and the top insights,
+and answers with a structured edit: new
 values for some of the scaffold's prompts, parameters, tools or hooks. The
 edit may name nothing else: the verifiers, the evaluation harness, the budget,
 the sandbox policy, the event log and the store are not part of the scaffold,
@@ -29,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from memory import Ending, ExperienceStore, Node, Task
 
 from ..agent.engine import Engine, hook_limits
+from ..agent.failures import behaviour, count_modes
 from ..agent.hooks import HOOKS_GUIDE, SAMPLE_DATA, HookError, Hooks, hook_points
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
 from ..llm import jsonfix
@@ -43,6 +47,7 @@ PLACEHOLDERS = {"system": (), "task": ("task", "examples", "insights"), "reflect
                 "retry": ("task", "reflection"), "plan": ("task",)}
 SAMPLE = 6  # attempts shown to the proposer
 SAMPLE_CHARS = 6000
+TRIED = 8  # the parent's latest children shown
 
 SYSTEM = (
     "You improve an agent by editing its scaffold: its prompt templates, its parameters, its enabled tools and "
@@ -96,20 +101,41 @@ def _attempts(store: ExperienceStore, node: Node) -> str:
     shown = store.learnable([e.trajectory_id for e in done])
     done = [e for e in done if e.trajectory_id in shown]
     done.sort(key=lambda e: (bool(e.success), -e.id))
-    lines, left = [], SAMPLE_CHARS
+    lines, left, seen = [], SAMPLE_CHARS, []
     for evaluation in done[:SAMPLE]:
         trajectory = store.get_trajectory(evaluation.trajectory_id)
-        steps = store.steps(trajectory.id, limit=12)
-        trace = " | ".join(f"{s.role}: {clip(s.content, 160, one_line=True)}" for s in steps if s.content)
+        steps = store.steps(trajectory.id, limit=200)
+        did = behaviour(trajectory.status, evaluation.success, steps)
+        trace = " | ".join(f"{s.role}: {clip(s.content, 160, one_line=True)}" for s in steps[:12] if s.content)
         outcome = "SUCCEEDED" if evaluation.success else "FAILED"
         line = (f"- {outcome}: {clip(trajectory.prompt, 300, one_line=True)}\n"
                 f"  answer: {clip(trajectory.final_answer, 150, one_line=True)}\n"
+                + ("" if evaluation.success else f"  what it did: {did.describe()}\n") +
                 f"  steps: {clip(trace, 900, one_line=True)}")
         if len(line) > left:
             break
         lines.append(line)
+        seen.append(did)
         left -= len(line)
-    return "\n".join(lines) or "(no training evaluations yet)"
+    if not lines:
+        return "(no training evaluations yet)"
+    modes = count_modes(seen)
+    counted = ", ".join(f"{mode} {n}" for mode, n in modes.items()) or "none"
+    return f"Failure modes in these {len(seen)} attempts: {counted}\n" + "\n".join(lines)
+
+
+def _tried(store: ExperienceStore, parent: Node) -> str:
+    """The parent's children so far: each edit with how it did on training tasks, or why it was invalid,
+    so the proposer does not propose one again."""
+    children = [n for n in store.list_nodes() if n.parent_id == parent.id][-TRIED:]
+    lines = []
+    for child in children:
+        train = [e for e in store.evaluations_of(child.id) if e.split == "train" and e.status == "done"]
+        result = (f"invalid: {clip(child.reason, 240, one_line=True)}" if child.status == "invalid" else
+                  f"{child.status}, {sum(bool(e.success) for e in train)} of {len(train)} training evaluations passed")
+        lines.append(f"- {clip(child.rationale or '(no rationale)', 160, one_line=True)}\n"
+                     f"  edit: {clip(child.diff, 500, one_line=True)}\n  result: {result}")
+    return "\n".join(lines) or "(none yet)"
 
 
 def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal:
@@ -118,6 +144,7 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
     insights = store.list_insights(limit=10)
     user = (f"The scaffold (JSON):\n{json.dumps(parent_scaffold.model_dump(mode='json'), indent=1)}\n\n"
             f"How it did on training tasks:\n{_attempts(store, parent)}\n\n"
+            f"Edits already tried on this scaffold (propose something else):\n{_tried(store, parent)}\n\n"
             "Lessons from experience:\n" + ("\n".join(f"- {i.text}" for i in insights) or "(none yet)") +
             f"\n\nTools that exist: {', '.join(engine.registry.names())}")
     structured = json_schema_format("scaffold_edit", ProposalAnswer) if engine.config.model.structured_output else None

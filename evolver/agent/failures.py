@@ -1,0 +1,100 @@
+"""How an attempt went, in a learner's words: counted from its recorded steps.
+
+A weak model's commonest trajectories end without an answer: it hits the step
+limit, repeats one call, or sends calls that cannot be read. Those are the
+most instructive ones, so distillation and the proposer read them through
+this summary instead of skipping them: what the model kept doing, how the
+attempt ended, and what the verifier said.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from memory import Step
+
+from ..text import clip
+
+__all__ = ["Behaviour", "behaviour", "MODES", "count_modes"]
+
+MODES = ("no finish", "repeated calls", "malformed calls", "wrong answer")
+REPEATED = 3  # identical calls in a row that count as repeating
+ENDINGS = {"step_limit": "hit the step limit", "repeating": "was stopped for repeating one call",
+           "finished": "handed in an answer"}
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    status: str
+    """How the trajectory ended: finished (an answer), step_limit, repeating."""
+    success: bool | None
+    steps: int
+    calls: Counter = field(default_factory=Counter)
+    """Tool name -> calls that could be read."""
+    longest_repeat: int = 0
+    """The longest run of identical calls (same name and arguments) in a row."""
+    malformed: int = 0
+    last_result: str = ""
+
+    @property
+    def answered(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def modes(self) -> list[str]:
+        """Which of MODES this attempt shows (empty for a success)."""
+        found = []
+        if not self.answered:
+            found.append("no finish")
+        if self.status == "repeating" or self.longest_repeat >= REPEATED:
+            found.append("repeated calls")
+        if self.malformed:
+            found.append("malformed calls")
+        if self.answered and self.success is False:
+            found.append("wrong answer")
+        return found
+
+    def describe(self) -> str:
+        """One line: how it ended and what the model kept doing."""
+        used = ", ".join(f"{name} x{n}" for name, n in self.calls.most_common(4)) or "no tool calls"
+        parts = [f"{ENDINGS.get(self.status, self.status)} after {self.steps} model turns", f"calls: {used}"]
+        if self.longest_repeat >= 2:
+            parts.append(f"{self.longest_repeat} identical calls in a row")
+        if self.malformed:
+            parts.append(f"{self.malformed} calls that could not be read")
+        if self.last_result:
+            parts.append(f"last result: {clip(self.last_result, 160, one_line=True)}")
+        return "; ".join(parts)
+
+
+def behaviour(status: str, success: bool | None, steps: Iterable[Step]) -> Behaviour:
+    """Count what an attempt did from its steps."""
+    calls: Counter = Counter()
+    turns = malformed = run = longest = 0
+    last_key, last_result = None, ""
+    for step in steps:
+        if step.role == "assistant":
+            turns += 1
+            for call in step.tool_calls or []:
+                if call.get("error"):
+                    malformed += 1
+                    last_key, run = None, 0
+                    continue
+                calls[call.get("name")] += 1
+                key = json.dumps([call.get("name"), call.get("arguments")], sort_keys=True, default=str)
+                run = run + 1 if key == last_key else 1
+                last_key = key
+                longest = max(longest, run)
+        elif step.role == "tool":
+            last_result = step.content
+    return Behaviour(status=status, success=success, steps=turns, calls=calls, longest_repeat=longest,
+                     malformed=malformed, last_result=last_result)
+
+
+def count_modes(behaviours: Iterable[Behaviour]) -> dict[str, int]:
+    """How many attempts show each failure mode, in MODES order (modes no attempt shows are left out)."""
+    counted = Counter(mode for b in behaviours for mode in b.modes)
+    return {mode: counted[mode] for mode in MODES if counted[mode]}
