@@ -276,6 +276,11 @@ class EvolutionSettings(_Section):
     distill_after: int = Field(default=10, ge=1)
     """...or as soon as this many new trajectories have been recorded."""
 
+    retire_after_exposures: int = Field(default=8, ge=2, le=10_000)
+    """Measure each learned insight and tool against the attempts without it: after this many
+    attempts with it, one that measurably hurts (its 95% interval below zero) is retired; after
+    three times as many, one that shows no benefit is retired too (the hourly "prune" job)."""
+
     synthesize_every_min: float = Field(default=120.0, gt=0)
     """Look for tools to synthesize at least this often, in minutes."""
 

@@ -39,9 +39,10 @@ from .search import Filters
 from .store import NewTrajectory, Store, StoreOptions, new_id
 from .protocol import ExperienceStore
 from .tool_log import NewTool, RecordedCall
+from .effects import Effect
 
 __all__ = [
-    "ExperienceStore", "Store", "StoreOptions", "NewTrajectory", "NewTool", "RecordedCall", "Filters", "Lease", "TERMINAL_STATUSES", "Embedder", "bundled_model_path", "new_id",
+    "ExperienceStore", "Store", "StoreOptions", "NewTrajectory", "NewTool", "RecordedCall", "Effect", "Filters", "Lease", "TERMINAL_STATUSES", "Embedder", "bundled_model_path", "new_id",
     "Ending", "Task", "Trajectory", "Step", "Outcome", "Insight", "ToolRecord", "Node", "Evaluation",
     "LedgerEntry", "Event", "TrajectoryHit", "InsightHit", "ToolHit", "Context",
     "StoreError", "StoreCorrupt", "StoreLocked", "StoreReadOnly", "StoreFull", "IndexBusy",

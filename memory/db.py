@@ -355,3 +355,22 @@ def _tree_search(db: sqlite_utils.Database) -> None:
 def _task_ending(db: sqlite_utils.Database) -> None:
     # How a task's last run ended, typed (memory.records.Ending), so callers never parse ``error``.
     db.execute("ALTER TABLE tasks ADD COLUMN ending TEXT")
+
+
+@MIGRATIONS(name="0008_exposures")
+def _exposures(db: sqlite_utils.Database) -> None:
+    # Which insights each attempt was shown and which synthesized tools it was offered: the measured
+    # effect of a learned item compares those attempts with the rest (memory.effects). The node index
+    # serves a node's hook effects and its attempts.
+    db.executescript(
+        """
+        CREATE TABLE exposures (
+            trajectory_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            item TEXT NOT NULL,
+            PRIMARY KEY (trajectory_id, kind, item)
+        ) WITHOUT ROWID;
+        CREATE INDEX exposures_item ON exposures (kind, item);
+        CREATE INDEX trajectories_node ON trajectories (node_id);
+        """
+    )

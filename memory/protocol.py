@@ -9,8 +9,10 @@ Each method means what ``Store``'s own docstring says.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Callable, ContextManager, Protocol
 
+from .effects import Effect
 from .embedder import Embedder
 from .inbox import Lease
 from .index import VectorIndex
@@ -206,6 +208,12 @@ class ExperienceStore(Protocol):
     def evaluations_of(self, node_id: str) -> list[Evaluation]: ...
 
     def hook_effects(self, node_id: str) -> dict[str, dict[str, int]]: ...
+
+    def record_exposures(self, trajectory_id: str, kind: str, items: Iterable[str]) -> None: ...
+
+    def exposures_of(self, trajectory_id: str) -> dict[str, list[str]]: ...
+
+    def effects(self, kind: str, since: dict[str, float]) -> dict[str, Effect]: ...
 
     # --- the ledger, events and settings -----------------------------------------------------------------
     def record_call(

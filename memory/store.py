@@ -29,6 +29,7 @@ from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
 from .embedder import Embedder
 from .errors import IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
 from .inbox import Inbox
+from .effects import Exposures
 from .insight_log import InsightLog
 from .tool_log import ToolLog
 from .index import VectorIndex
@@ -94,7 +95,7 @@ class NewTrajectory:
     verifier_output: str | None = None
 
 
-class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog):
+class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, Exposures):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(

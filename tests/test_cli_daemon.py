@@ -46,7 +46,7 @@ def test_up_again_says_it_already_runs_and_status_tells_what_it_does(env):
     status = json.loads(ok("status", "--json", env=env).stdout)
     assert status["mood"] == "running" and status["workers"] >= 1 and status["incumbent"].startswith("node_")
     assert status["sandbox_isolated"] is True
-    assert sorted(j["job"] for j in status["jobs"]) == ["distill", "evolve", "reconcile", "record", "synthesize"]
+    assert sorted(j["job"] for j in status["jobs"]) == ["distill", "evolve", "prune", "reconcile", "record", "synthesize"]
     text = ok("status", env=env).stdout
     assert "running" in text and "incumbent node" in text and "reconcile" in text
 

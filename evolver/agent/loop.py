@@ -20,7 +20,7 @@ from typing import Callable
 
 from memory import Context, Ending, ExperienceStore, Step, Task
 from sandbox import Limits, Sandbox, write_text
-from tools import TaskTools, ToolRegistry, ToolSpec
+from tools import BUILTIN_SOURCES, TaskTools, ToolRegistry, ToolSpec
 
 from ..judge.checks import parse_check
 from ..judge.verify import Verdict, verify
@@ -30,7 +30,7 @@ from ..text import clip
 from .hooks import HookCalls, Hooks
 from .scaffold import Scaffold
 
-__all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context"]
+__all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context", "fit_context"]
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,10 @@ class TaskResult:
     error: str | None = None
 
 
-def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
-    """Worked examples and insights as prompt text, within a token budget (4 chars a token)."""
+def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
+    """The worked examples (as text) and the insights (hits) that fit a token budget (4 chars a token).
+    Among the insights retrieved, the more important come first, so the ones measured to help
+    (``evolver.meta.prune`` raises their importance) are the last to be cut."""
     left = budget_tokens * 4
     examples, insights = [], []
     for hit in context.trajectories:
@@ -116,12 +118,18 @@ def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
             break
         examples.append(block)
         left -= len(block)
-    for hit in context.insights:
-        line = f"- {hit.text}"
-        if len(line) > left:
+    for hit in sorted(context.insights, key=lambda h: -h.importance):  # stable: relevance within a level
+        if len(hit.text) + 2 > left:
             break
-        insights.append(line)
-        left -= len(line)
+        insights.append(hit)
+        left -= len(hit.text) + 2
+    return examples, insights
+
+
+def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
+    """Worked examples and insights as prompt text, within a token budget (``fit_context``)."""
+    examples, hits = fit_context(context, budget_tokens)
+    insights = [f"- {hit.text}" for hit in hits]
     examples_text = ("\nSimilar tasks solved before:\n" + "\n".join(examples) + "\n") if examples else ""
     insights_text = ("\nLessons from experience:\n" + "\n".join(insights) + "\n") if insights else ""
     return examples_text, insights_text
@@ -184,6 +192,7 @@ class Agent:
                 for attempt in range(1, params.max_attempts + 1):
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
+                    self._exposed(trajectory.id, context, tool_names)
                     messages = self._opening(task, context, reflection, note)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose, hooks, attempt)
@@ -257,6 +266,13 @@ class Agent:
         for path, text in (task.metadata.get("files") or {}).items():
             write_text(workspace, path, text)
         return workspace
+
+    def _exposed(self, trajectory_id: str, context: Context, tool_names: list[str]) -> None:
+        """Note the insights this attempt is shown and the synthesized tools it is offered (their
+        measured effect is what keeps them: memory.effects)."""
+        _, shown = fit_context(context, self.scaffold.parameters.context_tokens)
+        self.store.record_exposures(trajectory_id, "insight", [str(hit.insight_id) for hit in shown])
+        self.store.record_exposures(trajectory_id, "tool", [n for n in tool_names if n not in BUILTIN_SOURCES])
 
     def _hooks(self, task: Task) -> Hooks | None:
         """The scaffold's hooks for this task, in a sandboxed interpreter of their own (see hooks.py)."""

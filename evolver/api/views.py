@@ -61,14 +61,20 @@ def search(store: ExperienceStore, text: str, *, kind: str = "trajectories", k: 
 
 def insights(store: ExperienceStore, *, status: str = "active", limit: int = 100) -> dict:
     rows = store.list_insights(status=None if status == "all" else status, limit=limit)
-    return {"insights": [asdict(i) for i in rows]}
+    effects = store.effects("insight", {str(i.id): i.created_at for i in rows})  # memory.effects
+    return {"insights": [{**asdict(i), "effect": effects[str(i.id)].as_dict()} for i in rows]}
 
 
 def tools(store: ExperienceStore, *, status: str = "active") -> dict:
     builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"}
                for spec in builtin_specs()]
     synthesized = store.list_tools(status=None if status == "all" else status)
-    return {"builtin": builtin, "synthesized": [asdict(t) for t in synthesized]}
+    since: dict[str, float] = {}
+    for tool in synthesized:
+        since[tool.name] = min(since.get(tool.name, tool.created_at), tool.created_at)
+    effects = store.effects("tool", since)  # by name: offered to an attempt, whichever version
+    return {"builtin": builtin,
+            "synthesized": [{**asdict(t), "effect": effects[t.name].as_dict()} for t in synthesized]}
 
 
 def tree(store: ExperienceStore, quantile: float = 0.05) -> dict:

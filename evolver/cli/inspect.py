@@ -147,7 +147,18 @@ def insights(state: State, status: str, limit: int, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
-    out.print(table("insights", data["insights"], ["id", "importance", "status", "text"], width={"text": 110}))
+    rows = [{**i, "effect": _effect(i.get("effect"))} for i in data["insights"]]
+    out.print(table("insights", rows, ["id", "importance", "status", "effect", "text"], width={"text": 100}))
+
+
+def _effect(effect: dict | None) -> str:
+    """A measured effect in a cell: attempts with the item (succeeded/total) and the success-rate
+    difference against the attempts without it, with its 95% interval."""
+    if not effect or not effect["exposures"]:
+        return "not shown yet"
+    low, high = effect["interval"]
+    return (f"{effect['helped']}/{effect['exposures']} ok, {effect['difference']:+.2f} "
+            f"[{low:+.2f}, {high:+.2f}] vs {effect['control']}")
 
 
 @cli.command()
@@ -162,8 +173,9 @@ def tools(state: State, status: str, as_json: bool) -> None:
         print_json(data)
         return
     out.print(table("built-in tools", data["builtin"], ["name", "description"], width={"description": 100}))
-    out.print(table(f"synthesized tools ({status})", data["synthesized"],
-                    ["name", "version", "status", "uses", "successes", "failures", "description"]))
+    rows = [{**t, "effect": _effect(t.get("effect"))} for t in data["synthesized"]]
+    out.print(table(f"synthesized tools ({status})", rows,
+                    ["name", "version", "status", "uses", "successes", "failures", "effect", "description"]))
 
 
 @cli.command()

@@ -116,6 +116,12 @@ def _synthesize(host: JobHost) -> str:
     return synthesize_round(host.engine)
 
 
+def _prune(host: JobHost) -> str:
+    from .prune import prune_round
+
+    return prune_round(host.store, host.config)
+
+
 def _new_for_synthesis(limit: int) -> Callable[[JobHost], int]:
     def count(host: JobHost) -> int:
         from .synthesize import pending_trajectories
@@ -164,6 +170,9 @@ def builtin_jobs(config: Config) -> list[Job]:
         Job("synthesize", _synthesize, every_min=e.synthesize_every_min, after=e.synthesize_after,
             pending=_new_for_synthesis(e.synthesize_after), purpose="synthesize",
             description="turn code repeated across tasks, and capabilities failures lacked, into tested tools"),
+        Job("prune", _prune, every_min=60.0,
+            description="measure each insight and tool against the attempts without it; retire those that "
+                        "hurt or never help"),
         Job("record", _record, every_min=5.0, after=1, pending=_ended_evaluations, waits_for_idle=False,
             description="record the evaluations whose tasks ended (and consider a promotion), and judge a "
                         "proposed node whose smoke task ended"),

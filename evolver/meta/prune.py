@@ -1,0 +1,84 @@
+"""Keep learned items only while they help: one round of measuring insights and synthesized tools.
+
+Each active insight and tool has a measured effect (``memory.effects``): the
+success rate of the learnable attempts it was put in front of against the
+attempts made since it existed without it, with an approximate 95% interval.
+After ``retire_after_exposures`` exposures, an item whose interval lies below
+zero measurably hurts and is retired; after three times as many, an item that
+still shows no benefit (a difference at or below zero) is retired too. An
+insight whose interval lies above zero is raised to importance 3, so retrieval
+keeps it when the token budget cuts (``evolver.agent.loop.fit_context``).
+Each retirement or raise is an event that ``evolver history revert`` undoes.
+"""
+
+from __future__ import annotations
+
+from memory import Effect, ExperienceStore
+
+from ..config import Config
+
+__all__ = ["prune_round", "insight_effects", "tool_effects", "verdict"]
+
+MEASURED_IMPORTANCE = 3  # an insight measured to help is kept at least this important
+
+
+def insight_effects(store: ExperienceStore) -> dict[int, Effect]:
+    active = store.list_insights()
+    found = store.effects("insight", {str(i.id): i.created_at for i in active})
+    return {i.id: found[str(i.id)] for i in active}
+
+
+def tool_effects(store: ExperienceStore) -> dict[str, Effect]:
+    """By tool name, since its first active version was registered."""
+    since: dict[str, float] = {}
+    for tool in store.list_tools(status="active"):
+        since[tool.name] = min(since.get(tool.name, tool.created_at), tool.created_at)
+    return store.effects("tool", since)
+
+
+def verdict(effect: Effect, min_exposures: int) -> str | None:
+    """"hurts", "never helps", "helps", or None while the evidence is too thin to say."""
+    low, high = effect.interval
+    if effect.exposures >= min_exposures and high < 0:
+        return "hurts"
+    if effect.exposures >= 3 * min_exposures and effect.difference <= 0:
+        return "never helps"
+    if effect.exposures >= min_exposures and low > 0:
+        return "helps"
+    return None
+
+
+def _why(effect: Effect, said: str) -> str:
+    low, high = effect.interval
+    return (f"{said}: {effect.helped} of {effect.exposures} attempts with it succeeded, against "
+            f"{effect.control_successes} of {effect.control_successes + effect.control_failures} without it "
+            f"since it existed (difference {effect.difference:+.2f}, 95% interval {low:+.2f} to {high:+.2f})")
+
+
+def prune_round(store: ExperienceStore, config: Config) -> str:
+    """Measure every active insight and tool; retire those that hurt or never help, raise insights that
+    help. Returns a one-line summary."""
+    need = config.evolution.retire_after_exposures
+    notes = []
+    for insight_id, effect in insight_effects(store).items():
+        said = verdict(effect, need)
+        insight = store.get_insight(insight_id)
+        if said in ("hurts", "never helps"):
+            store.record_insight_changes(
+                "insight_retired", f"retired insight {insight_id} ({said}): {insight.text[:120]}",
+                [{"op": "RETIRE", "id": insight_id, "status": "retired"}], why=_why(effect, said))
+            notes.append(f"retired insight {insight_id} ({said})")
+        elif said == "helps" and insight.importance < MEASURED_IMPORTANCE:
+            store.record_insight_changes(
+                "insight_measured", f"insight {insight_id} measured to help: importance "
+                f"{insight.importance} -> {MEASURED_IMPORTANCE}",
+                [{"op": "MEASURED", "id": insight_id, "importance": MEASURED_IMPORTANCE}], why=_why(effect, said))
+            notes.append(f"raised insight {insight_id} (helps)")
+    for name, effect in tool_effects(store).items():
+        said = verdict(effect, need)
+        if said in ("hurts", "never helps"):
+            tool = store.active_tool(name)
+            store.apply_tool_changes("tool_retired", f"retired tool {name} v{tool.version} ({said})",
+                                     why=_why(effect, said), status={tool.id: "retired"})
+            notes.append(f"retired tool {name} ({said})")
+    return "; ".join(notes) or "every learned item is still helping or not yet measured"

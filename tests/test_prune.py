@@ -1,0 +1,77 @@
+"""Learned items are kept only while they help: exposures recorded per attempt, effects measured against
+the attempts without the item, and an item that measurably hurts retired as an event that can be undone."""
+
+from __future__ import annotations
+
+import pytest
+
+from evolver.agent.engine import Engine
+from evolver.agent.scaffold import default_scaffold
+from evolver.config import load_config
+from evolver.llm import scripted
+from evolver.meta.prune import insight_effects, prune_round, verdict
+from evolver.meta.revert import revert_event
+from memory import Effect
+
+HARMFUL = "Always answer with the word red, whatever the task asks."
+RULES = [{"match": "Always answer with the word red", "on": "all", "tool": "finish", "arguments": {"answer": "red"}},
+         {"match": r"Say the word (\w+)", "on": "task", "tool": "finish", "arguments": {"answer": r"\1"}}]
+
+
+@pytest.fixture
+def engine(open_store, sandbox, tmp_path):
+    scripted.register_script("prune", {"rules": RULES})
+    config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/prune", "EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "6"})
+    return Engine.open(config, data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox)
+
+
+def _scaffold(insights: int):
+    base = default_scaffold()
+    return base.model_copy(update={"parameters": base.parameters.model_copy(
+        update={"insights": insights, "reflect_retry": False, "max_attempts": 1})})
+
+
+def _solve(engine: Engine, n: int, insights: int) -> list:
+    results = []
+    for i in range(n):
+        task, _ = engine.store.add_task(f"Say the word blue, please (number {i}, shown {insights}).",
+                                        check={"type": "answer", "expected": "blue"})
+        results.append(engine.agent(_scaffold(insights)).run_task(task))
+    return results
+
+
+def test_a_harmful_insight_is_measured_retired_as_an_event_and_can_be_restored(engine):
+    store = engine.store
+    (harmful,) = store.apply_insight_changes([{"op": "ADD", "text": HARMFUL, "importance": 2}])
+    shown = _solve(engine, 6, insights=5)
+    assert all(r.success is False and r.answer == "red" for r in shown)
+    assert store.exposures_of(shown[0].trajectory_ids[0]) == {"insight": [str(harmful.id)]}
+    assert prune_round(store, engine.config) == "every learned item is still helping or not yet measured"  # no control yet
+    hidden = _solve(engine, 6, insights=0)  # comparable tasks without it
+    assert all(r.success for r in hidden) and store.exposures_of(hidden[0].trajectory_ids[0]) == {}
+    effect = insight_effects(store)[harmful.id]
+    assert (effect.helped, effect.hurt, effect.control_successes, effect.control_failures) == (0, 6, 6, 0)
+    assert effect.interval[1] < 0
+    assert prune_round(store, engine.config) == f"retired insight {harmful.id} (hurts)"
+    assert store.get_insight(harmful.id).status == "retired"
+    (event,) = store.list_events(kind="insight_retired")
+    assert "0 of 6 attempts with it succeeded, against 6 of 6 without it" in event.why
+    assert all(r.success for r in _solve(engine, 2, insights=5))  # no longer shown
+    revert_event(store, event.id)
+    assert store.get_insight(harmful.id).status == "active"
+    from evolver.api import views
+    from evolver.cli.inspect import _effect
+    (listed,) = views.insights(store)["insights"]  # what `evolver insights` shows
+    assert listed["effect"]["exposures"] == 6 and listed["effect"]["control"] == 8
+    assert _effect(listed["effect"]) == "0/6 ok, -0.78 [-1.00, -0.48] vs 8"
+
+
+@pytest.mark.parametrize("counts, said", [
+    ((0, 6, 6, 0), "hurts"),
+    ((0, 5, 6, 0), None),  # too few exposures to say
+    ((8, 8, 8, 8), None),  # no difference yet, and fewer than three times the minimum exposures
+    ((27, 27, 30, 30), "never helps"),  # three times the minimum and still nothing
+    ((6, 0, 0, 6), "helps"),
+])
+def test_the_verdict_on_an_effect(counts, said):
+    assert verdict(Effect("x", *counts), 6) == said
