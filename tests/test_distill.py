@@ -249,7 +249,7 @@ def test_attempts_without_an_answer_are_distilled_with_what_the_model_kept_doing
     assert sorted(insight.provenance) == sorted(ids)
     prompt = json.loads(record.read_text().splitlines()[0])["messages"][-1]["content"]
     assert ("What it did: hit the step limit after 5 model turns; calls: run_python x4; "
-            "4 identical calls in a row; 1 calls that could not be read; "
+            "4 identical calls in a row; 1 call that could not be read; "
             "last result: NameError: name 'x' is not defined") in prompt
     assert "was stopped for repeating one call after 7 model turns" in prompt
     assert prompt.count("The verifier said: no final answer was given") == 2

@@ -64,7 +64,7 @@ class Behaviour:
         if self.longest_repeat >= 2:
             parts.append(f"{self.longest_repeat} identical calls in a row")
         if self.malformed:
-            parts.append(f"{self.malformed} calls that could not be read")
+            parts.append(f"{self.malformed} call{'' if self.malformed == 1 else 's'} that could not be read")
         if self.last_result:
             parts.append(f"last result: {clip(self.last_result, 160, one_line=True)}")
         return "; ".join(parts)
