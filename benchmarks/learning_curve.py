@@ -75,7 +75,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests._daemon import DaemonProcess, demo_rules, free_port, make_root, remove_root, run_rounds, write_script
+from tests._daemon import (
+    DaemonProcess,
+    demo_rules,
+    free_port,
+    make_root,
+    remove_root,
+    run_rounds,
+    write_script,
+)
 
 LOCAL_ALIAS = "qwen2.5-coder-0.5b"
 DIRECT_PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
