@@ -12,7 +12,7 @@ from _daemon import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import learning_curve as curve  # noqa: E402
+import learning_curve as curve
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -20,7 +20,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning_curve.py"), "--quick", "--out", str(out)],
-                         cwd=str(REPO), capture_output=True, text=True, timeout=240)
+                         check=False, cwd=str(REPO), capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)
     assert json.loads((out / "learning_curve.json").read_text()) == report
@@ -57,7 +57,7 @@ def test_the_direct_code_is_the_prompt_then_the_models_function_or_its_body():
     assert cut.endswith("def add(a, b):\n    return a + b")
     for code in (whole, body, cut):
         namespace: dict = {}
-        exec(code, namespace)
+        exec(code, namespace)  # noqa: S102 (this test's own code, as the checker would load it)
         assert namespace["add"](2, 3) == 5
 
 
