@@ -2,7 +2,7 @@
 
     python benchmarks/learning_curve.py [--quick | --full] [--model NAME] [--api-base URL] [--seed 0]
         [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
-        [--slots S] [--out DIR] [--keep]
+        [--slots S] [--max-steps N] [--max-attempts N] [--out DIR] [--keep]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
 ``tests/_daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
@@ -34,6 +34,10 @@ Measured on the same held-out tasks, in one run:
   rounds (each followed, once the search's tasks have run, by a record round) until ``--evaluations``
   evaluations were recorded in this generation or ``--evolve-rounds`` rounds were run; the tree
   promotes by itself when a node's held-out bound beats the incumbent's.
+
+``--max-steps`` and ``--max-attempts`` shorten the seed scaffold (the bundled one, with those two
+parameters changed, as ``[agent] seed_scaffold``): the seed's own limits (20 steps, 2 attempts) let
+one task of a slow local model take many minutes. Everything is then measured from that seed.
 
 Background jobs run only when asked (``[evolution] enabled = false``); the daemon still pokes
 ``record`` when one of the search's tasks ends. The daily budget caps are off (tokens and calls are
@@ -217,6 +221,18 @@ def scripted_model(root: Path, held, trained, problems) -> str:
     # After the demo's reply to a reflection, whose conversation starts with the task too.
     at = next(n for n, r in enumerate(rules) if "previous attempt" in r["match"]) + 1
     return write_script(root, "model", [*direct, *rules[:at], *agent, *rules[at:]])
+
+
+def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> Path:
+    """The bundled seed scaffold with its step and attempt limits changed, checked as the daemon loads it."""
+    from evolver.agent.scaffold import default_scaffold, load_scaffold
+
+    data = json.loads(default_scaffold().model_dump_json())
+    data["parameters"] |= {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts))
+                           if v is not None}
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    load_scaffold(path)
+    return path
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -496,6 +512,9 @@ def parse(argv: list[str] | None):
     parser.add_argument("--evaluations", type=int, default=None, help="tree evaluations per generation")
     parser.add_argument("--evolve-rounds", type=int, default=None, help="most evolve rounds per generation")
     parser.add_argument("--slots", type=int, default=2, help="[evolution] evaluation_slots of the daemon")
+    parser.add_argument("--max-steps", type=int, default=None, help="the seed scaffold's step limit (default: its own)")
+    parser.add_argument("--max-attempts", type=int, default=None,
+                        help="the seed scaffold's attempts per task (default: its own)")
     parser.add_argument("--phase-timeout-s", type=float, default=4 * 3600.0,
                         help="a batch of tasks still unfinished then is cancelled and counted as failed")
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
@@ -528,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
                     "EVOLVER_EVOLUTION_EVALUATION_SLOTS": str(args.slots), "EVOLVER_DAEMON_WORKERS": "2",
                     "EVOLVER_BUDGET_TOKENS_PER_DAY": "0", "EVOLVER_BUDGET_USD_PER_DAY": "0",
                     "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}
+        if args.max_steps is not None or args.max_attempts is not None:
+            settings["EVOLVER_AGENT_SEED_SCAFFOLD"] = str(short_seed(root / "seed.json", args.max_steps,
+                                                                     args.max_attempts))
         if args.model == "scripted":
             model = scripted_model(root, held, trained, problems)
         elif args.model == "local":
