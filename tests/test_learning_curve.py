@@ -1,0 +1,72 @@
+"""The learning-curve benchmark's path, end to end, with the scripted model: ``--quick`` runs a real daemon
+through the direct reference, the seed measurement and one generation of learning, and leaves its JSON
+and its plot. Nothing is asserted about success rates: the scripted model only makes the path work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from _daemon import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import learning_curve as curve
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning_curve.py"), "--quick", "--out", str(out)],
+                         check=False, cwd=str(REPO), capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert json.loads((out / "learning_curve.json").read_text()) == report
+    assert (out / "learning_curve.png").read_bytes()[:8] == PNG_MAGIC
+
+    held, train = report["tasks"]["held_out"], report["tasks"]["train"]
+    assert len(held) == 3 and not set(held) & set(train)
+    assert set(report["direct"]["per_task"]) == set(held)
+    assert report["direct"]["model_calls"] == len(held) and report["direct"]["sandbox_isolated"] is True
+
+    generations = report["generations"]
+    assert [g["generation"] for g in generations] == [0, 1]  # the seed, then one generation of learning
+    for g in generations:
+        assert set(g["per_task"]) == set(held)
+        assert g["held_out"]["total"] == len(held) and len(g["held_out"]["ci95"]) == 2
+        assert g["paired_vs_seed"]["tasks"] == len(held)
+        assert g["model_calls"] > 0 and g["tokens"] > 0 and g["wall_s"] >= 0
+        assert {"insights", "tools", "incumbent", "tree"} <= set(g["learned"])
+        assert g["learned"]["incumbent"]["node"]
+    learning = generations[1]["learning"]
+    assert learning["training"]["total"] == len(train)
+    assert [r["job"] for r in learning["distill"] + learning["synthesize"]] == ["distill", "synthesize"]
+    assert learning["evolve"]["rounds"] >= 1 and learning["evolve"]["evaluations_recorded"] >= 1
+    assert learning["by_purpose"].get("task", {}).get("model_calls", 0) > 0
+
+
+def test_the_direct_code_is_the_prompt_then_the_models_function_or_its_body():
+    problem = {"entry_point": "add", "prompt": 'from typing import List\n\n\ndef add(a, b):\n    """Sum."""\n'}
+    whole = curve.solution_code("Here:\n```python\ndef add(a, b):\n    return a + b\n```\nDone.", problem)
+    assert whole.startswith(problem["prompt"]) and whole.endswith("def add(a, b):\n    return a + b\n")
+    body = curve.solution_code("    return a + b\n", problem)
+    assert body == problem["prompt"] + "    return a + b\n"
+    cut = curve.solution_code("```python\ndef add(a, b):\n    return a + b", problem)  # no closing fence
+    assert cut.endswith("def add(a, b):\n    return a + b")
+    for code in (whole, body, cut):
+        namespace: dict = {}
+        exec(code, namespace)  # noqa: S102 (this test's own code, as the checker would load it)
+        assert namespace["add"](2, 3) == 5
+
+
+def test_the_paired_difference_counts_each_task_against_itself():
+    before = {"a": True, "b": False, "c": False, "d": True}
+    after = {"a": True, "b": True, "c": True, "d": False}
+    result = curve.paired(after, before)
+    assert (result["tasks"], result["improved"], result["worsened"], result["difference"]) == (4, 2, 1, 0.25)
+    low, high = result["ci95"]
+    assert low < 0.25 < high
+    assert result["mcnemar_exact_p"] == 1.0  # 2 against 1 is no evidence
+    assert curve.wilson(0, 10)[0] == 0.0 and curve.wilson(10, 10)[1] == 1.0
