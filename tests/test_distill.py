@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 
@@ -262,3 +263,30 @@ def test_attempts_cut_short_by_something_else_teach_nothing_and_move_the_waterma
     assert distill_round(e.store, e.model, e.config) == ("2 trajectories cut short (cancelled or an error); "
                                                          "nothing to distill")
     assert e.store.list_insights() == [] and e.store.get_meta(WATERMARK_KEY) is not None
+
+
+REAL = Path(__file__).parent / "data" / "real_model_failures.json"  # tests/data/record_real_failures.py
+
+
+def real_failures() -> list[NewTrajectory]:
+    """What the real 0.5B model did on training tasks of the basic pack, as recorded, where it ended
+    without an answer."""
+    recorded = json.loads(REAL.read_text(encoding="utf-8"))["recorded"]
+    return [NewTrajectory(prompt=r["prompt"], success=False, status=r["status"], steps=r["steps"],
+                          verifier_output=r["verifier_output"]) for r in recorded]
+
+
+def test_the_real_models_attempts_without_an_answer_become_an_insight(engine, tmp_path):
+    record = tmp_path / "distill-real.jsonl"
+    scripted.register_script("distill-real", {"rules": [{"match": "", "reply": json.dumps(ADD)}],
+                                              "record": str(record)})
+    e = engine(ADD, "distill-real-unused", EVOLVER_MODEL_NAME="scripted/distill-real")
+    attempts = real_failures()
+    assert attempts and all(a.status in ("step_limit", "repeating") for a in attempts)
+    ids = e.store.ingest(attempts)
+    assert distill_round(e.store, e.model, e.config) == f"1 operations (ADD) from {len(ids)} trajectories"
+    (insight,) = e.store.list_insights()
+    assert sorted(insight.provenance) == sorted(ids)
+    prompt = json.loads(record.read_text().splitlines()[0])["messages"][-1]["content"]
+    assert prompt.count("No answer (failed)") == len(ids) and prompt.count("What it did: ") == len(ids)
+    assert prompt.count("The verifier said: ") == len(ids)

@@ -154,6 +154,21 @@ def test_a_distill_and_a_propose_round_end_valid_or_in_a_clean_refusal(engine):
     assert child.status == "proposed" or child.reason, summary
 
 
+def test_the_real_models_failures_without_an_answer_are_distilled_by_the_real_model(engine):
+    """Its own recorded attempts that hit the step limit (tests/data/real_model_failures.json) go to
+    distillation, not past it: the round reads them and ends in operations or a clean refusal."""
+    from tests.test_distill import real_failures
+
+    ids = engine.store.ingest(real_failures())
+    try:
+        summary = distill_round(engine.store, engine.model, engine.config)
+    except InsightOpError as exc:
+        assert "came back" in str(exc) or "not" in str(exc), exc
+        return
+    assert summary.endswith(f"from {len(ids)} trajectories"), summary  # none skipped
+    print("distilled from the real model's failures:", summary, [i.text for i in engine.store.list_insights()])
+
+
 def test_a_chat_through_the_daemon_answers(llama):
     root = make_root()
     daemon = DaemonProcess(root, model=f"openai/{ALIAS}", settings={

@@ -620,3 +620,30 @@ def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_
     assert "Edits already tried on this scaffold (propose something else):\n(none yet)" in first
     assert "result: invalid: its tools do not import: no tool named 'teleport'" in second
     assert '"teleport"' in second.split("Edits already tried")[1]  # the edit itself, from the node's diff
+
+
+def test_a_child_whose_only_change_is_a_hook_is_evaluated_and_promoted_on_its_results(engine):
+    """The model hands in sentences ("The answer is 5."); the proposer's only edit is a before_finish hook
+    that hands in the number. The search evaluates the child like any other and promotes it on held-out
+    results: hooks are a real change."""
+    hook = ("import re\ndef before_finish(data):\n    found = re.findall('[0-9]+', data['answer'] or '')\n"
+            "    return {'answer': found[-1]} if found else None\n")
+    wordy = [{"match": r"^(?P<out>-?\d+)\s*$", "role": "tool", "tool": "finish",
+              "arguments": {"answer": r"The answer is \g<out>."}}, SOLVER[1]]
+    e = engine([_proposer({"hooks": hook}, "hand in the number alone"), *wordy], "tree-hook-promote",
+               EVOLVER_EVOLUTION_MIN_EVALUATIONS="3")
+    search = _search(e, slots=2)
+    root = incumbent(e.store)
+    for _ in range(40):
+        search.step()
+        _run_queued(e, search)
+        search.record_ended()
+        if incumbent(e.store).id != root.id:
+            break
+    served = incumbent(e.store)
+    assert served.id != root.id, tree_view(e.store)
+    assert scaffold_of(e.store, served).model_copy(update={"hooks": ""}) == scaffold_of(e.store, root)
+    (event,) = e.store.list_events(kind="promote")
+    assert event.payload == {"from": root.id, "to": served.id}
+    held = [ev for ev in e.store.evaluations_of(served.id) if ev.split == "test" and ev.status == "done"]
+    assert len(held) >= 3 and all(ev.success for ev in held)
