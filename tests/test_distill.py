@@ -290,3 +290,19 @@ def test_the_real_models_attempts_without_an_answer_become_an_insight(engine, tm
     prompt = json.loads(record.read_text().splitlines()[0])["messages"][-1]["content"]
     assert prompt.count("No answer (failed)") == len(ids) and prompt.count("What it did: ") == len(ids)
     assert prompt.count("The verifier said: ") == len(ids)
+
+
+def test_one_bad_operation_of_a_weak_model_is_skipped_and_its_good_ones_applied(engine):
+    """What the real 0.5B model answered for its own failures: a good ADD and an EDIT of an insight that
+    is not listed. The ADD is applied; the EDIT is skipped, and the event says why."""
+    reply = {"operations": [{"op": "ADD", "text": "Call finish with the answer once the code printed it."},
+                            {"op": "EDIT", "id": 2, "text": "Use run_python."}]}
+    e = engine(reply, "distill-partial")
+    _experience(e.store)
+    summary = distill_round(e.store, e.model, e.config)
+    assert summary == ("1 operations (ADD; skipped 1: operation 2: EDIT needs the id of a listed insight "
+                       "(1..0), not 2) from 2 trajectories")
+    (insight,) = e.store.list_insights()
+    assert insight.text == "Call finish with the answer once the code printed it."
+    (event,) = e.store.list_events(kind="distill")
+    assert event.payload["skipped"] == ["operation 2: EDIT needs the id of a listed insight (1..0), not 2"]

@@ -121,18 +121,23 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
     except json.JSONDecodeError as exc:
         raise InsightOpError(f"the answer is not JSON ({exc}); what came back: "
                              f"{clip(reply.content, 300, one_line=True)!r}") from None
-    ops = parse_ops(answer, shown=len(shown), max_ops=max_ops)
+    skipped: list[str] = []
+    ops = parse_ops(answer, shown=len(shown), max_ops=max_ops, skipped=skipped)
+    if skipped and not ops:
+        raise InsightOpError(skipped[0])
     evidence = [t.id for t, _ in batch]
     plan_changes(store, ops, shown, provenance=evidence, cap=cap,
                  merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
     summary = ", ".join(f"{op.kind} {op.ref or ''}".strip() for op in ops) or "no change"
+    if skipped:
+        summary += f"; skipped {len(skipped)}: {'; '.join(skipped)}"
     # The event, its insight changes and the watermark commit together: a kill between
     # them would otherwise leave the round applied but unmarked, and the next run repeat it.
     with store.transaction():
         event = store.append_event("distill", f"{len(ops)} insight operations from {len(batch)} trajectories: "
                                    f"{summary}", why="contrast of new trajectories with similar past ones",
                                    evidence=evidence, cost_usd=reply.cost_usd,
-                                   payload={"operations": [vars(op) for op in ops]})
+                                   payload={"operations": [vars(op) for op in ops], "skipped": skipped})
         apply_ops(store, ops, shown, provenance=evidence, cap=cap,
                   merge_threshold=config.evolution.insight_merge_threshold, event_id=event.id)
         store.set_meta(WATERMARK_KEY, new_mark)

@@ -51,8 +51,12 @@ def render(shown: list[Insight]) -> str:
     return "\n".join(f"{n}. {i.text} (importance {i.importance})" for n, i in enumerate(shown, start=1))
 
 
-def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4) -> list[InsightOp]:
-    """The operations in the model's answer, or ``InsightOpError`` naming the first problem."""
+def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4,
+              skipped: list[str] | None = None) -> list[InsightOp]:
+    """The operations in the model's answer, or ``InsightOpError`` naming the first problem. With a
+    ``skipped`` list, an operation that is wrong on its own (an unlisted id, no text) is left out and
+    its problem appended there instead: a weak model's one bad operation need not cost its good ones.
+    The answer's shape (JSON, an operations list, at most ``max_ops``) is always checked whole."""
     data = answer
     if isinstance(answer, str):
         try:
@@ -67,29 +71,38 @@ def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4) -> lis
         raise InsightOpError(f"{len(data)} operations; at most {max_ops} are allowed in one answer")
     ops = []
     for n, item in enumerate(data, start=1):
-        where = f"operation {n}"
-        if not isinstance(item, dict):
-            raise InsightOpError(f"{where} is not an object")
-        kind = str(item.get("op", "")).upper()
-        if kind not in KINDS:
-            raise InsightOpError(f"{where}: op must be one of {', '.join(KINDS)}, not {item.get('op')!r}")
-        ref = item.get("id")
-        if kind == "ADD":
-            if ref is not None:
-                raise InsightOpError(f"{where}: ADD takes no id")
-        elif not isinstance(ref, int) or isinstance(ref, bool) or not 1 <= ref <= shown:
-            raise InsightOpError(f"{where}: {kind} needs the id of a listed insight (1..{shown}), not {ref!r}")
-        text = item.get("text")
-        if kind in ("ADD", "EDIT"):
-            if not isinstance(text, str) or not text.strip():
-                raise InsightOpError(f"{where}: {kind} needs a non-empty text")
-            if len(text) > MAX_TEXT:
-                raise InsightOpError(f"{where}: the text is {len(text)} characters; at most {MAX_TEXT}")
-            text = " ".join(text.split())
-        elif text is not None:
-            raise InsightOpError(f"{where}: {kind} takes no text")
-        ops.append(InsightOp(kind=kind, ref=ref, text=text))
+        try:
+            ops.append(_operation(item, f"operation {n}", shown))
+        except InsightOpError as exc:
+            if skipped is None:
+                raise
+            skipped.append(str(exc))
     return ops
+
+
+def _operation(item, where: str, shown: int) -> InsightOp:
+    """One operation of the answer, or InsightOpError naming its problem."""
+    if not isinstance(item, dict):
+        raise InsightOpError(f"{where} is not an object")
+    kind = str(item.get("op", "")).upper()
+    if kind not in KINDS:
+        raise InsightOpError(f"{where}: op must be one of {', '.join(KINDS)}, not {item.get('op')!r}")
+    ref = item.get("id")
+    if kind == "ADD":
+        if ref is not None:
+            raise InsightOpError(f"{where}: ADD takes no id")
+    elif not isinstance(ref, int) or isinstance(ref, bool) or not 1 <= ref <= shown:
+        raise InsightOpError(f"{where}: {kind} needs the id of a listed insight (1..{shown}), not {ref!r}")
+    text = item.get("text")
+    if kind in ("ADD", "EDIT"):
+        if not isinstance(text, str) or not text.strip():
+            raise InsightOpError(f"{where}: {kind} needs a non-empty text")
+        if len(text) > MAX_TEXT:
+            raise InsightOpError(f"{where}: the text is {len(text)} characters; at most {MAX_TEXT}")
+        text = " ".join(text.split())
+    elif text is not None:
+        raise InsightOpError(f"{where}: {kind} takes no text")
+    return InsightOp(kind=kind, ref=ref, text=text)
 
 
 def _similar(store: ExperienceStore, text: str, candidates: list[Insight]) -> tuple[Insight | None, float]:
