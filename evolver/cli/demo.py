@@ -27,7 +27,7 @@ from ..judge.taskpack import bundled_pack
 from ..storage import open_store
 from .base import DaemonDied, State, cli, out, table
 from .daemon import spawn_daemon, stop_daemon
-from .inspect import show_tree
+from .inspect import hook_effects_line, show_tree
 
 
 def _sample(name: str) -> list[dict]:
@@ -91,10 +91,8 @@ def _show_hooks(client) -> None:
         node = client.get(f"/v1/nodes/{n['id']}")
         if not node["scaffold"].get("hooks", "").strip():
             continue
-        effects = node.get("hook_effects") or {}
-        done = ", ".join(f"{point} changed something {e['changed']}x, failed {e['failed']}x"
-                         for point, e in effects.items()) or "nothing yet"
-        out.print(f"\n[bold]hooks of {node['id']}[/bold] (run in the sandbox at points of the loop): {done}")
+        out.print(f"\n[bold]hooks of {node['id']}[/bold] (run in the sandbox at points of the loop): "
+                  f"{hook_effects_line(node.get('hook_effects'))}")
 
 
 @cli.command()

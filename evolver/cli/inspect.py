@@ -97,9 +97,7 @@ def node(state: State, node_id: str, as_json: bool) -> None:
     if hooks.strip():
         out.print("hooks:", markup=False)
         out.print(hooks.rstrip(), markup=False, highlight=False)
-        effects = data.get("hook_effects") or {}
-        out.print("hook effects: " + (", ".join(f"{point} changed something {e['changed']}x, failed {e['failed']}x"
-                                                for point, e in effects.items()) or "none yet"), markup=False)
+        out.print(f"hook effects: {hook_effects_line(data.get('hook_effects'))}", markup=False)
     else:
         out.print("hooks: none", markup=False)
     done = [e for e in data["evaluations"] if e["status"] == "done"]
@@ -149,6 +147,12 @@ def insights(state: State, status: str, limit: int, as_json: bool) -> None:
         return
     rows = [{**i, "effect": _effect(i.get("effect"))} for i in data["insights"]]
     out.print(table("insights", rows, ["id", "importance", "status", "effect", "text"], width={"text": 100}))
+
+
+def hook_effects_line(effects: dict | None) -> str:
+    """Per hook point, how often a node's hooks changed something and how often a call failed."""
+    return ", ".join(f"{point} changed something {e['changed']}x, failed {e['failed']}x"
+                     for point, e in (effects or {}).items()) or "none yet"
 
 
 def _effect(effect: dict | None) -> str:
