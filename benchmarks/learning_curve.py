@@ -70,6 +70,7 @@ import random
 import re
 import sqlite3
 import subprocess
+import signal
 import sys
 import tempfile
 import time
@@ -537,6 +538,9 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # A SIGTERM (a timeout, a person stopping a long run) unwinds like Ctrl-C, so the finally blocks stop
+    # the daemon and the model server instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or Path(tempfile.mkdtemp(prefix="learning-curve-"))
     out.mkdir(parents=True, exist_ok=True)
     root = make_root()
