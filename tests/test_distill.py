@@ -306,3 +306,35 @@ def test_one_bad_operation_of_a_weak_model_is_skipped_and_its_good_ones_applied(
     assert insight.text == "Call finish with the answer once the code printed it."
     (event,) = e.store.list_events(kind="distill")
     assert event.payload["skipped"] == ["operation 2: EDIT needs the id of a listed insight (1..0), not 2"]
+
+
+def test_a_poke_while_a_round_of_the_job_runs_is_not_lost(engine):
+    """The daemon pokes "record" as each evaluation task ends; one that ends while a record round runs
+    (after that round read the store) must still be recorded: the round runs once more."""
+    import threading
+
+    e = engine(ADD, "jobs-poke")
+    first_started, release, rounds = threading.Event(), threading.Event(), []
+
+    def slow(host) -> str:
+        rounds.append(time.monotonic())
+        if len(rounds) == 1:
+            first_started.set()
+            assert release.wait(30)
+        return f"round {len(rounds)}"
+    jobs = Jobs(SimpleNamespace(store=e.store, engine=e, config=e.config),
+                [Job("record", slow, every_min=60.0, description="a slow round", waits_for_idle=False)])
+    jobs.start(schedule=False)
+    try:
+        jobs.poke("record")
+        assert first_started.wait(30)
+        jobs.poke("record")  # while the first round runs
+        time.sleep(0.5)
+        assert len(rounds) == 1
+        release.set()
+        deadline = time.monotonic() + 30
+        while len(rounds) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(rounds) == 2
+    finally:
+        jobs.stop()

@@ -193,6 +193,9 @@ class Jobs:
         self._rounds_lock = threading.Lock()
         self._failures: dict[str, int] = {}  # failed rounds in a row, by job
         self._resume_at: dict[str, float] = {}  # no scheduled round of the job before this time
+        self._wanted: set[str] = set()  # jobs asked for while a round of theirs was running
+        self._wanted_lock = threading.Lock()
+        self._pokes = itertools.count(1)
 
     def start(self, *, schedule: bool = True) -> None:
         """Start the job host; with ``schedule`` also the intervals and triggers (``[evolution] enabled``).
@@ -206,10 +209,11 @@ class Jobs:
         self.scheduler.start()
 
     def poke(self, name: str) -> None:
-        """A scheduled round of ``name`` as soon as a thread is free (gates apply; one already
-        waiting or running covers this one)."""
+        """A scheduled round of ``name`` as soon as a thread is free (gates apply). A poke while a round
+        of the job runs is never lost: that round runs once more when it ends, because what it was
+        poked for (an evaluation task that just ended) may have ended after the round read the store."""
         if self.scheduler.running:
-            self.scheduler.add_job(self._scheduled, args=[name], id=f"poke-{name}", replace_existing=True)
+            self.scheduler.add_job(self._scheduled, args=[name], id=f"poke-{name}-{next(self._pokes)}")
 
     def submit(self, name: str | None = None) -> list[dict]:
         """Queue one round of ``name`` (or of every job, in order) on the job host; returns them, queued."""
@@ -242,6 +246,10 @@ class Jobs:
             with self._rounds_lock:
                 r.status, r.ok, r.summary = ("done" if done.ok else "failed"), done.ok, done.summary
                 r.seconds, r.event_id = done.seconds, done.event_id
+            with self._wanted_lock:
+                wanted = r.job in self._wanted
+            if wanted:  # poked while this round held the job: the poke's round runs now
+                self._scheduled(r.job)
 
     def _triggers(self) -> None:
         for job in self.jobs.values():
@@ -306,10 +314,20 @@ class Jobs:
         if reason is not None:
             log.info("job %s waits: %s", name, reason)
             return
-        try:
-            self.run_one(name)
-        except JobError as exc:  # already running by hand: this tick is skipped
-            log.info("%s", exc)
+        with self._wanted_lock:
+            self._wanted.add(name)
+        while True:
+            with self._wanted_lock:
+                if name not in self._wanted:
+                    return
+                self._wanted.discard(name)
+            try:
+                self.run_one(name)
+            except JobError as exc:  # a round is running: it runs once more when it ends (_wanted)
+                log.info("%s; it runs again when that round ends", exc)
+                with self._wanted_lock:
+                    self._wanted.add(name)
+                return
 
     def run_now(self, name: str | None = None) -> list[JobRound]:
         """One round of one job (or of every job, in order), in this thread."""
