@@ -63,10 +63,10 @@ def _rate(successes: int, failures: int) -> float:
 class Exposures:
     """The part of ``Store`` that records exposures and measures effects (a mixin)."""
 
-    def record_exposures(self, trajectory_id: str, kind: str, items: Iterable[str]) -> None:
-        """Note that the attempt was shown these insights (``kind`` "insight") or offered these tools
-        ("tool"); recording one twice changes nothing."""
-        rows = [(trajectory_id, kind, str(item)) for item in items]
+    def record_exposures(self, trajectory_id: str, items: dict[str, Iterable[str]]) -> None:
+        """Note, in one write, what the attempt was shown: ``{"insight": ids, "tool": names}``;
+        recording one twice changes nothing."""
+        rows = [(trajectory_id, kind, str(item)) for kind, names in items.items() for item in names]
         if not rows:
             return
         with self._write() as db:

@@ -18,7 +18,7 @@ from memory import Step
 
 from ..text import clip
 
-__all__ = ["Behaviour", "behaviour", "MODES", "count_modes"]
+__all__ = ["Behaviour", "behaviour", "MODES", "count_modes", "call_key"]
 
 MODES = ("no finish", "repeated calls", "malformed calls", "wrong answer")
 REPEATED = 3  # identical calls in a row that count as repeating
@@ -70,6 +70,12 @@ class Behaviour:
         return "; ".join(parts)
 
 
+def call_key(name: str | None, arguments) -> str:
+    """What makes two tool calls the same call: the name and the arguments (the loop's repeat guard and
+    the count of identical calls in a row both compare these)."""
+    return json.dumps([name, arguments], sort_keys=True, default=str)
+
+
 def behaviour(status: str, success: bool | None, steps: Iterable[Step]) -> Behaviour:
     """Count what an attempt did from its steps."""
     calls: Counter = Counter()
@@ -84,7 +90,7 @@ def behaviour(status: str, success: bool | None, steps: Iterable[Step]) -> Behav
                     last_key, run = None, 0
                     continue
                 calls[call.get("name")] += 1
-                key = json.dumps([call.get("name"), call.get("arguments")], sort_keys=True, default=str)
+                key = call_key(call.get("name"), call.get("arguments"))
                 run = run + 1 if key == last_key else 1
                 last_key = key
                 longest = max(longest, run)

@@ -27,6 +27,7 @@ from ..judge.verify import Verdict, verify
 from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
+from .failures import call_key
 from .hooks import HookCalls, Hooks
 from .scaffold import Scaffold
 
@@ -66,7 +67,7 @@ class _Repeats:
 
     def see(self, name: str, arguments: dict | None) -> int:
         """Count this call; returns how many times in a row it has now been made."""
-        key = json.dumps([name, arguments], sort_keys=True, default=str)
+        key = call_key(name, arguments)
         self.count = self.count + 1 if key == self.key else 1
         self.key = key
         return self.count
@@ -128,7 +129,10 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
 
 def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
     """Worked examples and insights as prompt text, within a token budget (``fit_context``)."""
-    examples, hits = fit_context(context, budget_tokens)
+    return _render(*fit_context(context, budget_tokens))
+
+
+def _render(examples: list[str], hits: list) -> tuple[str, str]:
     insights = [f"- {hit.text}" for hit in hits]
     examples_text = ("\nSimilar tasks solved before:\n" + "\n".join(examples) + "\n") if examples else ""
     insights_text = ("\nLessons from experience:\n" + "\n".join(insights) + "\n") if insights else ""
@@ -184,6 +188,11 @@ class Agent:
         status, ending, error = "failed", Ending.INTERNAL_ERROR, None
         note: str | None = None
         hooks = HookCalls(None)
+        # What every attempt is shown: fitted to the budget once, and noted per attempt (memory.effects).
+        examples, shown = fit_context(context, params.context_tokens)
+        prompt_context = _render(examples, shown)
+        exposed = {"insight": [str(hit.insight_id) for hit in shown],
+                   "tool": [n for n in tool_names if n not in BUILTIN_SOURCES]}
         try:
             with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
                            observation_chars=self.observation_chars, allowed=tool_names,
@@ -192,8 +201,8 @@ class Agent:
                 for attempt in range(1, params.max_attempts + 1):
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
-                    self._exposed(trajectory.id, context, tool_names)
-                    messages = self._opening(task, context, reflection, note)
+                    self.store.record_exposures(trajectory.id, exposed)
+                    messages = self._opening(task, prompt_context, reflection, note)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose, hooks, attempt)
                     if check:
@@ -267,13 +276,6 @@ class Agent:
             write_text(workspace, path, text)
         return workspace
 
-    def _exposed(self, trajectory_id: str, context: Context, tool_names: list[str]) -> None:
-        """Note the insights this attempt is shown and the synthesized tools it is offered (their
-        measured effect is what keeps them: memory.effects)."""
-        _, shown = fit_context(context, self.scaffold.parameters.context_tokens)
-        self.store.record_exposures(trajectory_id, "insight", [str(hit.insight_id) for hit in shown])
-        self.store.record_exposures(trajectory_id, "tool", [n for n in tool_names if n not in BUILTIN_SOURCES])
-
     def _hooks(self, task: Task) -> Hooks | None:
         """The scaffold's hooks for this task, in a sandboxed interpreter of their own (see hooks.py)."""
         if not self.scaffold.hooks.strip():
@@ -287,9 +289,10 @@ class Agent:
                     if self.registry.get(hit.name) is not None and hit.name not in enabled]
         return enabled + relevant
 
-    def _opening(self, task: Task, context: Context, reflection: str | None, note: str | None = None) -> list[dict]:
+    def _opening(self, task: Task, prompt_context: tuple[str, str], reflection: str | None,
+                 note: str | None = None) -> list[dict]:
         prompts = self.scaffold.prompts
-        examples, insights = render_context(context, self.scaffold.parameters.context_tokens)
+        examples, insights = prompt_context
         user = prompts.task.format(task=task.prompt, examples=examples, insights=insights)
         if reflection is not None:
             user += "\n\n" + prompts.retry.format(task=task.prompt, reflection=reflection)

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from memory import ExperienceStore, Filters
 from tools import builtin_specs
 
+from ..meta.prune import insight_effects, tool_effects
 from ..tree.incumbent import scaffold_of
 
 __all__ = ["task_json", "task_detail", "task_list", "search", "insights", "tools", "tree", "node", "history"]
@@ -61,18 +62,15 @@ def search(store: ExperienceStore, text: str, *, kind: str = "trajectories", k: 
 
 def insights(store: ExperienceStore, *, status: str = "active", limit: int = 100) -> dict:
     rows = store.list_insights(status=None if status == "all" else status, limit=limit)
-    effects = store.effects("insight", {str(i.id): i.created_at for i in rows})  # memory.effects
-    return {"insights": [{**asdict(i), "effect": effects[str(i.id)].as_dict()} for i in rows]}
+    effects = insight_effects(store, rows)
+    return {"insights": [{**asdict(i), "effect": effects[i.id].as_dict()} for i in rows]}
 
 
 def tools(store: ExperienceStore, *, status: str = "active") -> dict:
     builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"}
                for spec in builtin_specs()]
     synthesized = store.list_tools(status=None if status == "all" else status)
-    since: dict[str, float] = {}
-    for tool in synthesized:
-        since[tool.name] = min(since.get(tool.name, tool.created_at), tool.created_at)
-    effects = store.effects("tool", since)  # by name: offered to an attempt, whichever version
+    effects = tool_effects(store, synthesized)
     return {"builtin": builtin,
             "synthesized": [{**asdict(t), "effect": effects[t.name].as_dict()} for t in synthesized]}
 

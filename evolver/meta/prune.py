@@ -13,7 +13,7 @@ Each retirement or raise is an event that ``evolver history revert`` undoes.
 
 from __future__ import annotations
 
-from memory import Effect, ExperienceStore
+from memory import Effect, ExperienceStore, Insight, ToolRecord
 
 from ..config import Config
 
@@ -22,16 +22,18 @@ __all__ = ["prune_round", "insight_effects", "tool_effects", "verdict"]
 MEASURED_IMPORTANCE = 3  # an insight measured to help is kept at least this important
 
 
-def insight_effects(store: ExperienceStore) -> dict[int, Effect]:
-    active = store.list_insights()
-    found = store.effects("insight", {str(i.id): i.created_at for i in active})
-    return {i.id: found[str(i.id)] for i in active}
+def insight_effects(store: ExperienceStore, insights: list[Insight] | None = None) -> dict[int, Effect]:
+    """By insight id, for ``insights`` (default: the active ones), each since it was created."""
+    insights = store.list_insights() if insights is None else insights
+    found = store.effects("insight", {str(i.id): i.created_at for i in insights})
+    return {i.id: found[str(i.id)] for i in insights}
 
 
-def tool_effects(store: ExperienceStore) -> dict[str, Effect]:
-    """By tool name, since its first active version was registered."""
+def tool_effects(store: ExperienceStore, tools: list[ToolRecord] | None = None) -> dict[str, Effect]:
+    """By tool name (an attempt is offered a name, whichever version), for ``tools`` (default: the active
+    ones), each since the first of its versions among them was registered."""
     since: dict[str, float] = {}
-    for tool in store.list_tools(status="active"):
+    for tool in store.list_tools(status="active") if tools is None else tools:
         since[tool.name] = min(since.get(tool.name, tool.created_at), tool.created_at)
     return store.effects("tool", since)
 
