@@ -39,17 +39,21 @@ def with_hooks(source: str, **parameters):
         update={"reflect_retry": False, "max_attempts": 1, **parameters})})
 
 
+def solve(engine: Engine, source: str, purpose: str = "task", **parameters):
+    """What is 19 + 23? (checked: 42), on the seed scaffold with these hooks."""
+    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
+    return engine.agent(with_hooks(source, **parameters)).run_task(task, purpose=purpose)
+
+
 def hook_steps(engine: Engine, result) -> list:
     return [s for t in result.trajectory_ids for s in engine.store.steps(t) if s.role == "hook"]
 
 
 def test_a_before_finish_hook_turns_a_failing_task_into_a_success(engine_for):
     engine = engine_for(WORDY, "h-finish")
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    without = engine.agent(with_hooks("")).run_task(task)
+    without = solve(engine, "")
     assert (without.status, without.answer, without.success) == ("failed", "The answer is 42.", False)
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    hooked = engine.agent(with_hooks(NORMALISE)).run_task(task)
+    hooked = solve(engine, NORMALISE)
     assert (hooked.status, hooked.answer, hooked.success) == ("done", "42", True)
     (step,) = hook_steps(engine, hooked)
     assert step.content.startswith("before_finish changed answer") and '"42"' in step.content
@@ -63,8 +67,7 @@ def test_a_rejecting_hook_refuses_the_finish_and_the_model_goes_on(engine_for):
     reject = ("def before_finish(data):\n"
               "    if not data['answer'].strip().isdigit():\n"
               "        return {'reject': 'give a number'}\n")
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    result = engine.agent(with_hooks(reject)).run_task(task)
+    result = solve(engine, reject)
     assert (result.status, result.answer) == ("done", "42")
     steps = [(s.role, s.content) for s in engine.store.steps(result.trajectory_ids[0])]
     assert [role for role, _ in steps] == ["assistant", "hook", "tool", "assistant", "tool"]
@@ -86,8 +89,7 @@ def test_after_tool_and_before_model_hooks_change_what_the_model_sees(engine_for
               "    if data['step'] == 1:\n"
               "        return {'messages': data['messages'] + [{'role': 'user', 'content': 'ONE-OFF'}],\n"
               "                'tools': ['run_python', 'finish']}\n")
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    result = engine.agent(with_hooks(source)).run_task(task)
+    result = solve(engine, source)
     assert (result.status, result.answer) == ("done", "42")
     sent = [json.loads(line) for line in record.read_text().splitlines()]
     assert sent[0]["messages"][-1]["content"].endswith("ONE-OFF")  # the first call, as the hook changed it
@@ -107,8 +109,7 @@ def test_an_on_failure_hook_tells_the_retry_something(engine_for):
     source = ("def on_failure(data):\n"
               "    assert data['feedback'] == \"the answer '41' is wrong\" and data['answer'] == '41'\n"
               "    return {'note': 'Try 42 this time.'}\n")
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    result = engine.agent(with_hooks(source, reflect_retry=True, max_attempts=2)).run_task(task)
+    result = solve(engine, source, reflect_retry=True, max_attempts=2)
     assert (result.status, result.answer, result.attempts) == ("done", "42", 2)
 
 
@@ -124,13 +125,11 @@ def test_a_broken_hook_is_recorded_and_ignored_and_fails_an_evaluation(engine_fo
     engine = engine_for(WORDY, f"h-broken-{abs(hash(source))}", AGENT_HOOK_TIMEOUT_S="0.5")
     right = [{"match": r"What is (\d+) \+ (\d+)\?", "role": "user", "tool": "finish", "arguments": {"answer": "42"}}]
     scripted.register_script(engine.config.model.name.removeprefix("scripted/"), {"rules": right})
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    result = engine.agent(with_hooks(source)).run_task(task)
+    result = solve(engine, source)
     assert (result.status, result.answer, result.success) == ("done", "42", True)  # the agent went on
     (step,) = hook_steps(engine, result)
     assert error in step.content and step.tool_results[0]["error"]
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    evaluated = engine.agent(with_hooks(source)).run_task(task, purpose="evaluate")
+    evaluated = solve(engine, source, purpose="evaluate")
     assert (evaluated.answer, evaluated.success) == ("42", False)
     assert evaluated.verdict.startswith("a hook failed during this evaluation") and error in evaluated.verdict
 
@@ -146,8 +145,7 @@ def test_a_hook_killed_for_its_time_is_loaded_again_for_the_next_call(engine_for
               "    if data['result'] == '1':\n"
               "        time.sleep(60)\n"
               "    return {'result': data['result'] + ' fresh'}\n")
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    result = engine.agent(with_hooks(source)).run_task(task)
+    result = solve(engine, source)
     assert (result.status, result.answer) == ("done", "42")
     first, second = hook_steps(engine, result)
     assert "ran past its 0.5 s timeout" in first.content and second.tool_results[0]["changed"]
@@ -168,8 +166,7 @@ def test_hooks_run_in_their_own_sandbox_not_in_the_task_worker_nor_the_daemon(en
               "    import json\n"
               "    return json.dumps({'files': os.listdir('.'), 'worker': 'IN_THE_TASK_WORKER' in globals(),\n"
               "                       'evolver': 'evolver' in sys.modules})\n")
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    result = engine.agent(with_hooks(source)).run_task(task)
+    result = solve(engine, source)
     assert result.answer == "42"
     (hooked,) = hook_steps(engine, result)
     seen = json.loads(json.loads(hooked.content.split(": ", 1)[1])["result"])  # not 'forged'
@@ -199,8 +196,7 @@ def test_hooks_that_do_not_load_are_recorded_once_and_not_started_again(engine_f
              {"match": "^2$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}}]
     engine = engine_for(rules, "h-noload")
     source = "import nonexistent_module_xyz\ndef after_tool(data):\n    return {'result': 'never'}\n"
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    result = engine.agent(with_hooks(source)).run_task(task)
+    result = solve(engine, source)
     assert (result.status, result.answer) == ("done", "42")
     (step,) = hook_steps(engine, result)
     assert "the hooks did not load: ModuleNotFoundError" in step.content
