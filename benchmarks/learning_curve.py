@@ -2,7 +2,7 @@
 
     python benchmarks/learning_curve.py [--quick | --full] [--model NAME] [--api-base URL] [--seed 0]
         [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
-        [--slots S] [--max-steps N] [--max-attempts N] [--out DIR] [--keep]
+        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--out DIR] [--keep]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
 ``tests/_daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
@@ -68,9 +68,9 @@ import os
 import platform
 import random
 import re
+import signal
 import sqlite3
 import subprocess
-import signal
 import sys
 import tempfile
 import time
@@ -517,7 +517,10 @@ def parse(argv: list[str] | None):
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--evaluations", type=int, default=None, help="tree evaluations per generation")
     parser.add_argument("--evolve-rounds", type=int, default=None, help="most evolve rounds per generation")
-    parser.add_argument("--slots", type=int, default=2, help="[evolution] evaluation_slots of the daemon")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="[evolution] evaluation_slots of the daemon (default: 1 with the local server, else 2)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="[daemon] workers of the daemon (default: 1 with the local server, else 2)")
     parser.add_argument("--max-steps", type=int, default=None, help="the seed scaffold's step limit (default: its own)")
     parser.add_argument("--max-attempts", type=int, default=None,
                         help="the seed scaffold's attempts per task (default: its own)")
@@ -533,6 +536,12 @@ def parse(argv: list[str] | None):
             setattr(args, name, value)
     if args.model is None:
         args.model = "scripted" if args.quick else "local"
+    # llama.cpp's server answers one request at a time and keeps the last prompt's cache: one task at a time
+    # extends its own previous prompt every turn (only the new tokens are read), while two tasks interleaved
+    # make it read every prompt whole.
+    for name in ("slots", "workers"):
+        if getattr(args, name) is None:
+            setattr(args, name, 1 if args.model == "local" else 2)
     return args
 
 
@@ -554,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         pack = root / "pack.jsonl"
         write_pack(pack, [*trained, *promote])  # the measured tasks are in no pack of the daemon's
         settings = {"EVOLVER_EVOLUTION_ENABLED": "false", "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
-                    "EVOLVER_EVOLUTION_EVALUATION_SLOTS": str(args.slots), "EVOLVER_DAEMON_WORKERS": "2",
+                    "EVOLVER_EVOLUTION_EVALUATION_SLOTS": str(args.slots), "EVOLVER_DAEMON_WORKERS": str(args.workers),
                     "EVOLVER_BUDGET_TOKENS_PER_DAY": "0", "EVOLVER_BUDGET_USD_PER_DAY": "0",
                     "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}
         if args.max_steps is not None or args.max_attempts is not None:
@@ -617,7 +626,10 @@ def main(argv: list[str] | None = None) -> int:
                 generations.append(row)
                 log(f"generation {g}: {measured['successes']}/{measured['total']} held-out, "
                     f"incumbent {row['learned']['incumbent']['node']}")
-        report["generations"] = generations
+                # what a run stopped later still leaves: the generations measured so far
+                partial = report | {"generations": generations, "finished": False}
+                (out / "learning_curve.json").write_text(json.dumps(partial, indent=2) + "\n", encoding="utf-8")
+        report["generations"], report["finished"] = generations, True
         report["wall_s"] = round(time.perf_counter() - started, 1)
         report["json"], report["plot"] = str(out / "learning_curve.json"), str(out / "learning_curve.png")
         plot(Path(report["plot"]), report)

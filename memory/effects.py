@@ -1,10 +1,17 @@
 """What learned items were put in front of the agent, and how those attempts ended against the rest.
 
 An *exposure* is one attempt (a trajectory) that was shown an insight or offered
-a tool. An item's measured effect compares the success rate of the attempts
-exposed to it with that of the attempts made since it existed without it, over
-learnable attempts only (an attempt at a held-out task judges promotions; it
-never decides what is kept), so a learned item is kept only while it helps.
+a tool. An item's measured effect compares the attempts exposed to it with the
+attempts made since it existed without it, over learnable attempts only (an
+attempt at a held-out task judges promotions; it never decides what is kept),
+so a learned item is kept only while it helps.
+
+Comparable attempts are compared: a task attempted both with and without the
+item (the same text, as the tree's evaluations and a person's repeated tasks
+are) is a group of its own, and all other attempts form one more group; the
+difference is the Mantel-Haenszel weighted mean of the groups' differences. An
+easy task that happened to be attempted without the item thus never counts
+against it, and with no task seen both ways this is the plain comparison.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from .search import learnable_sql
 __all__ = ["Effect", "Exposures"]
 
 Z95 = 1.96
+Group = tuple[int, int, int, int]
+"""(exposed successes, exposed failures, control successes, control failures) of comparable attempts."""
 
 
 @dataclass(frozen=True)
@@ -31,28 +40,59 @@ class Effect:
     """Exposed attempts that failed."""
     control_successes: int
     control_failures: int
+    groups: tuple[Group, ...] = ()
+    """The attempts above by group of comparable ones (see the module); none: one group of them all."""
 
     @property
     def exposures(self) -> int:
         return self.helped + self.hurt
 
     @property
+    def matched(self) -> int:
+        """Exposed attempts at tasks that were also attempted without the item."""
+        return sum(g[0] + g[1] for g in self.groups[:-1])
+
+    @property
+    def compared(self) -> int:
+        """Exposed attempts in groups that also hold attempts without the item: the evidence the
+        difference rests on (none: it cannot be measured yet)."""
+        return sum(g[0] + g[1] for g in self._groups() if (g[0] + g[1]) and (g[2] + g[3]))
+
+    def _groups(self) -> tuple[Group, ...]:
+        return self.groups or ((self.helped, self.hurt, self.control_successes, self.control_failures),)
+
+    @property
     def difference(self) -> float:
-        """Success rate with the item minus without it (each smoothed by one success and one failure)."""
-        return _rate(self.helped, self.hurt) - _rate(self.control_successes, self.control_failures)
+        """Success rate with the item minus without it (each rate smoothed by one success and one
+        failure), weighted over groups of comparable attempts."""
+        return self._estimate()[0]
 
     @property
     def interval(self) -> tuple[float, float]:
         """An approximate 95% interval of ``difference`` (normal, on the smoothed rates)."""
-        a, b = _rate(self.helped, self.hurt), _rate(self.control_successes, self.control_failures)
-        se = math.sqrt(a * (1 - a) / (self.exposures + 2) + b * (1 - b) / (self.control_successes +
-                                                                           self.control_failures + 2))
-        return max(-1.0, self.difference - Z95 * se), min(1.0, self.difference + Z95 * se)
+        difference, se = self._estimate()
+        return max(-1.0, difference - Z95 * se), min(1.0, difference + Z95 * se)
+
+    def _estimate(self) -> tuple[float, float]:
+        total = weighted = variance = 0.0
+        for s1, f1, s0, f0 in self._groups():
+            n1, n0 = s1 + f1, s0 + f0
+            if not (n1 and n0):
+                continue  # a group without both sides says nothing about the difference
+            weight = n1 * n0 / (n1 + n0)
+            a, b = _rate(s1, f1), _rate(s0, f0)
+            total += weight
+            weighted += weight * (a - b)
+            variance += weight * weight * (a * (1 - a) / (n1 + 2) + b * (1 - b) / (n0 + 2))
+        if not total:
+            return 0.0, 0.5
+        return weighted / total, math.sqrt(variance) / total
 
     def as_dict(self) -> dict:
         low, high = self.interval
         return {"exposures": self.exposures, "helped": self.helped, "hurt": self.hurt,
-                "control": self.control_successes + self.control_failures,
+                "control": self.control_successes + self.control_failures, "compared": self.compared,
+                "matched": self.matched,
                 "difference": round(self.difference, 3), "interval": [round(low, 3), round(high, 3)]}
 
 
@@ -85,17 +125,38 @@ class Exposures:
     def effects(self, kind: str, since: dict[str, float]) -> dict[str, Effect]:
         """The measured effect of each item in ``since`` (item -> when it came to exist): its exposed
         attempts against the attempts finished since then without it, over learnable attempts with a
-        verdict."""
+        verdict, grouped by task (see the module). Two queries, whatever the number of items."""
+        if not since:
+            return {}
+        first = min(since.values())
+        # A task's text, by a key short enough to group on (its start, its length): the tree's
+        # evaluations and a person's repeated tasks share it.
+        attempts = self._all(
+            "SELECT t.id, t.started_at, o.success, substr(k.prompt, 1, 200) || '#' || length(k.prompt) AS task "
+            "FROM trajectories t JOIN outcomes o ON o.trajectory_id = t.id JOIN tasks k ON k.id = t.task_id "
+            f"WHERE o.success IS NOT NULL AND t.started_at >= ? AND {learnable_sql('t')}", [first])
+        shown: dict[str, set[str]] = {}
+        for row in self._all(
+                "SELECT x.item, x.trajectory_id FROM exposures x JOIN trajectories t ON t.id = x.trajectory_id "
+                "WHERE x.kind = ? AND t.started_at >= ?", [kind, first]):
+            shown.setdefault(row["item"], set()).add(row["trajectory_id"])
         out: dict[str, Effect] = {}
         for item, created in since.items():
-            row = self._one(
-                "SELECT "
-                "SUM(x.item IS NOT NULL AND o.success = 1) AS helped, SUM(x.item IS NOT NULL AND o.success = 0) AS hurt, "
-                "SUM(x.item IS NULL AND o.success = 1) AS cs, SUM(x.item IS NULL AND o.success = 0) AS cf "
-                "FROM trajectories t JOIN outcomes o ON o.trajectory_id = t.id "
-                "LEFT JOIN exposures x ON x.trajectory_id = t.id AND x.kind = ? AND x.item = ? "
-                f"WHERE o.success IS NOT NULL AND t.started_at >= ? AND {learnable_sql('t')}",
-                [kind, str(item), created])
-            out[str(item)] = Effect(str(item), int(row["helped"] or 0), int(row["hurt"] or 0),
-                                    int(row["cs"] or 0), int(row["cf"] or 0))
+            exposed = shown.get(str(item), set())
+            by_task: dict[str, list[int]] = {}
+            for row in attempts:
+                if row["started_at"] < created:
+                    continue
+                side = 0 if row["id"] in exposed else 2
+                counts = by_task.setdefault(row["task"], [0, 0, 0, 0])
+                counts[side + (0 if row["success"] else 1)] += 1
+            rest = [0, 0, 0, 0]
+            groups = []
+            for counts in by_task.values():
+                if (counts[0] + counts[1]) and (counts[2] + counts[3]):
+                    groups.append(tuple(counts))
+                else:
+                    rest = [a + b for a, b in zip(rest, counts)]
+            totals = [sum(g[i] for g in groups) + rest[i] for i in range(4)]
+            out[str(item)] = Effect(str(item), *totals, groups=(*groups, tuple(rest)))
         return out

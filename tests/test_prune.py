@@ -63,7 +63,58 @@ def test_a_harmful_insight_is_measured_retired_as_an_event_and_can_be_restored(e
     from evolver.cli.inspect import _effect
     (listed,) = views.insights(store)["insights"]  # what `evolver insights` shows
     assert listed["effect"]["exposures"] == 6 and listed["effect"]["control"] == 8
-    assert _effect(listed["effect"]) == "0/6 ok, -0.78 [-1.00, -0.48] vs 8"
+    # the two attempts after the revert repeat two exposed tasks without it: those are compared task by task
+    assert listed["effect"]["matched"] == 2
+    assert _effect(listed["effect"]) == "0/6 ok, -0.60 [-0.91, -0.29] vs 8, same task 2"
+
+
+def _attempt(store, prompt: str, success: bool, shown: list[str]) -> None:
+    task, _ = store.add_task(prompt, check={"type": "answer", "expected": "x"})
+    trajectory = store.start_trajectory(task.id)
+    store.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")
+    store.record_outcome(trajectory.id, success=success)
+    store.record_exposures(trajectory.id, {"insight": shown})
+
+
+def test_an_insight_shown_on_hard_tasks_is_compared_on_those_tasks_not_on_easy_ones(open_store, tmp_path):
+    """Retrieval shows an insight to the tasks it is about. Those can be hard: an insight shown only on
+    tasks that fail with or without it must not be retired as harmful because easy tasks without it
+    succeed (the plain comparison said "hurts"; a test failed before)."""
+    store = open_store(tmp_path / "d")
+    (insight,) = store.apply_insight_changes([{"op": "ADD", "text": "About the hard ones.", "importance": 2}])
+    for i in range(4):
+        for _ in range(2):
+            _attempt(store, f"hard task {i}", False, [str(insight.id)])
+        _attempt(store, f"hard task {i}", False, [])  # the same task without it: it fails as well
+        _attempt(store, f"easy task {i}", True, [])
+        _attempt(store, f"easy task {i}", True, [])
+    effect = insight_effects(store)[insight.id]
+    assert (effect.helped, effect.hurt, effect.control_successes, effect.control_failures) == (0, 8, 8, 4)
+    assert effect.matched == effect.compared == 8
+    assert effect.interval[0] < 0 < effect.interval[1]  # no difference on the same tasks (smoothing aside)
+    assert verdict(effect, 6) is None
+    assert verdict(Effect("plain", 0, 8, 8, 4), 6) == "hurts"  # the same counts, not compared by task
+    assert prune_round(store, load_config(env={})) == "every learned item is still helping or not yet measured"
+    # with it the hard tasks fail where they succeeded without it: that is measured, and it is retired
+    for i in range(4):
+        _attempt(store, f"hard task {i}", True, [])
+        _attempt(store, f"hard task {i}", True, [])
+    assert verdict(insight_effects(store)[insight.id], 6) == "hurts"
+
+
+def test_an_item_shown_to_every_attempt_cannot_be_measured_and_is_kept(open_store, tmp_path):
+    store = open_store(tmp_path / "d")
+    (insight,) = store.apply_insight_changes([{"op": "ADD", "text": "Shown always.", "importance": 2}])
+    for i in range(30):
+        _attempt(store, f"task {i}", i % 3 == 0, [str(insight.id)])
+    effect = insight_effects(store)[insight.id]
+    assert effect.exposures == 30 and effect.compared == 0 and verdict(effect, 6) is None
+    assert views_effect(effect) == "10/30 ok, none without it to compare"
+
+
+def views_effect(effect) -> str:
+    from evolver.cli.inspect import _effect
+    return _effect(effect.as_dict())
 
 
 @pytest.mark.parametrize("counts, said", [

@@ -157,12 +157,16 @@ def hook_effects_line(effects: dict | None) -> str:
 
 def _effect(effect: dict | None) -> str:
     """A measured effect in a cell: attempts with the item (succeeded/total) and the success-rate
-    difference against the attempts without it, with its 95% interval."""
+    difference against comparable attempts without it, with its 95% interval (nothing to compare: no
+    difference); "same task N" counts its attempts at tasks also attempted without it."""
     if not effect or not effect["exposures"]:
         return "not shown yet"
+    ok = f"{effect['helped']}/{effect['exposures']} ok"
+    if not effect.get("compared"):
+        return f"{ok}, none without it to compare"
     low, high = effect["interval"]
-    return (f"{effect['helped']}/{effect['exposures']} ok, {effect['difference']:+.2f} "
-            f"[{low:+.2f}, {high:+.2f}] vs {effect['control']}")
+    same = f", same task {effect['matched']}" if effect.get("matched") else ""
+    return f"{ok}, {effect['difference']:+.2f} [{low:+.2f}, {high:+.2f}] vs {effect['control']}{same}"
 
 
 @cli.command()

@@ -1,9 +1,10 @@
 """Keep learned items only while they help: one round of measuring insights and synthesized tools.
 
 Each active insight and tool has a measured effect (``memory.effects``): the
-success rate of the learnable attempts it was put in front of against the
-attempts made since it existed without it, with an approximate 95% interval.
-After ``retire_after_exposures`` exposures, an item whose interval lies below
+success rate of the learnable attempts it was put in front of against
+comparable attempts made since it existed without it (the same task where it
+was attempted both ways), with an approximate 95% interval. After
+``retire_after_exposures`` exposures that can be compared, an item whose interval lies below
 zero measurably hurts and is retired; after three times as many, an item that
 still shows no benefit (a difference at or below zero) is retired too. An
 insight whose interval lies above zero is raised to importance 3, so retrieval
@@ -17,7 +18,7 @@ from memory import Effect, ExperienceStore, Insight, ToolRecord
 
 from ..config import Config
 
-__all__ = ["prune_round", "insight_effects", "tool_effects", "verdict"]
+__all__ = ["insight_effects", "prune_round", "tool_effects", "verdict"]
 
 MEASURED_IMPORTANCE = 3  # an insight measured to help is kept at least this important
 
@@ -39,13 +40,15 @@ def tool_effects(store: ExperienceStore, tools: list[ToolRecord] | None = None) 
 
 
 def verdict(effect: Effect, min_exposures: int) -> str | None:
-    """"hurts", "never helps", "helps", or None while the evidence is too thin to say."""
+    """"hurts", "never helps", "helps", or None while the evidence is too thin to say: the exposed
+    attempts that have attempts without the item to be compared with (an item shown to every attempt
+    cannot be measured, and is kept)."""
     low, high = effect.interval
-    if effect.exposures >= min_exposures and high < 0:
+    if effect.compared >= min_exposures and high < 0:
         return "hurts"
-    if effect.exposures >= 3 * min_exposures and effect.difference <= 0:
+    if effect.compared >= 3 * min_exposures and effect.difference <= 0:
         return "never helps"
-    if effect.exposures >= min_exposures and low > 0:
+    if effect.compared >= min_exposures and low > 0:
         return "helps"
     return None
 
@@ -54,7 +57,8 @@ def _why(effect: Effect, said: str) -> str:
     low, high = effect.interval
     return (f"{said}: {effect.helped} of {effect.exposures} attempts with it succeeded, against "
             f"{effect.control_successes} of {effect.control_successes + effect.control_failures} without it "
-            f"since it existed (difference {effect.difference:+.2f}, 95% interval {low:+.2f} to {high:+.2f})")
+            f"since it existed; {effect.matched} of its attempts at tasks also attempted without it "
+            f"(difference {effect.difference:+.2f}, 95% interval {low:+.2f} to {high:+.2f})")
 
 
 def prune_round(store: ExperienceStore, config: Config) -> str:
