@@ -374,3 +374,11 @@ def _exposures(db: sqlite_utils.Database) -> None:
         CREATE INDEX trajectories_node ON trajectories (node_id);
         """
     )
+
+
+@MIGRATIONS(name="0009_person_verdict")
+def _person_verdict(db: sqlite_utils.Database) -> None:
+    # A person's word on an answer, kept beside the verifier's verdict instead of folded into it: where a
+    # check decided, the person's "good" was recorded and shown as "bad".
+    db.execute("ALTER TABLE outcomes ADD COLUMN person_good INTEGER")
+    db.execute("UPDATE outcomes SET person_good = success WHERE feedback IS NOT NULL AND verifier IS NULL")

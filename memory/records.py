@@ -52,7 +52,7 @@ class _Record:
                 continue
             if key in JSON_COLUMNS and isinstance(value, str):
                 value = json.loads(value)
-            if key in ("success", "cancel_requested") and value is not None:
+            if key in ("success", "cancel_requested", "person_good") and value is not None:
                 value = bool(value)
             if key == "ending" and value is not None:
                 value = Ending(value)
@@ -140,6 +140,8 @@ class Outcome(_Record):
     verifier: str | None = None
     verifier_output: str | None = None
     feedback: str | None = None
+    person_good: bool | None = None
+    """A person's word on the answer (None: none given); ``success`` is the verifier's where one decided."""
 
 
 @dataclass(frozen=True)

@@ -539,15 +539,17 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return self.outcome(trajectory_id)
 
     def add_feedback(self, trajectory_id: str, *, good: bool, note: str = "") -> Outcome:
-        """A person's verdict: it decides success where no verifier did."""
+        """A person's verdict, kept as they gave it (``person_good``); it decides success where no
+        verifier did."""
         self.get_trajectory(trajectory_id)
         with self._write() as db:
             db.execute(
-                """INSERT INTO outcomes (trajectory_id, success, feedback, decided_at) VALUES (?,?,?,?)
+                """INSERT INTO outcomes (trajectory_id, success, feedback, person_good, decided_at) VALUES (?,?,?,?,?)
                    ON CONFLICT (trajectory_id) DO UPDATE SET feedback = excluded.feedback,
+                   person_good = excluded.person_good,
                    success = CASE WHEN outcomes.verifier IS NULL THEN excluded.success ELSE outcomes.success END,
                    decided_at = CASE WHEN outcomes.verifier IS NULL THEN excluded.decided_at ELSE outcomes.decided_at END""",
-                [trajectory_id, int(good), note or ("good" if good else "bad"), time.time()],
+                [trajectory_id, int(good), note or ("good" if good else "bad"), int(good), time.time()],
             )
         self.sync_index()
         return self.outcome(trajectory_id)

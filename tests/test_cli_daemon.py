@@ -73,10 +73,22 @@ def test_submit_then_list_show_cancel_and_feedback(env):
     done = ok("submit", "What is 12.5% of 80?", "--wait", env=env)
     answered = json.loads(ok("tasks", "--json", "--status", "done", "--limit", "1", env=env).stdout)["tasks"][0]
     assert "10" in done.stdout
-    assert "recorded as good" in ok("feedback", answered["id"], "--good", "--note", "right", env=env).stdout
+    assert "recorded; you said good (right)" in ok("feedback", answered["id"], "--good", "--note", "right",
+                                                    env=env).stdout
     detail = json.loads(ok("show", answered["id"], "--json", env=env).stdout)
     assert detail["trajectories"][-1]["outcome"]["success"] is True
     assert detail["trajectories"][-1]["outcome"]["feedback"] == "right"
+    # The person's word where a check decided otherwise: both are kept and shown (it printed "recorded as
+    # bad" for --good: a test failed before).
+    assert run("submit", "What is 12.5% of 80?", "--check-answer", "11", "--wait", env=env).returncode == 1
+    checked = json.loads(ok("tasks", "--json", "--status", "failed", "--limit", "1", env=env).stdout)["tasks"][0]
+    said = ok("feedback", checked["id"], "--good", env=env).stdout
+    assert "recorded; check failed; you said good" in said and "kept beside the check's verdict" in said
+    outcome = json.loads(ok("show", checked["id"], "--json", env=env).stdout)["trajectories"][-1]["outcome"]
+    assert (outcome["success"], outcome["person_good"]) == (False, True)
+    shown = ok("show", checked["id"], env=env)
+    assert "check failed; you said good" in shown.stdout and "the verifier: answer '10" in shown.stdout
+    assert "finish" in shown.stdout  # the steps go to stdout (`show ID | less`), not to stderr
 
 
 def test_idempotency_key_makes_a_retry_return_the_same_task(env):

@@ -110,7 +110,7 @@ def test_database_locked_before_the_store_ever_opened(tmp_path, embedder):
         holder.execute("COMMIT")
         holder.close()
     with Store.open(data_dir, embedder=embedder) as store:
-        assert store.migrations() == ["0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures"]
+        assert store.migrations() == ["0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict"]
         assert store.db.execute("SELECT x FROM someone_elses").fetchall() == [(1,)]
 
 

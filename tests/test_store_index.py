@@ -305,7 +305,7 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
         monkeypatch.undo()
         with sqlite3.connect(f"file:{data_dir / 'evolver.db'}?mode=ro", uri=True) as conn:
             assert [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")] == [
-                "0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures"]
+                "0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict"]
             assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'newer'").fetchone()[0] == 0
 
         # A reader still gets keyword search, without the index.

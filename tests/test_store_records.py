@@ -179,6 +179,7 @@ def test_outcome_round_trip(store):
     # A person's feedback is kept, but a verifier's verdict stands.
     after = store.add_feedback(trajectory.id, good=True, note="close enough for me")
     assert (after.success, after.feedback, after.verifier) == (False, "close enough for me", "expected_answer")
+    assert after.person_good is True  # and the person's word is kept as they gave it, beside the verdict
     # A re-verification replaces the verdict and keeps the feedback.
     again = store.record_outcome(trajectory.id, success=True, score=1.0, verifier="expected_answer", verifier_output="ok")
     assert (again.success, again.score, again.verifier_output, again.feedback) == (True, 1.0, "ok", "close enough for me")

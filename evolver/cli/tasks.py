@@ -16,11 +16,13 @@ from .base import State, _call_text, check_options, cli, err, out, print_json, t
 from .client import ApiError, decode, server_events
 
 
-def _print_event_step(step: dict) -> None:
+def _print_event_step(step: dict, console=err) -> None:
+    """One step on a line: to stderr while following a task (stdout keeps its verdict), to stdout in
+    ``show`` (so ``show ID | less`` has them)."""
     text = (step.get("content") or "").strip().replace("\n", " ")
     calls = ", ".join(_call_text(c) for c in (step.get("tool_calls") or []))
     line = calls if step["role"] == "assistant" and calls else text
-    err.print(f"[dim]{step['attempt']}.{step['seq']:<3} {step['role']:<10}[/dim] {escape(line[:160])}",
+    console.print(f"[dim]{step['attempt']}.{step['seq']:<3} {step['role']:<10}[/dim] {escape(line[:160])}",
               highlight=False)
 
 
@@ -32,6 +34,23 @@ def _verdict(task: dict) -> tuple[bool | None, str | None]:
     last = trajectories[-1]
     outcome = last.get("outcome") or {}
     return outcome.get("success"), last.get("final_answer")
+
+
+def judged(outcome: dict | None) -> str:
+    """How an attempt was judged, the check's verdict and the person's word each as given: where they
+    disagree, both are shown (the person's word never silently replaces the check's, or the reverse)."""
+    outcome = outcome or {}
+    success, person = outcome.get("success"), outcome.get("person_good")
+    parts = []
+    if outcome.get("verifier"):
+        parts.append("check passed" if success else "check failed")
+    elif success is not None and person is None:
+        parts.append("succeeded" if success else "failed")
+    if person is not None:
+        note = (outcome.get("feedback") or "").strip()
+        said = f"you said {'good' if person else 'bad'}"
+        parts.append(said + (f" ({clip(note, 80)})" if note and note not in ("good", "bad") else ""))
+    return "; ".join(parts) or "not judged"
 
 
 def _text_of(path: str) -> str:
@@ -135,10 +154,13 @@ def show(state: State, task_id: str, as_json: bool) -> None:
     for trajectory in detail["trajectories"]:
         outcome = trajectory.get("outcome") or {}
         out.print(f"\n[bold]attempt {trajectory['attempt']}[/bold] ({trajectory['status']}, node "
-                  f"{trajectory['node_id']}): answer {trajectory['final_answer']!r}, success "
-                  f"{outcome.get('success')}", highlight=False)
+                  f"{trajectory['node_id']}): answer {trajectory['final_answer']!r}, {judged(outcome)}",
+                  highlight=False)
+        if outcome.get("success") is False and (outcome.get("verifier_output") or "").strip():
+            out.print(f"  the verifier: {clip(outcome['verifier_output'].strip(), 500)}", highlight=False,
+                      markup=False)
         for step in trajectory["steps"]:
-            _print_event_step({**step, "attempt": trajectory["attempt"]})
+            _print_event_step({**step, "attempt": trajectory["attempt"]}, console=out)
     if detail.get("error"):
         out.print(f"error: {detail['error']}", markup=False)
 
@@ -163,7 +185,10 @@ def feedback(state: State, task_id: str, good: bool, note: str) -> None:
     """Tell the daemon whether a task's answer was good (its success becomes known)."""
     with state.client() as client:
         outcome = client.post(f"/v1/tasks/{task_id}/feedback", {"good": good, "note": note})
-    click.echo(f"{task_id}: recorded as {'good' if outcome['success'] else 'bad'}")
+    click.echo(f"{task_id}: recorded; {judged(outcome)}")
+    if outcome.get("verifier") and outcome.get("success") is not good:
+        click.echo("  your word is kept beside the check's verdict; the check's decides what the agent learns "
+                   "from this attempt")
 
 
 def _show_progress(comment: str) -> None:
