@@ -803,6 +803,34 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             tokens, usd = self._reader().execute(sql, params).fetchone()
         return int(tokens), float(usd)
 
+    def task_results(self, *, since: float) -> dict[str, dict[str, int]]:
+        """By task source, the tasks whose last attempt finished since a time: how many succeeded,
+        failed, or have no verdict (no check and no feedback)."""
+        rows = self._all(
+            "SELECT k.source AS source, o.success AS success, count(*) AS n FROM trajectories t "
+            "JOIN tasks k ON k.id = t.task_id LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+            "WHERE t.finished_at >= ? AND NOT EXISTS (SELECT 1 FROM trajectories later "
+            "WHERE later.task_id = t.task_id AND later.attempt > t.attempt) GROUP BY k.source, o.success",
+            [since])
+        out: dict[str, dict[str, int]] = {}
+        for row in rows:
+            counts = out.setdefault(row["source"], {"succeeded": 0, "failed": 0, "unjudged": 0})
+            key = "unjudged" if row["success"] is None else "succeeded" if row["success"] else "failed"
+            counts[key] += row["n"]
+        return out
+
+    def learned_since(self, since: float) -> dict[str, int]:
+        """What was learned and unlearned since a time: insights added and retired, synthesized tools
+        that came into use and that were retired."""
+        row = self._one(
+            "SELECT (SELECT count(*) FROM insight_history WHERE at >= ? AND op = 'ADD') AS insights_added, "
+            "(SELECT count(*) FROM insight_history WHERE at >= ? AND json_extract(after, '$.status') = 'retired' "
+            " AND coalesce(json_extract(before, '$.status'), '') != 'retired') AS insights_retired, "
+            "(SELECT count(*) FROM tools WHERE created_at >= ? AND status IN ('active', 'retired')) AS tools_added, "
+            "(SELECT count(*) FROM tools WHERE updated_at >= ? AND status = 'retired') AS tools_retired",
+            [since] * 4)
+        return {key: int(row[key]) for key in ("insights_added", "insights_retired", "tools_added", "tools_retired")}
+
     def append_event(self, kind: str, what: str, *, why: str = "", evidence: list | None = None,
                      cost_usd: float = 0.0, node_id: str | None = None, payload: dict | None = None,
                      reverts: int | None = None) -> Event:

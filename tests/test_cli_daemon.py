@@ -201,12 +201,37 @@ def test_a_socket_of_another_user_is_permission_denied_exit_6(env):
     assert "permission denied" in denied.stderr and "Traceback" not in denied.stderr
 
 
+def test_status_answers_whether_it_is_learning(env):
+    """`evolver status` printed the all-time task counts as a raw dict labelled "queue" and each job's
+    next interval round only (evolve "in 4 h" while its trigger ran it every 30 s): a test failed before."""
+    ok("submit", "What is 6 * 7?", "--check-answer", "42", "--wait", env=env)
+    run("submit", ENGLISH_FAIL, "--check-answer", "Paris", "--wait", env=env)
+    ok("evolve", "--job", "reconcile", env=env)
+    status = json.loads(ok("status", "--json", env=env).stdout)
+    day = status["learning"]["windows"]["day"]
+    tasks = json.loads(ok("tasks", "--json", "--limit", "1000", env=env).stdout)["tasks"]
+    assert day["person"]["succeeded"] >= 1 and day["person"]["failed"] >= 1
+    assert day["person"]["succeeded"] + day["person"]["failed"] + day["person"]["unjudged"] == len(
+        [t for t in tasks if t["status"] in ("done", "failed") and t["attempts"]])
+    assert day["evaluations"] == {"succeeded": 0, "failed": 0, "unjudged": 0, "rate": None}
+    assert day["spend"]["person"]["tokens"] > 0  # and the background's (an earlier test's distill) apart
+    assert day["spend"]["person"]["tokens"] + day["spend"]["background"]["tokens"] == status["budget"]["tokens_today"]
+    (reconcile,) = [j for j in status["jobs"] if j["job"] == "reconcile"]
+    assert reconcile["last"]["ok"] and "index agrees" in reconcile["last"]["summary"]
+    text = ok("status", env=env).stdout
+    assert "{'" not in text and re.search(r"queue: \d+ queued, \d+ running \(so far: \d+ done, \d+ failed", text)
+    assert "is it learning?" in text and re.search(r"your tasks[ │]+\d+/\d+ succeeded \(\d+%\)", text)
+    assert re.search(r"record[ │]+every 5 min, or after 1 new", text)  # the trigger, not only the interval
+    assert re.search(r"reconcile[ │]+every 30 min[ │]+\d+ s ago: index agrees", text)
+
+
 def test_zz_down_then_inspection_still_reads_the_store(env):
     # Named to run last in this module: it stops the shared daemon.
     assert re.search(r"evolver daemon \d+ stopped", ok("down", env=env).stdout)
     assert "not running" in ok("down", env=env).stdout
     status = run("status", env=env)
     assert status.returncode == 5 and "not running" in status.stdout
+    assert "is it learning?" in status.stdout and "your tasks" in status.stdout  # read from the store
     listed = json.loads(ok("tasks", "--json", env=env).stdout)["tasks"]
     assert listed and all(t["status"] in ("done", "failed", "cancelled") for t in listed)
     assert ok("show", listed[0]["id"], "--json", env=env)

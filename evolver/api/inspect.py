@@ -12,6 +12,7 @@ from ..tree.incumbent import promote as promote_node
 from ..tree.incumbent import rollback as rollback_node
 from . import views
 from .errors import error_response
+from .learning import learning
 from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, errors
 
 router = APIRouter(tags=["inspection"])
@@ -26,9 +27,11 @@ async def health() -> dict:
     return {"ok": True}
 
 
-@router.get("/status", summary="Queue, workers, budget, incumbent, next jobs", responses=errors(503))
+@router.get("/status", summary="Queue, workers, budget, incumbent, jobs, and whether it is learning",
+            responses=errors(503))
 def status(request: Request) -> dict:
-    return _daemon(request).status()
+    daemon = _daemon(request)
+    return {**daemon.status(), "learning": learning(daemon.store, daemon.config)}
 
 
 @router.post("/shutdown", status_code=202, summary="Stop the daemon gracefully (as SIGTERM does)",

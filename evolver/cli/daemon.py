@@ -111,13 +111,98 @@ def stop_daemon(state: State, *, timeout_s: float) -> int:
     raise click.ClickException(f"daemon {pid} is still running after {timeout_s:g} s; `kill {pid}` stops it harder")
 
 
+def _queue_line(queue: dict[str, int]) -> str:
+    """The inbox now (queued, running) and the tasks so far by how they ended; ``queue`` is every task's
+    status counted."""
+    now = f"{queue.get('queued', 0)} queued, {queue.get('running', 0)} running"
+    ended = ", ".join(f"{queue[k]} {k}" for k in ("done", "failed", "cancelled", "dead") if queue.get(k))
+    return f"queue: {now}" + (f" (so far: {ended})" if ended else "")
+
+
+def _when(at: float | None, now: float) -> str:
+    if at is None:
+        return "-"
+    seconds = at - now
+    ago = seconds < 0
+    seconds = abs(seconds)
+    text = (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
+            else f"{seconds / 3600:.1f} h" if seconds < 86400 * 2 else f"{seconds / 86400:.0f} d")
+    return f"{text} ago" if ago else f"in {text}"
+
+
+def _pace(job: dict) -> str:
+    minutes = job["every_min"]
+    every = f"every {minutes:g} min" if minutes < 120 else f"every {minutes / 60:g} h"
+    return every + (f", or after {job['after']} new" if job.get("after") else "")
+
+
+def _jobs_table(jobs: list[dict], now: float):
+    rows = []
+    for j in jobs:
+        last = j.get("last")
+        said = "-" if not last else (f"{_when(last['at'], now)}: " + ("" if last["ok"] else "FAILED ")
+                                     + last["summary"].split(": ", 1)[-1])
+        nxt = ("running now" if j.get("running") else _when(j["next_run_at"], now) if j["next_run_at"]
+               else "not scheduled")
+        if j.get("failures"):
+            nxt += f" (backing off: {j['failures']} failed rounds in a row)"
+        rows.append({"job": j["job"], "runs": _pace(j), "last round": said, "next": nxt})
+    return table("background jobs", rows, ["job", "runs", "last round", "next"], width={"last round": 70})
+
+
+def _rate(counts: dict) -> str:
+    judged = counts["succeeded"] + counts["failed"]
+    if not judged:
+        return "none judged" + (f" ({counts['unjudged']} unjudged)" if counts["unjudged"] else "")
+    extra = f", {counts['unjudged']} unjudged" if counts["unjudged"] else ""
+    return f"{counts['succeeded']}/{judged} succeeded ({counts['rate']:.0%}){extra}"
+
+
+def _learning_table(learning: dict):
+    from rich.table import Table
+
+    view = Table(title="is it learning?", title_justify="left")
+    view.add_column("")
+    for name in learning["windows"]:
+        view.add_column(f"last {name}")
+    w = list(learning["windows"].values())
+    lines = [
+        ("your tasks", [_rate(x["person"]) for x in w]),
+        ("evaluations", [_rate(x["evaluations"]) for x in w]),
+        ("insights", [f"+{x['insights_added']} added, {x['insights_retired']} retired" for x in w]),
+        ("tools", [f"+{x['tools_added']} added, {x['tools_retired']} retired" for x in w]),
+        ("spent on your tasks", [f"{x['spend']['person']['tokens']} tokens, ${x['spend']['person']['usd']:.4f}"
+                                 for x in w]),
+        ("spent in the background", [f"{x['spend']['background']['tokens']} tokens, "
+                                     f"${x['spend']['background']['usd']:.4f}" for x in w]),
+    ]
+    for label, cells in lines:
+        view.add_row(label, *cells)
+    return view
+
+
+def _print_learning(learning: dict, now: float) -> None:
+    out.print(_learning_table(learning))
+    best = learning.get("best_candidate")
+    line = f"incumbent node: {learning['incumbent']}"
+    if best:
+        s, n = best["held_out"]
+        line += f"; best other candidate {best['node']} (held-out {s}/{n}): {best['why_not_serving']}"
+    out.print(line, highlight=False, markup=False)
+    for failure in learning.get("job_failures") or []:
+        out.print(f"job failed {_when(failure['at'], now)}: {failure['what']}", highlight=False, markup=False)
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def status(state: State, as_json: bool) -> None:
-    """Whether the daemon runs, and what it is doing: queue, workers, budget, incumbent, next jobs."""
-    from ..tree.incumbent import incumbent
+    """Whether the daemon runs, what it is doing (queue, workers, budget, jobs), and whether it is
+    learning (success over the last day and week, what was learned and retired, the incumbent and the
+    best candidate, background spend apart from yours)."""
+    from ..api.learning import learning
 
+    now = time.time()
     try:
         with state.client(timeout_s=10) as client:
             info = client.get("/v1/status")
@@ -125,8 +210,7 @@ def status(state: State, as_json: bool) -> None:
         info = {"mood": "not running", "socket": str(state.socket_path)}
         try:
             with state.store(readonly=True) as store:
-                node = incumbent(store)
-                info.update(queue=store.queue_depth(), incumbent=node.id if node else None)
+                info.update(queue=store.queue_depth(), learning=learning(store, state.config, now=now))
         except Exception as exc:  # no store yet, or unreadable: say so, the status itself still stands
             info["store"] = str(exc)
         if as_json:
@@ -134,7 +218,8 @@ def status(state: State, as_json: bool) -> None:
         else:
             out.print(f"evolver daemon: not running (socket {info['socket']}); start it with `evolver up`")
             if "queue" in info:
-                out.print(f"queue: {info['queue'] or 'empty'}; incumbent node: {info['incumbent']}")
+                out.print(_queue_line(info["queue"]))
+                _print_learning(info["learning"], now)
         sys.exit(EXIT_NO_DAEMON)
     if as_json:
         print_json(info)
@@ -143,17 +228,13 @@ def status(state: State, as_json: bool) -> None:
     out.print(f"evolver daemon {info['pid']}: {info['mood']}, up {info['uptime_s']:.0f} s, model {info['model']}")
     out.print(f"socket {info['socket']}; data dir {info['data_dir']}"
               + ("" if info["sandbox_isolated"] else "; SANDBOX DEGRADED (no bubblewrap)"))
-    out.print(f"queue: {info['queue'] or 'empty'}; workers: {info['workers']}, running: "
+    out.print(f"{_queue_line(info['queue'])}; workers: {info['workers']}, running: "
               f"{', '.join(r['task_id'] for r in info['running']) or 'nothing'}")
     out.print(f"spent today: {budget['tokens_today']} tokens of {budget['tokens_per_day'] or 'unlimited'}, "
               f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}")
-    out.print(f"incumbent node: {info['incumbent']}")
-    jobs = [{"job": j["job"], "next run": (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["next_run_at"]))
-                                           if j["next_run_at"] else "paused")
-             + (f" (backing off: {j['failures']} failed rounds in a row)" if j.get("failures") else "")}
-            for j in info["jobs"]]
-    if jobs:
-        out.print(table("scheduled jobs", jobs, ["job", "next run"]))
+    _print_learning(info["learning"], now)
+    if info["jobs"]:
+        out.print(_jobs_table(info["jobs"], now))
 
 
 @cli.group()

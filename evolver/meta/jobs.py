@@ -276,11 +276,26 @@ class Jobs:
             self.scheduler.shutdown(wait=False)
 
     def next_runs(self) -> list[dict]:
+        """Each job as `evolver status` shows it: its interval, the work that also makes it due (``after``
+        items), whether a round runs now, its last round (from the events) and its next scheduled one. A
+        job with ``after`` runs whenever that much work waits, so its interval is only its slowest pace."""
         if not self.scheduler.running:
             return []
-        return [{"job": j.id, "next_run_at": j.next_run_time.timestamp() if j.next_run_time else None,
-                 "failures": self._failures.get(j.id, 0)}
-                for j in self.scheduler.get_jobs() if j.id in self.jobs]
+        scheduled = {j.id: j for j in self.scheduler.get_jobs()}
+        last: dict[str, dict] = {}
+        for kind in ("job", "job_failed"):
+            for event in self.host.store.list_events(kind=kind, limit=500):
+                name = (event.payload or {}).get("job")
+                if name in self.jobs and (name not in last or event.at > last[name]["at"]):
+                    last[name] = {"at": event.at, "ok": kind == "job", "summary": event.what}
+        out = []
+        for name, job in self.jobs.items():
+            entry = scheduled.get(name)
+            out.append({"job": name, "every_min": job.every_min, "after": job.after,
+                        "running": job.lock.locked(), "last": last.get(name),
+                        "next_run_at": entry.next_run_time.timestamp() if entry and entry.next_run_time else None,
+                        "failures": self._failures.get(name, 0)})
+        return out
 
     def _backing_off(self, name: str) -> bool:
         # A second of slack: the interval's own run, set to the end of the backoff, may fire a hair early.

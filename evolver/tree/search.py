@@ -397,6 +397,28 @@ class TreeSearch:
         return f"promoted {best.id}"
 
 
+def best_candidate(store: ExperienceStore, min_evaluations: int, quantile: float = 0.05) -> dict | None:
+    """The strongest node other than the incumbent on its held-out record (best bound, then most
+    evaluations), and why it is not serving yet; None when there is no other node to consider."""
+    current = incumbent(store)
+    test = node_stats(store, split="test")
+    others = [n for n in test if n.expandable and (current is None or n.id != current.id)]
+    if not others:
+        return None
+    best = max(others, key=lambda n: (policy.lower_bound(n.successes, n.failures, quantile), n.evaluations, n.id))
+    mine = next((n for n in test if current is not None and n.id == current.id), None)
+    theirs = policy.lower_bound(mine.successes, mine.failures, quantile) if mine else policy.lower_bound(0, 0, quantile)
+    bound = policy.lower_bound(best.successes, best.failures, quantile)
+    if best.evaluations < min_evaluations:
+        why = f"{min_evaluations - best.evaluations} more held-out evaluations needed ({best.evaluations} of {min_evaluations})"
+    elif bound <= theirs:
+        why = f"its bound {bound:.3f} does not beat the incumbent's {theirs:.3f}"
+    else:
+        why = "ready: the next record round promotes it (or asks for approval)"
+    return {"node": best.id, "held_out": [best.successes, best.evaluations], "bound": round(bound, 4),
+            "incumbent_bound": round(theirs, 4), "why_not_serving": why}
+
+
 def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
     """Every node (with its diff) and its counts: own and clade (training), held-out, the posterior
     mean of its own training record, and the ``quantile`` bound of its held-out record."""
