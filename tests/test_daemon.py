@@ -242,6 +242,52 @@ def test_the_openai_client_streams_a_chat(openai_client):
     assert finishes == ["stop"]
 
 
+def _chat_stream(http, content: str, **extra):
+    return http.stream("POST", "/v1/chat/completions", json={
+        "model": "evolver", "messages": [{"role": "user", "content": content}], "stream": True, **extra})
+
+
+def _chunks(response) -> list[dict]:
+    return [json.loads(line[6:]) for line in response.iter_lines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_a_streamed_chat_has_one_id_and_its_usage_when_asked(http):
+    """The first chunk's id was "chatcmpl-pending" and the later ones another (clients that group chunks
+    by id broke), and ``stream_options.include_usage`` was ignored: a test failed before."""
+    with _chat_stream(http, "What is 17.5% of 2,340?", stream_options={"include_usage": True}) as response:
+        chunks = _chunks(response)
+    ids = {c["id"] for c in chunks}
+    assert len(ids) == 1 and ids.pop().startswith("chatcmpl-task_")
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "409.5"
+    *rest, last = chunks
+    assert last["choices"] == [] and last["usage"]["total_tokens"] > 0
+    assert all(c["usage"] is None for c in rest)  # as OpenAI sends them: null until the last
+    with _chat_stream(http, "What is 17.5% of 2,340?") as response:
+        assert all("usage" not in c for c in _chunks(response))  # not asked: no usage field
+
+
+def test_a_chat_turn_stops_when_its_client_goes_away_or_it_is_cancelled(daemon, http):
+    """A client that disconnected left its turn running for nobody, and cancelling a chat turn said
+    "stopping at its next step" but it ended done: tests failed before."""
+    with _chat_stream(http, "SLOW chat, then go away") as response:
+        lines = response.iter_lines()
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        next(line for line in lines if line.startswith(":"))  # a step has run
+    gone = first["id"].removeprefix("chatcmpl-")
+    assert daemon.wait_task(http, gone, ("done", "failed", "cancelled"), timeout_s=60)["status"] == "cancelled"
+
+    with _chat_stream(http, "SLOW chat, then be cancelled") as response:
+        lines = response.iter_lines()
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        task_id = first["id"].removeprefix("chatcmpl-")
+        assert http.post(f"/v1/tasks/{task_id}/cancel").status_code == 200
+        said = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                       for line in lines if line.startswith("data: {"))
+    assert "without an answer" in said and "cancelled" in said
+    assert http.get(f"/v1/tasks/{task_id}").json()["status"] == "cancelled"
+
+
 def test_an_unknown_model_is_not_found(openai_client):
     with pytest.raises(openai.NotFoundError) as caught:
         openai_client.chat.completions.create(model="gpt-nothing", messages=[{"role": "user", "content": "hi"}])

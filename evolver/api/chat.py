@@ -4,7 +4,10 @@ A chat turn is answered by the incumbent agent, with its memory and tools, and
 recorded as a task of source "chat" (its success unknown until feedback). The
 agent's model calls are not token-streamed, so a streaming reply sends the
 role at once, SSE comments while the agent works (OpenAI clients skip them),
-then the answer and ``[DONE]``.
+then the answer, the usage when ``stream_options.include_usage`` asks for it,
+and ``[DONE]``; every chunk carries the one completion id. A client that goes
+away mid-turn, or `evolver cancel` on the turn's task, stops the turn at its
+next step, and the task ends cancelled.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from memory import Ending
+from memory import Ending, new_id
 
 from ..llm.budget import BudgetExceeded
 from .errors import error_response
@@ -102,6 +105,18 @@ def _model_failure(result) -> JSONResponse | None:
     return None
 
 
+async def _until_done_or_gone(request: Request, cancel: threading.Event, turn):
+    """The turn's result; a client that disconnects meanwhile sets ``cancel`` (the turn then stops at its
+    next step and ends cancelled, instead of running on for nobody)."""
+    running = asyncio.ensure_future(turn)
+    while True:
+        done, _ = await asyncio.wait({running}, timeout=0.5)
+        if done:
+            return running.result()
+        if not cancel.is_set() and await request.is_disconnected():
+            cancel.set()
+
+
 _REPLY = {"description": "The reply (a chat.completion), or with ``stream`` its chunks as server-sent events "
                          "ending with ``data: [DONE]``.",
           "content": {"application/json": {"schema": {"type": "object"}},
@@ -119,9 +134,14 @@ async def completions(body: ChatIn, request: Request):
                                                       f"{MODEL_ID!r}", "model")
     prompt = _prompt(body)
     created = int(time.time())
+    # The turn's task id is chosen now, so every chunk of a stream carries the one completion id.
+    task_id = new_id("task")
+    chat_id = f"chatcmpl-{task_id}"
+    cancel = threading.Event()
     if not body.stream:
         try:
-            result = await run_in_threadpool(daemon.chat, prompt)
+            result = await _until_done_or_gone(request, cancel, run_in_threadpool(
+                daemon.chat, prompt, task_id=task_id, cancel=cancel))
         except BudgetExceeded as exc:
             return error_response(429, "budget_exceeded", str(exc))
         failure = _model_failure(result)
@@ -129,7 +149,7 @@ async def completions(body: ChatIn, request: Request):
             return failure
         usage = await run_in_threadpool(_usage, daemon, result.task_id)
         text = await run_in_threadpool(reply_text, daemon.store, result)
-        return {"id": f"chatcmpl-{result.task_id}", "object": "chat.completion", "created": created,
+        return {"id": chat_id, "object": "chat.completion", "created": created,
                 "model": MODEL_ID, "usage": usage, "evolver": {"task_id": result.task_id, "status": result.status},
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": text}}]}
@@ -141,7 +161,8 @@ async def completions(body: ChatIn, request: Request):
     def run() -> None:
         try:
             outcome["result"] = daemon.chat(
-                prompt, on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, step.role))
+                prompt, on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, step.role),
+                task_id=task_id, cancel=cancel)
             outcome["text"] = reply_text(daemon.store, outcome["result"])
         except BaseException as exc:  # reported in the stream
             outcome["error"] = exc
@@ -151,26 +172,34 @@ async def completions(body: ChatIn, request: Request):
     # A thread of its own for the whole turn: sandboxes die with the thread that started them.
     threading.Thread(target=run, name="chat", daemon=True).start()
 
-    def chunk(chat_id: str, delta: dict, finish: str | None = None) -> bytes:
+    def chunk(delta: dict | None, finish: str | None = None, usage: dict | None = None) -> bytes:
         data = {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": MODEL_ID,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if usage is not None or body.include_usage():  # OpenAI: "usage": null on every chunk but the last
+            data["usage"] = usage
         return f"data: {json.dumps(data)}\n\n".encode()
 
     async def stream():
-        chat_id = "chatcmpl-pending"
-        yield chunk(chat_id, {"role": "assistant", "content": ""})
-        while (role := await progress.get()) is not None:
-            yield f": {role} step\n\n".encode()
-        if "error" in outcome:
-            exc = outcome["error"]
-            kind = "budget_exceeded" if isinstance(exc, BudgetExceeded) else "internal_error"
-            error = {"error": {"type": kind, "message": str(exc), "param": None}}
-            yield f"data: {json.dumps(error)}\n\n".encode()
-            return
-        result = outcome["result"]
-        chat_id = f"chatcmpl-{result.task_id}"
-        yield chunk(chat_id, {"content": outcome["text"]})
-        yield chunk(chat_id, {}, "stop")
-        yield b"data: [DONE]\n\n"
+        finished = False
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            while (role := await progress.get()) is not None:
+                yield f": {role} step\n\n".encode()
+            if "error" in outcome:
+                exc = outcome["error"]
+                kind = "budget_exceeded" if isinstance(exc, BudgetExceeded) else "internal_error"
+                error = {"error": {"type": kind, "message": str(exc), "param": None}}
+                yield f"data: {json.dumps(error)}\n\n".encode()
+                finished = True
+                return
+            yield chunk({"content": outcome["text"]})
+            yield chunk({}, "stop")
+            if body.include_usage():
+                yield chunk(None, usage=await run_in_threadpool(_usage, daemon, task_id))
+            yield b"data: [DONE]\n\n"
+            finished = True
+        finally:
+            if not finished:  # the client went away mid-turn: the turn stops at its next step
+                cancel.set()
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -155,6 +155,11 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
 class ChatIn(_Storable):
     # The OpenAI request has many optional knobs (temperature, top_p, ...); they are accepted and ignored,
     # as the served scaffold decides them.
@@ -162,6 +167,10 @@ class ChatIn(_Storable):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     @field_validator("messages")
     @classmethod

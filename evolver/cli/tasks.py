@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -191,15 +192,34 @@ def feedback(state: State, task_id: str, good: bool, note: str) -> None:
                    "from this attempt")
 
 
-def _show_progress(comment: str) -> None:
-    """The chat stream's comments say which step the agent is at: each one overwrites the last."""
-    err.print(f"[dim]…{escape(comment)}[/dim]", end="\r")
+class _Progress:
+    """The chat stream's comments say which step the agent is at. On a terminal each overwrites the
+    last on one stderr line, which is cleared before the reply is printed (else the reply came out
+    over the progress text: "405.0 step step"); elsewhere they are not shown."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, comment: str) -> None:
+        if err.is_terminal:
+            err.file.write(f"\r\x1b[K…{comment}")
+            err.file.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            err.file.write("\r\x1b[K")
+            err.file.flush()
+            self.shown = False
 
 
-def _stream_reply(state: State, messages: list[dict]) -> str:
-    """One streamed chat turn; prints the reply as it arrives and returns it."""
+def _stream_reply(state: State, messages: list[dict], *, prefix: str = "") -> str | None:
+    """One streamed chat turn; prints ``prefix`` and the reply as it arrives and returns it. Ctrl-C stops
+    the turn (the daemon is told to cancel it) and returns None."""
     client = state.client()
-    reply = []
+    reply: list[str] = []
+    progress = _Progress()
+    chat_id = None
     try:
         with client.http.stream("POST", "/v1/chat/completions",
                                 json={"model": "evolver", "messages": messages, "stream": True},
@@ -207,18 +227,45 @@ def _stream_reply(state: State, messages: list[dict]) -> str:
             if response.status_code != 200:
                 response.read()
                 decode(response)
-            for _, _, data in server_events(response, on_comment=_show_progress):
+            for _, _, data in server_events(response, on_comment=progress):
                 if "error" in data:
                     raise ApiError(500, data["error"]["type"], data["error"]["message"])
-                delta = data["choices"][0]["delta"].get("content") or ""
-                reply.append(delta)
-                out.print(delta, end="", markup=False, highlight=False)
+                chat_id = data.get("id") or chat_id
+                choices = data.get("choices") or [{"delta": {}}]  # a usage chunk has none
+                delta = choices[0]["delta"].get("content") or ""
+                if delta:
+                    progress.clear()
+                    if not reply:
+                        out.print(prefix, end="", highlight=False, markup=False)
+                    reply.append(delta)
+                    out.print(delta, end="", markup=False, highlight=False)
+    except KeyboardInterrupt:
+        progress.clear()
+        task_id = (chat_id or "").removeprefix("chatcmpl-")
+        said = "(stopped)"
+        if task_id.startswith("task_"):  # closing the stream cancels it too; this says so at once
+            with contextlib.suppress(ApiError, httpx.HTTPError):
+                task = client.post(f"/v1/tasks/{task_id}/cancel")
+                said = (f"(stopped; turn {task_id} cancelled)" if task["status"] in ("running", "cancelled")
+                        else f"(stopped; turn {task_id} had already ended: {task['status']})")
+        err.print(said, highlight=False)
+        return None
     except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
         raise client._unreachable(exc) from None
     finally:
+        progress.clear()
         client.close()
+    if not reply:
+        out.print(prefix, end="", highlight=False, markup=False)
     out.print()
     return "".join(reply)
+
+
+CHAT_HELP = """commands (not sent to the agent):
+  /help          this list
+  /new           forget the conversation so far and start a new one
+  /exit, /quit   end the chat (Ctrl-D too)
+Ctrl-C while the agent works stops that turn; arrow keys edit the line and recall earlier ones."""
 
 
 @cli.command()
@@ -228,20 +275,41 @@ def chat(state: State, once: str | None) -> None:
     """Talk with the daemon's agent (an interactive REPL, replies streamed). /exit or Ctrl-D ends it."""
     messages: list[dict] = []
     if once is not None:
-        _stream_reply(state, [{"role": "user", "content": once}])
+        if _stream_reply(state, [{"role": "user", "content": once}]) is None:
+            sys.exit(130)
         return
     with state.client() as client:
         client.get("/v1/health")  # say now, not after the first message, that the daemon is down
-    err.print("chatting with the evolver daemon; /exit or Ctrl-D ends")
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401  (input() then edits the line and keeps a history, as a shell does)
+    err.print("chatting with the evolver daemon; /help lists the commands, /exit or Ctrl-D ends")
     while True:
         try:
             text = input("you> ")
         except EOFError:
             break
-        if text.strip() in ("/exit", "/quit"):
+        except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+            err.print()
+            continue
+        command = text.strip()
+        if command in ("/exit", "/quit"):
             break
-        if not text.strip():
+        if command == "/help":
+            err.print(CHAT_HELP, highlight=False, markup=False)
+            continue
+        if command == "/new":
+            messages = []
+            err.print("(a new conversation)")
+            continue
+        if command.startswith("/") and " " not in command:
+            err.print(f"unknown command {command}; /help lists them (a message starting with / needs a space "
+                      "or more words)", highlight=False, markup=False)
+            continue
+        if not command:
             continue
         messages.append({"role": "user", "content": text})
-        out.print("evolver> ", end="", highlight=False)
-        messages.append({"role": "assistant", "content": _stream_reply(state, messages)})
+        said = _stream_reply(state, messages, prefix="evolver> ")
+        if said is None:
+            messages.pop()  # a stopped turn is not part of the conversation
+        else:
+            messages.append({"role": "assistant", "content": said})

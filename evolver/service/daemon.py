@@ -264,16 +264,23 @@ class Daemon:
 
     # --- what the API asks of the daemon -----------------------------------------------------
 
-    def chat(self, prompt: str, *, on_step=None, metadata: dict | None = None) -> TaskResult:
-        """One chat turn: the incumbent agent answers, recorded as a task of source "chat"."""
+    def chat(self, prompt: str, *, on_step=None, metadata: dict | None = None, task_id: str | None = None,
+             cancel: threading.Event | None = None) -> TaskResult:
+        """One chat turn: the incumbent agent answers, recorded as a task of source "chat" (``task_id``:
+        the id it gets, chosen by the caller). The turn stops at its next step when ``cancel`` is set (a
+        client that went away), when someone cancels its task, or when the daemon drains."""
+        cancel = cancel or threading.Event()
         with self.chat_slots:
-            task, _ = self.store.add_task(prompt, source="chat", status="running", metadata=metadata)
+            item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata}
+            ((task, _),) = self.store.add_tasks([{**item, "id": task_id} if task_id else item])
             try:
                 def step_seen(step: Step) -> None:
                     self.feed.publish(task.id)
                     if on_step is not None:
                         on_step(step)
-                return self.agent().run_task(task, on_step=step_seen)
+                    if self.drain.is_set() or self.store.cancel_requested(task.id):
+                        cancel.set()
+                return self.agent().run_task(task, cancel=cancel, on_step=step_seen)
             finally:
                 self.feed.publish(task.id)
 
