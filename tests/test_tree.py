@@ -285,6 +285,30 @@ def test_promotion_only_when_the_bound_beats_the_incumbents(engine):
     assert incumbent(e.store).id == root
 
 
+def test_rollback_again_goes_further_back_and_one_node_shows_as_promoted(engine):
+    """Rolling back twice re-served the node just rolled back from, and afterwards two nodes showed as
+    promoted: a test failed before."""
+    e = engine([*SOLVER], "tree-rollback-twice")
+    root, first, second = incumbent(e.store).id, _child(e), _child(e)
+    promote(e.store, first)
+    promote(e.store, second)
+
+    def promoted() -> list[str]:
+        return [n.id for n in e.store.list_nodes() if n.status == "promoted"]
+
+    assert promoted() == [second]
+    rollback(e.store)
+    assert incumbent(e.store).id == first and promoted() == [first]
+    rollback(e.store)
+    assert incumbent(e.store).id == root and promoted() == [root]
+    with pytest.raises(IncumbentError, match="no earlier incumbent"):
+        rollback(e.store)
+    assert e.store.get_node(second).status == "evaluated"  # still servable: it can be promoted again
+    promote(e.store, second)
+    rollback(e.store)
+    assert incumbent(e.store).id == root
+
+
 def test_a_worse_candidate_is_not_promoted(engine):
     e = engine([*SOLVER], "tree-worse", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5")
     root, child = incumbent(e.store).id, _child(e)

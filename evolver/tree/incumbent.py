@@ -8,6 +8,8 @@ says from which node to which and why; rolling back reads those events.
 
 from __future__ import annotations
 
+import contextlib
+
 from memory import Event, ExperienceStore, Node, NotFound
 
 from ..agent.scaffold import Scaffold, load_scaffold
@@ -62,6 +64,12 @@ def _switch(store: ExperienceStore, kind: str, node_id: str, why: str, *, revert
         store.set_meta(KEY, node_id)
         if node.status != "promoted":
             store.set_node_status(node_id, "promoted")
+        # "promoted" is the node being served: the one it replaces goes back to evaluated (two nodes
+        # showed as promoted after a rollback).
+        if previous is not None:
+            with contextlib.suppress(NotFound):
+                if store.get_node(previous).status == "promoted":
+                    store.set_node_status(previous, "evaluated")
         return store.append_event(kind, f"serving node {node_id} instead of {previous}", why=why,
                                   node_id=node_id, payload={"from": previous, "to": node_id}, reverts=reverts)
 
@@ -72,11 +80,18 @@ def promote(store: ExperienceStore, node_id: str, *, why: str = "promoted by han
 
 
 def rollback(store: ExperienceStore, node_id: str | None = None, *, why: str = "rolled back by hand") -> Event:
-    """Serve ``node_id``, or without one the node served before the current incumbent."""
+    """Serve ``node_id``, or without one the node served before the current incumbent.
+
+    Rolling back again goes further back, as an undo does: the current incumbent came either by a
+    promotion or by a rollback to a named node, and the node served before that is the target; a
+    rollback without a node only undid such an event, so it is skipped (it re-served the node just
+    rolled back from)."""
     if node_id is not None:
         return _switch(store, "rollback", node_id, why)
     current = store.get_meta(KEY)
     for event in store.list_events(limit=1000):
+        if event.kind == "rollback" and event.reverts is not None:
+            continue
         if event.kind in ("promote", "rollback") and event.payload.get("to") == current:
             target = event.payload.get("from")
             if target is None:

@@ -51,7 +51,7 @@ from .proposer import (
 )
 from .split import SPLITS, hashed_split
 
-__all__ = ["TreeSearch", "EvalItem", "SERVABLE", "SEARCH_SOURCES", "node_stats", "tree_view"]
+__all__ = ["TreeSearch", "EvalItem", "SERVABLE", "SEARCH_SOURCES", "best_candidate", "node_stats", "tree_view"]
 
 log = logging.getLogger(__name__)
 
