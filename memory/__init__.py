@@ -10,6 +10,7 @@ from .embedder import Embedder, bundled_model_path
 from .errors import (
     EmbeddingMismatch,
     IndexBusy,
+    AmbiguousId,
     NotFound,
     StoreCorrupt,
     StoreError,
@@ -46,5 +47,5 @@ __all__ = [
     "Ending", "Task", "Trajectory", "Step", "Outcome", "Insight", "ToolRecord", "Node", "Evaluation",
     "LedgerEntry", "Event", "TrajectoryHit", "InsightHit", "ToolHit", "Context",
     "StoreError", "StoreCorrupt", "StoreLocked", "StoreReadOnly", "StoreFull", "IndexBusy",
-    "EmbeddingMismatch", "NotFound",
+    "EmbeddingMismatch", "NotFound", "AmbiguousId",
 ]

@@ -66,6 +66,10 @@ class NotFound(StoreError, KeyError):
         return str(self.args[0]) if self.args else "not found"
 
 
+class AmbiguousId(StoreError, ValueError):
+    """A short id that starts more than one id; the message names some of them."""
+
+
 # SQLite's primary result codes (the low byte of an extended code) and what they mean here.
 _KIND_BY_CODE = {
     11: "corrupt",  # SQLITE_CORRUPT

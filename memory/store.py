@@ -13,6 +13,7 @@ step lives in ``indexing.py`` and answering queries in ``retrieval.py``.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -27,7 +28,7 @@ import sqlite_utils
 
 from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
 from .embedder import Embedder
-from .errors import IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
+from .errors import AmbiguousId, IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
 from .inbox import Inbox
 from .effects import Exposures
 from .insight_log import InsightLog
@@ -439,6 +440,43 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT max(s.created_at) "
                 "FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) WHERE status = 'running'")
         return cursor.rowcount
+
+    def resolve_id(self, short: str) -> tuple[str, str]:
+        """The kind ("task", "trajectory", "node") and full id of a unique prefix of one, as git takes a
+        short commit id; an exact id is itself. ``NotFound`` when none starts so, ``AmbiguousId`` when
+        several do (the message names them)."""
+        tables = {"task_": ("task", "tasks"), "traj_": ("trajectory", "trajectories"), "node_": ("node", "nodes")}
+        kind_table = next((v for k, v in tables.items() if short.startswith(k)), None)
+        if kind_table is None:
+            raise NotFound(f"{short!r} is not an id: ids start with task_, traj_ or node_")
+        kind, table = kind_table
+        # A range on the primary key ('~' sorts after every digit and letter of an id).
+        rows = self._all(f"SELECT id FROM {table} WHERE id >= ? AND id < ? ORDER BY id LIMIT 4",
+                         [short, short + "~"])
+        ids = [r["id"] for r in rows]
+        if short in ids or len(ids) == 1:
+            return kind, short if short in ids else ids[0]
+        if not ids:
+            raise NotFound(f"No {kind} with id {short!r}" + ("" if len(short) > 5 else "; give more of its id"))
+        more = " and more" if len(ids) > 3 else ""
+        raise AmbiguousId(f"{short!r} starts several {kind} ids ({', '.join(ids[:3])}{more}); give more of it")
+
+    def short_ids(self, ids: list[str]) -> dict[str, str]:
+        """Each id's shortest unique prefix (at least 8 characters after its kind's ``task_``), to
+        show in listings; any of them is taken back by ``resolve_id``."""
+        tables = {"task_": "tasks", "traj_": "trajectories", "node_": "nodes"}
+        out = {}
+        for full in ids:
+            table = tables.get(full[:5])
+            if table is None:
+                out[full] = full
+                continue
+            # Only the neighbours in sorted order can share a longer prefix with it.
+            before = self._one(f"SELECT max(id) AS id FROM {table} WHERE id < ?", [full])["id"] or ""
+            after = self._one(f"SELECT min(id) AS id FROM {table} WHERE id > ?", [full])["id"] or ""
+            shared = max(len(os.path.commonprefix([full, before])), len(os.path.commonprefix([full, after])))
+            out[full] = full[:max(13, shared + 1)]
+        return out
 
     def get_trajectory(self, trajectory_id: str) -> Trajectory:
         row = self._one("SELECT * FROM trajectories WHERE id = ?", [trajectory_id])

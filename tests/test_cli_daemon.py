@@ -144,7 +144,7 @@ def test_evolve_promote_and_rollback(env):
     unknown = run("evolve", "--job", "nope", env=env)
     assert unknown.returncode == 2 and "there is no job 'nope'" in unknown.stderr
     promote = run("promote", "node_nope", env=env)
-    assert promote.returncode == 7 and "there is no node 'node_nope'" in promote.stderr
+    assert promote.returncode == 2 and "No node with id 'node_nope'" in promote.stderr
     rollback = run("rollback", env=env)
     assert rollback.returncode == 7 and "no earlier incumbent" in rollback.stderr
 
@@ -199,6 +199,33 @@ def test_a_socket_of_another_user_is_permission_denied_exit_6(env):
         runtime.chmod(0o700)
     assert denied.returncode == 6, denied.stderr
     assert "permission denied" in denied.stderr and "Traceback" not in denied.stderr
+
+
+def test_ids_can_be_shortened_and_a_trajectory_id_opens_its_task(env):
+    """Ids wrapped even at 120 columns and no command took a prefix; evidence ids (traj_...) could not
+    be opened; a task did not show what it was given from memory: tests failed before."""
+    ok("submit", "What is 6 * 7?", "--check-answer", "42", "--wait", env=env)
+    listed = json.loads(ok("tasks", "--json", "--limit", "5", env=env).stdout)["tasks"]
+    newest = listed[0]
+    short = newest["short_id"]
+    assert newest["id"].startswith(short) and len(short) < len(newest["id"])
+    table = ok("tasks", "--limit", "5", env={**env, "COLUMNS": "120"}).stdout
+    assert short in table and newest["id"] not in table
+    assert all(len(line) <= 120 for line in table.splitlines())
+    shown = ok("show", short, "--memories", env=env).stdout
+    assert shown.startswith(newest["id"]) and "given from memory:" in shown
+    detail = json.loads(ok("show", short, "--json", env=env).stdout)
+    trajectory = detail["trajectories"][-1]
+    assert set(trajectory["memories"]) == {"examples", "insights", "tools"}
+    by_trajectory = ok("show", trajectory["id"][:20], env=env).stdout  # a trajectory's prefix: its task
+    assert by_trajectory.startswith(newest["id"]) and "← the trajectory asked for" in by_trajectory
+    several = run("show", "task_", env=env)
+    assert several.returncode == 2 and "starts several task ids" in several.stderr
+    assert run("show", "task_ffffffff", env=env).returncode == 2  # none such: named, not a traceback
+    node = json.loads(ok("tree", "--json", env=env).stdout)["nodes"][0]
+    assert node["id"] in ok("node", node["short_id"], env=env).stdout
+    wrong = run("node", short, env=env)
+    assert wrong.returncode == 2 and "is a task id; this command takes a node id" in wrong.stderr
 
 
 def test_status_answers_whether_it_is_learning(env):

@@ -192,7 +192,9 @@ class Agent:
         examples, shown = fit_context(context, params.context_tokens)
         prompt_context = _render(examples, shown)
         exposed = {"insight": [str(hit.insight_id) for hit in shown],
-                   "tool": [n for n in tool_names if n not in BUILTIN_SOURCES]}
+                   "tool": [n for n in tool_names if n not in BUILTIN_SOURCES],
+                   # the examples are the first of the trajectories found (fit_context keeps them in order)
+                   "example": [hit.trajectory_id for hit in context.trajectories[:len(examples)]]}
         try:
             with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
                            observation_chars=self.observation_chars, allowed=tool_names,

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from memory import NotFound, StoreError
+from memory import AmbiguousId, NotFound, StoreError
 
 from .. import __version__
 from ..llm.budget import BudgetExceeded
@@ -91,6 +91,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(NotFound, lambda r, e: error_response(404, "not_found", str(e)))
+    app.add_exception_handler(AmbiguousId, lambda r, e: error_response(422, "ambiguous_id", str(e)))
     app.add_exception_handler(IncumbentError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(JobError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(RevertError, lambda r, e: error_response(409, "conflict", str(e)))

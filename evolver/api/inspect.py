@@ -34,6 +34,12 @@ def status(request: Request) -> dict:
     return {**daemon.status(), "learning": learning(daemon.store, daemon.config)}
 
 
+@router.get("/ids/{short}", summary="The full id of a task, trajectory or node from a unique prefix of it",
+            responses=errors(404, 422, 503))
+def resolve_id(request: Request, short: str = Path(min_length=1, max_length=200)) -> dict:
+    return views.resolve_id(_daemon(request).store, short)
+
+
 @router.post("/shutdown", status_code=202, summary="Stop the daemon gracefully (as SIGTERM does)",
              responses=errors(413))
 def shutdown(request: Request) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from memory import ExperienceStore, Filters
+from memory import ExperienceStore, Filters, NotFound
 from tools import builtin_specs
 
 from ..meta.prune import insight_effects, tool_effects
@@ -34,8 +34,22 @@ def task_list(store: ExperienceStore, *, status: str | None = None, source: str 
     tasks = store.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
     more = len(tasks) > limit
     counts = store.trajectory_counts([t.id for t in tasks[:limit]])
-    return {"tasks": [task_json(t, store, attempts=counts[t.id]) for t in tasks[:limit]],
+    short = store.short_ids([t.id for t in tasks[:limit]])
+    return {"tasks": [{**task_json(t, store, attempts=counts[t.id]), "short_id": short[t.id]} for t in tasks[:limit]],
             "next_offset": offset + limit if more else None}
+
+
+def memories_of(store: ExperienceStore, trajectory_id: str) -> dict:
+    """What an attempt was given from memory: past trajectories as examples, insights (with their
+    text), synthesized tools offered."""
+    shown = store.exposures_of(trajectory_id)
+    insights = []
+    for insight_id in shown.get("insight", []):
+        try:
+            insights.append({"id": int(insight_id), "text": store.get_insight(int(insight_id)).text})
+        except NotFound:
+            insights.append({"id": int(insight_id), "text": None})
+    return {"examples": shown.get("example", []), "insights": insights, "tools": shown.get("tool", [])}
 
 
 def task_detail(store: ExperienceStore, task_id: str) -> dict:
@@ -44,6 +58,7 @@ def task_detail(store: ExperienceStore, task_id: str) -> dict:
     for trajectory in store.trajectories_of(task_id):
         outcome = store.outcome(trajectory.id)
         trajectories.append({**asdict(trajectory), "outcome": asdict(outcome) if outcome else None,
+                             "memories": memories_of(store, trajectory.id),
                              "steps": [asdict(s) for s in store.steps(trajectory.id)]})
     return {**task_json(task, store, attempts=len(trajectories)), "trajectories": trajectories}
 
@@ -92,3 +107,12 @@ def node(store: ExperienceStore, node_id: str) -> dict:
 
 def history(store: ExperienceStore, *, kind: str | None = None, limit: int = 100) -> dict:
     return {"events": [asdict(e) for e in store.list_events(kind=kind, limit=limit)]}
+
+
+def resolve_id(store: ExperienceStore, short: str) -> dict:
+    """What a short id (a unique prefix) names: its kind and full id; a trajectory's task too."""
+    kind, full = store.resolve_id(short)
+    found = {"kind": kind, "id": full}
+    if kind == "trajectory":
+        found["task_id"] = store.get_trajectory(full).task_id
+    return found

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memory import StoreError
+from memory import AmbiguousId, StoreError
 from sandbox import SandboxError
 
 from ..agent.scaffold import ScaffoldError
@@ -85,6 +85,25 @@ class State:
                 return client.post(path, params) if post else client.get(path, **params)
         with self.store(readonly=True) as store:
             return from_store(store, *args, **params)
+
+
+FULL_ID_LENGTH = 26  # "task_" + 11 hex digits of milliseconds + 10 random ones (memory.new_id)
+KIND_OF = {"task_": "task", "traj_": "trajectory", "node_": "node"}
+
+
+def full_id(state: State, short: str, *kinds: str) -> dict:
+    """``{"kind", "id"}`` (and a trajectory's ``task_id``) for an id or a unique prefix of one, as git
+    takes short commit ids; a usage error when it names another kind of thing than ``kinds``."""
+    kind = KIND_OF.get(short[:5])
+    if kind in kinds and kind != "trajectory" and len(short) == FULL_ID_LENGTH:
+        return {"kind": kind, "id": short}  # already whole: no round trip
+    from ..api import views
+
+    found = state.view(f"/v1/ids/{short}", views.resolve_id, short)
+    if found["kind"] not in kinds:
+        raise click.BadParameter(f"{found['id']} is a {found['kind']} id; this command takes a "
+                                 f"{' or '.join(kinds)} id")
+    return found
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -176,6 +195,7 @@ _EXIT_CODES: tuple[tuple[type | tuple[type, ...], int], ...] = (
     (SocketDenied, EXIT_DENIED),
     (ClientError, EXIT_REFUSED),
     ((SocketError, ConfigError), EXIT_USAGE),
+    (AmbiguousId, EXIT_USAGE),
     (StoreError, EXIT_STORE),
     ((SandboxError, ModelError, ScaffoldError, BudgetExceeded), EXIT_ENGINE),
 )

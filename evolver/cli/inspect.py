@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from ..api import views
-from .base import State, cli, err, out, print_json, table
+from .base import State, cli, err, full_id, out, print_json, table
 
 
 def _when(at: float) -> str:
@@ -31,7 +31,7 @@ def show_tree(data: dict) -> None:
         held = node["held_out_successes"] + node["held_out_failures"]
         flight = f", {node['in_flight']} running" if node["in_flight"] else ""
         why = node["reason"] if node["status"] == "invalid" else node["rationale"]
-        return (f"{node['id']} [dim]{node['status']}, own {node['successes']}/{own}{flight}, clade "
+        return (f"{node.get('short_id') or node['id']} [dim]{node['status']}, own {node['successes']}/{own}{flight}, clade "
                 f"{node['clade_successes']}/{clade}, mean {node['mean']:.2f}, held-out "
                 f"{node['held_out_successes']}/{held} bound {node['bound']:.2f}[/dim]{star} {escape(why[:70])}")
 
@@ -78,6 +78,7 @@ def tree(state: State, fmt: str, as_json: bool, output: str | None) -> None:
 @click.pass_obj
 def node(state: State, node_id: str, as_json: bool) -> None:
     """One node: its scaffold, diff against its parent, rationale and evaluations."""
+    node_id = full_id(state, node_id, "node")["id"]
     data = state.view(f"/v1/nodes/{node_id}", views.node, node_id)
     if as_json:
         print_json(data)
@@ -210,7 +211,8 @@ def evolve(state: State, now: bool, job: str | None, as_json: bool) -> None:
 @click.option("--why", default="promoted by hand", show_default=True, help="Recorded in the history.")
 @click.pass_obj
 def promote(state: State, node_id: str, why: str) -> None:
-    """Serve NODE_ID from the next task on."""
+    """Serve NODE_ID (or a unique prefix of it) from the next task on."""
+    node_id = full_id(state, node_id, "node")["id"]
     with state.client() as client:
         event = client.post("/v1/promote", {"node_id": node_id, "why": why})
     click.echo(f"event {event['id']}: {event['what']}")
@@ -221,7 +223,10 @@ def promote(state: State, node_id: str, why: str) -> None:
 @click.option("--why", default="rolled back by hand", show_default=True, help="Recorded in the history.")
 @click.pass_obj
 def rollback(state: State, node_id: str | None, why: str) -> None:
-    """Serve an earlier node again: NODE_ID, or the one served before the current incumbent."""
+    """Serve an earlier node again: NODE_ID (or a unique prefix of it), or the one served before the
+    current incumbent (again: the one before that)."""
+    if node_id is not None:
+        node_id = full_id(state, node_id, "node")["id"]
     with state.client() as client:
         event = client.post("/v1/rollback", {"node_id": node_id, "why": why})
     click.echo(f"event {event['id']}: {event['what']}")

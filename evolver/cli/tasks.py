@@ -13,7 +13,17 @@ from rich.markup import escape
 
 from ..api import views
 from ..text import clip
-from .base import State, _call_text, check_options, cli, err, out, print_json, table
+from .base import (
+    State,
+    _call_text,
+    check_options,
+    cli,
+    err,
+    full_id,
+    out,
+    print_json,
+    table,
+)
 from .client import ApiError, decode, server_events
 
 
@@ -131,18 +141,25 @@ def tasks(state: State, status: str | None, source: str | None, limit: int, offs
         return
     rows = [{**t, "created": time.strftime("%m-%d %H:%M:%S", time.localtime(t["created_at"]))}
             for t in result["tasks"]]
+    # Short ids (unique prefixes, which every command takes) keep a row on one line at 120 columns.
+    rows = [{**r, "id": r.get("short_id") or r["id"]} for r in rows]
     out.print(table("tasks", rows, ["id", "status", "priority", "source", "attempts", "created", "prompt", "error"],
-                    width={"prompt": 60, "error": 40}))
+                    width={"prompt": 50, "error": 30}))
     if result["next_offset"] is not None:
         err.print(f"more: --offset {result['next_offset']}")
 
 
 @cli.command()
 @click.argument("task_id")
+@click.option("--memories", is_flag=True, help="Also what each attempt was given from memory: examples, "
+                                               "insights, synthesized tools.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def show(state: State, task_id: str, as_json: bool) -> None:
-    """One task with its trajectories and every step."""
+def show(state: State, task_id: str, memories: bool, as_json: bool) -> None:
+    """One task with its trajectories and every step. TASK_ID may be a unique prefix, or a trajectory's
+    id (evidence in the history names them): its task is shown."""
+    found = full_id(state, task_id, "task", "trajectory")
+    task_id = found.get("task_id") or found["id"]
     detail = state.view(f"/v1/tasks/{task_id}", views.task_detail, task_id)
     if as_json:
         print_json(detail)
@@ -154,9 +171,12 @@ def show(state: State, task_id: str, as_json: bool) -> None:
         out.print(f"check: {json.dumps(detail['check'])}", highlight=False, markup=False)
     for trajectory in detail["trajectories"]:
         outcome = trajectory.get("outcome") or {}
-        out.print(f"\n[bold]attempt {trajectory['attempt']}[/bold] ({trajectory['status']}, node "
-                  f"{trajectory['node_id']}): answer {trajectory['final_answer']!r}, {judged(outcome)}",
+        asked = "  ← the trajectory asked for" if trajectory["id"] == found["id"] else ""
+        out.print(f"\n[bold]attempt {trajectory['attempt']}[/bold] {trajectory['id']} ({trajectory['status']}, "
+                  f"node {trajectory['node_id']}): answer {trajectory['final_answer']!r}, {judged(outcome)}{asked}",
                   highlight=False)
+        if memories:
+            _print_memories(trajectory.get("memories") or {})
         if outcome.get("success") is False and (outcome.get("verifier_output") or "").strip():
             out.print(f"  the verifier: {clip(outcome['verifier_output'].strip(), 500)}", highlight=False,
                       markup=False)
@@ -166,11 +186,28 @@ def show(state: State, task_id: str, as_json: bool) -> None:
         out.print(f"error: {detail['error']}", markup=False)
 
 
+def _print_memories(given: dict) -> None:
+    examples, insights, tools = given.get("examples", []), given.get("insights", []), given.get("tools", [])
+    if not (examples or insights or tools):
+        out.print("  given from memory: nothing", highlight=False)
+        return
+    out.print(f"  given from memory: {len(examples)} examples, {len(insights)} insights, {len(tools)} tools",
+              highlight=False)
+    for trajectory_id in examples:
+        out.print(f"    example {trajectory_id} (evolver show {trajectory_id})", highlight=False, markup=False)
+    for insight in insights:
+        text = insight["text"] if insight["text"] is not None else "(no longer in the store)"
+        out.print(f"    insight {insight['id']}: {clip(text, 150)}", highlight=False, markup=False)
+    for name in tools:
+        out.print(f"    tool {name}", highlight=False, markup=False)
+
+
 @cli.command()
 @click.argument("task_id")
 @click.pass_obj
 def cancel(state: State, task_id: str) -> None:
-    """Cancel a task: a queued one at once, a running one at its next step."""
+    """Cancel a task (its id or a unique prefix): a queued one at once, a running one at its next step."""
+    task_id = full_id(state, task_id, "task")["id"]
     with state.client() as client:
         task = client.post(f"/v1/tasks/{task_id}/cancel")
     click.echo(f"{task['id']}: {task['status']}" + (" (stopping at its next step)" if task["status"] == "running"
@@ -183,7 +220,8 @@ def cancel(state: State, task_id: str) -> None:
 @click.option("--note", default="", help="Why, in a few words.")
 @click.pass_obj
 def feedback(state: State, task_id: str, good: bool, note: str) -> None:
-    """Tell the daemon whether a task's answer was good (its success becomes known)."""
+    """Tell the daemon whether a task's answer was good (its id or a unique prefix)."""
+    task_id = full_id(state, task_id, "task")["id"]
     with state.client() as client:
         outcome = client.post(f"/v1/tasks/{task_id}/feedback", {"good": good, "note": note})
     click.echo(f"{task_id}: recorded; {judged(outcome)}")

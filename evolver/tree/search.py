@@ -426,10 +426,12 @@ def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
     test = {n.id: n for n in node_stats(store, split="test")}
     clade = policy.clade_counts(train)
     nodes = []
-    for node, stats in zip(store.list_nodes(), train):
+    listed = store.list_nodes()
+    short = store.short_ids([n.id for n in listed])
+    for node, stats in zip(listed, train):
         s, f = clade[node.id]
         held = test[node.id]
-        nodes.append({**asdict(node), "successes": stats.successes, "failures": stats.failures,
+        nodes.append({**asdict(node), "short_id": short[node.id], "successes": stats.successes, "failures": stats.failures,
                       "in_flight": stats.in_flight, "clade_successes": s, "clade_failures": f,
                       "clade_mean": round((1 + s) / (2 + s + f), 4),
                       "mean": round((1 + stats.successes) / (2 + stats.evaluations), 4),
