@@ -17,8 +17,8 @@ import os
 import secrets
 import sqlite3
 import threading
-import weakref
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,21 +27,37 @@ from typing import Any, Iterable, Iterator
 import sqlite_utils
 
 from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
-from .embedder import Embedder
-from .errors import AmbiguousId, IndexBusy, NotFound, StoreError, translate_os_error, translate_sqlite_error
-from .inbox import Inbox
 from .effects import Exposures
-from .insight_log import InsightLog
-from .tool_log import ToolLog
+from .embedder import Embedder
+from .errors import (
+    AmbiguousId,
+    IndexBusy,
+    NotFound,
+    StoreError,
+    translate_os_error,
+    translate_sqlite_error,
+)
+from .inbox import Inbox
 from .index import VectorIndex
 from .indexing import IndexMaintenance
+from .insight_log import InsightLog
 from .records import (
-    Ending, Event, Evaluation, Insight, LedgerEntry, Node, Outcome,
-    Step, Task, ToolRecord, Trajectory,
+    Ending,
+    Evaluation,
+    Event,
+    Insight,
+    LedgerEntry,
+    Node,
+    Outcome,
+    Step,
+    Task,
+    ToolRecord,
+    Trajectory,
 )
 from .retrieval import Retrieval
 from .scaffolds import Snapshots
 from .search import learnable_sql
+from .tool_log import ToolLog
 
 __all__ = ["Store", "StoreOptions", "NewTrajectory", "new_id"]
 

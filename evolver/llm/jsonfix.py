@@ -2,7 +2,10 @@
 
 Small models get JSON nearly right: a code fence around it (or only an opening
 one), prose before or after the one object, a trailing comma, the final brace
-or bracket missing, single quotes where JSON wants double ones. ``loads``
+or bracket missing, single quotes where JSON wants double ones, Python's triple
+quotes in code they pass as a string (a docstring inside the string, or the
+last value written as a triple-quoted string up to the closing braces: three
+quotes never occur in JSON, so neither reading is a guess). ``loads``
 repairs exactly those, and only when the repair is unambiguous: an unclosed
 string, a bracket that closes the wrong thing, single quotes beside double
 ones (or apostrophes within them), or several objects in the text are left
@@ -69,6 +72,48 @@ def _balance(text: str) -> str | None:
     return "".join(out) + "".join(reversed(stack))
 
 
+_TRAILING_CLOSERS = re.compile(r"\s*[}\]][\s}\]]*\Z")
+
+
+def _python_strings(text: str) -> str | None:
+    """``text`` with Python's triple quotes made JSON, or None when there are none or they cannot be
+    read: inside a string they are escaped (a docstring in code); outside one they open the last value,
+    which runs to the closing braces at the end (an unmatched closing triple quote dropped)."""
+    if '"""' not in text:
+        return None
+    out: list[str] = []
+    i, in_string, escaped = 0, False, False
+    while i < len(text):
+        if not escaped and text.startswith('"""', i):
+            if in_string:
+                out.append('\\"\\"\\"')
+                i += 3
+                continue
+            closers = _TRAILING_CLOSERS.search(text, i + 3)
+            if closers is None:
+                return None
+            content = text[i + 3:closers.start()]
+            if content.count('"""') % 2:  # the value's own closing quotes
+                end = content.rfind('"""')
+                content = content[:end] + content[end + 3:]
+            if "\n" not in content and "\\n" in content:  # written with JSON's escapes, on one line
+                content = content.replace("\\n", "\n").replace('\\"', '"')
+            return "".join(out) + json.dumps(content) + text[closers.start():]
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def loads(text: str) -> tuple[Any, bool]:
     """The JSON value in ``text`` and whether it needed repair; ``json.JSONDecodeError`` (of the text as
     written) when no unambiguous repair parses."""
@@ -77,6 +122,7 @@ def loads(text: str) -> tuple[Any, bool]:
     except json.JSONDecodeError as original:
         error = original
     candidate = extract(text)
+    candidate = _python_strings(candidate) or candidate
     if "'" in candidate and '"' not in candidate:
         # Single quotes only, and none inside a word (it's): every one delimits a string.
         if re.search(r"\w'\w", candidate):
