@@ -135,6 +135,16 @@ def test_evolve_promote_and_rollback(env):
         "Compute arithmetic with run_python and answer with the printed result; never guess a number."]
     assert re.search(r"synthesize: ok in [\d.]+ s: ", evolved.stdout)
     (distilled,) = json.loads(ok("history", "--json", "--kind", "distill", env=env).stdout)["events"]
+    # The history names the insight ("1 insight operations: ADD" did not), and one event opens whole.
+    assert "ADD 'Compute arithmetic with run_python" in distilled["what"]
+    event = ok("history", "show", str(distilled["id"]), env=env).stdout
+    assert f"event {distilled['id']} distill" in event and "ADD insight" in event
+    assert "text: Compute arithmetic with run_python" in event
+    assert f"evidence ({len(distilled['evidence'])}): {distilled['evidence'][0]}" in event
+    assert distilled["evidence"][0].startswith("traj_")
+    assert run("history", "show", "999999", env=env).returncode == 2
+    missing = run("tools", "show", "nope", env=env)
+    assert missing.returncode == 2 and "No synthesized tool named 'nope'" in missing.stderr
     reverted = ok("history", "revert", str(distilled["id"]), "--why", "not useful", env=env)
     assert f"reverted event {distilled['id']} (distill): 1 insights restored" in reverted.stdout
     assert json.loads(ok("insights", "--json", env=env).stdout) == {"insights": []}

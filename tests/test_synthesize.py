@@ -13,7 +13,7 @@ from evolver.config import load_config
 from evolver.agent.engine import Engine
 from evolver.meta.revert import RevertError, revert_event
 from evolver.meta.synthesize import WATERMARK_KEY, SynthesisError, normalized_code, synthesize_round
-from memory import NewTrajectory
+from memory import NewTrajectory, NotFound
 
 REVERSE = '''
 def reverse_text(text: str) -> str:
@@ -128,6 +128,17 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
     assert e.store.search_tools("reverse a string", k=1)[0].name == "reverse_text"
     assert synthesize_round(e) == "no new trajectories since the last round"
     assert len(e.store.list_events(kind="tool_registered")) == 1
+    # `evolver tools show reverse_text` and `evolver history show EVENT` (no command showed either before)
+    from evolver.api import views
+    shown = views.tool_detail(e.store, "reverse_text")
+    (version,) = shown["versions"]
+    assert version["code"] == REVERSE and "def test_" in version["tests"]
+    assert [(x["id"], x["kind"]) for x in version["events"]] == [(event.id, "tool_registered")]
+    assert shown["effect"]["exposures"] == 0
+    detail = views.event_detail(e.store, event.id)
+    assert detail["tool_changes"] == event.payload["tool_changes"] and detail["reverted_by"] == []
+    with pytest.raises(NotFound, match="No synthesized tool named 'nope'"):
+        views.tool_detail(e.store, "nope")
 
 
 def test_the_registered_tool_runs_for_a_task_and_its_use_is_counted(engine):

@@ -65,6 +65,12 @@ def tools(request: Request, status: Literal["active", "quarantined", "retired", 
     return views.tools(_daemon(request).store, status=status)
 
 
+@router.get("/tools/{name}", summary="A synthesized tool: its versions, code, tests, usage and effect",
+            responses=errors(404, 422, 503))
+def tool(request: Request, name: str = Path(min_length=1, max_length=200)) -> dict:
+    return views.tool_detail(_daemon(request).store, name)
+
+
 @router.get("/tree", summary="The self-modification tree", responses=errors(503))
 def tree(request: Request) -> dict:
     daemon = _daemon(request)
@@ -81,6 +87,12 @@ def node(node_id: str, request: Request) -> dict:
 def history(request: Request, kind: str | None = Query(default=None, max_length=50),
             limit: int = Query(default=100, ge=1, le=1000)) -> dict:
     return views.history(_daemon(request).store, kind=kind, limit=limit)
+
+
+@router.get("/history/{event_id}", summary="One event: what, why, evidence, and the changes it made",
+            responses=errors(404, 422, 503))
+def event(request: Request, event_id: int = Path(ge=1, le=MAX_ID)) -> dict:
+    return views.event_detail(_daemon(request).store, event_id)
 
 
 @router.post("/history/{event_id}/revert", summary="Undo an event's insight or tool changes (recorded as a new event)",

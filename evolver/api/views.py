@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from memory import ExperienceStore, Filters, NotFound
 from tools import builtin_specs
@@ -116,3 +117,34 @@ def resolve_id(store: ExperienceStore, short: str) -> dict:
     if kind == "trajectory":
         found["task_id"] = store.get_trajectory(full).task_id
     return found
+
+
+def event_detail(store: ExperienceStore, event_id: int) -> dict:
+    """One event whole: what, why, its evidence, its payload, and the insight changes it made (each
+    insight before and after) or the tool changes it recorded."""
+    event = store.get_event(event_id)
+    reverted_by = [e.id for e in store.list_events(kind="revert", limit=1000) if e.reverts == event_id]
+    return {**asdict(event), "insight_changes": store.insight_changes_of(event_id),
+            "tool_changes": (event.payload or {}).get("tool_changes", []), "reverted_by": reverted_by}
+
+
+def tool_detail(store: ExperienceStore, name: str) -> dict:
+    """A synthesized tool by name: every version with its status, usage, measured effect, the events
+    that changed it, its code and its tests."""
+    from tools import ToolFiles, ToolFileError
+
+    versions = [t for t in store.list_tools(status=None) if t.name == name]
+    if not versions:
+        raise NotFound(f"No synthesized tool named {name!r}; `evolver tools --status all` lists them")
+    files = ToolFiles(Path(store.data_dir) / "tools")
+    effect = tool_effects(store, versions)[name].as_dict()
+    out = []
+    for tool in sorted(versions, key=lambda t: t.version):
+        try:
+            code, tests = files.read(tool.name, tool.version, tool.code_hash)
+        except ToolFileError as exc:
+            code, tests = None, f"(its files cannot be read: {exc})"
+        out.append({**asdict(tool), "code": code, "tests": tests,
+                    "events": [{"id": e.id, "at": e.at, "kind": e.kind, "what": e.what}
+                               for e in store.tool_events(tool.id)]})
+    return {"name": name, "effect": effect, "versions": out}

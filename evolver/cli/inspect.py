@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 import time
 
 import click
@@ -124,6 +125,41 @@ def history(ctx: click.Context, kind: str | None, limit: int, as_json: bool) -> 
     out.print(table("history", rows, ["id", "when", "kind", "what", "why", "reverts"], width={"what": 70, "why": 50}))
 
 
+@history.command("show")
+@click.argument("event_id", type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def history_show(state: State, event_id: int, as_json: bool) -> None:
+    """One event whole: what and why, its evidence (open one with `evolver show ID`), and each insight or
+    tool it changed, before and after."""
+    data = state.view(f"/v1/history/{event_id}", views.event_detail, event_id)
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"[bold]event {data['id']}[/bold] {data['kind']}, {_when(data['at'])}"
+              + (f", node {data['node_id']}" if data.get("node_id") else "")
+              + (f", reverts event {data['reverts']}" if data.get("reverts") else "")
+              + (f"; reverted by event {', '.join(map(str, data['reverted_by']))}" if data["reverted_by"] else ""),
+              highlight=False)
+    out.print(f"what: {data['what']}", highlight=False, markup=False)
+    if data.get("why"):
+        out.print(f"why: {data['why']}", highlight=False, markup=False)
+    if data.get("evidence"):
+        out.print(f"evidence ({len(data['evidence'])}): " + " ".join(map(str, data["evidence"])), highlight=False,
+                  markup=False)
+    for change in data["insight_changes"]:
+        before, after = change["before"] or {}, change["after"]
+        out.print(f"  {change['op']} insight {change['insight_id']}", highlight=False)
+        if before.get("text") and before.get("text") != after.get("text"):
+            out.print(f"    before: {before['text']}", highlight=False, markup=False)
+        fields = ", ".join(f"{k} {before.get(k)} -> {after.get(k)}" for k in ("status", "importance")
+                           if before and before.get(k) != after.get(k))
+        out.print(f"    {'now' if before else 'text'}: {after.get('text')}" + (f" ({fields})" if fields else ""),
+                  highlight=False, markup=False)
+    for change in data["tool_changes"]:
+        out.print(f"  tool change: {json.dumps(change)}", highlight=False, markup=False)
+
+
 @history.command("revert")
 @click.argument("event_id", type=int)
 @click.option("--why", default="reverted by hand", show_default=True, help="Recorded in the history.")
@@ -170,13 +206,16 @@ def _effect(effect: dict | None) -> str:
     return f"{ok}, {effect['difference']:+.2f} [{low:+.2f}, {high:+.2f}] vs {effect['control']}{same}"
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @click.option("--status", type=click.Choice(["active", "quarantined", "retired", "all"]), default="active",
               show_default=True, help="Which synthesized tools to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_obj
-def tools(state: State, status: str, as_json: bool) -> None:
-    """Tools the agent can use: built-in, and synthesized ones with their usage."""
+@click.pass_context
+def tools(ctx: click.Context, status: str, as_json: bool) -> None:
+    """Tools the agent can use: built-in, and synthesized ones with their usage (`tools show NAME`: one)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    state: State = ctx.obj
     data = state.view("/v1/tools", views.tools, status=status)
     if as_json:
         print_json(data)
@@ -185,6 +224,30 @@ def tools(state: State, status: str, as_json: bool) -> None:
     rows = [{**t, "effect": _effect(t.get("effect"))} for t in data["synthesized"]]
     out.print(table(f"synthesized tools ({status})", rows,
                     ["name", "version", "status", "uses", "successes", "failures", "effect", "description"]))
+
+
+@tools.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def tools_show(state: State, name: str, as_json: bool) -> None:
+    """One synthesized tool: each version's status, usage, the events that changed it, its code and tests,
+    and its measured effect."""
+    data = state.view(f"/v1/tools/{name}", views.tool_detail, name)
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"[bold]{escape(data['name'])}[/bold]: effect {_effect(data['effect'])}", highlight=False)
+    for v in data["versions"]:
+        out.print(f"\n[bold]v{v['version']}[/bold] {v['status']} ({v['origin']}), used {v['uses']}x: "
+                  f"{v['successes']} ok, {v['failures']} failed; {escape(v['description'])}", highlight=False)
+        for e in v["events"]:
+            out.print(f"  event {e['id']} {_when(e['at'])} {e['kind']}: {e['what']}", highlight=False, markup=False)
+        if v["code"] is not None:
+            out.print("  code:", highlight=False)
+            out.print(textwrap.indent(v["code"].rstrip(), "    "), highlight=False, markup=False)
+        out.print("  tests:", highlight=False)
+        out.print(textwrap.indent((v["tests"] or "").rstrip(), "    "), highlight=False, markup=False)
 
 
 @cli.command()

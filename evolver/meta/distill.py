@@ -75,6 +75,17 @@ def _outcome(success: bool | None) -> str:
     return {True: "succeeded", False: "failed", None: "outcome unknown"}[success]
 
 
+def _named(op, shown) -> str:
+    """An operation as the history says it: the insight it touches by id, and its text (an ADD's new one)."""
+    if op.kind == "ADD":
+        return f"ADD {clip(op.text or '', 80)!r}"
+    target = shown[op.ref - 1] if op.ref and 0 < op.ref <= len(shown) else None
+    if target is None:
+        return f"{op.kind} {op.ref or ''}".strip()
+    text = op.text if op.kind == "EDIT" and op.text else target.text
+    return f"{op.kind} insight {target.id} {clip(text, 60)!r}"
+
+
 def _prompt(store: ExperienceStore, batch, shown) -> str:
     lines = ["Insights now (numbered):", render(shown), "", "New experience:"]
     for n, (trajectory, success) in enumerate(batch, start=1):
@@ -129,13 +140,14 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
     plan_changes(store, ops, shown, provenance=evidence, cap=cap,
                  merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
     summary = ", ".join(f"{op.kind} {op.ref or ''}".strip() for op in ops) or "no change"
-    if skipped:
-        summary += f"; skipped {len(skipped)}: {'; '.join(skipped)}"
+    named = ", ".join(_named(op, shown) for op in ops) or "no change"  # the history names each insight
+    left_out = f"; skipped {len(skipped)}: {'; '.join(skipped)}" if skipped else ""
+    summary += left_out
     # The event, its insight changes and the watermark commit together: a kill between
     # them would otherwise leave the round applied but unmarked, and the next run repeat it.
     with store.transaction():
         event = store.append_event("distill", f"{len(ops)} insight operations from {len(batch)} trajectories: "
-                                   f"{summary}", why="contrast of new trajectories with similar past ones",
+                                   f"{named}{left_out}", why="contrast of new trajectories with similar past ones",
                                    evidence=evidence, cost_usd=reply.cost_usd,
                                    payload={"operations": [vars(op) for op in ops], "skipped": skipped})
         apply_ops(store, ops, shown, provenance=evidence, cap=cap,
