@@ -98,11 +98,18 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
     # A short temp dir of its own (socket paths are limited to 107 bytes), to see the demo clean up.
     runtime = Path(tempfile.mkdtemp(prefix="evd-", dir="/tmp"))
     try:
-        result = run("demo", env={"TMPDIR": str(runtime)})
+        result = run("demo", "--keep", env={"TMPDIR": str(runtime)})
+        assert result.returncode == 0, result.stderr
+        # --keep names the data dir, which the inspection commands open (it named the folder above it).
+        kept = re.search(r"kept the demo's data dir (\S+): look inside with `evolver --data-dir (\S+) tree`",
+                         result.stdout)
+        assert kept and kept.group(1) == kept.group(2), result.stdout
+        inspected = run("--data-dir", kept.group(1), "tree", "--json")
+        assert inspected.returncode == 0 and json.loads(inspected.stdout)["incumbent"], inspected.stderr
+        shutil.rmtree(Path(kept.group(1)).parent)
         left = sorted(str(p.relative_to(runtime)) for p in runtime.rglob("*"))
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
-    assert result.returncode == 0, result.stderr
     assert "seeded memory with 24 past trajectories and 5 insights" in result.stdout
     # Memory: the money-column task finds the insight about currency strings.
     assert "similar successful trajectories" in result.stdout and "Strip currency symbols" in result.stdout
@@ -123,7 +130,7 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
     assert re.search(r"node_\w+ (evaluating|evaluated|promoted), own", result.stdout), result.stdout
     assert "FAILED" not in result.stdout and "job_failed" not in result.stdout
     assert re.search(r"daemon \d+ stopped", result.stdout)
-    # Its data dir and log are gone; only the (empty) runtime dir remains, without the socket.
+    # Besides what it kept, nothing: only the (empty) runtime dir remains, without the socket.
     assert left in ([], ["runtime-0", "runtime-0/evolver"]), left
 
 

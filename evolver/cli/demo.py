@@ -173,7 +173,9 @@ def demo(state: State, keep: bool) -> None:
                 stop_daemon(demo_state, timeout_s=60)
             except Exception:
                 pass
-        if keep:
-            out.print(f"kept {root} (daemon log: {root / 'daemon.log'})")
+        if keep:  # the data dir itself, which the inspection commands take (the folder above it is not one)
+            out.print(f"kept the demo's data dir {root / 'data'}: look inside with `evolver --data-dir "
+                      f"{root / 'data'} tree` (or tasks, history, insights, ...); its daemon's log: "
+                      f"{root / 'daemon.log'}", markup=False, highlight=False, soft_wrap=True)
         else:
             shutil.rmtree(root, ignore_errors=True)
