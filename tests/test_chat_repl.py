@@ -1,4 +1,4 @@
-"""`evolver chat` on a real terminal (a pseudo-terminal), against a real daemon.
+"""`evolver chat` on a real terminal (a pseudo-terminal), and `evolver show --follow`, against a real daemon.
 
 What a person at the REPL sees: the progress text is cleared before the reply
 (it was left on the line: "405.0 step step"), /help is answered by the REPL
@@ -134,3 +134,16 @@ def test_the_repl_on_a_terminal(daemon):
         assert daemon.wait_task(http, task_id, ("done", "failed", "cancelled"))["status"] == "cancelled"
         chats = http.get("/v1/tasks", params={"source": "chat", "limit": 100}).json()["tasks"]
     assert not [t for t in chats if t["prompt"].strip().startswith("/help")]  # never sent to the agent
+
+
+def test_show_follow_prints_the_steps_as_they_come_until_the_task_ends(daemon):
+    with daemon.client() as http:
+        task = http.post("/v1/tasks", json={"prompt": "SLOW task to follow"}).json()
+        daemon.wait_task(http, task["id"], ("running",))
+    shown = subprocess.run([EVOLVER, "show", task["id"][:18], "--follow"], capture_output=True, text=True,
+                           timeout=120, env={**daemon.env, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    following = next(i for i, line in enumerate(lines) if line.startswith(f"following {task['id']}"))
+    assert any("run_python" in line for line in lines[following:])  # steps that came while it was watched
+    assert re.match(r"(done|failed): answer ", lines[-1]), lines[-1]  # and how it ended

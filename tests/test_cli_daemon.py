@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -236,6 +238,25 @@ def test_ids_can_be_shortened_and_a_trajectory_id_opens_its_task(env):
     assert node["id"] in ok("node", node["short_id"], env=env).stdout
     wrong = run("node", short, env=env)
     assert wrong.returncode == 2 and "is a task id; this command takes a node id" in wrong.stderr
+
+
+def test_logs_prints_the_last_lines_and_follows_new_ones(env):
+    log = Path(env["EVOLVER_DAEMON_DATA_DIR"]) / "daemon.log"
+    last = ok("logs", "-n", "2", env=env).stdout.splitlines()
+    assert len(last) == 2 and last == log.read_text().splitlines()[-2:] and "serving" in "".join(
+        log.read_text().splitlines())
+    follower = subprocess.Popen([EVOLVER, "logs", "-n", "0", "-f"], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **env})
+    try:
+        time.sleep(1.0)
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write("a line written while followed\n")
+        assert follower.stdout.readline() == "a line written while followed\n"
+    finally:
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=30) == 0  # Ctrl-C ends following quietly
+    missing = run("logs", env={**env, "EVOLVER_DAEMON_DATA_DIR": "/tmp/evolver-no-such-dir"})
+    assert missing.returncode == 2 and "there is no log at" in missing.stderr
 
 
 def test_status_answers_whether_it_is_learning(env):

@@ -20,6 +20,56 @@ def _log_path(state: State):
     return (state.data_dir or state.config.data_dir).expanduser() / "daemon.log"
 
 
+def _tail(path, lines: int) -> tuple[list[bytes], int]:
+    """The last ``lines`` lines of a file and the offset its end had."""
+    with open(path, "rb") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        chunk, start = b"", end
+        while start > 0 and chunk.count(b"\n") <= lines:
+            start = max(0, start - 65536)
+            handle.seek(start)
+            chunk = handle.read(end - start)
+    return chunk.splitlines(keepends=True)[-lines:] if lines else [], end
+
+
+@cli.command()
+@click.option("--lines", "-n", type=click.IntRange(min=0), default=50, show_default=True,
+              help="How many of the last lines to print.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing lines as they are written (Ctrl-C ends).")
+@click.pass_obj
+def logs(state: State, lines: int, follow: bool) -> None:
+    """The daemon's log, as `evolver up` writes it to DATA_DIR/daemon.log (under systemd the journal has
+    it: journalctl --user -u evolver)."""
+    path = _log_path(state)
+    if not path.exists():
+        raise click.ClickException(f"there is no log at {path} yet: a daemon started by `evolver up` writes it "
+                                   "(one run by systemd logs to the journal: journalctl --user -u evolver)")
+    last, offset = _tail(path, lines)
+    out_bytes = click.get_binary_stream("stdout")
+    out_bytes.write(b"".join(last))
+    out_bytes.flush()
+    if not follow:
+        return
+    try:
+        while True:
+            time.sleep(0.25)
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue  # being replaced: wait for the new one
+            if size < offset:
+                offset = 0  # a new log (a restart truncates it): from its start
+            if size > offset:
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read(size - offset)
+                offset += len(data)
+                out_bytes.write(data)
+                out_bytes.flush()
+    except KeyboardInterrupt:
+        return
+
+
 @cli.command()
 @click.option("--foreground", is_flag=True, help="Run in this process (for systemd and debugging) until stopped.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=180, show_default=True,

@@ -153,9 +153,11 @@ def tasks(state: State, status: str | None, source: str | None, limit: int, offs
 @click.argument("task_id")
 @click.option("--memories", is_flag=True, help="Also what each attempt was given from memory: examples, "
                                                "insights, synthesized tools.")
+@click.option("--follow", "-f", is_flag=True, help="Then follow the task's steps live until it ends (needs the "
+                                                   "daemon; Ctrl-C stops watching, not the task).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def show(state: State, task_id: str, memories: bool, as_json: bool) -> None:
+def show(state: State, task_id: str, memories: bool, follow: bool, as_json: bool) -> None:
     """One task with its trajectories and every step. TASK_ID may be a unique prefix, or a trajectory's
     id (evidence in the history names them): its task is shown."""
     found = full_id(state, task_id, "task", "trajectory")
@@ -184,6 +186,25 @@ def show(state: State, task_id: str, memories: bool, as_json: bool) -> None:
             _print_event_step({**step, "attempt": trajectory["attempt"]}, console=out)
     if detail.get("error"):
         out.print(f"error: {detail['error']}", markup=False)
+    if follow and detail["status"] in ("queued", "running"):
+        _follow(state, detail)
+
+
+def _follow(state: State, detail: dict) -> None:
+    """The steps after those already shown, as they come, then how the task ended."""
+    seen = {(t["attempt"], s["seq"]) for t in detail["trajectories"] for s in t["steps"]}
+    out.print(f"\n[dim]following {detail['id']} (Ctrl-C stops watching, not the task)…[/dim]", highlight=False)
+    try:
+        with state.client() as client:
+            for event, data in client.events(detail["id"]):
+                if event == "step" and (data.get("attempt"), data.get("seq")) not in seen:
+                    _print_event_step(data, console=out)
+            final = client.get(f"/v1/tasks/{detail['id']}")
+    except KeyboardInterrupt:
+        return
+    last = (final["trajectories"] or [{}])[-1]
+    out.print(f"{final['status']}: answer {last.get('final_answer')!r}, {judged(last.get('outcome'))}",
+              highlight=False)
 
 
 def _print_memories(given: dict) -> None:
