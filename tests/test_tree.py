@@ -491,10 +491,13 @@ def test_html_export_of_a_known_tree_is_standalone():
     assert page.startswith("<!DOCTYPE html>") and "</html>" in page
     assert "http://" not in page and "https://" not in page and "<script src" not in page  # no network
     assert page.count("<details>") == 3 and "★ incumbent" in page
-    assert "-a\n+b &lt;i&gt;" in page and "plan &lt;first&gt;" in page  # diffs shown, escaped
-    assert "touches &#x27;verifier&#x27;" in page
+    # Diffs coloured (they were plain text) and escaped; titles say what changed (they were only ids).
+    assert '<span class="del">-a</span><span class="add">+b &lt;i&gt;</span>' in page
+    assert "plan &lt;first&gt;" in page and "touches &#x27;verifier&#x27;" in page
+    assert '<span class="what">the seed scaffold</span>' in page and '<span class="what">plan &lt;first&gt;</span>' in page
+    assert '<dl class="legend">' in page and "<dt>clade s/n</dt>" in page and "the 5% quantile" in page  # a legend
     # node_b and node_c are children of node_a: nested inside its list item.
-    a, b, c = (page.index(f">{n} <small>") for n in ("node_a", "node_b", "node_c"))
+    a, b, c = (page.index(f"<small>{n} · ") for n in ("node_a", "node_b", "node_c"))
     assert a < b < c and page[a:b].count("<ul>") == 1
 
 
