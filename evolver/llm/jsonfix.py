@@ -35,18 +35,22 @@ def extract(text: str) -> str:
     return text[min(starts):].strip() if starts else text
 
 
+def _string_state(ch: str, in_string: bool, escaped: bool) -> tuple[bool, bool]:
+    """After ``ch``: whether the text is inside a JSON string, and whether the next character is escaped."""
+    if not in_string:
+        return ch == '"', False
+    if escaped:
+        return True, False
+    return ch != '"', ch == "\\"
+
+
 def _balance(text: str) -> str | None:
     """``text`` without trailing commas and with its missing closers appended; None when that is a guess."""
     out, stack, in_string, escaped = [], [], False, False
     for n, ch in enumerate(text):
         if in_string:
             out.append(ch)
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
+            in_string, escaped = _string_state(ch, in_string, escaped)
             continue
         if ch == '"':
             in_string = True
@@ -100,15 +104,7 @@ def _python_strings(text: str) -> str | None:
                 content = content.replace("\\n", "\n").replace('\\"', '"')
             return "".join(out) + json.dumps(content) + text[closers.start():]
         ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
+        in_string, escaped = _string_state(ch, in_string, escaped)
         out.append(ch)
         i += 1
     return "".join(out)
