@@ -223,7 +223,7 @@ def test_a_demo_whose_daemon_dies_keeps_its_log_and_says_where():
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith("Error: the daemon stopped while starting: ")
         (log,) = runtime.glob("evolver-demo-*/daemon.log")
-        assert f"(its log: {log})" in line and f"kept {log.parent}" in result.stdout
+        assert f"(its log: {log})" in line and f"kept the demo's data dir {log.parent / 'data'}" in result.stdout
         assert result.returncode == 4  # a daemon that crashed: the engine could not work
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
