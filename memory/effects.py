@@ -56,7 +56,7 @@ class Effect:
     def compared(self) -> int:
         """Exposed attempts in groups that also hold attempts without the item: the evidence the
         difference rests on (none: it cannot be measured yet)."""
-        return sum(g[0] + g[1] for g in self._groups() if (g[0] + g[1]) and (g[2] + g[3]))
+        return sum(g[0] + g[1] for g in self._groups() if _two_sided(g))
 
     def _groups(self) -> tuple[Group, ...]:
         return self.groups or ((self.helped, self.hurt, self.control_successes, self.control_failures),)
@@ -75,10 +75,8 @@ class Effect:
 
     def _estimate(self) -> tuple[float, float]:
         total = weighted = variance = 0.0
-        for s1, f1, s0, f0 in self._groups():
+        for s1, f1, s0, f0 in filter(_two_sided, self._groups()):
             n1, n0 = s1 + f1, s0 + f0
-            if not (n1 and n0):
-                continue  # a group without both sides says nothing about the difference
             weight = n1 * n0 / (n1 + n0)
             a, b = _rate(s1, f1), _rate(s0, f0)
             total += weight
@@ -94,6 +92,12 @@ class Effect:
                 "control": self.control_successes + self.control_failures, "compared": self.compared,
                 "matched": self.matched,
                 "difference": round(self.difference, 3), "interval": [round(low, 3), round(high, 3)]}
+
+
+def _two_sided(group: Group) -> bool:
+    """Whether a group holds attempts both with and without the item: only such a group says anything
+    about the difference."""
+    return bool((group[0] + group[1]) and (group[2] + group[3]))
 
 
 def _rate(successes: int, failures: int) -> float:
@@ -153,7 +157,7 @@ class Exposures:
             rest = [0, 0, 0, 0]
             groups = []
             for counts in by_task.values():
-                if (counts[0] + counts[1]) and (counts[2] + counts[3]):
+                if _two_sided(counts):
                     groups.append(tuple(counts))
                 else:
                     rest = [a + b for a, b in zip(rest, counts)]

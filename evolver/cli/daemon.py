@@ -169,7 +169,8 @@ def _queue_line(queue: dict[str, int]) -> str:
     return f"queue: {now}" + (f" (so far: {ended})" if ended else "")
 
 
-def _when(at: float | None, now: float) -> str:
+def _relative(at: float | None, now: float) -> str:
+    """A time as how long ago or from now it is (inspect's ``_when`` prints the clock time)."""
     if at is None:
         return "-"
     seconds = at - now
@@ -190,9 +191,9 @@ def _jobs_table(jobs: list[dict], now: float):
     rows = []
     for j in jobs:
         last = j.get("last")
-        said = "-" if not last else (f"{_when(last['at'], now)}: " + ("" if last["ok"] else "FAILED ")
+        said = "-" if not last else (f"{_relative(last['at'], now)}: " + ("" if last["ok"] else "FAILED ")
                                      + last["summary"].split(": ", 1)[-1])
-        nxt = ("running now" if j.get("running") else _when(j["next_run_at"], now) if j["next_run_at"]
+        nxt = ("running now" if j.get("running") else _relative(j["next_run_at"], now) if j["next_run_at"]
                else "not scheduled")
         if j.get("failures"):
             nxt += f" (backing off: {j['failures']} failed rounds in a row)"
@@ -240,7 +241,7 @@ def _print_learning(learning: dict, now: float) -> None:
         line += f"; best other candidate {best['node']} (held-out {s}/{n}): {best['why_not_serving']}"
     out.print(line, highlight=False, markup=False)
     for failure in learning.get("job_failures") or []:
-        out.print(f"job failed {_when(failure['at'], now)}: {failure['what']}", highlight=False, markup=False)
+        out.print(f"job failed {_relative(failure['at'], now)}: {failure['what']}", highlight=False, markup=False)
 
 
 @cli.command()

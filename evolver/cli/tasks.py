@@ -64,6 +64,14 @@ def judged(outcome: dict | None) -> str:
     return "; ".join(parts) or "not judged"
 
 
+def _verifier_line(outcome: dict | None) -> str | None:
+    """What the verifier said about a failed attempt, as one indented line; None when it passed or said
+    nothing."""
+    outcome = outcome or {}
+    said = (outcome.get("verifier_output") or "").strip()
+    return f"  the verifier: {clip(said, 500)}" if outcome.get("success") is False and said else None
+
+
 def _text_of(path: str) -> str:
     """A file for the task's workspace: text, or a usage error that names it."""
     try:
@@ -114,10 +122,9 @@ def submit(state: State, text: str, check: dict | None, priority: int, files: tu
     else:
         verdict = "" if success is None else (" (check passed)" if success else " (check failed)")
         click.echo(f"{detail['status']}{verdict}: {answer if answer is not None else detail.get('error')}")
-        if success is False:  # what the verifier said, so the failure can be understood without `show`
-            said = ((detail["trajectories"][-1].get("outcome") or {}).get("verifier_output") or "").strip()
-            if said:
-                click.echo(f"  the verifier: {clip(said, 500)}")
+        said = _verifier_line((detail["trajectories"] or [{}])[-1].get("outcome"))
+        if said:  # what the verifier said, so the failure can be understood without `show`
+            click.echo(said)
     if detail["status"] != "done" or success is False:
         sys.exit(1)
 
@@ -179,9 +186,9 @@ def show(state: State, task_id: str, memories: bool, follow: bool, as_json: bool
                   highlight=False)
         if memories:
             _print_memories(trajectory.get("memories") or {})
-        if outcome.get("success") is False and (outcome.get("verifier_output") or "").strip():
-            out.print(f"  the verifier: {clip(outcome['verifier_output'].strip(), 500)}", highlight=False,
-                      markup=False)
+        said = _verifier_line(outcome)
+        if said:
+            out.print(said, highlight=False, markup=False)
         for step in trajectory["steps"]:
             _print_event_step({**step, "attempt": trajectory["attempt"]}, console=out)
     if detail.get("error"):

@@ -373,8 +373,7 @@ class TreeSearch:
         if current is None:
             return None
         test = {n.id: n for n in node_stats(self.store, split="test")}
-        mine = test.get(current.id)
-        incumbent_counts = (mine.successes, mine.failures) if mine else (0, 0)
+        incumbent_counts = _counts(test.get(current.id))
         ready = [n for n in test.values() if n.id != current.id and n.expandable and
                  policy.should_promote((n.successes, n.failures), incumbent_counts,
                                        min_evaluations=e.min_evaluations, quantile=e.promotion_quantile)]
@@ -397,24 +396,31 @@ class TreeSearch:
         return f"promoted {best.id}"
 
 
+def _counts(stats: policy.NodeStats | None) -> tuple[int, int]:
+    """A node's (successes, failures), (0, 0) for a node without any."""
+    return (stats.successes, stats.failures) if stats else (0, 0)
+
+
 def best_candidate(store: ExperienceStore, min_evaluations: int, quantile: float = 0.05) -> dict | None:
     """The strongest node other than the incumbent on its held-out record (best bound, then most
     evaluations), and why it is not serving yet; None when there is no other node to consider."""
     current = incumbent(store)
-    test = node_stats(store, split="test")
-    others = [n for n in test if n.expandable and (current is None or n.id != current.id)]
+    test = {n.id: n for n in node_stats(store, split="test")}
+    others = [n for n in test.values() if n.expandable and (current is None or n.id != current.id)]
     if not others:
         return None
     best = max(others, key=lambda n: (policy.lower_bound(n.successes, n.failures, quantile), n.evaluations, n.id))
-    mine = next((n for n in test if current is not None and n.id == current.id), None)
-    theirs = policy.lower_bound(mine.successes, mine.failures, quantile) if mine else policy.lower_bound(0, 0, quantile)
+    mine = _counts(test.get(current.id) if current else None)
+    theirs = policy.lower_bound(*mine, quantile)
     bound = policy.lower_bound(best.successes, best.failures, quantile)
-    if best.evaluations < min_evaluations:
-        why = f"{min_evaluations - best.evaluations} more held-out evaluations needed ({best.evaluations} of {min_evaluations})"
-    elif bound <= theirs:
-        why = f"its bound {bound:.3f} does not beat the incumbent's {theirs:.3f}"
-    else:
+    # The promotion's own rule (consider_promotion) decides "ready"; the rest only says which part of it fails.
+    if policy.should_promote((best.successes, best.failures), mine, min_evaluations=min_evaluations,
+                             quantile=quantile):
         why = "ready: the next record round promotes it (or asks for approval)"
+    elif best.evaluations < min_evaluations:
+        why = f"{min_evaluations - best.evaluations} more held-out evaluations needed ({best.evaluations} of {min_evaluations})"
+    else:
+        why = f"its bound {bound:.3f} does not beat the incumbent's {theirs:.3f}"
     return {"node": best.id, "held_out": [best.successes, best.evaluations], "bound": round(bound, 4),
             "incumbent_bound": round(theirs, 4), "why_not_serving": why}
 
