@@ -860,18 +860,27 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def task_results(self, *, since: float) -> dict[str, dict[str, int]]:
         """By task source, the tasks whose last attempt finished since a time: how many succeeded,
         failed, or have no verdict (no check and no feedback)."""
+        periods = self.results_over_time(since=since, period_s=float("inf"))
+        return periods[0][1] if periods else {}
+
+    def results_over_time(self, *, since: float, period_s: float) -> list[tuple[int, dict[str, dict[str, int]]]]:
+        """``task_results`` per period: (n, counts by source) for each period of ``period_s`` seconds
+        from ``since`` (n = 0 the first) in which some task's last attempt finished, in order."""
+        bucket = "0" if period_s == float("inf") else "CAST((t.finished_at - ?) / ? AS INTEGER)"
         rows = self._all(
-            "SELECT k.source AS source, o.success AS success, count(*) AS n FROM trajectories t "
-            "JOIN tasks k ON k.id = t.task_id LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+            f"SELECT {bucket} AS period, k.source AS source, o.success AS success, count(*) AS n "
+            "FROM trajectories t JOIN tasks k ON k.id = t.task_id LEFT JOIN outcomes o ON o.trajectory_id = t.id "
             "WHERE t.finished_at >= ? AND NOT EXISTS (SELECT 1 FROM trajectories later "
-            "WHERE later.task_id = t.task_id AND later.attempt > t.attempt) GROUP BY k.source, o.success",
-            [since])
-        out: dict[str, dict[str, int]] = {}
+            "WHERE later.task_id = t.task_id AND later.attempt > t.attempt) "
+            "GROUP BY period, k.source, o.success ORDER BY period",
+            ([] if period_s == float("inf") else [since, period_s]) + [since])
+        out: dict[int, dict[str, dict[str, int]]] = {}
         for row in rows:
-            counts = out.setdefault(row["source"], {"succeeded": 0, "failed": 0, "unjudged": 0})
+            counts = out.setdefault(row["period"], {}).setdefault(row["source"],
+                                                                   {"succeeded": 0, "failed": 0, "unjudged": 0})
             key = "unjudged" if row["success"] is None else "succeeded" if row["success"] else "failed"
             counts[key] += row["n"]
-        return out
+        return sorted(out.items())
 
     def learned_since(self, since: float) -> dict[str, int]:
         """What was learned and unlearned since a time: insights added and retired, synthesized tools

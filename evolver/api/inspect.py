@@ -12,7 +12,7 @@ from ..tree.incumbent import promote as promote_node
 from ..tree.incumbent import rollback as rollback_node
 from . import views
 from .errors import error_response
-from .learning import learning
+from .learning import curve, learning
 from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, errors
 
 router = APIRouter(tags=["inspection"])
@@ -32,6 +32,14 @@ async def health() -> dict:
 def status(request: Request) -> dict:
     daemon = _daemon(request)
     return {**daemon.status(), "learning": learning(daemon.store, daemon.config)}
+
+
+@router.get("/learning/curve", summary="Success over time (the person's tasks and the evaluations) and per node",
+            responses=errors(422, 503))
+def learning_curve(request: Request, days: float = Query(default=7.0, gt=0, le=366),
+                   periods: int = Query(default=28, ge=1, le=500)) -> dict:
+    daemon = _daemon(request)
+    return curve(daemon.store, days=days, periods=periods, quantile=daemon.config.evolution.promotion_quantile)
 
 
 @router.get("/ids/{short}", summary="The full id of a task, trajectory or node from a unique prefix of it",

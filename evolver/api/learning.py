@@ -15,9 +15,9 @@ import time
 from memory import ExperienceStore
 
 from ..config import Config
-from ..tree.search import SEARCH_SOURCES, best_candidate
+from ..tree.search import SEARCH_SOURCES, best_candidate, tree_view
 
-__all__ = ["WINDOWS", "learning"]
+__all__ = ["WINDOWS", "learning", "curve"]
 
 WINDOWS = {"day": 86400.0, "week": 7 * 86400.0}
 PERSON_PURPOSES = ("task",)  # the ledger's purpose of the person's tasks and chat turns; the rest is background
@@ -53,3 +53,21 @@ def learning(store: ExperienceStore, config: Config, *, now: float | None = None
     return {"windows": windows, "incumbent": store.get_meta("incumbent"),
             "best_candidate": best_candidate(store, e.min_evaluations, e.promotion_quantile),
             "job_failures": failures}
+
+
+def curve(store: ExperienceStore, *, days: float = 7.0, periods: int = 28, quantile: float = 0.05,
+          now: float | None = None) -> dict:
+    """The learning curve for the dashboard: the success rate of the person's tasks and of the
+    evaluations in each of ``periods`` equal periods of the last ``days`` (a period with no judged
+    task has rate None), and per node of the tree its own and held-out success."""
+    now = time.time() if now is None else now
+    since = now - days * 86400
+    period_s = days * 86400 / periods
+    found = dict(store.results_over_time(since=since, period_s=period_s))
+    points = [{"start": round(since + n * period_s, 3),
+               "person": _results(found.get(n, {}), evaluations=False),
+               "evaluations": _results(found.get(n, {}), evaluations=True)} for n in range(periods)]
+    nodes = [{key: node[key] for key in ("id", "short_id", "parent_id", "status", "successes", "failures",
+                                         "held_out_successes", "held_out_failures", "mean", "bound")}
+             for node in tree_view(store, quantile)["nodes"]]
+    return {"since": since, "period_s": period_s, "points": points, "nodes": nodes}

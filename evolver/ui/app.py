@@ -1,0 +1,172 @@
+"""The dashboard's web app: its page, and the daemon's API passed through from its Unix socket.
+
+Only the person who ran `evolver ui` may read it. It listens on loopback TCP,
+and every request must carry the one-time token: the URL printed at start has
+it as ``?token=``, which the page trades for a cookie (HttpOnly, SameSite
+Strict) and drops from the address bar. On top of that:
+
+- the Host header must name the loopback address and port the server
+  listens on, so a web page that rebinds its own DNS name to 127.0.0.1
+  cannot read the dashboard;
+- a request that changes something (POST) must carry ``X-Evolver-UI``, which
+  another origin's page cannot send without a CORS preflight (none is
+  answered), and only the few actions the page offers are passed through:
+  submit a task, cancel one, revert an event;
+- the page loads nothing from the network (no CDN) and its content security
+  policy allows scripts from itself only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from importlib import resources
+from urllib.parse import parse_qs
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..tree.export import to_html
+
+__all__ = ["create_ui_app", "cookie_name"]
+
+# The actions the page offers, as paths under the daemon's /v1/ (every GET is read-only and passes).
+POSTS = (re.compile(r"tasks"), re.compile(r"tasks/[A-Za-z0-9_]{1,64}/cancel"), re.compile(r"history/[0-9]{1,18}/revert"))
+STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                               "img-src 'self' data:; frame-ancestors 'self'; form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "SAMEORIGIN",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def cookie_name(port: int) -> str:
+    """The session cookie's name; it names the port, since cookies are kept per host, not per port."""
+    return f"evolver_ui_{port}"
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message, "param": None}}, status_code=status)
+
+
+def _static(name: str) -> str:
+    return resources.files("evolver.ui").joinpath("static", name).read_text(encoding="utf-8")
+
+
+class Guard:
+    """ASGI middleware: the Host check, the token, the POST header, and the security headers on every reply."""
+
+    def __init__(self, app, *, token: str, port: int) -> None:
+        self.app = app
+        self.token = token.encode()
+        self.hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
+        self.cookie = cookie_name(port).encode()
+
+    def _refusal(self, scope) -> Response | None:
+        headers = dict(scope["headers"])
+        if headers.get(b"host") not in self.hosts:
+            return _error(403, "wrong_host", "this dashboard answers only at the address `evolver ui` printed")
+        given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[-1].encode()
+        for part in headers.get(b"cookie", b"").split(b";"):
+            name, _, value = part.strip().partition(b"=")
+            if name == self.cookie:
+                given = given or value
+        if not hmac.compare_digest(given, self.token):
+            return _error(401, "unauthorized", "open the dashboard with the URL `evolver ui` printed (it carries "
+                                               "its one-time token)")
+        if scope["method"] not in ("GET", "HEAD"):
+            origin = headers.get(b"origin")
+            if headers.get(b"x-evolver-ui") != b"1" or (origin is not None and origin.split(b"//")[-1] not in self.hosts):
+                return _error(403, "forbidden", "changes are taken only from the dashboard's own page")
+        return None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = self._refusal(scope)
+
+        async def secured(message) -> None:
+            if message["type"] == "http.response.start":
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                message["headers"] = list(message.get("headers", [])) + [
+                    (k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()
+                    if k.lower().encode() not in present]
+            await send(message)
+
+        if refusal is not None:
+            return await refusal(scope, receive, secured)
+        await self.app(scope, receive, secured)
+
+
+def create_ui_app(socket_path: str, *, token: str, port: int) -> Starlette:
+    """The dashboard over the daemon that listens on ``socket_path``, served at 127.0.0.1:``port``."""
+    daemon = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+                               base_url="http://evolver", timeout=httpx.Timeout(30.0, read=None))
+    unreachable = ("the daemon is not answering on its socket ({}); start it with `evolver up`, and this page "
+                   "picks it up again")
+
+    async def page(request: Request) -> Response:
+        if "token" in request.query_params:  # trade the token in the address for a cookie, and drop it there
+            response = RedirectResponse("/", status_code=303)
+            response.set_cookie(cookie_name(port), token, httponly=True, samesite="strict", path="/")
+            return response
+        return HTMLResponse(_static("index.html"))
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return _error(404, "not_found", f"there is no {name!r} here")
+        return Response(_static(name), media_type=STATIC[name])
+
+    async def tree_page(request: Request) -> Response:
+        try:
+            reply = await daemon.get("/v1/tree")
+        except httpx.TransportError as exc:
+            return HTMLResponse(f"<p>{unreachable.format(type(exc).__name__)}</p>", status_code=503)
+        if reply.status_code != 200:
+            return HTMLResponse(f"<p>the daemon answered {reply.status_code}</p>", status_code=502)
+        return HTMLResponse(to_html(reply.json()))
+
+    async def api(request: Request) -> Response:
+        path = request.path_params["path"]
+        if request.method == "POST" and not any(p.fullmatch(path) for p in POSTS):
+            return _error(403, "forbidden", f"the dashboard does not pass POST /v1/{path} to the daemon")
+        outgoing = daemon.build_request(request.method, f"/v1/{path}", params=request.query_params,
+                                        content=await request.body() if request.method == "POST" else None,
+                                        headers={"content-type": "application/json"}
+                                        if request.method == "POST" else None)
+        try:
+            reply = await daemon.send(outgoing, stream=True)
+        except httpx.TransportError as exc:
+            return _error(503, "daemon_unreachable", unreachable.format(type(exc).__name__))
+        kind = reply.headers.get("content-type", "application/json")
+        if not kind.startswith("text/event-stream"):
+            body = await reply.aread()
+            await reply.aclose()
+            return Response(body, status_code=reply.status_code, media_type=kind)
+
+        async def relay():
+            try:  # ends when the daemon ends the stream, or (cancelled by Starlette) when the browser leaves
+                async for chunk in reply.aiter_raw():
+                    yield chunk
+            except httpx.TransportError:
+                return
+            finally:
+                await reply.aclose()
+
+        return StreamingResponse(relay(), status_code=reply.status_code, media_type="text/event-stream",
+                                 headers={"X-Accel-Buffering": "no"})
+
+    app = Starlette(routes=[
+        Route("/", page),
+        Route("/static/{name}", asset),
+        Route("/tree.html", tree_page),
+        Route("/api/v1/{path:path}", api, methods=["GET", "POST"]),
+    ])
+    return Guard(app, token=token, port=port)  # type: ignore[return-value]
