@@ -17,7 +17,7 @@ from memory import ExperienceStore
 from ..config import Config
 from ..tree.search import SEARCH_SOURCES, best_candidate, tree_view
 
-__all__ = ["WINDOWS", "learning", "curve"]
+__all__ = ["WINDOWS", "curve", "learning"]
 
 WINDOWS = {"day": 86400.0, "week": 7 * 86400.0}
 PERSON_PURPOSES = ("task",)  # the ledger's purpose of the person's tasks and chat turns; the rest is background

@@ -26,12 +26,18 @@ from urllib.parse import parse_qs
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 
 from ..tree.export import to_html
 
-__all__ = ["create_ui_app", "cookie_name"]
+__all__ = ["cookie_name", "create_ui_app"]
 
 # The actions the page offers, as paths under the daemon's /v1/ (every GET is read-only and passes).
 POSTS = (re.compile(r"tasks"), re.compile(r"tasks/[A-Za-z0-9_]{1,64}/cancel"), re.compile(r"history/[0-9]{1,18}/revert"))

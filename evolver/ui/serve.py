@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import uvicorn
 
 from .app import create_ui_app
 
-__all__ = ["serve_ui", "bind_loopback"]
+__all__ = ["bind_loopback", "serve_ui"]
 
 
 def bind_loopback(port: int) -> socket.socket:

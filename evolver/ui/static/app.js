@@ -45,9 +45,15 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-function fill(tableId, rows) {
-  const body = document.querySelector(`#${tableId} tbody`);
-  body.replaceChildren(...rows);
+const drawn = {};
+
+// Redraws a table only when its data changed, so a row being clicked or hovered is not replaced under the
+// pointer every poll; ``rows`` is a function, called only then.
+function fill(tableId, data, rows) {
+  const key = JSON.stringify(data);
+  if (drawn[tableId] === key) return;
+  drawn[tableId] = key;
+  document.querySelector(`#${tableId} tbody`).replaceChildren(...rows());
 }
 
 function ago(at) {
@@ -94,7 +100,7 @@ function showStatus(status) {
     });
   document.getElementById("spend").replaceChildren(...bars);
 
-  fill("jobs", (status.jobs || []).map((job) => {
+  fill("jobs", [status.jobs, Math.floor(Date.now() / 60000)], () => (status.jobs || []).map((job) => {
     const pace = `every ${job.every_min} min` + (job.after ? `, or after ${job.after} new` : "");
     const last = job.last ? `${ago(job.last.at)}${job.last.ok ? "" : " FAILED"}: ${job.last.summary}` : "-";
     return el("tr", {}, el("td", {}, job.job), el("td", {}, pace), el("td", { class: "clip", title: last }, last),
@@ -106,7 +112,7 @@ function showStatus(status) {
   const w = learning.windows;
   const row = (label, get) => el("tr", {}, el("th", {}, label), el("td", {}, get(w.day)), el("td", {}, get(w.week)));
   const results = (r) => `${pct(r.rate)} (${r.succeeded} of ${r.succeeded + r.failed} judged)`;
-  fill("learning", [
+  fill("learning", w, () => [
     row("your tasks", (x) => results(x.person)),
     row("evaluations", (x) => results(x.evaluations)),
     row("insights added / retired", (x) => `${x.insights_added} / ${x.insights_retired}`),
@@ -182,7 +188,7 @@ function drawCurve(curve) {
 // --- tasks and their live steps ------------------------------------------------------------
 
 function showTasks(list) {
-  fill("tasks", list.tasks.map((task) => {
+  fill("tasks", [list.tasks, state.task], () => list.tasks.map((task) => {
     const tr = el("tr", { class: `task${task.id === state.task ? " selected" : ""}`, "data-id": task.id,
       onclick: () => follow(task.id) },
       el("td", { title: task.id }, task.short_id), el("td", { class: `status-${task.status}` }, task.status),
@@ -235,13 +241,13 @@ function follow(taskId) {
 // --- insights, tools, history ----------------------------------------------------------------
 
 function showInsights(data) {
-  fill("insights", data.insights.map((i) => el("tr", {},
+  fill("insights", data, () => data.insights.map((i) => el("tr", {},
     el("td", {}, i.id), el("td", {}, i.text), el("td", {}, i.importance),
     el("td", {}, effectText(i.effect)))));
 }
 
 function showTools(data) {
-  fill("tools", data.synthesized.map((t) => el("tr", {},
+  fill("tools", data, () => data.synthesized.map((t) => el("tr", {},
     el("td", { title: t.description || "" }, `${t.name} v${t.version}`), el("td", {}, t.status),
     el("td", {}, `${t.uses} (${t.successes} ok)`), el("td", {}, effectText(t.effect)))));
 }
@@ -250,7 +256,7 @@ const FIXED_KINDS = new Set(["promote", "rollback", "seed", "revert", "job", "jo
 
 function showHistory(data) {
   const reverted = new Set(data.events.filter((e) => e.reverts).map((e) => e.reverts));
-  fill("history", data.events.map((e) => {
+  fill("history", [data, Math.floor(Date.now() / 60000)], () => data.events.map((e) => {
     let action = "";
     if (reverted.has(e.id)) action = el("span", { class: "muted" }, "reverted");
     else if (!FIXED_KINDS.has(e.kind)) {
@@ -283,7 +289,7 @@ function askRevert(event) {
 
 async function refresh() {
   try {
-    const [status, tasks] = await Promise.all([api("status"), api("tasks?limit=25")]);
+    const [status, tasks] = await Promise.all([api("status"), api("tasks?limit=15")]);
     showStatus(status);
     showTasks(tasks);
     banner("");
