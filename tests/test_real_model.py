@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 import pytest
 
+from evolver.agent.answer_stream import AnswerStream
 from evolver.agent.engine import Engine
 from evolver.agent.scaffold import load_scaffold
 from evolver.config import load_config
@@ -135,6 +136,26 @@ def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_sto
     assert calls and all(c.get("error") is None for c in calls), calls  # the grammar allows nothing else
 
 
+def test_a_chat_answer_streams_from_the_real_server_as_it_does_from_the_script(llama, open_store, sandbox, tmp_path):
+    """The model's reply streamed (text tool calls constrained by the grammar, usage in the last chunk):
+    the answer's pieces arrive as it is written and add up to the finish call's answer."""
+    settings = {**_settings(llama), "EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+                "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object"}
+    e = Engine.open(load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"),
+                    sandbox=sandbox)
+    finish = [{"type": "function", "function": {"name": "finish", "description": "Hand in your final answer.",
+                                                "parameters": {"type": "object", "required": ["answer"],
+                                                               "properties": {"answer": {"type": "string"}}}}}]
+    pieces: list[str] = []
+    reply = e.model.complete([{"role": "user", "content": "Call finish with the answer: the sky is blue."}],
+                             tools=finish, temperature=0.0, purpose="chat", max_tokens=64,
+                             stream=AnswerStream(pieces.append).tap())
+    assert reply.tokens_out > 0 and reply.tool_calls and reply.tool_calls[0].error is None, reply
+    assert reply.tool_calls[0].name == "finish"  # the grammar allows no other call
+    answer = reply.tool_calls[0].arguments["answer"]
+    assert len(pieces) > 1 and "".join(pieces) == answer
+
+
 def test_a_distill_and_a_propose_round_end_valid_or_in_a_clean_refusal(engine):
     task, _ = engine.store.add_task("What is 6 * 7? Answer with the number only.",
                                     check={"type": "answer", "expected": "42"})
@@ -181,6 +202,13 @@ def test_a_chat_through_the_daemon_answers(llama):
             assert answer.status_code == 200, answer.text
             text = answer.json()["choices"][0]["message"]["content"]
             assert text.strip()  # an answer, or the clear sentence saying the turn ended without one
+            with http.stream("POST", "/v1/chat/completions", json={  # the model's reply streamed, too
+                    "model": "evolver", "stream": True,
+                    "messages": [{"role": "user", "content": "Reply with the word ready."}]}) as response:
+                chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                          if line.startswith("data: {")]
+            assert len({c["id"] for c in chunks}) == 1 and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+            assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks).strip()
     finally:
         daemon.close()
         remove_root(root)

@@ -27,6 +27,7 @@ from ..judge.verify import Verdict, verify
 from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
+from .answer_stream import AnswerStream
 from .failures import call_key
 from .hooks import HookCalls, Hooks
 from .scaffold import Scaffold
@@ -84,6 +85,7 @@ class _Turn:
     attempt: int
     step: int = 0
     calls: list = field(default_factory=list)
+    answers: AnswerStream | None = None  # a chat turn whose answer is passed on as it is written
 
     def data(self, task: Task) -> dict:
         return {"task": task.prompt, "attempt": self.attempt, "step": self.step}
@@ -168,9 +170,10 @@ class Agent:
 
     def run_task(self, task: Task, *, cancel: threading.Event | None = None,
                  on_step: Callable[[Step], None] | None = None, purpose: str = "task",
-                 record_status: bool = True) -> TaskResult:
+                 record_status: bool = True, on_answer: Callable[[str], None] | None = None) -> TaskResult:
         """Solve one task. With ``record_status=False`` the caller records how it ended
-        (a leased worker does, fenced by its lease)."""
+        (a leased worker does, fenced by its lease). ``on_answer`` gets the answer in pieces while the
+        model writes its finish call (``AnswerStream``), unless a ``before_finish`` hook may change it."""
         cancel = cancel or threading.Event()
         params = self.scaffold.parameters
         workspace = self._prepare_workspace(task)
@@ -200,13 +203,15 @@ class Agent:
                            observation_chars=self.observation_chars, allowed=tool_names,
                            on_use=self.on_tool_use) as tools:
                 hooks = HookCalls(self._hooks(task))
+                may_change = hooks.hooks is not None and hooks.hooks.defines("before_finish")
+                answers = AnswerStream(on_answer) if on_answer is not None and not may_change else None
                 for attempt in range(1, params.max_attempts + 1):
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
                     self.store.record_exposures(trajectory.id, exposed)
                     messages = self._opening(task, prompt_context, reflection, note)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
-                                                  on_step, purpose, hooks, attempt)
+                                                  on_step, purpose, hooks, attempt, answers)
                     if check:
                         # The attempt is over: its worker dies before the verifier writes the check's
                         # files, so nothing the attempt left running can rewrite them (a next attempt
@@ -306,7 +311,7 @@ class Agent:
 
     def _attempt(self, trajectory_id: str, task: Task, messages: list[dict], schemas: list[dict],
                  tools: TaskTools, cancel: threading.Event, on_step, purpose: str, hooks: HookCalls,
-                 attempt: int) -> tuple[str | None, str]:
+                 attempt: int, answers: AnswerStream | None = None) -> tuple[str | None, str]:
         """Run steps until an answer or a limit; returns the answer and how it ended."""
         params = self.scaffold.parameters
         record = self._recorder(trajectory_id, on_step)
@@ -318,7 +323,7 @@ class Agent:
             messages.append({"role": "user", "content": "Now carry out the plan with the tools."})
         idle = 0
         repeats = _Repeats(params.repeat_limit)
-        turn = _Turn(hooks=hooks, attempt=attempt)
+        turn = _Turn(hooks=hooks, attempt=attempt, answers=answers)
         hooks.unusable(record)
         try:
             for step in range(1, params.max_steps + 1):
@@ -335,9 +340,11 @@ class Agent:
             return None, "repeating"
 
     def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str,
-             max_tokens: int | None = None) -> ModelReply:
+             max_tokens: int | None = None, answers: AnswerStream | None = None) -> ModelReply:
+        tap = answers.tap() if answers is not None else None
         return self.model.complete(messages, tools=schemas, temperature=self.scaffold.parameters.temperature,
-                                   purpose=purpose, task_id=task.id, node_id=self.node_id, max_tokens=max_tokens)
+                                   purpose=purpose, task_id=task.id, node_id=self.node_id, max_tokens=max_tokens,
+                                   **({"stream": tap} if tap is not None else {}))
 
     def _recorder(self, trajectory_id: str, on_step):
         def record(role: str, content: str, *, reply: ModelReply | None = None, tool_calls=None,
@@ -363,7 +370,7 @@ class Agent:
             outgoing = change.get("messages", messages)
             if "tools" in change:
                 offered = [s for s in schemas if s["function"]["name"] in change["tools"]]
-        reply = self._ask(outgoing, offered, task, purpose)
+        reply = self._ask(outgoing, offered, task, purpose, answers=turn.answers)
         # A call that could not be read keeps what the model sent, so a reader sees that, not null.
         calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error,
                   **({"raw": c.raw_arguments} if c.error else {})} for c in reply.tool_calls]

@@ -1,13 +1,17 @@
 """OpenAI-compatible chat: `/v1/chat/completions` (streaming and not) and `/v1/models`.
 
 A chat turn is answered by the incumbent agent, with its memory and tools, and
-recorded as a task of source "chat" (its success unknown until feedback). The
-agent's model calls are not token-streamed, so a streaming reply sends the
-role at once, SSE comments while the agent works (OpenAI clients skip them),
-then the answer, the usage when ``stream_options.include_usage`` asks for it,
-and ``[DONE]``; every chunk carries the one completion id. A client that goes
-away mid-turn, or `evolver cancel` on the turn's task, stops the turn at its
-next step, and the task ends cancelled.
+recorded as a task of source "chat" (its success unknown until feedback). A
+streaming reply sends the role at once, SSE comments while the agent works
+(OpenAI clients skip them), the answer's text as the model writes it in its
+finish call (``evolver.agent.answer_stream``; all at the end when a
+``before_finish`` hook may still change it, or the model wrote the answer as
+plain text), the usage when ``stream_options.include_usage`` asks for it, and
+``[DONE]``; every chunk carries the one completion id. Should the turn end
+with another reply than the text streamed (that finish call was unusable),
+the stream says so and sends the reply whole. A client that goes away
+mid-turn, or `evolver cancel` on the turn's task, stops the turn at its next
+step, and the task ends cancelled.
 """
 
 from __future__ import annotations
@@ -89,6 +93,20 @@ def reply_text(store, result) -> str:
     return f"The turn ended without an answer: {why.rstrip('.')}."
 
 
+NOT_KEPT = "\n\n[the agent did not keep the answer above; its reply:]\n\n"
+
+
+def rest_of_reply(streamed: str, text: str) -> str:
+    """What to send after ``streamed`` so the client holds the reply ``text``: its remainder, or, when
+    the text streamed was not the start of it, a line that says so and the reply whole. The answer
+    handed in is stripped (``finish``), so whitespace around what was streamed is not a difference."""
+    if text.startswith(streamed):
+        return text[len(streamed):]
+    if streamed.strip() == text.strip():
+        return ""
+    return NOT_KEPT + text
+
+
 def _usage(daemon, task_id: str) -> dict:
     tokens_in = tokens_out = 0
     for trajectory in daemon.store.trajectories_of(task_id):
@@ -161,7 +179,8 @@ async def completions(body: ChatIn, request: Request):
     def run() -> None:
         try:
             outcome["result"] = daemon.chat(
-                prompt, on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, step.role),
+                prompt, on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, ("step", step.role)),
+                on_answer=lambda piece: loop.call_soon_threadsafe(progress.put_nowait, ("answer", piece)),
                 task_id=task_id, cancel=cancel)
             outcome["text"] = reply_text(daemon.store, outcome["result"])
         except BaseException as exc:  # reported in the stream
@@ -183,8 +202,14 @@ async def completions(body: ChatIn, request: Request):
         finished = False
         try:
             yield chunk({"role": "assistant", "content": ""})
-            while (role := await progress.get()) is not None:
-                yield f": {role} step\n\n".encode()
+            streamed = ""
+            while (item := await progress.get()) is not None:
+                kind, value = item
+                if kind == "answer":
+                    streamed += value
+                    yield chunk({"content": value})
+                else:
+                    yield f": {value} step\n\n".encode()
             if "error" in outcome:
                 exc = outcome["error"]
                 kind = "budget_exceeded" if isinstance(exc, BudgetExceeded) else "internal_error"
@@ -192,7 +217,9 @@ async def completions(body: ChatIn, request: Request):
                 yield f"data: {json.dumps(error)}\n\n".encode()
                 finished = True
                 return
-            yield chunk({"content": outcome["text"]})
+            rest = rest_of_reply(streamed, outcome["text"])
+            if rest:
+                yield chunk({"content": rest})
             yield chunk({}, "stop")
             if body.include_usage():
                 yield chunk(None, usage=await run_in_threadpool(_usage, daemon, task_id))

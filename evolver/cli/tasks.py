@@ -293,7 +293,8 @@ def _stream_reply(state: State, messages: list[dict], *, prefix: str = "") -> st
             if response.status_code != 200:
                 response.read()
                 decode(response)
-            for _, _, data in server_events(response, on_comment=progress):
+            # Once the reply has begun, progress would overwrite its line: it is no longer shown.
+            for _, _, data in server_events(response, on_comment=lambda c: None if reply else progress(c)):
                 if "error" in data:
                     raise ApiError(500, data["error"]["type"], data["error"]["message"])
                 chat_id = data.get("id") or chat_id

@@ -24,7 +24,7 @@ from ..config import ModelSettings
 from . import jsonfix, scripted
 from .budget import BudgetGuard
 
-__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "parse_text_tool_calls",
+__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "StreamTap", "parse_text_tool_calls",
            "credentials_problem", "json_schema_format", "chat_turns"]
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,15 @@ def chat_turns(messages: list[dict]) -> list[dict]:
     return turns
 
 
+class StreamTap(Protocol):
+    """What watches a reply while the model streams it (``complete(stream=)``): its text, and each
+    native tool call's name (when it comes) and pieces of its arguments' JSON."""
+
+    def text(self, piece: str) -> None: ...
+
+    def call(self, index: int, name: str | None, arguments: str) -> None: ...
+
+
 class Model(Protocol):
     """What the engine asks of a model: ``ModelClient`` keeps it (litellm, so any provider, and the
     scripted model); another client is a new class that keeps it."""
@@ -197,7 +206,8 @@ class Model(Protocol):
 
     def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
                  purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None, response_format: dict | None = None) -> ModelReply: ...
+                 max_tokens: int | None = None, response_format: dict | None = None,
+                 stream: StreamTap | None = None) -> ModelReply: ...
 
 
 class ModelClient:
@@ -245,7 +255,10 @@ class ModelClient:
 
     def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
                  purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None, response_format: dict | None = None) -> ModelReply:
+                 max_tokens: int | None = None, response_format: dict | None = None,
+                 stream: StreamTap | None = None) -> ModelReply:
+        """One reply. With ``stream``, the reply is streamed from the model and ``stream`` sees it as it
+        comes (the reply returned is the same, put together at the end)."""
         if purpose not in PURPOSES:
             raise ValueError(f"unknown purpose {purpose!r}; one of {PURPOSES}")
         models = [self.settings.name, *self.settings.fallbacks]
@@ -253,14 +266,14 @@ class ModelClient:
         for model in models:
             try:
                 return self._complete_with(model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
-                                           response_format)
+                                           response_format, stream)
             except ModelError as exc:
                 failures.append(f"{model}: {exc}")
                 log.warning("model %s failed, %s", model, "trying the next fallback" if model != models[-1] else "no fallback left")
         raise ModelError("; ".join(failures))
 
     def _complete_with(self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
-                       response_format) -> ModelReply:
+                       response_format, stream=None) -> ModelReply:
         native = self._native_tools(model) if tools else True
         call_messages = list(messages)
         if tools and not native:
@@ -293,7 +306,8 @@ class ModelClient:
         while True:
             started = time.perf_counter()
             try:
-                response = self._litellm.completion(**kwargs)
+                response = (self._litellm.completion(**kwargs) if stream is None
+                            else self._streamed(kwargs, call_messages, stream))
                 break
             except self._litellm.Timeout as exc:
                 raise ModelError(f"no reply within {self.settings.timeout_s:g} s ([model] timeout_s); not retried, "
@@ -312,6 +326,23 @@ class ModelClient:
                 self._sleep(delay)
         latency_ms = (time.perf_counter() - started) * 1000
         return self._record(model, response, native, latency_ms, purpose, task_id, node_id)
+
+    def _streamed(self, kwargs: dict, call_messages: list[dict], tap: StreamTap):
+        """The reply streamed (usage asked for in the last chunk), each piece shown to ``tap``, then put
+        together as one response."""
+        chunks = []
+        for chunk in self._litellm.completion(**kwargs, stream=True, stream_options={"include_usage": True}):
+            chunks.append(chunk)
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is None:
+                continue
+            if delta.content:
+                tap.text(delta.content)
+            for call in delta.tool_calls or []:
+                function = call.function
+                tap.call(call.index or 0, function.name if function else None,
+                         (function.arguments if function else None) or "")
+        return self._litellm.stream_chunk_builder(chunks, messages=call_messages)
 
     def _record(self, model, response, native, latency_ms, purpose, task_id, node_id) -> ModelReply:
         choice = response.choices[0]

@@ -84,6 +84,7 @@ class Script:
     rules: list[Rule]
     native_tools: bool = True
     record: str | None = None  # a file each conversation sent is appended to, one JSON line each
+    stream_delay_s: float = 0.0  # streamed replies: the pause before each piece, as a model takes time
     _fired: dict[int, int] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -91,7 +92,7 @@ class Script:
     def from_data(cls, data: dict) -> "Script":
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise ScriptError('a script is an object with a "rules" list')
-        unknown = set(data) - {"rules", "native_tools", "record"}
+        unknown = set(data) - {"rules", "native_tools", "record", "stream_delay_s"}
         if unknown:
             raise ScriptError(f"unknown script keys: {sorted(unknown)}")
         rules = []
@@ -105,7 +106,11 @@ class Script:
         record = data.get("record")
         if record is not None and not isinstance(record, str):
             raise ScriptError('"record" must be a file path')
-        return cls(rules=rules, native_tools=bool(data.get("native_tools", True)), record=record)
+        delay = data.get("stream_delay_s", 0.0)
+        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or not 0 <= delay <= 10:
+            raise ScriptError('"stream_delay_s" must be a number of seconds from 0 to 10')
+        return cls(rules=rules, native_tools=bool(data.get("native_tools", True)), record=record,
+                   stream_delay_s=float(delay))
 
     @classmethod
     def from_file(cls, path: Path) -> "Script":
@@ -212,6 +217,38 @@ class _Factory:
         self.Message, self.ModelResponse, self.Usage = Message, ModelResponse, Usage
 
 
+PIECE = 5  # characters a streamed piece carries: a reply comes in several, as a model's tokens do
+
+
+def _pieces(response, delay_s: float):
+    """A scripted reply as litellm's generic stream chunks: its text, or each tool call's name and then
+    its arguments, a few characters at a time; last, the finish reason and the usage."""
+    import time
+
+    def chunk(text: str = "", tool_use: dict | None = None, finished: bool = False, reason: str = "",
+              usage: dict | None = None) -> dict:
+        if delay_s and not finished:
+            time.sleep(delay_s)
+        return {"text": text, "tool_use": tool_use, "is_finished": finished, "finish_reason": reason,
+                "usage": usage, "index": 0}
+
+    choice = response.choices[0]
+    content = choice.message.content or ""
+    for start in range(0, len(content), PIECE):
+        yield chunk(content[start:start + PIECE])
+    for n, call in enumerate(choice.message.tool_calls or []):
+        yield chunk(tool_use={"id": call.id, "type": "function", "index": n,
+                              "function": {"name": call.function.name, "arguments": ""}})
+        arguments = call.function.arguments or ""
+        for start in range(0, len(arguments), PIECE):
+            yield chunk(tool_use={"id": None, "type": "function", "index": n,
+                                  "function": {"name": None, "arguments": arguments[start:start + PIECE]}})
+    usage = response.usage
+    yield chunk(finished=True, reason=choice.finish_reason,
+                usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                       "total_tokens": usage.total_tokens})
+
+
 def _raise_simulated(kind: str, model: str) -> None:
     import litellm
 
@@ -269,6 +306,11 @@ def _build_handler():
 
         async def acompletion(self, model: str, messages: list, *args, **kwargs):
             return self.completion(model, messages, *args, **kwargs)
+
+        def streaming(self, model: str, messages: list, *args, **kwargs):
+            # Answered (and a simulated error raised) now, as a real provider refuses before it streams.
+            response = self.completion(model, messages, *args, **kwargs)
+            return _pieces(response, script_for(model).stream_delay_s)
 
     return ScriptedLLM()
 

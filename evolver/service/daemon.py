@@ -265,10 +265,11 @@ class Daemon:
     # --- what the API asks of the daemon -----------------------------------------------------
 
     def chat(self, prompt: str, *, on_step=None, metadata: dict | None = None, task_id: str | None = None,
-             cancel: threading.Event | None = None) -> TaskResult:
+             cancel: threading.Event | None = None, on_answer=None) -> TaskResult:
         """One chat turn: the incumbent agent answers, recorded as a task of source "chat" (``task_id``:
         the id it gets, chosen by the caller). The turn stops at its next step when ``cancel`` is set (a
-        client that went away), when someone cancels its task, or when the daemon drains."""
+        client that went away), when someone cancels its task, or when the daemon drains. ``on_answer``
+        gets the answer in pieces as the model writes it."""
         cancel = cancel or threading.Event()
         with self.chat_slots:
             item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata}
@@ -280,7 +281,7 @@ class Daemon:
                         on_step(step)
                     if self.drain.is_set() or self.store.cancel_requested(task.id):
                         cancel.set()
-                return self.agent().run_task(task, cancel=cancel, on_step=step_seen)
+                return self.agent().run_task(task, cancel=cancel, on_step=step_seen, on_answer=on_answer)
             finally:
                 self.feed.publish(task.id)
 
