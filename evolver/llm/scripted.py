@@ -26,7 +26,8 @@ of that rule per script, so retries and fallbacks can be tested.
 a model without native tool calling does. ``record`` names a file to which
 every conversation the script is sent is appended, one JSON line each
 (``{"messages": [...]}``), so a test can read what a daemon showed its model (and the ``max_tokens``,
-``response_format`` and tool names it asked for).
+``response_format`` and tool names it asked for). A streamed call (``stream=True``) gets the
+reply a few characters a chunk, ``stream_delay_s`` apart, as a model writes it.
 
 Another process (a daemon under test) reads a script from a file when the
 model is named ``scripted/`` followed by the file's absolute path.
