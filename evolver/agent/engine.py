@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from memory import ExperienceStore
+from memory import ExperienceStore, NotFound
 from sandbox import Limits, Sandbox, make_sandbox
-from tools import ToolRegistry, builtin_specs
+from tools import TaskTools, ToolRegistry, builtin_specs
 
 from ..config import Config
 from ..llm.budget import BudgetGuard
@@ -79,6 +81,30 @@ class Engine:
     def seed_scaffold(self) -> Scaffold:
         path = self.config.agent.seed_scaffold
         return load_scaffold(Path(path).expanduser()) if path else default_scaffold()
+
+    def call_tool(self, name: str, arguments: dict) -> dict:
+        """Run one active synthesized tool outside any task (an MCP client asks for it): in the sandbox,
+        with the tasks' limits, in a fresh workspace of its own that is removed after. Not counted in
+        the tool's usage, which measures the agent's use (a caller's bad arguments are not the tool's
+        failures). NotFound for a tool that is not active; ValueError for arguments its schema refuses."""
+        self.toolbox.refresh()
+        spec = self.registry.get(name)
+        if spec is None or spec.origin == "builtin":
+            raise NotFound(f"No active synthesized tool named {name!r}; `evolver tools` lists them")
+        problems = self.registry.check_call(name, arguments)
+        if problems:
+            raise ValueError("; ".join(problems))
+        root = self.data_dir / "workspaces"
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        workspace = Path(tempfile.mkdtemp(prefix="call-", dir=root))
+        try:
+            with TaskTools(self.registry.snapshot(), self.sandbox, workspace, limits=sandbox_limits(self.config),
+                           observation_chars=self.config.agent.observation_chars, allowed=[name]) as tools:
+                seen = tools.run(name, arguments)
+        finally:
+            shutil.rmtree(workspace, ignore_errors=True)
+        return {"tool": name, "version": spec.version, "ok": seen.ok, "text": seen.text,
+                "duration_ms": round(seen.duration_ms, 1)}
 
     def agent(self, scaffold: Scaffold | None = None, *, node_id: str | None = None) -> Agent:
         self.toolbox.refresh()  # between tasks: retirements and new tools take effect here

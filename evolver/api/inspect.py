@@ -13,7 +13,7 @@ from ..tree.incumbent import rollback as rollback_node
 from . import views
 from .errors import error_response
 from .learning import curve, learning
-from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, errors
+from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, ToolCallIn, errors
 
 router = APIRouter(tags=["inspection"])
 
@@ -77,6 +77,15 @@ def tools(request: Request, status: Literal["active", "quarantined", "retired", 
             responses=errors(404, 422, 503))
 def tool(request: Request, name: str = Path(min_length=1, max_length=200)) -> dict:
     return views.tool_detail(_daemon(request).store, name)
+
+
+@router.post("/tools/{name}/call", summary="Run an active synthesized tool in the sandbox (outside any task)",
+             responses=errors(400, 404, 413, 422, 503))
+def call_tool(body: ToolCallIn, request: Request, name: str = Path(min_length=1, max_length=200)) -> dict:
+    try:
+        return _daemon(request).call_tool(name, body.arguments)
+    except ValueError as exc:
+        return error_response(422, "invalid_arguments", str(exc), "arguments")
 
 
 @router.get("/tree", summary="The self-modification tree", responses=errors(503))

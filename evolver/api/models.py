@@ -131,6 +131,11 @@ class RollbackIn(_Strict):
     why: str = Field(default="rolled back by hand", max_length=2_000)
 
 
+class ToolCallIn(_Strict):
+    arguments: dict[str, Any] = Field(default_factory=dict, description="The tool's keyword arguments, as its "
+                                                                         "parameters schema says.")
+
+
 class RevertIn(_Strict):
     why: str = Field(default="reverted by hand", max_length=2_000)
 

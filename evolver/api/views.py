@@ -88,7 +88,20 @@ def tools(store: ExperienceStore, *, status: str = "active") -> dict:
     synthesized = store.list_tools(status=None if status == "all" else status)
     effects = tool_effects(store, synthesized)
     return {"builtin": builtin,
-            "synthesized": [{**asdict(t), "effect": effects[t.name].as_dict()} for t in synthesized]}
+            "synthesized": [{**asdict(t), "effect": effects[t.name].as_dict(), "parameters": _parameters(store, t)}
+                            for t in synthesized]}
+
+
+def _parameters(store: ExperienceStore, tool) -> dict | None:
+    """A synthesized tool's parameters (JSON schema), from its code as tested; None when its files
+    cannot be read (the toolbox does not offer such a tool either)."""
+    from tools import ToolFileError, ToolFiles, ToolSpecError, spec_from_source
+
+    try:
+        code, _ = ToolFiles(Path(store.data_dir) / "tools").read(tool.name, tool.version, tool.code_hash)
+        return spec_from_source(code, name=tool.name).parameters
+    except (ToolFileError, ToolSpecError):
+        return None
 
 
 def tree(store: ExperienceStore, quantile: float = 0.05) -> dict:

@@ -285,6 +285,11 @@ class Daemon:
             finally:
                 self.feed.publish(task.id)
 
+    def call_tool(self, name: str, arguments: dict) -> dict:
+        """Run an active synthesized tool in the sandbox for a caller outside any task (``Engine.call_tool``)."""
+        assert self.engine is not None, "the daemon has not opened its store"
+        return self.engine.call_tool(name, arguments)
+
     def status(self) -> dict:
         day = start_of_day()
         tokens, usd = self.store.spent(since=day)

@@ -1,0 +1,115 @@
+"""`evolver mcp serve`, driven by the official MCP SDK's own client, against a real daemon.
+
+The daemon learns a tool first, as the demo does: two percentages computed with
+run_python, then one synthesize round, which writes `percent_of` and passes it
+through its tests and quarantine. The MCP client (over stdio, as a desktop host
+starts it; then over streamable HTTP with its token) lists the tools, calls the
+learned one (it runs in the daemon's sandbox: the MCP server holds no tool
+code), searches memory, and submits a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+
+import httpx
+import httpx2
+import pytest
+from _daemon import DaemonProcess, demo_rules, make_root, serving, write_script
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from evolver.cli.client import finished_rounds
+from tests.test_cli import EVOLVER
+
+FIXED = {"memory_search", "insights", "submit_task", "task_status"}
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    root = make_root()
+    proc = DaemonProcess(root, model=write_script(root, "script", demo_rules()),
+                         settings={"EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0"})
+    with serving(proc), proc.client() as http:
+        for prompt, expected in (("What is 17.5% of 2,340?", "409.5"), ("What is 12.5% of 80?", "10")):
+            task = http.post("/v1/tasks", json={"prompt": prompt, "check": {"type": "answer", "expected": expected,
+                                                                              "match": "numeric"}}).json()
+            proc.wait_task(http, task["id"], ("done",))
+        rounds = http.post("/v1/evolve", json={"job": "synthesize"}).json()["rounds"]
+        assert [r["status"] for r in finished_rounds(rounds, lambda p: http.get(p).json())] == ["done"]
+        active = [t["name"] for t in http.get("/v1/tools").json()["synthesized"] if t["status"] == "active"]
+        assert active == ["percent_of"], active
+        yield proc
+
+
+def _text(result) -> str:
+    return "".join(c.text for c in result.content if c.type == "text")
+
+
+async def _session(client: Client) -> dict:
+    """What one MCP session sees and gets: the tools, and the answers of a few calls."""
+    async with client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        learned = await client.call_tool("learned_percent_of", {"percent": 17.5, "value": "2,340"})
+        bad_args = await client.call_tool("learned_percent_of", {"nope": 1})
+        unknown = await client.call_tool("learned_nothing", {})
+        search = await client.call_tool("memory_search", {"text": "percent of a number", "k": 3})
+        insights = await client.call_tool("insights", {})
+        submitted = await client.call_tool("submit_task", {"prompt": "What is 6 * 7?", "expected_answer": "42",
+                                                           "wait_s": 60})
+        status = await client.call_tool("task_status", {"task_id": json.loads(_text(submitted))["task_id"]})
+    return {"tools": tools, "learned": learned, "bad_args": bad_args, "unknown": unknown, "search": search,
+            "insights": insights, "submitted": submitted, "status": status}
+
+
+def _check(seen: dict) -> None:
+    tools = seen["tools"]
+    assert FIXED | {"learned_percent_of"} == set(tools)
+    schema = tools["learned_percent_of"].input_schema
+    assert set(schema["properties"]) == {"percent", "value"}  # the tool's own parameters
+    assert not seen["learned"].is_error and _text(seen["learned"]).strip() == "409.5"
+    assert seen["bad_args"].is_error and "nope" in _text(seen["bad_args"])
+    assert seen["unknown"].is_error and "No active synthesized tool named 'nothing'" in _text(seen["unknown"])
+    hits = json.loads(_text(seen["search"]))
+    assert hits and any("%" in h["prompt"] for h in hits)
+    assert not seen["insights"].is_error
+    done = json.loads(_text(seen["status"]))
+    assert done["status"] == "done" and done["answer"] == "42"
+    assert json.loads(_text(seen["submitted"]))["status"] == "done"
+
+
+def test_mcp_serve_over_stdio_with_the_sdk_client(daemon):
+    seen = asyncio.run(_session(Client(StdioServerParameters(command=EVOLVER, args=["mcp", "serve"],
+                                                             env=daemon.env))))
+    _check(seen)
+    with daemon.client() as http:  # the learned tool ran in the daemon (outside any task), not in the host
+        tool = [t for t in http.get("/v1/tools").json()["synthesized"] if t["name"] == "percent_of"][0]
+        assert tool["uses"] == 0  # an MCP caller's calls are not the agent's use of the tool
+
+
+def test_mcp_serve_over_http_needs_its_token_and_its_host(daemon):
+    proc = subprocess.Popen([EVOLVER, "mcp", "serve", "--http"], env=daemon.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        token = proc.stdout.readline().strip().removeprefix("token: ")
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp") and len(token) > 30
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        assert httpx.post(url, json=hello).status_code == 401
+        assert httpx.post(url, json=hello, headers={"authorization": "Bearer wrong"}).status_code == 401
+        rebound = httpx.post(url, json=hello, headers={"authorization": f"Bearer {token}",
+                                                       "host": "evil.example", "content-type": "application/json",
+                                                       "accept": "application/json, text/event-stream"})
+        assert rebound.status_code in (403, 421), rebound.text
+
+        async def over_http() -> dict:
+            async with httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}, timeout=120) as http:
+                return await _session(Client(streamable_http_client(url, http_client=http)))
+
+        _check(asyncio.run(over_http()))
+    finally:
+        proc.terminate()
+        proc.wait(30)
