@@ -36,7 +36,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from .. import __version__
 
-__all__ = ["build_server", "serve_stdio", "serve_http", "LEARNED_PREFIX"]
+__all__ = ["LEARNED_PREFIX", "build_server", "serve_http", "serve_stdio"]
 
 LEARNED_PREFIX = "learned_"
 TERMINAL = ("done", "failed", "cancelled", "dead")
