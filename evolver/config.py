@@ -379,6 +379,52 @@ class BudgetSettings(_Section):
         return self
 
 
+class McpServerSettings(_Section):
+    """One MCP server whose tools the agent is offered."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,30}$")
+    """Its name: the agent sees its tools as NAME__TOOL (lowercase letters, digits, _)."""
+
+    command: list[str] = Field(default_factory=list)
+    """The command that starts it, speaking MCP over stdio, e.g. ["python", "/path/server.py"]."""
+
+    url: str = ""
+    """Or the URL of a streamable-HTTP MCP server (http:// or https://)."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for its command (only these and PATH, HOME, LANG: not evolver's)."""
+
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """Longest a call of one of its tools may take."""
+
+    @model_validator(mode="after")
+    def _one_way_to_reach_it(self) -> "McpServerSettings":
+        if bool(self.command) == bool(self.url):
+            raise ValueError(f"server {self.name!r}: give either command or url")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"server {self.name!r}: url must start with http:// or https://")
+        return self
+
+
+class McpSettings(_Section):
+    """[mcp] MCP servers whose tools the agent is offered like its built-ins, one [[mcp.servers]] table each:
+        [[mcp.servers]]
+        name = "files"
+        command = ["python", "/path/to/server.py"]
+    They are yours: they run outside evolver's sandbox, with your rights, and nothing evolver learns can add,
+    change or shadow one."""
+
+    servers: list[McpServerSettings] = Field(default_factory=list)
+    """The servers (none by default); a server that cannot be started is logged and left out."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "McpSettings":
+        names = [s.name for s in self.servers]
+        if len(names) != len(set(names)):
+            raise ValueError(f"two servers share a name: {sorted(n for n in set(names) if names.count(n) > 1)}")
+        return self
+
+
 class Config(BaseModel):
     """All settings, one attribute per section."""
 
@@ -391,6 +437,7 @@ class Config(BaseModel):
     daemon: DaemonSettings = DaemonSettings()
     evolution: EvolutionSettings = EvolutionSettings()
     budget: BudgetSettings = BudgetSettings()
+    mcp: McpSettings = McpSettings()
     source: str = Field(default="defaults", exclude=True)
     """Where the file came from, for messages."""
 
@@ -492,7 +539,13 @@ def _explain(exc: ValidationError, origin: dict[tuple[str, str], str], file: Pat
         section = loc[0] if loc else ""
         key = loc[1] if len(loc) > 1 else ""
         where = origin.get((section, key), str(file))
-        if error["type"] == "extra_forbidden" and section in SECTIONS:
+        field = SECTIONS[section].model_fields.get(key) if section in SECTIONS else None
+        if len(loc) > 2 and field is not None and field.annotation not in _KINDS:  # in a table ([[mcp.servers]])
+            path = key + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[2:])
+            message = error["msg"].removeprefix("Value error, ")
+            shown = "" if error["type"] == "missing" else f" = {error.get('input')!r}"
+            lines.append(f"{where}: [{section}] {path}{shown} is refused: {message}.")
+        elif error["type"] == "extra_forbidden" and section in SECTIONS:
             allowed = ", ".join(SECTIONS[section].model_fields)
             lines.append(f"{where}: unknown key {key!r} in [{section}]; the keys of [{section}] are: {allowed}.")
         elif key and section in SECTIONS and key in SECTIONS[section].model_fields:
@@ -535,5 +588,9 @@ def render_config() -> str:
             out.append("")
             for line in (field.description or "").splitlines():
                 out.append(f"# {line.strip()}")
-            out.append(f"{key} = {_toml_value(field.default)}")
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and not default and model is McpSettings:
+                out.append(f"# {key}: add [[{name}.{key}]] tables (above)")  # `servers = []` would clash with them
+                continue
+            out.append(f"{key} = {_toml_value(default)}")
     return "\n".join(out) + "\n"

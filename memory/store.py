@@ -829,6 +829,19 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return {r["point"] or "load": {"changed": int(r["changed"] or 0), "failed": int(r["failed"] or 0)}
                 for r in rows}
 
+    def tool_calls(self, names: list[str]) -> dict[str, dict[str, int]]:
+        """How often each named tool was called in any task, and how many calls went well (from the
+        ``tool`` steps: the usage of tools the store keeps no record of, such as an MCP server's)."""
+        if not names:
+            return {}
+        rows = self._all(
+            "SELECT json_extract(tool_results, '$[0].name') AS name, count(*) AS calls, "
+            "SUM(json_extract(tool_results, '$[0].ok')) AS ok FROM steps WHERE role = 'tool' "
+            f"AND json_extract(tool_results, '$[0].name') IN ({','.join('?' * len(names))}) GROUP BY name",
+            list(names))
+        found = {r["name"]: {"uses": int(r["calls"]), "successes": int(r["ok"] or 0)} for r in rows}
+        return {n: found.get(n, {"uses": 0, "successes": 0}) for n in names}
+
     # --- budget ledger and evolution events -------------------------------------
 
     def record_call(self, *, model: str, purpose: str, tokens_in: int, tokens_out: int, cost_usd: float,

@@ -179,6 +179,9 @@ class TaskTools:
                            duration_ms=(time.perf_counter() - started) * 1000)
 
     def _dispatch(self, spec: ToolSpec, args: dict) -> tuple[bool, str, bool, str | None]:
+        if spec.runner is not None:  # carried out by the host (a user's MCP server), not in the sandbox
+            ok, text = spec.runner(args)
+            return ok, text, False, None
         if spec.origin != "builtin":
             return self._synthesized(spec, args)
         if spec.name == "finish":

@@ -26,6 +26,11 @@ class ToolRegistry:
             if derived.parameters != spec.parameters:
                 raise ToolSpecError(f"tool {spec.name}: its schema does not match its signature")
         with self._lock:
+            held = self._specs.get(spec.name)
+            # What evolution makes never takes the name of what the user or evolver itself provides (a
+            # built-in, a tool of the user's MCP server): it would run in its place.
+            if held is not None and held.origin != "synthesized" and spec.origin == "synthesized":
+                raise ToolSpecError(f"tool {spec.name}: the name belongs to a {held.origin} tool")
             self._specs[spec.name] = spec
         return spec
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -94,6 +95,9 @@ class ToolSpec:
     node_id: str | None = None
     returns: dict[str, Any] = field(default_factory=dict)
     tool_id: int | None = None  # the store's row, for a synthesized tool: its usage is counted there
+    # A tool the host carries out itself, outside the sandbox (an MCP server the user configured, origin
+    # "mcp"): called with the arguments, it returns (ok, text).
+    runner: Callable[[dict[str, Any]], tuple[bool, str]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def code_hash(self) -> str:

@@ -17,6 +17,7 @@ from ..llm.budget import BudgetGuard
 from ..llm.client import Model, ModelClient
 from ..storage import open_store
 from .loop import Agent
+from .mcp_tools import McpServers
 from .scaffold import Scaffold, default_scaffold, load_scaffold
 from .toolbox import Toolbox
 
@@ -46,6 +47,7 @@ class Engine:
     registry: ToolRegistry
     data_dir: Path
     toolbox: Toolbox
+    mcp: McpServers | None = None  # the user's MCP servers, whose tools are registered as the agent's
 
     @classmethod
     def open(cls, config: Config, *, data_dir: Path | None = None, store: ExperienceStore | None = None,
@@ -66,10 +68,20 @@ class Engine:
             store.close()
             raise
         registry = ToolRegistry(builtin_specs())
+        servers = McpServers(config.mcp.servers)
+        try:
+            for spec in servers.start():
+                registry.register(spec)
+        except BaseException:
+            servers.close()
+            store.close()
+            raise
         return cls(config=config, store=store, model=model, sandbox=sandbox, registry=registry, data_dir=data_dir,
-                   toolbox=Toolbox(store, registry, data_dir, config.evolution))
+                   toolbox=Toolbox(store, registry, data_dir, config.evolution), mcp=servers)
 
     def close(self) -> None:
+        if self.mcp is not None:
+            self.mcp.close()
         self.store.close()
 
     def __enter__(self) -> "Engine":

@@ -30,6 +30,7 @@ from ..text import clip
 from .answer_stream import AnswerStream
 from .failures import call_key
 from .hooks import HookCalls, Hooks
+from .mcp_tools import ORIGIN as MCP_ORIGIN
 from .scaffold import Scaffold
 
 __all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context", "fit_context"]
@@ -294,7 +295,9 @@ class Agent:
         enabled = [n for n in self.scaffold.tools if self.registry.get(n) is not None]
         relevant = [hit.name for hit in context.tools
                     if self.registry.get(hit.name) is not None and hit.name not in enabled]
-        return enabled + relevant
+        # The user's MCP servers' tools are offered to every task, like built-ins; no scaffold names them.
+        users = [s.name for s in self.registry.specs() if s.origin == MCP_ORIGIN and s.name not in enabled]
+        return enabled + relevant + users
 
     def _opening(self, task: Task, prompt_context: tuple[str, str], reflection: str | None,
                  note: str | None = None) -> list[dict]:

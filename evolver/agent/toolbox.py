@@ -70,7 +70,10 @@ class Toolbox:
                 if spec.origin == "synthesized" and spec.name not in wanted:
                     self.registry.remove(spec.name)
             for spec in wanted.values():
-                self.registry.register(spec)
+                try:
+                    self.registry.register(spec)
+                except ToolSpecError as exc:  # a name a built-in or the user's MCP server holds
+                    log.error("synthesized tool %s v%s is not offered: %s", spec.name, spec.version, exc)
             self._loaded = signature
 
     def record_use(self, spec: ToolSpec, ok: bool) -> None:

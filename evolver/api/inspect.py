@@ -70,7 +70,8 @@ def insights(request: Request, status: Literal["active", "retired", "all"] = "ac
 
 @router.get("/tools", summary="Tools the agent can use: built-in and synthesized", responses=errors(422, 503))
 def tools(request: Request, status: Literal["active", "quarantined", "retired", "all"] = "active") -> dict:
-    return views.tools(_daemon(request).store, status=status)
+    daemon = _daemon(request)
+    return views.tools(daemon.store, status=status, mcp=daemon.mcp_tools())
 
 
 @router.get("/tools/{name}", summary="A synthesized tool: its versions, code, tests, usage and effect",

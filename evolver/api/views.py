@@ -82,14 +82,22 @@ def insights(store: ExperienceStore, *, status: str = "active", limit: int = 100
     return {"insights": [{**asdict(i), "effect": effects[i.id].as_dict()} for i in rows]}
 
 
-def tools(store: ExperienceStore, *, status: str = "active") -> dict:
+def tools(store: ExperienceStore, *, status: str = "active", mcp: list[dict] | None = None) -> dict:
+    """Built-in and synthesized tools; with ``mcp`` (the daemon's list of its MCP servers' tools), those
+    too, with their calls and measured effect."""
     builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"}
                for spec in builtin_specs()]
     synthesized = store.list_tools(status=None if status == "all" else status)
     effects = tool_effects(store, synthesized)
-    return {"builtin": builtin,
-            "synthesized": [{**asdict(t), "effect": effects[t.name].as_dict(), "parameters": _parameters(store, t)}
-                            for t in synthesized]}
+    shown = {"builtin": builtin,
+             "synthesized": [{**asdict(t), "effect": effects[t.name].as_dict(), "parameters": _parameters(store, t)}
+                             for t in synthesized]}
+    if mcp is not None:
+        names = [t["name"] for t in mcp if t["name"]]  # a server left out has none
+        calls, measured = store.tool_calls(names), store.effects("tool", dict.fromkeys(names, 0.0))
+        shown["mcp"] = [{**t, **calls.get(t["name"], {"uses": 0, "successes": 0}),
+                         "effect": measured[t["name"]].as_dict() if t["name"] else None} for t in mcp]
+    return shown
 
 
 def _parameters(store: ExperienceStore, tool) -> dict | None:

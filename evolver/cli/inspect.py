@@ -224,6 +224,10 @@ def tools(ctx: click.Context, status: str, as_json: bool) -> None:
     rows = [{**t, "effect": _effect(t.get("effect"))} for t in data["synthesized"]]
     out.print(table(f"synthesized tools ({status})", rows,
                     ["name", "version", "status", "uses", "successes", "failures", "effect", "description"]))
+    if data.get("mcp"):  # only a running daemon knows its MCP servers' tools
+        rows = [{**t, "effect": _effect(t.get("effect"))} for t in data["mcp"]]
+        out.print(table("your MCP servers' tools", rows, ["name", "server", "uses", "successes", "effect",
+                                                          "description"]))
 
 
 @tools.command("show")

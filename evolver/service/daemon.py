@@ -290,6 +290,16 @@ class Daemon:
         assert self.engine is not None, "the daemon has not opened its store"
         return self.engine.call_tool(name, arguments)
 
+    def mcp_tools(self) -> list[dict]:
+        """The tools of the user's MCP servers the agent is offered, and servers left out (with why)."""
+        servers = self.engine.mcp if self.engine is not None else None
+        if servers is None:
+            return []
+        offered = [{"name": s.name, "server": s.name.split("__")[0], "description": s.description}
+                   for s in servers.specs]
+        return offered + [{"name": None, "server": name, "description": f"left out: {why}"}
+                          for name, why in servers.problems.items()]
+
     def status(self) -> dict:
         day = start_of_day()
         tokens, usd = self.store.spent(since=day)
