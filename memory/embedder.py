@@ -15,6 +15,7 @@ loads lazily: importing this module does not import torch.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from pathlib import Path
@@ -70,6 +71,9 @@ class Embedder:
         self.max_length = max_length
         self.dimensions = DIMENSIONS
         self._lock = threading.Lock()
+        # A fast tokenizer is not thread-safe (each call sets its padding and truncation): the batch
+        # model's is used under this lock, and the fast query path has a tokenizer and a lock of its own.
+        self._batch_lock = threading.Lock()
         self._model = None
         self._query_model = None
 
@@ -105,7 +109,8 @@ class Embedder:
                 try:
                     from .onnx_query import OnnxQueryEncoder
 
-                    query_model = OnnxQueryEncoder(transformer, model.tokenizer, self.model_path, self.cache_dir,
+                    query_model = OnnxQueryEncoder(transformer, copy.deepcopy(model.tokenizer), self.model_path,
+                                                   self.cache_dir,
                                                    threads=self.threads, max_length=self.max_length)
                 except Exception as exc:  # no onnxruntime, an export failure: PyTorch still works
                     log.warning("fast query path unavailable (%s); embedding queries with PyTorch", exc)
@@ -120,13 +125,14 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         model = self._load()
-        vectors = model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        with self._batch_lock:
+            vectors = model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return vectors.astype(np.float32, copy=False)
 
     def embed_query(self, text: str, *, full_precision: bool = False) -> "np.ndarray":
@@ -136,7 +142,7 @@ class Embedder:
         model = self._load()
         if self._query_model is not None and not full_precision:
             return self._query_model(text)
-        with torch.inference_mode():
+        with self._batch_lock, torch.inference_mode():
             encoded = model.tokenizer(
                 [text], return_tensors="pt", truncation=True, max_length=self.max_length
             )

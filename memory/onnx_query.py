@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -94,14 +95,16 @@ class OnnxQueryEncoder:
             options.intra_op_num_threads = threads
         self._session = onnxruntime.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
         self._inputs = [i.name for i in self._session.get_inputs()]
-        self._tokenizer = tokenizer
+        self._tokenizer = tokenizer  # its own: a fast tokenizer is not thread-safe (memory.embedder)
+        self._tokenizer_lock = threading.Lock()
         self._max_length = max_length
         self.path = target
 
     def __call__(self, text: str):
         import numpy as np
 
-        encoded = self._tokenizer([text], return_tensors="np", truncation=True, max_length=self._max_length)
+        with self._tokenizer_lock:  # ONNX Runtime's run is thread-safe; the tokenizer is not
+            encoded = self._tokenizer([text], return_tensors="np", truncation=True, max_length=self._max_length)
         feed = {name: encoded[name].astype(np.int64) for name in self._inputs}
         hidden = self._session.run(None, feed)[0]
         mask = encoded["attention_mask"][..., None].astype(np.float32)

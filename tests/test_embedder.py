@@ -80,3 +80,55 @@ def test_vectors_carry_meaning(embedder):
     assert cat @ kitten > cat @ stocks + 0.2
     query = embedder.embed_query("a small cat resting")
     assert query @ kitten > query @ stocks
+
+
+
+RACE_S = 8.0  # long enough that the unsafe build failed in every run (4 failures in 10 s on 2 cores)
+
+
+def test_queries_and_batches_from_many_threads_at_once_give_the_same_vectors(embedder):
+    """The fast query path shared the batch embedder's fast tokenizer, which is not thread-safe: each call
+    sets the tokenizer's padding (a batch pads, a query does not), so a batch tokenized just after a query
+    reset it came back ragged ("Unable to create tensor ... activate padding"), and in the daemon a
+    finished task was then recorded as an internal error. Six query threads and two batch threads race
+    for a few seconds (the failure came within them before); every vector must be what one thread alone
+    computes."""
+    import threading
+    import time
+
+    queries = [f"q {'word ' * (n % 9)}{n}" for n in range(40)]
+    batches = [["short", "word " * 3], ["x", "a longer text to pad against, with more words in it"]]
+    alone_q = {q: embedder.embed_query(q) for q in queries}
+    alone_b = [embedder.embed_documents(b) for b in batches]
+    failures: list[str] = []
+    deadline = time.monotonic() + RACE_S
+
+    def ask(offset: int) -> None:
+        n = offset
+        while time.monotonic() < deadline and not failures:
+            q = queries[n % len(queries)]
+            n += 1
+            try:
+                if not np.allclose(embedder.embed_query(q), alone_q[q], atol=1e-5):
+                    failures.append(f"query {q!r}: another vector")
+            except Exception as exc:  # noqa: BLE001 - what the race raised is the finding
+                failures.append(f"query {q!r}: {type(exc).__name__}: {exc}"[:300])
+
+    def batch(offset: int) -> None:
+        n = offset
+        while time.monotonic() < deadline and not failures:
+            k = n % len(batches)
+            n += 1
+            try:
+                if not np.allclose(embedder.embed_documents(batches[k]), alone_b[k], atol=1e-5):
+                    failures.append(f"batch {k}: other vectors")
+            except Exception as exc:  # noqa: BLE001
+                failures.append(f"batch {k}: {type(exc).__name__}: {exc}"[:300])
+
+    workers = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+    workers += [threading.Thread(target=batch, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(RACE_S + 120)
+    assert not failures, failures[:3]
