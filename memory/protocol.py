@@ -173,7 +173,7 @@ class ExperienceStore(Protocol):
         cost_usd: float = 0.0,
         node_id: str | None = None,
         payload: dict | None = None,
-        new: NewTool | None = None,
+        new: NewTool | list[NewTool] | None = None,
         status: dict[int, str] | None = None,
         reverts: int | None = None,
         meta: dict[str, str] | None = None,

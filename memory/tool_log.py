@@ -49,13 +49,14 @@ class ToolLog:
 
     def apply_tool_changes(self, kind: str, what: str, *, why: str, evidence: list | None = None,
                            cost_usd: float = 0.0, node_id: str | None = None, payload: dict | None = None,
-                           new: NewTool | None = None, status: dict[int, str] | None = None,
+                           new: NewTool | list[NewTool] | None = None, status: dict[int, str] | None = None,
                            reverts: int | None = None, meta: dict[str, str] | None = None) -> Event:
         """Record one event and apply its tool changes (and ``meta`` values) in one transaction.
 
+        ``new`` is a new row (or several: an imported pack's tools, one event).
         ``status`` maps tool ids to their new status. The event's payload gains
         ``tool_changes``: ``[{"id", "name", "version", "before", "after"}]``,
-        ``before`` None for the new row.
+        ``before`` None for a new row.
         """
         now = time.time()
         changes: list[dict] = []
@@ -66,20 +67,21 @@ class ToolLog:
                     raise NotFound(f"No tool with id {tool_id!r}.")
                 db.execute("UPDATE tools SET status = ?, updated_at = ? WHERE id = ?", [after, now, tool_id])
                 changes.append({"id": tool_id, "name": row[0], "version": row[1], "before": row[2], "after": after})
-            new_id = None
-            if new is not None:  # the row first, so the event (append-only) can name it
-                new_id = db.execute(
+            new_ids = []
+            for tool in [] if new is None else [new] if isinstance(new, NewTool) else new:
+                # the row first, so the event (append-only) can name it
+                new_ids.append(db.execute(
                     "INSERT INTO tools (name, version, description, code_hash, status, origin, node_id, "
                     "created_at, updated_at) VALUES (?,?,?,?,'active','synthesized',?,?,?)",
-                    [new.name, new.version, new.description, new.code_hash, new.node_id, now, now]).lastrowid
-                changes.append({"id": new_id, "name": new.name, "version": new.version, "before": None,
+                    [tool.name, tool.version, tool.description, tool.code_hash, tool.node_id, now, now]).lastrowid)
+                changes.append({"id": new_ids[-1], "name": tool.name, "version": tool.version, "before": None,
                                 "after": "active"})
             event_id = db.execute(
                 "INSERT INTO events (at, kind, what, why, evidence, cost_usd, node_id, payload, reverts) "
                 "VALUES (?,?,?,?,?,?,?,?,?)",
                 [now, kind, what, why, json.dumps(evidence or []), cost_usd, node_id,
                  json.dumps({**(payload or {}), "tool_changes": changes}), reverts]).lastrowid
-            if new_id is not None:
+            for new_id in new_ids:
                 db.execute("UPDATE tools SET event_id = ? WHERE id = ?", [event_id, new_id])
             for key, value in (meta or {}).items():
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])

@@ -18,7 +18,7 @@ from ..llm.budget import BudgetExceeded
 from ..meta.jobs import JobError
 from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
-from . import chat, inspect, tasks
+from . import chat, inspect, packs, tasks
 from .errors import error_response, http_error, validation_error
 from .host import ServiceHost
 
@@ -104,7 +104,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
                                                      "it keeps serving, and the log has the details")
 
     app.add_exception_handler(Exception, _internal)
-    for module in (tasks, chat, inspect):
+    for module in (tasks, chat, inspect, packs):
         app.include_router(module.router, prefix="/v1")
     d = daemon.config.daemon
     app.add_middleware(BodyCap, max_bytes=d.max_body_bytes)

@@ -5,7 +5,7 @@ Imports: anything of evolver (it starts the daemon for ``up --foreground``);
 nothing imports it.
 """
 
-from . import canaries, daemon, demo, inspect, local, mcp, tasks, ui  # noqa: F401  (each registers its commands on `cli`)
+from . import canaries, daemon, demo, inspect, local, mcp, packs, tasks, ui  # noqa: F401  (each registers its commands on `cli`)
 from .base import cli, main
 
 __all__ = ["cli", "main"]

@@ -23,7 +23,8 @@ import numpy as np
 
 from memory import ExperienceStore, Insight
 
-__all__ = ["InsightOp", "InsightOpError", "numbered", "render", "parse_ops", "plan_changes", "apply_ops"]
+__all__ = ["InsightOp", "InsightOpError", "apply_changes", "apply_ops", "numbered", "parse_ops", "plan_changes",
+           "render"]
 
 KINDS = ("ADD", "EDIT", "UPVOTE", "DOWNVOTE")
 MAX_TEXT = 500
@@ -157,6 +158,13 @@ def apply_ops(store: ExperienceStore, ops: list[InsightOp], shown: list[Insight]
               merge_threshold: float = 0.9, event_id: int | None = None) -> list[Insight]:
     """Apply the operations in one transaction; then retire the lowest-ranked insights over the cap."""
     changes = plan_changes(store, ops, shown, provenance=provenance, cap=cap, merge_threshold=merge_threshold)
+    return apply_changes(store, changes, cap=cap, event_id=event_id)
+
+
+def apply_changes(store: ExperienceStore, changes: list[dict], *, cap: int, event_id: int | None = None
+                  ) -> list[Insight]:
+    """Apply changes ``plan_changes`` made in one transaction; then retire the lowest-ranked insights over
+    the cap. (Planning embeds texts: a caller that plans outside its transaction keeps that short.)"""
     result = store.apply_insight_changes(changes, event_id=event_id) if changes else []
     surplus = store.list_insights(status="active", limit=10_000)[cap:]
     if surplus:

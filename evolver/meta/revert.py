@@ -1,10 +1,13 @@
-"""Undoing an evolution event: its insight or tool changes are put back as they were, as a new event.
+"""Undoing an evolution event: its insight, tool and node changes are put back as they were, as a new event.
 
 Nothing is deleted: a revert is itself an event (``reverts`` names the one it
-undoes). Each insight it restores gets a REVERT entry in its history; each
-tool goes back to the status it had (a tool the event registered becomes
-"reverted", a version it replaced or retired is active again). A revert that
-would silently undo later changes to the same insights or tools is refused.
+undoes), and everything it puts back commits with it in one transaction. Each
+insight it restores gets a REVERT entry in its history; each tool goes back to
+the status it had (a tool the event registered becomes "reverted", a version it
+replaced or retired is active again); a node the event added (an imported
+pack's scaffold, ``node_changes`` in its payload) is withdrawn: marked invalid,
+so it is never served. A revert that would silently undo later changes to the
+same insights or tools is refused, and so is withdrawing the node served now.
 Promotions are undone with `evolver rollback`.
 """
 
@@ -13,6 +16,8 @@ from __future__ import annotations
 from memory import Event, ExperienceStore
 
 __all__ = ["RevertError", "revert_event"]
+
+INCUMBENT_KEY = "incumbent"  # the store's meta key of the served node (evolver.tree.incumbent)
 
 
 class RevertError(ValueError):
@@ -25,12 +30,40 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
         raise RevertError(f"event {event_id} changed the served node; use `evolver rollback` to serve another")
     rows = store.insight_changes_of(event_id)
     tool_changes = event.payload.get("tool_changes") or []
-    if not rows and not tool_changes:
+    node_changes = event.payload.get("node_changes") or []
+    if not rows and not tool_changes and not node_changes:
         raise RevertError(f"event {event_id} ({event.kind}) changed no insight or tool; there is nothing to revert")
     if any(e.reverts == event_id for e in store.list_events(kind="revert", limit=10_000)):
         raise RevertError(f"event {event_id} was already reverted")
-    if tool_changes:
-        return _revert_tools(store, event, tool_changes, why)
+    # Every check before any change: a revert is whole or not at all.
+    insights = _insights_before(store, event_id, rows)
+    status = _tools_before(store, event, tool_changes)
+    nodes = _nodes_before(store, event, node_changes)
+    parts = []
+    if insights:
+        parts.append(f"{len(insights)} insights restored")
+    if status:
+        names = sorted({f"{c['name']} v{c['version']}" for c in tool_changes})
+        parts.append(f"{', '.join(names)} restored")
+    if nodes:
+        parts.append(f"node{'s' if len(nodes) > 1 else ''} {', '.join(n['id'] for n in nodes)} withdrawn")
+    what = f"reverted event {event.id} ({event.kind}): {'; '.join(parts)}"
+    if not status and not nodes:
+        # The event and its changes commit together: an event left alone would refuse every retry.
+        return store.record_insight_changes("revert", what, insights, why=why, evidence=event.evidence,
+                                            reverts=event_id)
+    with store.transaction():
+        revert = store.apply_tool_changes("revert", what, why=why, evidence=event.evidence, reverts=event.id,
+                                          status=status, payload={"node_changes": nodes} if nodes else None)
+        if insights:
+            store.apply_insight_changes(insights, event_id=revert.id)
+        for node in nodes:
+            store.set_node_status(node["id"], node["after"], reason=f"{why} (event {event.id} reverted)")
+    return revert
+
+
+def _insights_before(store: ExperienceStore, event_id: int, rows: list[dict]) -> list[dict]:
+    """The REVERT changes that put each insight the event changed back as it was before the event."""
     for insight_id in {r["insight_id"] for r in rows}:
         last = store.insight_history(insight_id)[-1]
         if last["event_id"] != event_id:
@@ -39,15 +72,12 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
     restored: dict[int, dict] = {}
     for row in rows:  # the state before the event's first change to each insight
         restored.setdefault(row["insight_id"], row["before"])
-    changes = [{"op": "REVERT", "id": insight_id, "status": "retired"} if before is None
-               else {"op": "REVERT", "id": insight_id, **before} for insight_id, before in restored.items()]
-    # The event and its changes commit together: an event left alone would refuse every retry.
-    return store.record_insight_changes("revert", f"reverted event {event_id} ({event.kind}): {len(changes)} "
-                                        "insights restored", changes, why=why, evidence=event.evidence,
-                                        reverts=event_id)
+    return [{"op": "REVERT", "id": insight_id, "status": "retired"} if before is None
+            else {"op": "REVERT", "id": insight_id, **before} for insight_id, before in restored.items()]
 
 
-def _revert_tools(store: ExperienceStore, event: Event, changes: list[dict], why: str) -> Event:
+def _tools_before(store: ExperienceStore, event: Event, changes: list[dict]) -> dict[int, str]:
+    """Each tool the event changed, mapped to the status it goes back to."""
     status: dict[int, str] = {}
     for change in changes:
         tool = store.get_tool(change["id"])
@@ -62,6 +92,22 @@ def _revert_tools(store: ExperienceStore, event: Event, changes: list[dict], why
             if other is not None and other.id not in status:
                 raise RevertError(f"tool {tool.name} v{tool.version} cannot be active again: v{other.version} "
                                   f"is active now (event {other.event_id}); revert that first")
-    names = ", ".join(sorted({f"{c['name']} v{c['version']}" for c in changes}))
-    return store.apply_tool_changes("revert", f"reverted event {event.id} ({event.kind}): {names} restored",
-                                    why=why, evidence=event.evidence, reverts=event.id, status=status)
+    return status
+
+
+def _nodes_before(store: ExperienceStore, event: Event, changes: list[dict]) -> list[dict]:
+    """Each node the event added (withdrawn: invalid) or whose status it set (put back)."""
+    out = []
+    for change in changes:
+        node = store.get_node(change["id"])
+        if store.get_meta(INCUMBENT_KEY) == node.id:
+            raise RevertError(f"node {node.id} is served now; serve another first (`evolver rollback`), then "
+                              f"revert event {event.id}")
+        if change["before"] is None:  # added by the event: whatever the search made of it since
+            after = "invalid"
+        elif node.status != change["after"]:
+            raise RevertError(f"node {node.id} changed again after event {event.id} (it is {node.status} now)")
+        else:
+            after = change["before"]
+        out.append({"id": node.id, "before": node.status, "after": after})
+    return out

@@ -28,12 +28,14 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, RootModel
 
-from memory import ExperienceStore, NewTool, RecordedCall
+from memory import ExperienceStore, NewTool, RecordedCall, ToolRecord
 from tools import (
     BUILTIN_SOURCES,
+    QuarantineReport,
     Replay,
     ToolFileError,
     ToolFiles,
+    ToolSpec,
     ToolSpecError,
     quarantine,
     spec_from_source,
@@ -46,8 +48,8 @@ from ..llm.client import json_schema_format
 from ..text import clip
 from ..tree.incumbent import incumbent
 
-__all__ = ["synthesize_round", "find_opportunities", "Opportunity", "SynthesisError", "WATERMARK_KEY",
-           "pending_trajectories"]
+__all__ = ["WATERMARK_KEY", "Opportunity", "SynthesisError", "ToolRejected", "candidate_spec", "find_opportunities",
+           "pending_trajectories", "synthesize_round", "vet_tool"]
 
 WATERMARK_KEY = "watermark.synthesize"
 WINDOW = 100  # trajectories one window holds at most
@@ -266,28 +268,35 @@ def _existing(store: ExperienceStore) -> str:
                                                   for t in rows)
 
 
-class _Rejected(Exception):
-    pass
+class ToolRejected(Exception):
+    """A candidate tool refused before registration; the message says why (quarantine's reason, a
+    built-in's name, a duplicate, ...)."""
 
 
-def _check(engine: Engine, files: ToolFiles, candidate: _Candidate, opportunity: Opportunity,
-           node_id: str | None):
-    """Quarantine the candidate; returns (spec, the row it replaces or None, report) or raises _Rejected."""
-    store, e = engine.store, engine.config.evolution
-    if candidate.name in BUILTIN_SOURCES:
-        raise _Rejected(f"{candidate.name!r} is a built-in tool's name")
+def candidate_spec(name: str, code: str, tests: str, *, node_id: str | None) -> ToolSpec:
+    """The candidate's spec, its schema derived from its signature; ToolRejected when it has none a model
+    call could carry (a built-in's name, no parse, no annotations, a default that is not JSON)."""
+    if name in BUILTIN_SOURCES:
+        raise ToolRejected(f"{name!r} is a built-in tool's name")
     try:
-        spec = spec_from_source(candidate.code, name=candidate.name, tests=candidate.tests, node_id=node_id)
+        spec = spec_from_source(code, name=name, tests=tests, node_id=node_id)
     except ToolSpecError as exc:
-        raise _Rejected(str(exc)) from None
+        raise ToolRejected(str(exc)) from None
     try:  # a default or Literal of bytes, ..., inf: no model call could carry the schema
         json.dumps(spec.openai_schema(), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise _Rejected(f"its schema is not JSON ({exc}); defaults and Literal values must be JSON values") from None
-    missing = [n for n in range(1, len(opportunity.calls) + 1) if n not in candidate.replays]
-    if missing:
-        raise _Rejected(f"it gives no arguments for recorded call(s) {', '.join(map(str, missing))}; a tool must "
-                        "reproduce every call it generalizes")
+        raise ToolRejected(f"its schema is not JSON ({exc}); defaults and Literal values must be JSON "
+                           "values") from None
+    return spec
+
+
+def vet_tool(engine: Engine, files: ToolFiles, spec: ToolSpec, replays: list[Replay] = ()
+             ) -> tuple[ToolRecord | None, QuarantineReport]:
+    """Quarantine ``spec`` as the store stands now: under an active tool's name it is that tool's next
+    version and must pass its tests too; under a new name it must not duplicate another tool. Returns
+    (the row it would replace or None, the report) or raises ToolRejected. Tool synthesis and the import
+    of learned packs both register only what passed here; the code runs only in the sandbox."""
+    store, e = engine.store, engine.config.evolution
     replaced = store.active_tool(spec.name)
     earlier_tests = ""
     if replaced is not None:
@@ -298,14 +307,27 @@ def _check(engine: Engine, files: ToolFiles, candidate: _Candidate, opportunity:
     else:
         for hit in store.search_tools(f"{spec.name}: {spec.description}", k=3):
             if hit.name != spec.name and (hit.similarity or 0.0) >= e.tool_dedup_threshold:
-                raise _Rejected(f"it duplicates tool {hit.name!r} (description similarity {hit.similarity:.2f}); "
-                                f"to improve that tool, propose a new version under its name")
+                raise ToolRejected(f"it duplicates tool {hit.name!r} (description similarity "
+                                   f"{hit.similarity:.2f}); to improve that tool, propose a new version under "
+                                   "its name")
+    report = quarantine(spec, sandbox=engine.sandbox, work_root=engine.data_dir / "workspaces",
+                        replays=list(replays), earlier_tests=earlier_tests, limits=sandbox_limits(engine.config))
+    if not report.ok:
+        raise ToolRejected(report.reason)
+    return replaced, report
+
+
+def _check(engine: Engine, files: ToolFiles, candidate: _Candidate, opportunity: Opportunity,
+           node_id: str | None):
+    """Quarantine the candidate; returns (spec, the row it replaces or None, report) or raises ToolRejected."""
+    spec = candidate_spec(candidate.name, candidate.code, candidate.tests, node_id=node_id)
+    missing = [n for n in range(1, len(opportunity.calls) + 1) if n not in candidate.replays]
+    if missing:
+        raise ToolRejected(f"it gives no arguments for recorded call(s) {', '.join(map(str, missing))}; a tool "
+                           "must reproduce every call it generalizes")
     replays = [Replay(label=str(n), arguments=candidate.replays[n], expected=call.output)
                for n, call in enumerate(opportunity.calls, start=1)]
-    report = quarantine(spec, sandbox=engine.sandbox, work_root=engine.data_dir / "workspaces", replays=replays,
-                        earlier_tests=earlier_tests, limits=sandbox_limits(engine.config))
-    if not report.ok:
-        raise _Rejected(report.reason)
+    replaced, report = vet_tool(engine, files, spec, replays)
     return spec, replaced, report
 
 
@@ -320,7 +342,7 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
     node = incumbent(store)
     node_id = node.id if node else None
     meta = {WATERMARK_KEY: json.dumps({**state, "done": [*state["done"], opportunity.key]})}
-    common = dict(evidence=list(opportunity.evidence), cost_usd=reply.cost_usd, node_id=node_id, meta=meta)
+    common = {"evidence": list(opportunity.evidence), "cost_usd": reply.cost_usd, "node_id": node_id, "meta": meta}
     if isinstance(candidate, str):
         store.apply_tool_changes("tool_skipped", f"no tool for {opportunity.kind} opportunity: "
                                                  f"{clip(candidate, 200)}", why=candidate,
@@ -328,7 +350,7 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
         return "skipped"
     try:
         spec, replaced, report = _check(engine, files, candidate, opportunity, node_id)
-    except _Rejected as exc:
+    except ToolRejected as exc:
         reason = str(exc)
         store.apply_tool_changes("tool_rejected", f"rejected tool {candidate.name}: {clip(reason, 300)}",
                                  why=reason, payload={"opportunity": opportunity.key, "name": candidate.name,
