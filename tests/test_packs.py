@@ -17,12 +17,13 @@ from evolver.agent.engine import Engine
 from evolver.agent.scaffold import default_scaffold, load_scaffold
 from evolver.config import load_config
 from evolver.llm import scripted
-from evolver.meta import packs
+from evolver.meta import packfile, packs
 from evolver.meta.revert import RevertError, revert_event
 from evolver.meta.synthesize import synthesize_round
 from evolver.tree.incumbent import ensure_root
 from memory import NewTrajectory, Store
 from tests.test_cli import run
+from tools import code_hash
 
 REVERSE = '''
 def reverse_text(text: str) -> str:
@@ -117,16 +118,16 @@ def forge(data: bytes, edit=None, *, files: bool = True, manifest_hash: bool = T
     """``data`` with ``edit(manifest, contents)`` applied, then (unless told not to) every hash made to
     agree again: a well-formed pack whose content is what the forger chose."""
     contents = members(data)
-    manifest = json.loads(contents.pop(packs.MANIFEST))
-    contents.pop(packs.MANIFEST_HASH)
+    manifest = json.loads(contents.pop(packfile.MANIFEST))
+    contents.pop(packfile.MANIFEST_HASH)
     if edit is not None:
         edit(manifest, contents)
     if files:
         manifest["files"] = {n: {"sha256": hashlib.sha256(b).hexdigest(), "bytes": len(b)}
                              for n, b in sorted(contents.items())}
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    digest = hashlib.sha256(body).hexdigest() if manifest_hash else members(data)[packs.MANIFEST_HASH][:64].decode()
-    return packs._tar([(packs.MANIFEST, body), (packs.MANIFEST_HASH, f"{digest}  manifest.json\n".encode()),
+    digest = hashlib.sha256(body).hexdigest() if manifest_hash else members(data)[packfile.MANIFEST_HASH][:64].decode()
+    return packfile._tar([(packfile.MANIFEST, body), (packfile.MANIFEST_HASH, f"{digest}  manifest.json\n".encode()),
                        *sorted(contents.items())])
 
 
@@ -154,7 +155,7 @@ def _failing_shout(manifest: dict, contents: dict) -> None:
     tests = 'def test_shout():\n    assert shout("hi") == "HI?"\n'
     contents["tools/shout/code.py"], contents["tools/shout/tests.py"] = SHOUT.encode(), tests.encode()
     manifest["tools"].append({"name": "shout", "version": 1, "description": "shout", "code": "tools/shout/code.py",
-                              "tests": "tools/shout/tests.py", "code_hash": packs.code_hash(SHOUT, tests),
+                              "tests": "tools/shout/tests.py", "code_hash": code_hash(SHOUT, tests),
                               "provenance": {}})
 
 
@@ -245,7 +246,7 @@ def _new_version(breaks_old_tests: bool):
         code = REVERSE.replace("return text[::-1]", body)
         tests = 'def test_mine():\n    assert reverse_text("ab") == "ba"\n'
         contents["tools/reverse_text/code.py"], contents["tools/reverse_text/tests.py"] = code.encode(), tests.encode()
-        manifest["tools"][0]["code_hash"] = packs.code_hash(code, tests)
+        manifest["tools"][0]["code_hash"] = code_hash(code, tests)
     return edit
 
 
@@ -276,7 +277,7 @@ def test_a_tool_that_duplicates_a_local_one_or_takes_a_builtin_name_is_refused(e
             tests = REVERSE_TESTS.replace("reverse_text", name)
             contents[f"tools/{name}/code.py"], contents[f"tools/{name}/tests.py"] = code.encode(), tests.encode()
             manifest["tools"].append({"name": name, "version": 1, "description": "", "code": f"tools/{name}/code.py",
-                                      "tests": f"tools/{name}/tests.py", "code_hash": packs.code_hash(code, tests)})
+                                      "tests": f"tools/{name}/tests.py", "code_hash": code_hash(code, tests)})
 
     report = packs.import_pack(target, forge(pack, twins))
     reasons = {i["name"]: i["reason"] for i in report["items"] if i["status"] == "refused"}
