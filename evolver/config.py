@@ -239,6 +239,10 @@ class DaemonSettings(_Section):
     workers: int = Field(default=2, ge=1, le=64)
     """Tasks worked on at once."""
 
+    chat_queue: int = Field(default=32, ge=1, le=10_000)
+    """Chat turns that may be running or waiting for an agent at once; more are answered 429 with a
+    Retry-After (each waits in a thread of its own, never in the API's)."""
+
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """The largest request body the API accepts."""
 

@@ -20,7 +20,7 @@ from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
 from .errors import error_response, http_error, validation_error
-from .host import ServiceHost
+from .host import ServiceHost, Stopping
 
 __all__ = ["create_app"]
 
@@ -97,6 +97,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     app.add_exception_handler(RevertError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(BudgetExceeded, lambda r, e: error_response(429, "budget_exceeded", str(e)))
     app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
+    app.add_exception_handler(Stopping, lambda r, e: error_response(503, "stopping", str(e)))
 
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)

@@ -11,7 +11,9 @@ plain text), the usage when ``stream_options.include_usage`` asks for it, and
 with another reply than the text streamed (that finish call was unusable),
 the stream says so and sends the reply whole. A client that goes away
 mid-turn, or `evolver cancel` on the turn's task, stops the turn at its next
-step, and the task ends cancelled.
+step, and the task ends cancelled. Each turn waits for an agent in a thread of its own, never in the
+API's; at most ``[daemon] chat_queue`` turns run or wait at once, and more are answered 429 with a
+Retry-After.
 """
 
 from __future__ import annotations
@@ -115,6 +117,58 @@ def _usage(daemon, task_id: str) -> dict:
     return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}
 
 
+RETRY_AFTER_S = 5
+
+
+class _Admission:
+    """How many chat turns are running or waiting: counted on the event loop (no lock needed), bounded
+    by ``[daemon] chat_queue``, so a burst of chats is answered 429 instead of piling up."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+
+def _admit(request: Request) -> bool:
+    state = request.app.state
+    if not hasattr(state, "chat_admission"):
+        state.chat_admission = _Admission()
+    if state.chat_admission.turns >= state.daemon.config.daemon.chat_queue:
+        return False
+    state.chat_admission.turns += 1
+    return True
+
+
+def _leave(request: Request) -> None:
+    request.app.state.chat_admission.turns -= 1
+
+
+def _busy(request: Request) -> JSONResponse:
+    limit = request.app.state.daemon.config.daemon.chat_queue
+    response = error_response(429, "chat_busy", f"{limit} chat turns are already running or waiting "
+                                                "([daemon] chat_queue); try again shortly")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+def _in_a_thread(fn, *args, **kwargs) -> asyncio.Future:
+    """``fn`` in a thread of its own, as an awaitable: a chat turn waits for an agent there, never in the
+    API's thread pool (forty waiting turns used to hold all of it, and every other route froze). A
+    thread of its own for the whole turn also because sandboxes die with the thread that started them."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def run() -> None:
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the awaiting request (bound now: `exc` is unset after)
+            loop.call_soon_threadsafe(lambda error=exc: future.done() or future.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(value))
+
+    threading.Thread(target=run, name="chat", daemon=True).start()
+    return future
+
+
 def _model_failure(result) -> JSONResponse | None:
     if result.ending is Ending.BUDGET:
         return error_response(429, "budget_exceeded", result.error or "the budget is spent")
@@ -156,12 +210,16 @@ async def completions(body: ChatIn, request: Request):
     task_id = new_id("task")
     chat_id = f"chatcmpl-{task_id}"
     cancel = threading.Event()
+    if not _admit(request):
+        return _busy(request)
     if not body.stream:
         try:
-            result = await _until_done_or_gone(request, cancel, run_in_threadpool(
+            result = await _until_done_or_gone(request, cancel, _in_a_thread(
                 daemon.chat, prompt, task_id=task_id, cancel=cancel))
         except BudgetExceeded as exc:
             return error_response(429, "budget_exceeded", str(exc))
+        finally:
+            _leave(request)
         failure = _model_failure(result)
         if failure is not None:
             return failure
@@ -187,6 +245,7 @@ async def completions(body: ChatIn, request: Request):
             outcome["error"] = exc
         finally:
             loop.call_soon_threadsafe(progress.put_nowait, None)
+            loop.call_soon_threadsafe(_leave, request)  # its place is given up when the turn has ended
 
     # A thread of its own for the whole turn: sandboxes die with the thread that started them.
     threading.Thread(target=run, name="chat", daemon=True).start()

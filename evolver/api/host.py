@@ -17,7 +17,11 @@ from ..agent.loop import TaskResult
 from ..config import Config
 from ..meta.jobs import Jobs
 
-__all__ = ["ServiceHost", "StepFeed", "TaskIntake"]
+__all__ = ["ServiceHost", "StepFeed", "TaskIntake", "Stopping"]
+
+
+class Stopping(Exception):
+    """The daemon is stopping and takes no new work (the API answers 503)."""
 
 
 class StepFeed(Protocol):

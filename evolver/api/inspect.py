@@ -31,7 +31,9 @@ async def health() -> dict:
             responses=errors(503))
 def status(request: Request) -> dict:
     daemon = _daemon(request)
-    return {**daemon.status(), "learning": learning(daemon.store, daemon.config)}
+    admitted = getattr(request.app.state, "chat_admission", None)
+    return {**daemon.status(), "learning": learning(daemon.store, daemon.config),
+            "chat": {"turns": admitted.turns if admitted else 0, "limit": daemon.config.daemon.chat_queue}}
 
 
 @router.get("/learning/curve", summary="Success over time (the person's tasks and the evaluations) and per node",

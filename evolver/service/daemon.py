@@ -25,6 +25,7 @@ from memory import Ending, ExperienceStore, IndexBusy, Step, Task
 from ..agent.engine import Engine
 from ..agent.loop import Agent, TaskResult
 from ..agent.scaffold import Scaffold
+from ..api.host import Stopping
 from ..config import Config
 from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
@@ -78,6 +79,8 @@ class Daemon:
         self.tree: TreeSearch | None = None
         self.intake: Intake | None = None
         self.chat_slots = threading.BoundedSemaphore(max(2, config.daemon.workers))
+        self._chats = threading.Condition()  # .turns: chat turns holding a slot (shutdown waits for them)
+        self._chats.turns = 0  # type: ignore[attr-defined]
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
 
     @property
@@ -203,6 +206,8 @@ class Daemon:
         deadline = time.monotonic() + self.config.daemon.shutdown_grace_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        with self._chats:  # running chat turns stop at their next step (drain); the store outlives them
+            self._chats.wait_for(lambda: self._chats.turns == 0, max(0.0, deadline - time.monotonic()))
         for worker in self.workers:
             lease = worker.current
             if lease is not None and self.store.release_task(lease):
@@ -271,19 +276,35 @@ class Daemon:
         client that went away), when someone cancels its task, or when the daemon drains. ``on_answer``
         gets the answer in pieces as the model writes it."""
         cancel = cancel or threading.Event()
-        with self.chat_slots:
-            item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata}
-            ((task, _),) = self.store.add_tasks([{**item, "id": task_id} if task_id else item])
-            try:
-                def step_seen(step: Step) -> None:
-                    self.feed.publish(task.id)
-                    if on_step is not None:
-                        on_step(step)
-                    if self.drain.is_set() or self.store.cancel_requested(task.id):
-                        cancel.set()
-                return self.agent().run_task(task, cancel=cancel, on_step=step_seen, on_answer=on_answer)
-            finally:
+        while not self.chat_slots.acquire(timeout=0.2):  # a turn waiting for a slot: not past a drain
+            if self.drain.is_set():
+                raise Stopping("the daemon is stopping; send the chat again once it has restarted")
+        with self._chats:
+            self._chats.turns += 1
+        try:
+            if self.drain.is_set():
+                raise Stopping("the daemon is stopping; send the chat again once it has restarted")
+            return self._chat_turn(prompt, on_step=on_step, metadata=metadata, task_id=task_id, cancel=cancel,
+                                   on_answer=on_answer)
+        finally:
+            self.chat_slots.release()
+            with self._chats:
+                self._chats.turns -= 1
+                self._chats.notify_all()
+
+    def _chat_turn(self, prompt: str, *, on_step, metadata, task_id, cancel, on_answer) -> TaskResult:
+        item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata}
+        ((task, _),) = self.store.add_tasks([{**item, "id": task_id} if task_id else item])
+        try:
+            def step_seen(step: Step) -> None:
                 self.feed.publish(task.id)
+                if on_step is not None:
+                    on_step(step)
+                if self.drain.is_set() or self.store.cancel_requested(task.id):
+                    cancel.set()
+            return self.agent().run_task(task, cancel=cancel, on_step=step_seen, on_answer=on_answer)
+        finally:
+            self.feed.publish(task.id)
 
     def call_tool(self, name: str, arguments: dict) -> dict:
         """Run an active synthesized tool in the sandbox for a caller outside any task (``Engine.call_tool``)."""
