@@ -297,6 +297,9 @@ def vet_tool(engine: Engine, files: ToolFiles, spec: ToolSpec, replays: list[Rep
     (the row it would replace or None, the report) or raises ToolRejected. Tool synthesis and the import
     of learned packs both register only what passed here; the code runs only in the sandbox."""
     store, e = engine.store, engine.config.evolution
+    held = engine.registry.get(spec.name)
+    if held is not None and held.origin != "synthesized":  # a built-in, or a tool of the user's MCP server
+        raise ToolRejected(f"{spec.name!r} is the name of a {held.origin} tool")
     replaced = store.active_tool(spec.name)
     earlier_tests = ""
     if replaced is not None:
