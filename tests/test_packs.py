@@ -23,33 +23,13 @@ from evolver.meta.synthesize import synthesize_round
 from evolver.tree.incumbent import ensure_root
 from memory import NewTrajectory, Store
 from tests.test_cli import run
+from tests.test_synthesize import (  # the same tools, written once
+    REVERSE,
+    REVERSE_TESTS,
+    SHOUT,
+)
 from tools import code_hash
 
-REVERSE = '''
-def reverse_text(text: str) -> str:
-    """Reverse a string, character by character.
-
-    Args:
-        text: the string to reverse
-    """
-    return text[::-1]
-'''
-REVERSE_TESTS = '''
-def test_reverses():
-    assert reverse_text("abc") == "cba"
-
-def test_empty():
-    assert reverse_text("") == ""
-'''
-SHOUT = '''
-def shout(text: str) -> str:
-    """Upper-case a text and add an exclamation mark.
-
-    Args:
-        text: what to shout
-    """
-    return text.upper() + "!"
-'''
 INSIGHTS = ["Check the answer's format against the task before calling finish.",
             "For arithmetic on big numbers, compute it with run_python rather than in your head."]
 
