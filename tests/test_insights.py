@@ -82,3 +82,19 @@ def test_an_operation_on_an_insight_retired_in_the_same_answer_changes_nothing(s
     with pytest.raises(InsightOpError, match="retired earlier in this answer"):
         apply_ops(store, ops, shown, provenance=[], cap=50)
     assert store.get_insight(shown[0].id).importance == 1 and store.insight_history(shown[0].id) == []
+
+
+def test_an_answer_that_echoes_the_instructions_example_is_refused_whole():
+    """What the 0.5B model answered distillation with (after its unquoted keys were repaired): the
+    prompt's own example. Its ADD "..." was taken as a lesson and its votes as judgements of real
+    insights; now nothing of it is applied, even where a bad operation would only be skipped."""
+    from evolver.meta.distill import SYSTEM
+
+    assert '"text": "..."' in SYSTEM.format(max_ops=4)  # the example this answer copies
+    echoed = {"operations": [{"op": "ADD", "text": "..."}, {"op": "EDIT", "id": 2, "text": "..."},
+                             {"op": "UPVOTE", "id": 1}, {"op": "DOWNVOTE", "id": 3}]}
+    for answer in (echoed, {"operations": [{"op": "ADD", "text": "<text>"}, {"op": "UPVOTE", "id": 1}]}):
+        with pytest.raises(InsightOpError, match="copies the example"):
+            parse_ops(answer, shown=3, skipped=[])
+    real = parse_ops({"operations": [{"op": "ADD", "text": "Compute with run_python, then finish."}]}, shown=0)
+    assert [op.text for op in real] == ["Compute with run_python, then finish."]

@@ -17,6 +17,7 @@ the whole answer, so a round never applies half a change.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,13 @@ def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4,
         raise InsightOpError('the answer must be {"operations": [...]}')
     if len(data) > max_ops:
         raise InsightOpError(f"{len(data)} operations; at most {max_ops} are allowed in one answer")
+    copied = [n for n, item in enumerate(data, start=1)
+              if isinstance(item, dict) and isinstance(item.get("text"), str) and item["text"].strip()
+              and _placeholder(item["text"])]
+    if copied:  # its ids and votes are the example's too: none of it is about the trajectories
+        raise InsightOpError(f"operation {copied[0]} has the instructions' placeholder for a text "
+                             f"({data[copied[0] - 1]['text']!r}): the answer copies the example instead of "
+                             "writing lessons; nothing of it is applied")
     ops = []
     for n, item in enumerate(data, start=1):
         try:
@@ -79,6 +87,17 @@ def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4,
                 raise
             skipped.append(str(exc))
     return ops
+
+
+_PLACEHOLDER_WORDS = {"text", "insight", "lesson", "the insight", "the lesson", "your insight", "new text"}
+
+
+def _placeholder(text: str) -> bool:
+    """A text that is the prompt's stand-in ("...", "<text>", "TEXT"), not a lesson: what a weak model
+    that echoes the example writes."""
+    bare = text.strip()
+    return (not re.sub(r"[\W_]+", "", bare) or bare.lower().strip(".…<>[]{}'\" ") in _PLACEHOLDER_WORDS
+            or bool(re.fullmatch(r"<[^<>]{0,40}>", bare)))
 
 
 def _operation(item, where: str, shown: int) -> InsightOp:
