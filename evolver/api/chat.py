@@ -160,7 +160,7 @@ def _in_a_thread(fn, *args, **kwargs) -> asyncio.Future:
     def run() -> None:
         try:
             value = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the awaiting request (bound now: `exc` is unset after)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request (bound: `exc` is unset after)
             loop.call_soon_threadsafe(lambda error=exc: future.done() or future.set_exception(error))
         else:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(value))
