@@ -338,3 +338,24 @@ def test_a_poke_while_a_round_of_the_job_runs_is_not_lost(engine):
         assert len(rounds) == 2
     finally:
         jobs.stop()
+
+
+def test_a_batch_the_model_keeps_answering_unusably_is_passed_after_three_tries(engine):
+    """The 0.5B model echoed the instructions' example every round: the round failed and kept its
+    watermark, so distillation stood at that batch for good. Now the third unusable answer for the same
+    batch moves past it, as an event that names why; until then each failure changes nothing else."""
+    from evolver.meta.distill import GIVE_UP_AFTER
+
+    echo = {"operations": [{"op": "ADD", "text": "..."}, {"op": "UPVOTE", "id": 1}]}
+    e = engine(echo, "distill-echo")
+    ids = _experience(e.store)
+    for _ in range(GIVE_UP_AFTER - 1):
+        with pytest.raises(InsightOpError, match="copies the example"):
+            distill_round(e.store, e.model, e.config)
+        assert e.store.get_meta(WATERMARK_KEY) is None and not e.store.list_events(kind="distill_skipped")
+    summary = distill_round(e.store, e.model, e.config)
+    assert summary.startswith(f"gave up on 2 trajectories after {GIVE_UP_AFTER} unusable answers")
+    (event,) = e.store.list_events(kind="distill_skipped")
+    assert sorted(event.evidence) == sorted(ids) and "copies the example" in event.what
+    assert e.store.list_insights(status=None) == []
+    assert distill_round(e.store, e.model, e.config) == "no new trajectories since the last round"

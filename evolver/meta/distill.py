@@ -110,8 +110,43 @@ def _prompt(store: ExperienceStore, batch, shown) -> str:
     return "\n".join(lines)
 
 
+GIVE_UP_AFTER = 3  # unusable answers for the same batch before the round moves past it
+REFUSALS_KEY = "distill.refusals"
+
+
 def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_ops: int = 4) -> str:
-    """Run one round; returns a one-line summary. Raises (and changes nothing) when it cannot be applied."""
+    """Run one round; returns a one-line summary. Raises (and changes nothing but a count) when the
+    model's answer cannot be applied; after ``GIVE_UP_AFTER`` such answers for the same batch it moves
+    past it, as a ``distill_skipped`` event, rather than fail on it every round (a weak model that
+    echoes the instructions would otherwise hold distillation at that batch for good)."""
+    try:
+        return _distill(store, model, config, max_ops=max_ops)
+    except _Unusable as unusable:
+        refusals = json.loads(store.get_meta(REFUSALS_KEY) or "{}")
+        count = refusals.get("count", 0) + 1 if refusals.get("mark") == unusable.new_mark else 1
+        if count < GIVE_UP_AFTER:
+            store.set_meta(REFUSALS_KEY, json.dumps({"mark": unusable.new_mark, "count": count}))
+            raise unusable.error from None
+        with store.transaction():
+            store.append_event("distill_skipped", f"{len(unusable.evidence)} trajectories left undistilled after "
+                               f"{count} unusable answers: {clip(str(unusable.error), 200)}",
+                               why="the model's answers for this batch could not be applied",
+                               evidence=unusable.evidence, payload={"error": str(unusable.error)})
+            store.set_meta(WATERMARK_KEY, unusable.new_mark)
+            store.set_meta(REFUSALS_KEY, "{}")
+        return (f"gave up on {len(unusable.evidence)} trajectories after {count} unusable answers "
+                f"(last: {clip(str(unusable.error), 120)})")
+
+
+class _Unusable(Exception):
+    """The model's answer for a batch could not be applied (``error`` says why)."""
+
+    def __init__(self, error: InsightOpError, new_mark: str, evidence: list[str]) -> None:
+        super().__init__(str(error))
+        self.error, self.new_mark, self.evidence = error, new_mark, evidence
+
+
+def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: int) -> str:
     mark = watermark(store)
     recent = store.finished_since(mark, limit=BATCH)
     if not recent:
@@ -127,18 +162,21 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
     reply = model.complete([{"role": "system", "content": SYSTEM.format(max_ops=max_ops)},
                             {"role": "user", "content": _prompt(store, batch, shown)}], purpose="distill",
                            response_format=structured)
-    try:
-        answer, _ = jsonfix.loads(reply.content)  # a fence, a trailing comma, a last brace left off
-    except json.JSONDecodeError as exc:
-        raise InsightOpError(f"the answer is not JSON ({exc}); what came back: "
-                             f"{clip(reply.content, 300, one_line=True)!r}") from None
-    skipped: list[str] = []
-    ops = parse_ops(answer, shown=len(shown), max_ops=max_ops, skipped=skipped)
-    if skipped and not ops:
-        raise InsightOpError(skipped[0])
     evidence = [t.id for t, _ in batch]
-    plan_changes(store, ops, shown, provenance=evidence, cap=cap,
-                 merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
+    try:
+        try:
+            answer, _ = jsonfix.loads(reply.content)  # a fence, a trailing comma, a last brace left off
+        except json.JSONDecodeError as exc:
+            raise InsightOpError(f"the answer is not JSON ({exc}); what came back: "
+                                 f"{clip(reply.content, 300, one_line=True)!r}") from None
+        skipped: list[str] = []
+        ops = parse_ops(answer, shown=len(shown), max_ops=max_ops, skipped=skipped)
+        if skipped and not ops:
+            raise InsightOpError(skipped[0])
+        plan_changes(store, ops, shown, provenance=evidence, cap=cap,
+                     merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
+    except InsightOpError as exc:
+        raise _Unusable(exc, new_mark, evidence) from None
     summary = ", ".join(f"{op.kind} {op.ref or ''}".strip() for op in ops) or "no change"
     named = ", ".join(_named(op, shown) for op in ops) or "no change"  # the history names each insight
     left_out = f"; skipped {len(skipped)}: {'; '.join(skipped)}" if skipped else ""

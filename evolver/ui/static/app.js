@@ -252,7 +252,7 @@ function showTools(data) {
     el("td", {}, `${t.uses} (${t.successes} ok)`), el("td", {}, effectText(t.effect)))));
 }
 
-const FIXED_KINDS = new Set(["promote", "rollback", "seed", "revert", "job", "job_failed"]);
+const FIXED_KINDS = new Set(["promote", "rollback", "seed", "revert", "job", "job_failed", "distill_skipped"]);
 
 function showHistory(data) {
   const reverted = new Set(data.events.filter((e) => e.reverts).map((e) => e.reverts));
