@@ -93,6 +93,8 @@ class Guard:
         return None
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "websocket":  # the page uses none: nothing to pass unguarded
+            return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         refusal = self._refusal(scope)
