@@ -239,6 +239,11 @@ class DaemonSettings(_Section):
     workers: int = Field(default=2, ge=1, le=64)
     """Tasks worked on at once."""
 
+    worker_processes: bool = True
+    """Run the agent workers in processes of their own beside the daemon's (true), so agent work never
+    holds the API; a worker that crashes or is killed loses at most its current attempt, which its
+    lease brings back. False: threads inside the daemon, as before."""
+
     chat_queue: int = Field(default=32, ge=1, le=10_000)
     """Chat turns that may be running or waiting for an agent at once; more are answered 429 with a
     Retry-After (each waits in a thread of its own, never in the API's)."""
@@ -429,6 +434,23 @@ class McpSettings(_Section):
         return self
 
 
+class EvaluatorSettings(_Section):
+    """[evaluator] Where the tree search's evaluations of candidate scaffolds run.
+    "local": on the daemon's own workers. "ray": shipped to Ray tasks on a Ray cluster (`pip install
+    'evolver[ray]'`), which run the same agent in the same sandbox on whichever node they land; their
+    results come back to the daemon, which alone writes the store. A node without bubblewrap refuses."""
+
+    backend: Literal["local", "ray"] = "local"
+    """Which backend runs evaluations."""
+
+    address: str = ""
+    """The Ray cluster to join (such as "ray://10.0.0.5:10001" or "10.0.0.5:6379"); empty: start a
+    private local Ray instance on loopback."""
+
+    in_flight: int = Field(default=4, ge=1, le=1024)
+    """Evaluations shipped to Ray at once (the tree's evaluation_slots still bounds what it hands out)."""
+
+
 class Config(BaseModel):
     """All settings, one attribute per section."""
 
@@ -442,6 +464,7 @@ class Config(BaseModel):
     evolution: EvolutionSettings = EvolutionSettings()
     budget: BudgetSettings = BudgetSettings()
     mcp: McpSettings = McpSettings()
+    evaluator: EvaluatorSettings = EvaluatorSettings()
     source: str = Field(default="defaults", exclude=True)
     """Where the file came from, for messages."""
 

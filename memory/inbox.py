@@ -37,7 +37,8 @@ class Inbox:
     """The part of ``Store`` that hands out work (a mixin over the store's connection)."""
 
     def claim_task(self, owner: str, *, lease_s: float, max_attempts: int,
-                   sources: tuple[str, ...] | None = None) -> Lease | None:
+                   sources: tuple[str, ...] | None = None,
+                   exclude_sources: tuple[str, ...] = ()) -> Lease | None:
         """The most urgent claimable task, now leased to ``owner``; None when there is none.
 
         Queued tasks and running tasks whose lease expired are claimable, highest
@@ -50,6 +51,9 @@ class Inbox:
         if sources:
             where += f" AND source IN ({','.join('?' * len(sources))})"
             params += list(sources)
+        if exclude_sources:  # another pool serves those (evaluations on Ray)
+            where += f" AND source NOT IN ({','.join('?' * len(exclude_sources))})"
+            params += list(exclude_sources)
         with self._write() as db:
             while True:
                 row = db.execute(
@@ -121,6 +125,22 @@ class Inbox:
                 "UPDATE tasks SET lease_expires_at = 0 WHERE status = 'running' AND lease_owner IS NOT NULL "
                 "AND substr(lease_owner, 1, ?) != ?", [len(except_owner_prefix), except_owner_prefix])
         return cursor.rowcount
+
+    def abandon_lease(self, lease: Lease) -> bool:
+        """A worker holding ``lease`` died (crashed or was killed): its task is claimable at once and the
+        attempt it was making ends as interrupted. The attempt counts, so a task that kills its worker
+        every time is dead-lettered rather than retried forever. False when the lease had already ended."""
+        now = time.time()
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET lease_expires_at = 0, updated_at = ? WHERE id = ? AND lease_token = ? "
+                "AND status = 'running'", [now, lease.task.id, lease.token])
+            if cursor.rowcount:
+                db.execute(
+                    "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT "
+                    "max(s.created_at) FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) "
+                    "WHERE task_id = ? AND status = 'running'", [lease.task.id])
+        return cursor.rowcount == 1
 
     def request_cancel(self, task_id: str) -> Task:
         """Cancel a queued task now; ask a running one to stop at its next step."""

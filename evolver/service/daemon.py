@@ -33,6 +33,7 @@ from ..tree.incumbent import ensure_root, incumbent, scaffold_of
 from ..tree.search import SEARCH_SOURCES, TreeSearch
 from ..tree.split import held_out_prompts
 from .feed import Feed
+from .evaluator import Evaluator, local_exclusions, open_evaluator
 from .intake import Intake
 from .sockets import SocketError, bind
 from .worker import Worker
@@ -78,6 +79,7 @@ class Daemon:
         self.jobs: Jobs | None = None
         self.tree: TreeSearch | None = None
         self.intake: Intake | None = None
+        self.evaluator: Evaluator | None = None
         self.chat_slots = threading.BoundedSemaphore(max(2, config.daemon.workers))
         self._chats = threading.Condition()  # .turns: chat turns holding a slot (shutdown waits for them)
         self._chats.turns = 0  # type: ignore[attr-defined]
@@ -121,6 +123,9 @@ class Daemon:
             server.start()
             self.tree = TreeSearch(self.engine, slots=self.config.evolution.evaluation_slots)
             self._start_workers()
+            self.evaluator = open_evaluator(self)
+            if self.evaluator is not None:
+                self.evaluator.start()
             self.jobs = Jobs(self, builtin_jobs(self.config))
             self.jobs.start(schedule=self.config.evolution.enabled)
             if self.tree.ended_unrecorded():  # ended before a kill, unread: no worker will say so again
@@ -208,6 +213,8 @@ class Daemon:
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._chats:  # running chat turns stop at their next step (drain); the store outlives them
             self._chats.wait_for(lambda: self._chats.turns == 0, max(0.0, deadline - time.monotonic()))
+        if self.evaluator is not None:
+            self.evaluator.close(max(0.0, deadline - time.monotonic()))
         for worker in self.workers:
             lease = worker.current
             if lease is not None and self.store.release_task(lease):
@@ -244,7 +251,8 @@ class Daemon:
         d = self.config.daemon
         for n in range(d.workers):
             worker = Worker(self.agent, owner=f"{self.owner_prefix}w{n}", lease_s=d.lease_s, max_attempts=d.max_attempts,
-                            drain=self.drain, on_step=self._on_step, on_end=self._task_ended, store=self.store)
+                            drain=self.drain, on_step=self._on_step, on_end=self._task_ended, store=self.store,
+                            exclude_sources=local_exclusions(self))
             self.workers.append(worker)
             # A long-lived thread per worker: sandboxes die with the thread that started them.
             thread = threading.Thread(target=self._work, args=(worker,), name=f"worker-{n}", daemon=True)
@@ -336,7 +344,7 @@ class Daemon:
             "queue": self.store.queue_depth(),
             "workers": len(self.workers),
             "running": [{"task_id": w.current.task.id, "worker": w.owner} for w in self.workers
-                        if w.current is not None],
+                        if w.current is not None] + (self.evaluator.running() if self.evaluator else []),
             "budget": {"tokens_today": tokens, "usd_today": round(usd, 6), "tokens_per_day": b.tokens_per_day,
                        "usd_per_day": b.usd_per_day},
             "incumbent": node.id if node else None,

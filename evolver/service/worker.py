@@ -42,7 +42,8 @@ class Worker:
     def __init__(self, agent: Agent | Callable[[Task], Agent], *, owner: str, lease_s: float, max_attempts: int,
                  sources: tuple[str, ...] | None = None, drain: threading.Event | None = None,
                  on_step: Callable[[str, Step], None] | None = None,
-                 on_end: Callable[[str], None] | None = None, store: ExperienceStore | None = None) -> None:
+                 on_end: Callable[[str], None] | None = None, store: ExperienceStore | None = None,
+                 exclude_sources: tuple[str, ...] = ()) -> None:
         # A callable is asked for an agent for each claimed task, so a newly promoted scaffold serves
         # the next task, and an evaluation task runs on the scaffold of the node it evaluates.
         if isinstance(agent, Agent):
@@ -55,6 +56,7 @@ class Worker:
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self.sources = sources
+        self.exclude_sources = exclude_sources
         self.drain = drain or threading.Event()
         self.on_step = on_step
         self.on_end = on_end
@@ -63,7 +65,7 @@ class Worker:
     def run_once(self) -> WorkerResult | None:
         """Claim and run the most urgent task; None when the inbox has nothing to claim."""
         lease = self.store.claim_task(self.owner, lease_s=self.lease_s, max_attempts=self.max_attempts,
-                                      sources=self.sources)
+                                      sources=self.sources, exclude_sources=self.exclude_sources)
         if lease is None:
             return None
         self.current = lease
