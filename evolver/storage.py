@@ -28,12 +28,14 @@ def embedder_for(config: Config) -> Embedder:
 
 
 def open_store(config: Config, *, data_dir: Path | None = None, readonly: bool = False,
-               rebuild_index: bool = False, embedder: Embedder | None = None) -> Store:
-    """The store under the configured data dir (reconciled with its index when writable)."""
+               rebuild_index: bool = False, embedder: Embedder | None = None, index_owner: bool = True) -> Store:
+    """The store under the configured data dir (reconciled with its index when writable). With
+    ``index_owner=False``: SQLite only, for a worker process beside the daemon that owns the index."""
     return Store.open(
         data_dir or config.data_dir,
         embedder=embedder or embedder_for(config),
         options=store_options(config),
         readonly=readonly,
         rebuild_index=rebuild_index,
+        index_owner=index_owner,
     )

@@ -130,17 +130,24 @@ class Inbox:
         """A worker holding ``lease`` died (crashed or was killed): its task is claimable at once and the
         attempt it was making ends as interrupted. The attempt counts, so a task that kills its worker
         every time is dead-lettered rather than retried forever. False when the lease had already ended."""
+        return bool(self._abandon("id = ? AND lease_token = ?", [lease.task.id, lease.token]))
+
+    def abandon_leases(self, owner: str) -> list[str]:
+        """``abandon_lease`` for every lease ``owner`` holds (a worker process that died, perhaps between
+        claiming a task and saying so); the ids of their tasks."""
+        return self._abandon("lease_owner = ?", [owner])
+
+    def _abandon(self, where: str, params: list) -> list[str]:
         now = time.time()
         with self._write() as db:
-            cursor = db.execute(
-                "UPDATE tasks SET lease_expires_at = 0, updated_at = ? WHERE id = ? AND lease_token = ? "
-                "AND status = 'running'", [now, lease.task.id, lease.token])
-            if cursor.rowcount:
+            ids = [r[0] for r in db.execute(f"SELECT id FROM tasks WHERE status = 'running' AND {where}", params)]
+            for task_id in ids:
+                db.execute("UPDATE tasks SET lease_expires_at = 0, updated_at = ? WHERE id = ?", [now, task_id])
                 db.execute(
                     "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT "
                     "max(s.created_at) FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) "
-                    "WHERE task_id = ? AND status = 'running'", [lease.task.id])
-        return cursor.rowcount == 1
+                    "WHERE task_id = ? AND status = 'running'", [task_id])
+        return ids
 
     def request_cancel(self, task_id: str) -> Task:
         """Cancel a queued task now; ask a running one to stop at its next step."""

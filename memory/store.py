@@ -123,6 +123,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         options: StoreOptions | None = None,
         readonly: bool = False,
         rebuild_index: bool = False,
+        index_owner: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.db_path = self.data_dir / DB_FILE
@@ -146,10 +147,15 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             self.db_path, busy_timeout_ms=self.options.busy_timeout_ms, readonly=readonly
         )
         try:
-            # Own the index before changing anything: a second writer that will be
-            # refused (IndexBusy) must not have migrated the database under the owner.
-            self._open_index(rebuild=rebuild_index)
-            if not readonly:
+            if not index_owner:
+                # A worker process beside the daemon: it writes SQLite (its rows wait in the outbox for
+                # the daemon, the index's one writer) and never migrates what the daemon owns.
+                self._require_migrated()
+            else:
+                # Own the index before changing anything: a second writer that will be
+                # refused (IndexBusy) must not have migrated the database under the owner.
+                self._open_index(rebuild=rebuild_index)
+            if not readonly and index_owner:
                 self._migrate()
         except BaseException:
             self.close()
@@ -188,6 +194,13 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             db.conn.close()
 
     # --- plumbing ------------------------------------------------------------
+
+    def _require_migrated(self) -> None:
+        with self._sqlite_errors():
+            pending = MIGRATIONS.pending(self.db)
+        if pending:
+            raise StoreError(f"{self.db_path} is not at this version's schema ({len(pending)} migrations pending); "
+                             "only the store's owner (the daemon) migrates it.")
 
     def _migrate(self) -> None:
         with self._sqlite_errors():

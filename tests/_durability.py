@@ -3,7 +3,9 @@
 ``kill_loop`` runs one daemon on one data dir and SIGKILLs it many times, each
 time at a seeded random moment of one kind of work — clients submitting with
 idempotency keys, a task between its steps, a distillation round, a
-tree-search step, a tool-synthesis round — and restarts it. After every kill
+tree-search step, a tool-synthesis round — and restarts it. In the "worker"
+phase it first kills, on its own, the worker process running a task between
+its steps (the daemon goes on and runs the task again), then the daemon. After every kill
 it reads the dead daemon's database and checks what must already hold; after
 the last restart it lets the work drain, stops the daemon cleanly and checks
 everything (``Invariants``). It returns a report; its ``violations`` must be
@@ -25,8 +27,10 @@ and the vector index from SQLite, so neither is carried over.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import threading
@@ -43,11 +47,11 @@ from tests._daemon import DaemonProcess, demo_rules, run_rounds, wait_for, write
 __all__ = ["kill_loop", "power_loss", "build_shim", "shim_env", "power_loss_image", "sync_counts", "Submitters",
            "Invariants", "read_state", "index_check", "durable_settings", "script_rules", "PHASES", "TERMINAL"]
 
-PHASES = ("submits", "steps", "distill", "evolve", "synthesize")
+PHASES = ("submits", "steps", "worker", "distill", "evolve", "synthesize")
 TERMINAL = ("done", "failed", "dead")  # how a task may end here (nobody cancels one)
 MAX_ATTEMPTS = 3  # the daemon's default, which these drills keep
 # After the phase's work has begun, the kill comes this many seconds later (uniform).
-KILL_WINDOW = {"submits": (0.0, 0.6), "steps": (0.0, 1.2), "distill": (0.05, 1.5), "evolve": (0.05, 2.0),
+KILL_WINDOW = {"submits": (0.0, 0.6), "steps": (0.0, 1.2), "worker": (0.0, 1.5), "distill": (0.05, 1.5), "evolve": (0.05, 2.0),
                "synthesize": (0.05, 1.5)}
 PERCENT_TASKS = ("What is 17.5% of 2,340?", "What is 12.5% of 80?")
 
@@ -401,6 +405,19 @@ def _wait_stepping(daemon: DaemonProcess, task_id: str, timeout_s: float) -> boo
     return False
 
 
+def _kill_worker_of(daemon: DaemonProcess, task_id: str) -> int | None:
+    """SIGKILL the worker process running ``task_id`` (not the daemon); its pid, None when none ran it."""
+    with daemon.client() as http:
+        running = http.get("/v1/status").json()["running"]
+    pid = next((r.get("pid") for r in running if r["task_id"] == task_id), None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+    return pid
+
+
 def _settle_the_search(daemon: DaemonProcess, timeout_s: float) -> None:
     """Before an evolve round that will be killed: the first evaluations queued and recorded, none in
     flight, so the round goes further than queueing (an expansion: a proposal, its validation and
@@ -465,11 +482,13 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
             submitters.release(clients * burst)
             if not percent:  # two tasks with the same code, for tool synthesis to generalize
                 percent = [submitters.submit_now({"prompt": p}, f"percent-{n}") for n, p in enumerate(PERCENT_TASKS)]
-            reached, job = True, {}
-            if phase == "steps":
+            reached, job, worker_killed = True, {}, None
+            if phase in ("steps", "worker"):
                 slow = submitters.submit_now({"prompt": f"SLOW: What is {cycle} * 3?",
                                               "check": {"type": "answer", "expected": str(cycle * 3)}}, f"slow-{cycle}")
                 reached = _wait_stepping(daemon, slow.acked[0], timeout_s=60)
+                if phase == "worker" and reached:
+                    worker_killed = _kill_worker_of(daemon, slow.acked[0])
             elif phase in ("distill", "evolve", "synthesize"):
                 if phase == "synthesize":
                     _wait_ended(daemon, [p.acked[0] for p in percent], timeout_s=60)
@@ -480,6 +499,8 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
             time.sleep(delay)
             daemon.kill()
             entry = {"cycle": cycle, "phase": phase, "after_s": round(delay, 3), "reached": reached}
+            if phase == "worker":
+                entry["worker_killed"] = worker_killed
             if phase in ("distill", "evolve", "synthesize"):
                 time.sleep(0.2)
                 entry["round_finished_before_kill"] = "rounds" in job

@@ -70,7 +70,7 @@ def test_submit_answers_201_with_an_id_only_after_the_task_is_committed(daemon, 
     assert done["status"] == "done", done
 
 
-def test_the_event_stream_shows_each_step_and_ends_with_the_task(http):
+def test_the_event_stream_shows_each_step_and_ends_with_the_task(daemon, http):
     task = submit(http, "What is 17.5% of 2,340?")
     with http.stream("GET", f"/v1/tasks/{task['id']}/events") as response:
         assert response.status_code == 200
@@ -79,7 +79,7 @@ def test_the_event_stream_shows_each_step_and_ends_with_the_task(http):
     steps = [e for e in events if e[0] == "step"]
     assert events[-1][0] == "end", events
     end = events[-1][2]
-    assert end["id"] == task["id"] and end["status"] == "done"
+    assert end["id"] == task["id"] and end["status"] == "done", (end, daemon.log())
     ids = [event_id for _, event_id, _ in steps]
     assert len(steps) >= 2 and all(i is not None for i in ids)
     assert ids == sorted(ids) and len(set(ids)) == len(ids)

@@ -22,7 +22,7 @@ from tests._daemon import DaemonProcess, make_root, remove_root, wait_for
 from tests._durability import (build_shim, durable_settings, kill_loop, power_loss, power_loss_image,
                                shim_env, sync_counts)
 
-KILLS = 6  # one daemon start each (seconds apiece): 6 covers every phase once and submits twice
+KILLS = 6  # one daemon start each (seconds apiece): 6 covers every phase once
 SEED = 20250307
 
 
@@ -44,7 +44,7 @@ def shim(root):
 @pytest.mark.timeout(900)  # seven daemon starts: minutes on a busy machine
 def test_kill_nine_at_random_points_loses_no_acknowledged_task_and_reruns_no_finished_one(root):
     """Six SIGKILLs at seeded random moments: while clients submit with idempotency keys, while a task is
-    between its steps, during a distillation round, a tree-search step and a tool-synthesis round; a
+    between its steps, of a worker process alone in the middle of a task and then of the daemon, during a distillation round, a tree-search step and a tool-synthesis round; a
     restart after each. After every kill: the database passes integrity_check, every task acknowledged
     so far is there under its key, a task whose end was recorded has not changed since (no new
     trajectory or step: it never ran again), only validated nodes were ever served, and every active
@@ -54,8 +54,9 @@ def test_kill_nine_at_random_points_loses_no_acknowledged_task_and_reruns_no_fin
     report = kill_loop(root, kills=KILLS, seed=SEED, clients=3, burst=1)
     detail = json.dumps({k: v for k, v in report.items() if k != "kill_log"}, indent=1)
     assert report["violations"] == [], detail + "\n" + (root / "daemon.log").read_text(errors="replace")[-6000:]
-    assert report["kills"] == KILLS and set(report["phases"]) == {"submits", "steps", "distill", "evolve",
-                                                                   "synthesize"}
+    assert report["kills"] == KILLS and set(report["phases"]) == {"submits", "steps", "worker", "distill",
+                                                                   "evolve", "synthesize"}
+    assert any(k.get("worker_killed") for k in report["kill_log"]), report["kill_log"]
     assert report["acknowledged"] >= KILLS * 3 and report["lost"] == 0 and report["completed_twice"] == 0, detail
     assert report["integrity"] == "ok" and report["tasks"].get("done", 0) > 0, detail
     assert report["index_after_stop"]["repaired"] == 0, detail

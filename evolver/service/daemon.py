@@ -24,19 +24,20 @@ from memory import Ending, ExperienceStore, IndexBusy, Step, Task
 
 from ..agent.engine import Engine
 from ..agent.loop import Agent, TaskResult
-from ..agent.scaffold import Scaffold
 from ..api.host import Stopping
 from ..config import Config
 from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
-from ..tree.incumbent import ensure_root, incumbent, scaffold_of
+from ..tree.incumbent import ensure_root, incumbent
 from ..tree.search import SEARCH_SOURCES, TreeSearch
 from ..tree.split import held_out_prompts
-from .feed import Feed
+from .agents import Agents
 from .evaluator import Evaluator, local_exclusions, open_evaluator
+from .feed import Feed
 from .intake import Intake
 from .sockets import SocketError, bind
 from .worker import Worker
+from .worker_process import WorkerProcess
 
 __all__ = ["Daemon", "Mood", "socket_path"]
 
@@ -70,11 +71,11 @@ class Daemon:
         self.feed = Feed()
         self.drain = threading.Event()
         self._wake = threading.Event()
+        self._index_due = threading.Event()
         self._work_ready = threading.Condition()
-        self._served: tuple[str, Scaffold] | None = None
-        self._served_lock = threading.Lock()
+        self._agents: Agents | None = None
         self.engine: Engine | None = None
-        self.workers: list[Worker] = []
+        self.workers: list[Worker | WorkerProcess] = []
         self._threads: list[threading.Thread] = []
         self.jobs: Jobs | None = None
         self.tree: TreeSearch | None = None
@@ -107,6 +108,7 @@ class Daemon:
             self._install_signals()  # a SIGTERM while starting stops the daemon once it has started
             tcp = self._tcp_listener()
             self.engine = self._open_engine()
+            self._agents = Agents(self.engine)
             self._recover()
             # Load the embedding model now, not inside the first task (seconds of imports).
             self.store.embedder.embed_documents(["warm up"])
@@ -139,6 +141,7 @@ class Daemon:
             while self.mood is Mood.RUNNING:
                 self._wake.wait(1.0)
                 self._wake.clear()
+                self._supervise()
                 if server.error is not None:
                     self.request_stop(f"the API server failed: {server.error}")
             log.info("stopping: %s", self.stop_reason)
@@ -209,6 +212,11 @@ class Daemon:
         with self._work_ready:
             self._work_ready.notify_all()
         deadline = time.monotonic() + self.config.daemon.shutdown_grace_s
+        processes = [w for w in self.workers if isinstance(w, WorkerProcess)]
+        for handle in processes:
+            handle.drain()
+        for handle in processes:  # killed after the grace; its task goes back to the queue (WorkerProcess)
+            handle.stop(deadline - time.monotonic())
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._chats:  # running chat turns stop at their next step (drain); the store outlives them
@@ -217,7 +225,7 @@ class Daemon:
             self.evaluator.close(max(0.0, deadline - time.monotonic()))
         for worker in self.workers:
             lease = worker.current
-            if lease is not None and self.store.release_task(lease):
+            if isinstance(worker, Worker) and lease is not None and self.store.release_task(lease):
                 # Its late result will be refused: the lease token no longer matches a running task.
                 log.warning("task %s did not reach a step boundary in time; queued for the restart",
                             lease.task.id)
@@ -225,20 +233,11 @@ class Daemon:
     # --- workers -----------------------------------------------------------------------
 
     def agent(self, task: Task | None = None) -> Agent:
-        """An agent for ``task``: the search's tasks (evaluations, smoke tasks) run on the node they test;
-        everything else on the incumbent scaffold (read at each call: a promotion takes effect from the
-        next task)."""
-        if task is not None and task.source in SEARCH_SOURCES and task.metadata.get("node"):
-            node = self.store.get_node(task.metadata["node"])
-            return self.engine.agent(scaffold_of(self.store, node), node_id=node.id)
-        node = incumbent(self.store)
-        with self._served_lock:
-            if self._served is None or self._served[0] != node.id:
-                self._served = (node.id, scaffold_of(self.store, node))
-            scaffold = self._served[1]
-        return self.engine.agent(scaffold, node_id=node.id)
+        """An agent for ``task`` (``Agents``: the node a search task tests, else the incumbent)."""
+        assert self._agents is not None, "the daemon has not opened its engine"
+        return self._agents(task)
 
-    def _task_ended(self, task_id: str) -> None:
+    def task_ended(self, task_id: str) -> None:
         self.feed.publish(task_id)
         # The search reads its tasks' results itself, on the job host: the worker only says one ended.
         if self.jobs is not None and self.store.get_task(task_id).source in SEARCH_SOURCES:
@@ -247,17 +246,45 @@ class Daemon:
     def _on_step(self, task_id: str, step: Step) -> None:
         self.feed.publish(task_id)
 
+    def worker_wrote(self, task_id: str) -> None:
+        """A worker process wrote to ``task_id``: wake its live streams and bring the index up to date."""
+        self.feed.publish(task_id)
+        self._index_due.set()
+
     def _start_workers(self) -> None:
         d = self.config.daemon
+        if d.worker_processes:
+            self._threads.append(threading.Thread(target=self._keep_index, name="index-sync", daemon=True))
+            self._threads[-1].start()
+            for n in range(d.workers):
+                handle = WorkerProcess(self, n, d.workers, local_exclusions(self))
+                handle.start()
+                self.workers.append(handle)
+            return
         for n in range(d.workers):
             worker = Worker(self.agent, owner=f"{self.owner_prefix}w{n}", lease_s=d.lease_s, max_attempts=d.max_attempts,
-                            drain=self.drain, on_step=self._on_step, on_end=self._task_ended, store=self.store,
+                            drain=self.drain, on_step=self._on_step, on_end=self.task_ended, store=self.store,
                             exclude_sources=local_exclusions(self))
             self.workers.append(worker)
             # A long-lived thread per worker: sandboxes die with the thread that started them.
             thread = threading.Thread(target=self._work, args=(worker,), name=f"worker-{n}", daemon=True)
             self._threads.append(thread)
             thread.start()
+
+    def _keep_index(self) -> None:
+        """Worker processes write SQLite only; their rows wait in the outbox until this syncs them."""
+        while not self.drain.is_set():
+            self._index_due.wait(1.0)
+            self._index_due.clear()
+            try:
+                self.store.sync_index()
+            except Exception:  # the rows stay in the outbox; the next round tries again
+                log.exception("syncing the vector index failed")
+
+    def _supervise(self) -> None:
+        for handle in self.workers:
+            if isinstance(handle, WorkerProcess) and handle.restart_if_dead():
+                log.info("started worker process %s in place of the one that died", handle.owner)
 
     def _work(self, worker: Worker) -> None:
         while not self.drain.is_set():
@@ -274,6 +301,9 @@ class Daemon:
     def task_submitted(self) -> None:
         with self._work_ready:
             self._work_ready.notify_all()
+        for handle in self.workers:
+            if isinstance(handle, WorkerProcess):
+                handle.send("work")
 
     # --- what the API asks of the daemon -----------------------------------------------------
 
@@ -329,6 +359,15 @@ class Daemon:
         return offered + [{"name": None, "server": name, "description": f"left out: {why}"}
                           for name, why in servers.problems.items()]
 
+    def _running(self) -> list[dict]:
+        running = []
+        for worker in self.workers:
+            lease = worker.current  # read once: a worker process's reader thread may clear it meanwhile
+            if lease is not None:
+                running.append({"task_id": lease.task.id, "worker": worker.owner,
+                                **({"pid": worker.pid} if isinstance(worker, WorkerProcess) else {})})
+        return running + (self.evaluator.running() if self.evaluator else [])
+
     def status(self) -> dict:
         day = start_of_day()
         tokens, usd = self.store.spent(since=day)
@@ -343,8 +382,8 @@ class Daemon:
             "model": self.config.model.name,
             "queue": self.store.queue_depth(),
             "workers": len(self.workers),
-            "running": [{"task_id": w.current.task.id, "worker": w.owner} for w in self.workers
-                        if w.current is not None] + (self.evaluator.running() if self.evaluator else []),
+            "worker_pids": [w.pid for w in self.workers if isinstance(w, WorkerProcess)],
+            "running": self._running(),
             "budget": {"tokens_today": tokens, "usd_today": round(usd, 6), "tokens_per_day": b.tokens_per_day,
                        "usd_per_day": b.usd_per_day},
             "incumbent": node.id if node else None,

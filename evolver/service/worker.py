@@ -43,7 +43,8 @@ class Worker:
                  sources: tuple[str, ...] | None = None, drain: threading.Event | None = None,
                  on_step: Callable[[str, Step], None] | None = None,
                  on_end: Callable[[str], None] | None = None, store: ExperienceStore | None = None,
-                 exclude_sources: tuple[str, ...] = ()) -> None:
+                 exclude_sources: tuple[str, ...] = (),
+                 on_claim: Callable[[Lease], None] | None = None) -> None:
         # A callable is asked for an agent for each claimed task, so a newly promoted scaffold serves
         # the next task, and an evaluation task runs on the scaffold of the node it evaluates.
         if isinstance(agent, Agent):
@@ -60,6 +61,7 @@ class Worker:
         self.drain = drain or threading.Event()
         self.on_step = on_step
         self.on_end = on_end
+        self.on_claim = on_claim  # told the lease as soon as it is held (a worker process tells the daemon)
         self.current: Lease | None = None  # the lease being worked on, for status and shutdown
 
     def run_once(self) -> WorkerResult | None:
@@ -71,6 +73,8 @@ class Worker:
         self.current = lease
         ran: WorkerResult | None = None
         try:
+            if self.on_claim is not None:
+                self.on_claim(lease)
             ran = self._run(lease)
             return ran
         finally:

@@ -1,0 +1,321 @@
+"""Agent workers in processes of their own, so agent work never holds the daemon's API.
+
+The daemon keeps the socket API, the inbox, the scheduler and the vector index
+(one process writes Chroma). Each worker process opens the SQLite store without
+the index, claims tasks with the inbox's leases and fencing like a worker
+thread (``Worker``), and writes its steps durably itself; the rows it writes
+wait in the index outbox until the daemon syncs them. What needs the index,
+the retrieval context of a task, it asks the daemon for over its pipe.
+
+The pipe carries small messages both ways. From the worker: ``ready``,
+``claimed`` (the lease, so the daemon can show it and hand it back), ``step``
+and ``ended`` (a task changed: wake its live streams, sync the index, tell the
+tree), ``idle``, and ``context`` requests. From the daemon: ``work`` (a task
+was submitted), ``drain`` (stop at the next step boundary, send the task back
+to the queue, exit) and ``context`` replies.
+
+A worker process dies with the daemon (``PR_SET_PDEATHSIG``, and it exits when
+its pipe closes without a drain). When a worker process dies on its own, the
+daemon ends its lease at once (the attempt counts, its open trajectory ends as
+interrupted) and starts another in its place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memory import Context, Lease, StoreError
+
+from ..agent.engine import Engine
+from ..config import Config
+from ..storage import open_store
+from .agents import Agents
+from .worker import Worker
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+__all__ = ["WorkerProcess", "worker_main"]
+
+log = logging.getLogger(__name__)
+
+CONTEXT_TIMEOUT_S = 120.0  # the daemon embeds the query and searches; it answers in milliseconds when well
+RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that keeps dying at start is restarted ever more slowly
+
+
+# --- the worker process's side ---------------------------------------------------------------------
+
+
+class DaemonLink:
+    """The worker process's end of its pipe: sends from any thread, one reader thread dispatching."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.drain = threading.Event()
+        self.work = threading.Event()
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._replies: dict[int, list] = {}
+        self._replies_lock = threading.Lock()
+
+    def send(self, *message: Any) -> None:
+        with self._send_lock:
+            self.conn.send(message)
+
+    def listen(self) -> None:
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                if not self.drain.is_set():
+                    os._exit(70)  # the daemon died without draining us: so do we (the lease brings the task back)
+                return
+            kind = message[0]
+            if kind == "work":
+                self.work.set()
+            elif kind == "drain":
+                self.drain.set()
+                self.work.set()
+            elif kind == "context":
+                _, request, ok, value = message
+                with self._replies_lock:
+                    waiting = self._replies.get(request)
+                if waiting is not None:
+                    waiting[1:] = [ok, value]
+                    waiting[0].set()
+
+    def context(self, query: str, **kwargs: Any) -> Context:
+        request = next(self._ids)
+        waiting: list = [threading.Event(), None, None]
+        with self._replies_lock:
+            self._replies[request] = waiting
+        try:
+            self.send("context", request, query, kwargs)
+            if not waiting[0].wait(CONTEXT_TIMEOUT_S):
+                raise StoreError(f"the daemon did not answer for a task's retrieval context in {CONTEXT_TIMEOUT_S:.0f} s")
+        finally:
+            with self._replies_lock:
+                self._replies.pop(request, None)
+        ok, value = waiting[1], waiting[2]
+        if not ok:
+            raise StoreError(f"retrieving the task's context failed in the daemon: {value}")
+        return value
+
+
+class ContextFromDaemon:
+    """The worker's store: SQLite written directly, the retrieval context asked of the daemon."""
+
+    def __init__(self, store, link: DaemonLink) -> None:
+        self._store = store
+        self._link = link
+
+    def context(self, query: str, **kwargs: Any) -> Context:
+        return self._link.context(query, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pipe's EOF still ends us
+        pass
+
+
+def own_uids(config: Config, slot: int, slots: int) -> Config:
+    """This worker's share of the sandbox's uid range: worker processes hand out uids independently,
+    so each gets a part of its own and two tasks never run as one uid (see ``sandbox.uids``)."""
+    s = config.sandbox
+    share = s.task_uids // slots
+    if share == 0:
+        return config
+    sandbox = s.model_copy(update={"task_uids": share, "task_uid_base": s.task_uid_base + slot * share})
+    return config.model_copy(update={"sandbox": sandbox})
+
+
+def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int,
+                exclude_sources: tuple[str, ...], conn: Connection) -> None:
+    """The worker process: claim and run tasks until drained."""
+    _die_with_parent()
+    # The daemon decides when its workers stop: a Ctrl-C or a SIGTERM sent to the whole group (systemd)
+    # reaches the daemon, which drains us through the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s [{owner}]: %(message)s")
+    link = DaemonLink(conn)
+    threading.Thread(target=link.listen, name="daemon-link", daemon=True).start()
+    config = own_uids(config, slot, slots)
+    store = open_store(config, data_dir=Path(data_dir), index_owner=False)
+    engine = Engine.open(config, data_dir=Path(data_dir), store=ContextFromDaemon(store, link))  # type: ignore[arg-type]
+    d = config.daemon
+    worker = Worker(Agents(engine), owner=owner, lease_s=d.lease_s, max_attempts=d.max_attempts, drain=link.drain,
+                    on_step=lambda task_id, step: link.send("step", task_id),
+                    on_end=lambda task_id: link.send("ended", task_id),
+                    on_claim=lambda lease: link.send("claimed", lease),
+                    store=engine.store, exclude_sources=exclude_sources)
+    try:
+        link.send("ready", os.getpid())
+        while not link.drain.is_set():
+            ran = None
+            try:
+                ran = worker.run_once()
+            except Exception:  # a broken part must not end the worker: log, pause, go on
+                log.exception("worker %s failed", owner)
+                link.drain.wait(1.0)
+            finally:
+                if worker.current is None:
+                    link.send("idle")
+            if ran is None and not link.drain.is_set():
+                link.work.wait(0.25)
+                link.work.clear()
+    finally:
+        engine.close()
+
+
+# --- the daemon's side -----------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """The daemon's handle on one worker process: starts it, reads its pipe, restarts it when it dies.
+
+    ``current`` and ``owner`` are what the daemon's status and shutdown read, as of a worker thread."""
+
+    def __init__(self, daemon: Daemon, slot: int, slots: int, exclude_sources: tuple[str, ...]) -> None:
+        self.daemon = daemon
+        self.slot, self.slots = slot, slots
+        self.exclude_sources = exclude_sources
+        self.owner = ""  # a fresh one for each process started in this slot: its leases are exactly its own
+        self.current: Lease | None = None
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.conn: Connection | None = None
+        self._send_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._draining = False
+        self.restarts = 0
+        self._next_start = 0.0
+        self._backoff = RESTART_BACKOFF_S[0]
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that holds threads and SQLite
+        ours, theirs = ctx.Pipe()
+        d = self.daemon
+        self.owner = f"{d.owner_prefix}p{self.slot}.{self.restarts}"
+        self.process = ctx.Process(target=worker_main, name=f"evolver-worker-{self.slot}", daemon=False,
+                                   args=(d.config, str(d.data_dir), self.owner, self.slot, self.slots,
+                                         self.exclude_sources, theirs))
+        self.process.start()
+        theirs.close()
+        self.conn = ours
+        self._started_at = time.monotonic()
+        self._reader = threading.Thread(target=self._read, args=(ours, self.process), name=f"worker-link-{self.slot}",
+                                        daemon=True)
+        self._reader.start()
+
+    def send(self, *message: Any) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        try:
+            with self._send_lock:
+                conn.send(message)
+        except (OSError, ValueError):  # it died; the reader sees the EOF and deals with it
+            pass
+
+    def _read(self, conn: Connection, process) -> None:
+        d = self.daemon
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "claimed":
+                self.current = message[1]
+            elif kind == "idle":
+                self.current = None
+            elif kind == "step":
+                d.worker_wrote(message[1])
+            elif kind == "ended":
+                self.current = None
+                d.worker_wrote(message[1])
+                d.task_ended(message[1])
+            elif kind == "context":
+                _, request, query, kwargs = message
+                try:
+                    d.store.sync_index()  # what the workers wrote so far is found (one SELECT when nothing is due)
+                    reply = (True, d.store.context(query, **kwargs))
+                except Exception as exc:  # noqa: BLE001  (the worker's task gets the message)
+                    reply = (False, str(exc))
+                self.send("context", request, *reply)
+            elif kind == "ready":
+                log.info("worker process %s (pid %d) is ready", self.owner, message[1])
+        process.join(timeout=5.0)
+        self._ended(process.exitcode)
+
+    def _ended(self, code: int | None) -> None:
+        lease, self.current = self.current, None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        store = self.daemon.store
+        if self._draining:
+            # Drained in time, it released its task itself; killed after the grace, its task goes back
+            # to the queue for the restart like a worker thread's (the attempt refunded).
+            if lease is not None and store.release_task(lease):
+                log.warning("task %s did not reach a step boundary in time; queued for the restart", lease.task.id)
+            return
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
+        abandoned = store.abandon_leases(self.owner)  # the one it said it held, or one it had no time to name
+        log.warning("worker process %s %s%s", self.owner, how,
+                    f"; task {', '.join(abandoned)} runs again (the attempt counts)" if abandoned else "")
+        for task_id in abandoned:
+            self.daemon.worker_wrote(task_id)
+        if time.monotonic() - self._started_at > 60.0:
+            self._backoff = RESTART_BACKOFF_S[0]  # it had been working: restart at once next time
+        self._next_start = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, RESTART_BACKOFF_S[1])
+
+    def restart_if_dead(self) -> bool:
+        """Start a new process in place of one that died (not while draining); True when it did."""
+        if self._draining or self.process is None or self.alive() or self.conn is not None:
+            return False
+        if time.monotonic() < self._next_start:
+            return False
+        self.restarts += 1
+        self.start()
+        return True
+
+    def drain(self) -> None:
+        self._draining = True
+        self.send("drain")
+
+    def stop(self, timeout_s: float) -> None:
+        """Wait for a drained process to exit; kill it when it does not in time (its task is handed back)."""
+        process = self.process
+        if process is None:
+            return
+        process.join(max(0.0, timeout_s))
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
+        if self._reader is not None:
+            self._reader.join(10.0)

@@ -1,0 +1,145 @@
+"""Agent workers in processes of their own (``evolver.service.worker_process``), against a real daemon.
+
+The daemon keeps the API, the inbox and the index; its workers are separate
+processes that write SQLite themselves and ask the daemon for retrieval
+context. A worker process that is killed loses only its current attempt,
+which its lease brings back at once, and another takes its place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from tests._daemon import DaemonProcess, make_root, remove_root, wait_for, write_script
+from tests._durability import durable_settings, script_rules
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    root = make_root()
+    record = root / "record.jsonl"
+    daemon = DaemonProcess(root, model=write_script(root, "script", script_rules(), record=record),
+                           settings={**durable_settings(root), "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 10})
+    daemon.record = record
+    daemon.start(timeout_s=300)
+    yield daemon
+    daemon.close()
+    remove_root(root)
+
+
+@pytest.fixture
+def http(daemon):
+    with daemon.client() as client:
+        yield client
+
+
+def _status(http) -> dict:
+    response = http.get("/v1/status")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def _submit(http, prompt: str, **body) -> dict:
+    response = http.post("/v1/tasks", json={"prompt": prompt, **body})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_tasks_run_in_worker_processes_that_ask_the_daemon_for_their_context(daemon, http):
+    status = _status(http)
+    pids = status["worker_pids"]
+    assert len(pids) == 2 and status["pid"] not in pids
+    assert set(pids) <= _children(status["pid"]), "the workers are the daemon's own child processes"
+    first = _submit(http, "What is 17.5% of 2,340?", check={"type": "answer", "expected": "409.5"})
+    done = daemon.wait_task(http, first["id"], ("done", "failed", "dead"), timeout_s=120)
+    assert done["status"] == "done", done
+    # The worker's lease owner names a worker process, not a thread of the daemon.
+    db = sqlite3.connect(f"file:{daemon.data_dir / 'evolver.db'}?mode=ro", uri=True)
+    try:
+        (steps,) = db.execute("SELECT count(*) FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
+                              "WHERE t.task_id = ?", [first["id"]]).fetchone()
+    finally:
+        db.close()
+    assert steps >= 2
+    # The daemon, the index's one writer, indexed what the worker wrote: a similar task's context holds it,
+    # found by the daemon's search and shown to the model by the worker's agent.
+    found = http.post("/v1/memory/search", json={"text": "17.5% of 2,340", "kind": "trajectories"})
+    assert found.status_code == 200 and first["id"] in found.text, found.text
+    second = _submit(http, "What is 12.5% of 80?", check={"type": "answer", "expected": "10.0"})
+    assert daemon.wait_task(http, second["id"], ("done", "failed", "dead"), timeout_s=120)["status"] == "done"
+    shown = [json.loads(line) for line in daemon.record.read_text().splitlines()]
+    prompts = [m["content"] for c in shown for m in c["messages"] if m["role"] in ("system", "user")
+               and isinstance(m.get("content"), str)]
+    assert any("12.5% of 80" in p for p in prompts) and any("17.5% of 2,340" in p and "12.5% of 80" in p
+                                                            for p in prompts), [p for p in prompts if "12.5" in p]
+
+
+def test_a_killed_worker_process_loses_only_its_attempt_and_is_replaced(daemon, http):
+    task = _submit(http, "SLOW: What is 7 * 3?", check={"type": "answer", "expected": "21"})
+    wait_for(lambda: any(r["task_id"] == task["id"] for r in _status(http)["running"]), timeout_s=60,
+             what="the task to be running")
+    wait_for(lambda: (daemon.task(http, task["id"])["trajectories"] or [{}])[-1].get("steps"), timeout_s=60,
+             what="the task's first step")
+    running = next(r for r in _status(http)["running"] if r["task_id"] == task["id"])
+    os.kill(running["pid"], signal.SIGKILL)
+    # The API answers throughout; the task runs again from a fresh attempt and ends done.
+    done = daemon.wait_task(http, task["id"], ("done", "failed", "dead"), timeout_s=120)
+    assert done["status"] == "done" and done["claims"] == 2, done  # the killed attempt counts
+    statuses = [t["status"] for t in done["trajectories"]]
+    assert statuses[0] == "interrupted" and statuses[-1] == "finished", statuses
+    # Another process took the dead one's place.
+    wait_for(lambda: len(_status(http)["worker_pids"]) == 2 and running["pid"] not in _status(http)["worker_pids"]
+             and all(os.path.exists(f"/proc/{p}") for p in _status(http)["worker_pids"]), timeout_s=60,
+             what="a new worker process")
+    assert "killed by signal 9" in daemon.log(200)
+
+
+def test_sigterm_drains_the_worker_processes_and_sends_their_task_back(daemon, http):
+    task = _submit(http, "SLOW: What is 5 * 5?", check={"type": "answer", "expected": "25"})
+    wait_for(lambda: (daemon.task(http, task["id"])["trajectories"] or [{}])[-1].get("steps"), timeout_s=60,
+             what="the task's first step")
+    pids = _status(http)["worker_pids"]
+    assert daemon.terminate(timeout_s=60) == 0
+    assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+                   for p in pids), "a worker process outlived the daemon"
+    db = sqlite3.connect(f"file:{daemon.data_dir / 'evolver.db'}?mode=ro", uri=True)
+    try:
+        status, attempts = db.execute("SELECT status, attempts FROM tasks WHERE id = ?", [task["id"]]).fetchone()
+    finally:
+        db.close()
+    assert (status, attempts) in (("queued", 0), ("done", 1)), (status, attempts)
+    daemon.start(timeout_s=300)  # the module's daemon serves on for the tests after this one
+    with daemon.client() as again:
+        done = daemon.wait_task(again, task["id"], ("done",), timeout_s=120)
+        # The drained attempt was handed back with its claim refunded: one claim, the restart's.
+        assert done["claims"] == 1 and done["trajectories"][-1]["status"] == "finished", (done, daemon.log(80))
+
+
+def test_worker_processes_die_with_a_killed_daemon(daemon, http):
+    pids = _status(http)["worker_pids"]
+    os.kill(daemon.proc.pid, signal.SIGKILL)  # the daemon alone, not its process group
+    daemon.proc.wait(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids), "worker processes outlived a killed daemon"
