@@ -143,11 +143,21 @@ class Inbox:
             ids = [r[0] for r in db.execute(f"SELECT id FROM tasks WHERE status = 'running' AND {where}", params)]
             for task_id in ids:
                 db.execute("UPDATE tasks SET lease_expires_at = 0, updated_at = ? WHERE id = ?", [now, task_id])
-                db.execute(
-                    "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT "
-                    "max(s.created_at) FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) "
-                    "WHERE task_id = ? AND status = 'running'", [task_id])
+                _interrupt_trajectories(db, task_id)
         return ids
+
+    def interrupt_task(self, task_id: str, error: str) -> bool:
+        """A running task without a lease (a chat turn) whose process died: it fails as interrupted, and
+        so does the attempt it left open. False when it was no longer running."""
+        now = time.time()
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET status = 'failed', error = ?, ending = ?, updated_at = ?, finished_at = ? "
+                "WHERE id = ? AND status = 'running' AND lease_owner IS NULL",
+                [error, Ending.INTERRUPTED.value, now, now, task_id])
+            if cursor.rowcount:
+                _interrupt_trajectories(db, task_id)
+        return cursor.rowcount == 1
 
     def request_cancel(self, task_id: str) -> Task:
         """Cancel a queued task now; ask a running one to stop at its next step."""
@@ -174,3 +184,11 @@ class Inbox:
         where = f"WHERE source NOT IN ({','.join('?' * len(excluding))})" if excluding else ""
         rows = self._all(f"SELECT status, count(*) AS n FROM tasks {where} GROUP BY status", list(excluding))
         return {r["status"]: r["n"] for r in rows}
+
+
+def _interrupt_trajectories(db, task_id: str) -> None:
+    """End ``task_id``'s open attempts as interrupted, finished when their last step was written."""
+    db.execute(
+        "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT max(s.created_at) "
+        "FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) WHERE task_id = ? AND status = 'running'",
+        [task_id])

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -57,6 +58,14 @@ def _children(pid: int) -> set[int]:
             if int(fields[1]) == pid:
                 found.add(int(entry))
     return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _submit(http, prompt: str, **body) -> dict:
@@ -109,9 +118,45 @@ def test_a_killed_worker_process_loses_only_its_attempt_and_is_replaced(daemon, 
     assert statuses[0] == "interrupted" and statuses[-1] == "finished", statuses
     # Another process took the dead one's place.
     wait_for(lambda: len(_status(http)["worker_pids"]) == 2 and running["pid"] not in _status(http)["worker_pids"]
-             and all(os.path.exists(f"/proc/{p}") for p in _status(http)["worker_pids"]), timeout_s=60,
+             and all(_alive(p) for p in _status(http)["worker_pids"]), timeout_s=60,
              what="a new worker process")
     assert "killed by signal 9" in daemon.log(200)
+
+
+def test_a_chat_turn_is_answered_in_a_worker_process_and_its_death_is_a_503(daemon, http):
+    reply = http.post("/v1/chat/completions", json={"model": "evolver", "messages": [
+        {"role": "user", "content": "What is 17.5% of 2,340?"}]})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"].strip() == "409.5"
+
+    outcome: dict = {}
+
+    def chat() -> None:
+        with daemon.client() as other:
+            outcome["response"] = other.post("/v1/chat/completions", json={"model": "evolver", "messages": [
+                {"role": "user", "content": "SLOW: What is 2 * 4?"}]})
+
+    thread = threading.Thread(target=chat)
+    thread.start()
+    turn = wait_for(lambda: next((r for r in _status(http)["running"] if r.get("chat")), None), timeout_s=60,
+                    what="the chat turn in a worker process")
+    assert turn["pid"] in _status(http)["worker_pids"]
+    wait_for(lambda: (daemon.task(http, turn["task_id"])["trajectories"] or [{}])[-1].get("steps"), timeout_s=60,
+             what="the chat turn's first step")
+    os.kill(turn["pid"], signal.SIGKILL)
+    thread.join(60)
+    response = outcome["response"]
+    assert response.status_code == 503 and response.headers["retry-after"], response.text
+    assert response.json()["error"]["type"] == "worker_lost"
+    task = daemon.task(http, turn["task_id"])
+    assert task["status"] == "failed" and "worker process" in task["error"], task
+    assert [t["status"] for t in task["trajectories"]] == ["interrupted"]
+    # The API went on serving and the next turn is answered by the process that took its place.
+    wait_for(lambda: len(_status(http)["worker_pids"]) == 2 and turn["pid"] not in _status(http)["worker_pids"],
+             timeout_s=60, what="a new worker process")
+    again = http.post("/v1/chat/completions", json={"model": "evolver", "messages": [
+        {"role": "user", "content": "What is 12.5% of 80?"}]})
+    assert again.status_code == 200, again.text
 
 
 def test_sigterm_drains_the_worker_processes_and_sends_their_task_back(daemon, http):
@@ -120,8 +165,7 @@ def test_sigterm_drains_the_worker_processes_and_sends_their_task_back(daemon, h
              what="the task's first step")
     pids = _status(http)["worker_pids"]
     assert daemon.terminate(timeout_s=60) == 0
-    assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
-                   for p in pids), "a worker process outlived the daemon"
+    assert not [p for p in pids if _alive(p)], "a worker process outlived the daemon"
     db = sqlite3.connect(f"file:{daemon.data_dir / 'evolver.db'}?mode=ro", uri=True)
     try:
         status, attempts = db.execute("SELECT status, attempts FROM tasks WHERE id = ?", [task["id"]]).fetchone()
@@ -140,6 +184,7 @@ def test_worker_processes_die_with_a_killed_daemon(daemon, http):
     os.kill(daemon.proc.pid, signal.SIGKILL)  # the daemon alone, not its process group
     daemon.proc.wait(30)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.1)
-    assert not any(os.path.exists(f"/proc/{p}") for p in pids), "worker processes outlived a killed daemon"
+    assert not [p for p in pids if _alive(p)], "worker processes outlived a killed daemon"
+

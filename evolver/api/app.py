@@ -20,7 +20,7 @@ from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
 from .errors import error_response, http_error, validation_error
-from .host import ServiceHost, Stopping
+from .host import ServiceHost, Stopping, WorkerLost
 
 __all__ = ["create_app"]
 
@@ -83,6 +83,12 @@ class TcpToken:
         await self.app(scope, receive, send)
 
 
+def _worker_lost(request: Request, exc: WorkerLost) -> JSONResponse:
+    response = error_response(503, "worker_lost", str(exc))
+    response.headers["Retry-After"] = "2"  # another worker process is starting
+    return response
+
+
 def create_app(daemon: ServiceHost) -> FastAPI:
     """The API over a running daemon: anything that keeps the ``ServiceHost`` protocol."""
     app = FastAPI(title="evolver", version=__version__, docs_url=None, redoc_url=None,
@@ -98,6 +104,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     app.add_exception_handler(BudgetExceeded, lambda r, e: error_response(429, "budget_exceeded", str(e)))
     app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
     app.add_exception_handler(Stopping, lambda r, e: error_response(503, "stopping", str(e)))
+    app.add_exception_handler(WorkerLost, _worker_lost)
 
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)

@@ -31,6 +31,7 @@ from memory import Ending, new_id
 
 from ..llm.budget import BudgetExceeded
 from .errors import error_response
+from .host import WorkerLost
 from .models import ChatIn, errors
 
 router = APIRouter(tags=["chat"])
@@ -271,7 +272,8 @@ async def completions(body: ChatIn, request: Request):
                     yield f": {value} step\n\n".encode()
             if "error" in outcome:
                 exc = outcome["error"]
-                kind = "budget_exceeded" if isinstance(exc, BudgetExceeded) else "internal_error"
+                kind = ("budget_exceeded" if isinstance(exc, BudgetExceeded) else
+                        "worker_lost" if isinstance(exc, WorkerLost) else "internal_error")
                 error = {"error": {"type": kind, "message": str(exc), "param": None}}
                 yield f"data: {json.dumps(error)}\n\n".encode()
                 finished = True

@@ -17,11 +17,16 @@ from ..agent.loop import TaskResult
 from ..config import Config
 from ..meta.jobs import Jobs
 
-__all__ = ["ServiceHost", "StepFeed", "TaskIntake", "Stopping"]
+__all__ = ["ServiceHost", "StepFeed", "TaskIntake", "Stopping", "WorkerLost"]
 
 
 class Stopping(Exception):
     """The daemon is stopping and takes no new work (the API answers 503)."""
+
+
+class WorkerLost(Exception):
+    """The worker process doing the request's work ended before it (the API answers 503 with a
+    Retry-After: the daemon starts another at once)."""
 
 
 class StepFeed(Protocol):

@@ -24,7 +24,7 @@ from memory import Ending, ExperienceStore, IndexBusy, Step, Task
 
 from ..agent.engine import Engine
 from ..agent.loop import Agent, TaskResult
-from ..api.host import Stopping
+from ..api.host import Stopping, WorkerLost
 from ..config import Config
 from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
@@ -42,6 +42,8 @@ from .worker_process import WorkerProcess
 __all__ = ["Daemon", "Mood", "socket_path"]
 
 log = logging.getLogger(__name__)
+
+READY_WAIT_S = 120.0  # how long a chat turn waits for a worker process that is still starting
 
 
 class Mood(str, enum.Enum):
@@ -334,6 +336,9 @@ class Daemon:
         item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata}
         ((task, _),) = self.store.add_tasks([{**item, "id": task_id} if task_id else item])
         try:
+            if self.config.daemon.worker_processes:  # answered in a worker process, the least busy ready one
+                return self._ready_worker(cancel).chat(task, cancel=cancel, on_step=on_step, on_answer=on_answer)
+
             def step_seen(step: Step) -> None:
                 self.feed.publish(task.id)
                 if on_step is not None:
@@ -343,6 +348,20 @@ class Daemon:
             return self.agent().run_task(task, cancel=cancel, on_step=step_seen, on_answer=on_answer)
         finally:
             self.feed.publish(task.id)
+
+    def _ready_worker(self, cancel: threading.Event) -> WorkerProcess:
+        """The ready worker process answering the fewest chat turns; waits while one is (re)starting."""
+        deadline = time.monotonic() + READY_WAIT_S
+        while True:
+            ready = [w for w in self.workers if isinstance(w, WorkerProcess) and w.ready.is_set()]
+            if ready:
+                return min(ready, key=lambda w: len(w.turns))
+            if self.drain.is_set():
+                raise Stopping("the daemon is stopping; send the chat again once it has restarted")
+            if cancel.is_set() or time.monotonic() > deadline:
+                raise WorkerLost(f"no worker process was ready to answer within {READY_WAIT_S:.0f} s; "
+                                 "send the chat again")
+            time.sleep(0.1)
 
     def call_tool(self, name: str, arguments: dict) -> dict:
         """Run an active synthesized tool in the sandbox for a caller outside any task (``Engine.call_tool``)."""
@@ -366,6 +385,9 @@ class Daemon:
             if lease is not None:
                 running.append({"task_id": lease.task.id, "worker": worker.owner,
                                 **({"pid": worker.pid} if isinstance(worker, WorkerProcess) else {})})
+            if isinstance(worker, WorkerProcess):  # the chat turns it answers
+                running += [{"task_id": turn.task_id, "worker": worker.owner, "pid": worker.pid, "chat": True}
+                            for turn in list(worker.turns.values())]
         return running + (self.evaluator.running() if self.evaluator else [])
 
     def status(self) -> dict:

@@ -16,7 +16,7 @@ from ..tree.search import SEARCH_SOURCES
 if TYPE_CHECKING:
     from .daemon import Daemon
 
-__all__ = ["Evaluator", "open_evaluator", "local_exclusions"]
+__all__ = ["Evaluator", "local_exclusions", "open_evaluator"]
 
 
 class Evaluator(Protocol):
@@ -27,12 +27,12 @@ class Evaluator(Protocol):
         """The evaluations in flight, as the status shows them: task_id and worker."""
 
 
-def local_exclusions(daemon: "Daemon") -> tuple[str, ...]:
+def local_exclusions(daemon: Daemon) -> tuple[str, ...]:
     """The task sources the daemon's own workers must leave to another backend."""
     return SEARCH_SOURCES if daemon.config.evaluator.backend == "ray" else ()
 
 
-def open_evaluator(daemon: "Daemon") -> Evaluator | None:
+def open_evaluator(daemon: Daemon) -> Evaluator | None:
     """The backend that runs evaluations besides the daemon's workers; None for "local"."""
     if daemon.config.evaluator.backend != "ray":
         return None

@@ -7,17 +7,24 @@ thread (``Worker``), and writes its steps durably itself; the rows it writes
 wait in the index outbox until the daemon syncs them. What needs the index,
 the retrieval context of a task, it asks the daemon for over its pipe.
 
+Chat turns are answered in the worker processes too, each in a thread of its
+own beside the process's inbox work: the daemon records the turn's task and
+hands it over; the steps and the answer's pieces come back as they happen.
+
 The pipe carries small messages both ways. From the worker: ``ready``,
 ``claimed`` (the lease, so the daemon can show it and hand it back), ``step``
 and ``ended`` (a task changed: wake its live streams, sync the index, tell the
-tree), ``idle``, and ``context`` requests. From the daemon: ``work`` (a task
-was submitted), ``drain`` (stop at the next step boundary, send the task back
-to the queue, exit) and ``context`` replies.
+tree), ``idle``, ``context`` requests, and a chat turn's ``chat_step``,
+``answer`` and ``chat_done``. From the daemon: ``work`` (a task was
+submitted), ``drain`` (stop at the next step boundary, send the task back to
+the queue, exit), ``context`` replies, ``chat`` (answer this turn) and
+``cancel`` (its client went away).
 
 A worker process dies with the daemon (``PR_SET_PDEATHSIG``, and it exits when
 its pipe closes without a drain). When a worker process dies on its own, the
 daemon ends its lease at once (the attempt counts, its open trajectory ends as
-interrupted) and starts another in its place.
+interrupted), fails the chat turns it was answering (their requests get 503
+``worker_lost``) and starts another in its place.
 """
 
 from __future__ import annotations
@@ -27,16 +34,19 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memory import Context, Lease, StoreError
+from memory import Context, Lease, StoreError, Task
 
 from ..agent.engine import Engine
+from ..api.host import WorkerLost
 from ..config import Config
 from ..storage import open_store
 from .agents import Agents
@@ -45,7 +55,7 @@ from .worker import Worker
 if TYPE_CHECKING:
     from .daemon import Daemon
 
-__all__ = ["WorkerProcess", "worker_main"]
+__all__ = ["WorkerDied", "WorkerProcess", "worker_main"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +77,8 @@ class DaemonLink:
         self._ids = itertools.count(1)
         self._replies: dict[int, list] = {}
         self._replies_lock = threading.Lock()
+        self.on_chat: Callable[[int, Task], None] | None = None  # set by worker_main
+        self.chat_cancels: dict[int, threading.Event] = {}
 
     def send(self, *message: Any) -> None:
         with self._send_lock:
@@ -86,6 +98,15 @@ class DaemonLink:
             elif kind == "drain":
                 self.drain.set()
                 self.work.set()
+                for cancel in list(self.chat_cancels.values()):  # chat turns stop at their next step
+                    cancel.set()
+            elif kind == "chat" and self.on_chat is not None:
+                self.chat_cancels[message[1]] = threading.Event()
+                self.on_chat(message[1], message[2])
+            elif kind == "cancel":
+                cancel = self.chat_cancels.get(message[1])
+                if cancel is not None:
+                    cancel.set()
             elif kind == "context":
                 _, request, ok, value = message
                 with self._replies_lock:
@@ -145,6 +166,54 @@ def own_uids(config: Config, slot: int, slots: int) -> Config:
     return config.model_copy(update={"sandbox": sandbox})
 
 
+class ChatTurns:
+    """The chat turns a worker process answers beside its inbox work, each in a thread of its own."""
+
+    def __init__(self, link: DaemonLink, agents: Agents, store) -> None:
+        self.link, self.agents, self.store = link, agents, store
+        self._running = threading.Condition()
+        self._count = 0
+
+    def start(self, turn: int, task: Task) -> None:
+        with self._running:
+            self._count += 1
+        threading.Thread(target=self._answer, args=(turn, task), name=f"chat-{turn}", daemon=True).start()
+
+    def _answer(self, turn: int, task: Task) -> None:
+        link, cancel = self.link, self.link.chat_cancels[turn]
+
+        def step_seen(step) -> None:
+            link.send("chat_step", turn, step)
+            link.send("step", task.id)
+            if link.drain.is_set() or self.store.cancel_requested(task.id):
+                cancel.set()
+
+        try:
+            result = self.agents().run_task(task, cancel=cancel, on_step=step_seen,
+                                            on_answer=lambda piece: link.send("answer", turn, piece))
+            link.send("chat_done", turn, True, result)
+        except BaseException as exc:  # noqa: BLE001  (the daemon raises it for the turn's request)
+            link.send("chat_done", turn, False, _portable(exc))
+        finally:
+            link.chat_cancels.pop(turn, None)
+            with self._running:
+                self._count -= 1
+                self._running.notify_all()
+
+    def wait(self, timeout_s: float) -> None:
+        with self._running:
+            self._running.wait_for(lambda: self._count == 0, timeout_s)
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives the pipe (BudgetExceeded does), else a RuntimeError naming it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001  (any failure to pickle means: send a plain one)
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
 def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int,
                 exclude_sources: tuple[str, ...], conn: Connection) -> None:
     """The worker process: claim and run tasks until drained."""
@@ -165,6 +234,8 @@ def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int
                     on_end=lambda task_id: link.send("ended", task_id),
                     on_claim=lambda lease: link.send("claimed", lease),
                     store=engine.store, exclude_sources=exclude_sources)
+    chats = ChatTurns(link, worker.agent_for, engine.store)
+    link.on_chat = chats.start
     try:
         link.send("ready", os.getpid())
         while not link.drain.is_set():
@@ -173,18 +244,44 @@ def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int
                 ran = worker.run_once()
             except Exception:  # a broken part must not end the worker: log, pause, go on
                 log.exception("worker %s failed", owner)
+                link.send("idle")
                 link.drain.wait(1.0)
-            finally:
-                if worker.current is None:
-                    link.send("idle")
+            if ran is not None:
+                link.send("idle")
             if ran is None and not link.drain.is_set():
                 link.work.wait(0.25)
                 link.work.clear()
+        chats.wait(config.daemon.shutdown_grace_s)  # drained, they stop at their next step
     finally:
         engine.close()
 
 
 # --- the daemon's side -----------------------------------------------------------------------------
+
+
+class WorkerDied(WorkerLost):
+    """The worker process answering a chat turn ended before the turn did."""
+
+
+class ChatTurn:
+    """A chat turn a worker process is answering, as the daemon waits for it."""
+
+    def __init__(self, task_id: str, on_step, on_answer) -> None:
+        self.task_id = task_id
+        self.on_step, self.on_answer = on_step, on_answer
+        self.done = threading.Event()
+        self.outcome: tuple[bool, Any] = (False, WorkerDied("the chat turn did not end"))
+
+    def hear(self, kind: str, values: tuple) -> None:
+        if self.done.is_set():
+            return
+        if kind == "chat_step" and self.on_step is not None:
+            self.on_step(values[0])
+        elif kind == "answer" and self.on_answer is not None:
+            self.on_answer(values[0])
+        elif kind == "chat_done":
+            self.outcome = (values[0], values[1])
+            self.done.set()
 
 
 class WorkerProcess:
@@ -198,12 +295,15 @@ class WorkerProcess:
         self.exclude_sources = exclude_sources
         self.owner = ""  # a fresh one for each process started in this slot: its leases are exactly its own
         self.current: Lease | None = None
+        self.ready = threading.Event()  # it has opened its engine and takes chat turns
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._draining = False
         self.restarts = 0
+        self.turns: dict[int, ChatTurn] = {}  # chat turns this process is answering
+        self._turn_ids = itertools.count(1)
         self._next_start = 0.0
         self._backoff = RESTART_BACKOFF_S[0]
 
@@ -266,17 +366,30 @@ class WorkerProcess:
                 except Exception as exc:  # noqa: BLE001  (the worker's task gets the message)
                     reply = (False, str(exc))
                 self.send("context", request, *reply)
+            elif kind in ("chat_step", "answer", "chat_done"):
+                turn = self.turns.get(message[1])
+                if turn is not None:
+                    turn.hear(kind, message[2:])
             elif kind == "ready":
+                self.ready.set()
                 log.info("worker process %s (pid %d) is ready", self.owner, message[1])
         process.join(timeout=5.0)
         self._ended(process.exitcode)
 
     def _ended(self, code: int | None) -> None:
+        self.ready.clear()
         lease, self.current = self.current, None
         if self.conn is not None:
             self.conn.close()
             self.conn = None
         store = self.daemon.store
+        for turn_id, turn in list(self.turns.items()):  # chat turns it was answering: they end here
+            store.interrupt_task(turn.task_id, "interrupted: the worker process answering it died")
+            self.daemon.worker_wrote(turn.task_id)
+            turn.hear("chat_done", (False, WorkerDied(f"the worker process answering this chat turn "
+                                                      f"ended ({'exit code' if (code or 0) >= 0 else 'signal'} "
+                                                      f"{abs(code or 0)}); send it again")))
+            self.turns.pop(turn_id, None)
         if self._draining:
             # Drained in time, it released its task itself; killed after the grace, its task goes back
             # to the queue for the restart like a worker thread's (the attempt refunded).
@@ -303,6 +416,28 @@ class WorkerProcess:
         self.restarts += 1
         self.start()
         return True
+
+    def chat(self, task: Task, *, cancel: threading.Event, on_step=None, on_answer=None):
+        """Have this process answer one chat turn (its task already recorded); its TaskResult. Raises what
+        the turn raised there, or ``WorkerDied``."""
+        turn_id = next(self._turn_ids)
+        turn = ChatTurn(task.id, on_step, on_answer)
+        self.turns[turn_id] = turn
+        try:
+            if self.conn is None:
+                raise WorkerDied("no worker process is running to answer the chat turn; send it again")
+            self.send("chat", turn_id, task)
+            told = False
+            while not turn.done.wait(0.2):
+                if cancel.is_set() and not told:  # the client went away, or the daemon drains
+                    self.send("cancel", turn_id)
+                    told = True
+        finally:
+            self.turns.pop(turn_id, None)
+        ok, value = turn.outcome
+        if not ok:
+            raise value
+        return value
 
     def drain(self) -> None:
         self._draining = True

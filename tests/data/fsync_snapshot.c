@@ -1,10 +1,13 @@
-/* A power-loss model for one process: for each file under $DURABLE_PREFIX (except those whose path
+/* A power-loss model for a process and the processes it starts (the daemon and its worker processes,
+ * which write one database): for each file under $DURABLE_PREFIX (except those whose path
  * under it starts with $DURABLE_EXCLUDE, when set), keep in $DURABLE_SNAPSHOTS a copy of the file as of
  * its last successful fsync/fdatasync, and nothing for a file never synced. tests/_durability.py builds
  * it with gcc and rebuilds a data dir from the copies.
  *
  * Writes and truncations of a watched file wait while a sync of any watched file and its copy run (one
- * lock), so a copy holds exactly what the sync made durable: nothing written after it returned.
+ * lock: a mutex between threads and an flock on $DURABLE_SNAPSHOTS/.lock between processes), so a copy
+ * holds exactly what the sync made durable: nothing written after it returned, by any process.
+ * LD_PRELOAD stays set for children: the sandboxes start with a cleared environment anyway.
  * unlink and rename of a watched path apply to its copy at once (on ext4, an fsync commits the journal
  * with every earlier metadata change, so a later sync makes them durable anyway). Snapshot names are
  * the path under the prefix with '/' and '%' percent-encoded; ".log" lists every copy made. */
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -27,6 +31,18 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char prefix[PATH], snapshots[PATH], exclude[PATH];
 static size_t prefix_len;
 static int active;
+static int lock_fd = -1;
+
+static void take(void) {
+    pthread_mutex_lock(&lock);
+    if (lock_fd >= 0)
+        while (flock(lock_fd, LOCK_EX) != 0 && errno == EINTR) {}
+}
+
+static void give(void) {
+    if (lock_fd >= 0) flock(lock_fd, LOCK_UN);
+    pthread_mutex_unlock(&lock);
+}
 
 static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
@@ -62,9 +78,10 @@ __attribute__((constructor)) static void setup(void) {
         const char *x = getenv("DURABLE_EXCLUDE");
         if (x && strlen(x) < PATH) strcpy(exclude, x);
         active = 1;
+        char name[PATH + 8];
+        snprintf(name, sizeof name, "%s/.lock", snapshots);
+        lock_fd = open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     }
-    /* Only this process is modelled: its children (sandboxes, helpers) run without the shim. */
-    unsetenv("LD_PRELOAD");
 }
 
 /* The part of an absolute path under the prefix, or NULL. */
@@ -166,11 +183,11 @@ static int synced(int fd, int (*real)(int)) {
     char path[PATH];
     const char *rel = tracked_fd(fd, path);
     if (rel == NULL) return real(fd);
-    pthread_mutex_lock(&lock);
+    take();
     int rc = real(fd);
     int saved = errno;
     if (rc == 0) snapshot(fd, rel);
-    pthread_mutex_unlock(&lock);
+    give();
     errno = saved;
     return rc;
 }
@@ -181,10 +198,10 @@ int fdatasync(int fd) { return synced(fd, real_fdatasync); }
 #define GUARDED(call) do { \
         char path[PATH]; \
         if (tracked_fd(fd, path) == NULL) return call; \
-        pthread_mutex_lock(&lock); \
+        take(); \
         __typeof__(call) rc = call; \
         int saved = errno; \
-        pthread_mutex_unlock(&lock); \
+        give(); \
         errno = saved; \
         return rc; \
     } while (0)
@@ -207,19 +224,19 @@ static int removed(int dirfd, const char *path, int rc) {
 }
 
 int unlink(const char *path) {
-    pthread_mutex_lock(&lock);
+    take();
     int rc = real_unlink(path), saved = errno;
     removed(AT_FDCWD, path, rc);
-    pthread_mutex_unlock(&lock);
+    give();
     errno = saved;
     return rc;
 }
 
 int unlinkat(int dirfd, const char *path, int flags) {
-    pthread_mutex_lock(&lock);
+    take();
     int rc = real_unlinkat(dirfd, path, flags), saved = errno;
     removed(dirfd, path, rc);
-    pthread_mutex_unlock(&lock);
+    give();
     errno = saved;
     return rc;
 }
@@ -242,19 +259,19 @@ static void moved(int olddir, const char *old, int newdir, const char *new_, int
 }
 
 int rename(const char *old, const char *new_) {
-    pthread_mutex_lock(&lock);
+    take();
     int rc = real_rename(old, new_), saved = errno;
     moved(AT_FDCWD, old, AT_FDCWD, new_, rc);
-    pthread_mutex_unlock(&lock);
+    give();
     errno = saved;
     return rc;
 }
 
 int renameat(int olddir, const char *old, int newdir, const char *new_) {
-    pthread_mutex_lock(&lock);
+    take();
     int rc = real_renameat(olddir, old, newdir, new_), saved = errno;
     moved(olddir, old, newdir, new_, rc);
-    pthread_mutex_unlock(&lock);
+    give();
     errno = saved;
     return rc;
 }
