@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
     "Config",
@@ -179,6 +179,19 @@ class MemorySettings(_Section):
 
     hnsw_max_neighbors: int = Field(default=16, ge=2, le=128)
     """HNSW links per node (M)."""
+
+    index_server: str = ""
+    """A Chroma server holding the vector index ("http://host:8000", started with `chroma run --path
+    DIR --host HOST --port 8000`); empty: the index lives in the data dir. The daemon stays its one
+    writer; the data dir's collections are named with a prefix of its own, so data dirs can share a
+    server. SQLite stays the truth: an empty or lost server index is rebuilt from it at start."""
+
+    @field_validator("index_server")
+    @classmethod
+    def _http_address(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("index_server must start with http:// or https://")
+        return value.rstrip("/")
 
 
 class SandboxSettings(_Section):

@@ -19,6 +19,7 @@ def store_options(config: Config) -> StoreOptions:
         hnsw_ef_search=m.hnsw_ef_search,
         hnsw_ef_construction=m.hnsw_ef_construction,
         hnsw_max_neighbors=m.hnsw_max_neighbors,
+        index_server=m.index_server,
     )
 
 

@@ -5,6 +5,11 @@ it silently, and a second reader sees a frozen snapshot, so the owner holds an
 exclusive ``flock`` on ``writer.lock`` for as long as the index is open and any
 other process gets ``IndexBusy`` (the daemon answers its clients' searches).
 
+With a Chroma server (``server``, "http://host:port") the collections live
+there instead, named with a namespace of this data dir's own (kept in
+``namespace`` beside the lock), so several data dirs can share one server; the
+lock still makes one process per data dir the writer.
+
 Embeddings are always passed in explicitly. Each collection is still given an
 embedding function, one that refuses to run, because Chroma's default would
 download a model the first time something asked it to embed.
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
+import urllib.parse
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,8 +76,10 @@ class VectorIndex:
         model_id: str,
         hnsw: dict[str, Any],
         rebuild: bool = False,
+        server: str = "",
     ) -> None:
         self.path = path
+        self.server = server
         self._rebuild = rebuild
         self.model_id = model_id
         self._hnsw = {"space": "cosine", **hnsw}
@@ -79,10 +88,23 @@ class VectorIndex:
             import chromadb
             from chromadb.config import Settings
 
-            self._client = chromadb.PersistentClient(
-                path=str(path / "chroma"),
-                settings=Settings(anonymized_telemetry=False, allow_reset=True),
-            )
+            settings = Settings(anonymized_telemetry=False, allow_reset=True)
+            if server:
+                url = urllib.parse.urlsplit(server)
+                if url.scheme not in ("http", "https") or not url.hostname:
+                    raise StoreError(f"[memory] index_server {server!r} is not an http(s)://host:port address")
+                self._prefix = f"ev-{self._namespace(path)}-"
+                try:
+                    self._client = chromadb.HttpClient(
+                        host=url.hostname, port=url.port or (443 if url.scheme == "https" else 8000),
+                        ssl=url.scheme == "https", settings=settings)
+                except Exception as exc:
+                    raise StoreError(f"The Chroma server at {server} ([memory] index_server) could not be reached "
+                                     f"({exc}); start it, or empty index_server to keep the index in the data "
+                                     "dir.") from exc
+            else:
+                self._prefix = ""
+                self._client = chromadb.PersistentClient(path=str(path / "chroma"), settings=settings)
             self._embedding_function = _refusing_embedding_function()
             self._collections: dict[str, Any] = {}
             for name in collections:
@@ -90,6 +112,22 @@ class VectorIndex:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def where(self) -> str:
+        """Where the collections are, for messages."""
+        return f"{self.server} (collections {self._prefix}*)" if self.server else str(self.path)
+
+    @staticmethod
+    def _namespace(path: Path) -> str:
+        """This data dir's collections' prefix on a shared server: made once, kept beside the lock."""
+        file = path / "namespace"
+        try:
+            if not file.exists():
+                file.write_text(secrets.token_hex(6) + "\n")
+            return file.read_text().strip()
+        except OSError as exc:
+            raise translate_os_error(exc, file) from exc
 
     # --- ownership -----------------------------------------------------------
 
@@ -119,7 +157,7 @@ class VectorIndex:
 
     def close(self) -> None:
         client, self._client = getattr(self, "_client", None), None
-        if client is not None:
+        if client is not None and hasattr(client, "close"):
             client.close()  # releases Chroma's files; it caches a system per path otherwise
         lock_file, self._lock_file = getattr(self, "_lock_file", None), None
         if lock_file is not None:
@@ -129,24 +167,25 @@ class VectorIndex:
     # --- collections ---------------------------------------------------------
 
     def _open_collection(self, name: str):
+        full = self._prefix + name
         try:
             existing = {c.name for c in self._client.list_collections()}
-            if name in existing:
-                collection = self._client.get_collection(name, embedding_function=self._embedding_function)
+            if full in existing:
+                collection = self._client.get_collection(full, embedding_function=self._embedding_function)
                 built_with = (collection.metadata or {}).get("embedding_model")
                 if built_with != self.model_id and self._rebuild:
                     self.reset(name)
                     return self._collections[name]
                 if built_with != self.model_id:
                     raise EmbeddingMismatch(
-                        f"The vector index at {self.path} was built with the embedding model "
+                        f"The vector index at {self.where} was built with the embedding model "
                         f"{built_with!r}, but the configured model is {self.model_id!r}. "
                         "Run `evolver memory reindex` to rebuild it from the database "
                         "(nothing stored in the database is touched)."
                     )
                 return collection
             return self._client.create_collection(
-                name,
+                full,
                 embedding_function=self._embedding_function,
                 configuration={"hnsw": self._hnsw},
                 metadata={"embedding_model": self.model_id},
@@ -154,17 +193,17 @@ class VectorIndex:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(f"The vector index at {self.path} could not be opened ({exc}). "
+            raise StoreError(f"The vector index at {self.where} could not be opened ({exc}). "
                              "Run `evolver memory reindex` to rebuild it from the database.") from exc
 
     def reset(self, name: str) -> None:
         """Drop one collection and create it empty, for the current model."""
         try:
-            self._client.delete_collection(name)
+            self._client.delete_collection(self._prefix + name)
         except Exception:
             pass  # it may not exist; what matters is that a fresh one does now
         self._collections[name] = self._client.create_collection(
-            name,
+            self._prefix + name,
             embedding_function=self._embedding_function,
             configuration={"hnsw": self._hnsw},
             metadata={"embedding_model": self.model_id},

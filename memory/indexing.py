@@ -84,7 +84,7 @@ class IndexMaintenance:
                 except StoreError:
                     raise
                 except Exception as exc:
-                    raise StoreError(f"Writing the vector index at {self.index.path} failed ({exc}); "
+                    raise StoreError(f"Writing the vector index at {self.index.where} failed ({exc}); "
                                      "the changes stay queued and are retried on the next write or start.") from exc
                 with self._write() as db:
                     db.conn.executemany(

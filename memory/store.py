@@ -86,6 +86,7 @@ class StoreOptions:
     hnsw_ef_search: int = 100
     hnsw_max_neighbors: int = 16
     index_batch: int = 256
+    index_server: str = ""  # a Chroma server ("http://host:port") holding the index; empty: the data dir
 
     def hnsw(self) -> dict:
         return {
@@ -222,6 +223,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 model_id=self.embedder.model_id,
                 hnsw=self.options.hnsw(),
                 rebuild=rebuild,
+                server=self.options.index_server,
             )
         except IndexBusy:
             if not self.readonly:
