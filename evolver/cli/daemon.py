@@ -279,7 +279,9 @@ def status(state: State, as_json: bool) -> None:
     out.print(f"evolver daemon {info['pid']}: {info['mood']}, up {info['uptime_s']:.0f} s, model {info['model']}")
     out.print(f"socket {info['socket']}; data dir {info['data_dir']}"
               + ("" if info["sandbox_isolated"] else "; SANDBOX DEGRADED (no bubblewrap)"))
-    out.print(f"{_queue_line(info['queue'])}; workers: {info['workers']}, running: "
+    pids = info.get("worker_pids") or []
+    workers = f"{info['workers']} (processes {', '.join(map(str, pids))})" if pids else f"{info['workers']}"
+    out.print(f"{_queue_line(info['queue'])}; workers: {workers}, running: "
               f"{', '.join(r['task_id'] for r in info['running']) or 'nothing'}")
     out.print(f"spent today: {budget['tokens_today']} tokens of {budget['tokens_per_day'] or 'unlimited'}, "
               f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}")
