@@ -200,7 +200,7 @@ def settle(store: ExperienceStore, lease: Lease, returned: Returned, *, lease_s:
             return f"the lease was lost; the result ({result.status}) was not recorded"
         replay(store, returned.writes, task_id=lease.task.id, tool_use=tool_use)
         store.complete_task(lease, result.status, error=result.error, ending=result.ending)
-    return f"{result.status} in {returned.took_s:.2f} s on {returned.node}"
+    return f"{result.status} in {returned.took_s:.3f} s on {returned.node}"
 
 
 class RayHost(Protocol):
@@ -375,6 +375,10 @@ class RayEvaluator:
                 self.daemon.store.abandon_lease(flight.lease)
                 log.error("evaluation task %s: what %s sent back cannot be recorded (%s); it runs again",
                           task.id, returned.node, exc)
+                continue
+            except Exception:  # the store refused the write (full, locked): nothing of it was recorded
+                log.exception("evaluation task %s: recording what came back failed; it runs again", task.id)
+                self.daemon.store.abandon_lease(flight.lease)
                 continue
             (log.warning if returned.refused else log.info)("evaluation task %s: %s", task.id, what)
             self.daemon.task_ended(task.id)
