@@ -248,10 +248,36 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         with self._lock, self._sqlite_errors():
             self._local.writing = getattr(self._local, "writing", 0) + 1
             try:
-                with self.db.atomic():
-                    yield self.db
+                if self.db.conn.in_transaction:  # nested: a savepoint
+                    with self.db.atomic():
+                        yield self.db
+                else:
+                    with self._immediate():
+                        yield self.db
             finally:
                 self._local.writing -= 1
+
+    @contextmanager
+    def _immediate(self) -> Iterator[None]:
+        """The outermost write transaction takes SQLite's write lock at BEGIN, waiting for it up to the
+        busy timeout. A deferred one that read first and wrote after would fail at once ("database is
+        locked") whenever another process, the daemon's worker processes, wrote in between: SQLite
+        cannot wait out a stale snapshot."""
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        else:
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:

@@ -20,7 +20,7 @@ from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
 from .errors import error_response, http_error, validation_error
-from .host import ServiceHost, Stopping, WorkerLost
+from .host import ServiceHost, Starting, Stopping, WorkerLost
 
 __all__ = ["create_app"]
 
@@ -105,6 +105,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
     app.add_exception_handler(Stopping, lambda r, e: error_response(503, "stopping", str(e)))
     app.add_exception_handler(WorkerLost, _worker_lost)
+    app.add_exception_handler(Starting, lambda r, e: error_response(503, "starting", str(e)))
 
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)

@@ -17,11 +17,15 @@ from ..agent.loop import TaskResult
 from ..config import Config
 from ..meta.jobs import Jobs
 
-__all__ = ["ServiceHost", "StepFeed", "TaskIntake", "Stopping", "WorkerLost"]
+__all__ = ["ServiceHost", "StepFeed", "TaskIntake", "Starting", "Stopping", "WorkerLost"]
 
 
 class Stopping(Exception):
     """The daemon is stopping and takes no new work (the API answers 503)."""
+
+
+class Starting(Exception):
+    """The daemon answers but has not started what the request needs yet (the API answers 503)."""
 
 
 class WorkerLost(Exception):

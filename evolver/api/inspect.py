@@ -12,14 +12,32 @@ from ..tree.incumbent import promote as promote_node
 from ..tree.incumbent import rollback as rollback_node
 from . import views
 from .errors import error_response
+from .host import Starting
 from .learning import curve, learning
-from .models import MAX_ID, EvolveIn, PromoteIn, RevertIn, RollbackIn, SearchIn, ToolCallIn, errors
+from .models import (
+    MAX_ID,
+    EvolveIn,
+    PromoteIn,
+    RevertIn,
+    RollbackIn,
+    SearchIn,
+    ToolCallIn,
+    errors,
+)
 
 router = APIRouter(tags=["inspection"])
 
 
 def _daemon(request: Request):
     return request.app.state.daemon
+
+
+def _jobs(request: Request):
+    """The job host; 503 while the daemon is still starting (its API answers before the jobs exist)."""
+    jobs = _daemon(request).jobs
+    if jobs is None:
+        raise Starting("the daemon is still starting; its background jobs are not running yet: try again shortly")
+    return jobs
 
 
 @router.get("/health", summary="Whether the daemon answers", responses=errors())
@@ -125,7 +143,7 @@ def revert(body: RevertIn, request: Request, event_id: int = Path(ge=1, le=MAX_I
              summary="Queue one round of background jobs on the job host (all, or one by name); poll each "
                      "round's id for how it went")
 def evolve(body: EvolveIn, request: Request) -> dict:
-    jobs = _daemon(request).jobs
+    jobs = _jobs(request)
     if body.job is not None and body.job not in jobs.jobs:
         return error_response(404, "not_found", f"there is no job {body.job!r}; jobs are: "
                                                 f"{', '.join(jobs.jobs)}", "job")
@@ -135,7 +153,7 @@ def evolve(body: EvolveIn, request: Request) -> dict:
 @router.get("/evolve/{round_id}", summary="One submitted round: queued, running, done or failed",
             responses=errors(404, 422, 503))
 def evolve_round(request: Request, round_id: str = Path(max_length=40)) -> dict:
-    found = _daemon(request).jobs.round(round_id)
+    found = _jobs(request).round(round_id)
     if found is None:
         return error_response(404, "not_found", f"there is no round {round_id!r}; a daemon keeps the rounds "
                                                 "submitted since it started (it may have restarted)")

@@ -9,14 +9,16 @@ stays the single writer of the store).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from ..config import Config
 from ..tree.search import SEARCH_SOURCES
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
-
 __all__ = ["Evaluator", "local_exclusions", "open_evaluator"]
+
+
+class Configured(Protocol):
+    config: Config
 
 
 class Evaluator(Protocol):
@@ -27,15 +29,15 @@ class Evaluator(Protocol):
         """The evaluations in flight, as the status shows them: task_id and worker."""
 
 
-def local_exclusions(daemon: Daemon) -> tuple[str, ...]:
+def local_exclusions(daemon: Configured) -> tuple[str, ...]:
     """The task sources the daemon's own workers must leave to another backend."""
     return SEARCH_SOURCES if daemon.config.evaluator.backend == "ray" else ()
 
 
-def open_evaluator(daemon: Daemon) -> Evaluator | None:
+def open_evaluator(daemon) -> Evaluator | None:
     """The backend that runs evaluations besides the daemon's workers; None for "local"."""
     if daemon.config.evaluator.backend != "ray":
         return None
     from .ray_evaluator import RayEvaluator  # Ray is an optional dependency
 
-    return RayEvaluator(daemon)
+    return RayEvaluator(daemon)  # the daemon keeps ray_evaluator.RayHost

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from memory import Context, Lease, StoreError, Task
 
@@ -51,9 +51,6 @@ from ..config import Config
 from ..storage import open_store
 from .agents import Agents
 from .worker import Worker
-
-if TYPE_CHECKING:
-    from .daemon import Daemon
 
 __all__ = ["WorkerDied", "WorkerProcess", "worker_main"]
 
@@ -259,6 +256,23 @@ def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int
 # --- the daemon's side -----------------------------------------------------------------------------
 
 
+class WorkerHost(Protocol):
+    """What a worker process's handle needs of the daemon (kept by ``Daemon``)."""
+
+    config: Config
+    data_dir: Path
+    owner_prefix: str  # unique to this run of the daemon: a worker process's leases are "<prefix>p<slot>.<n>"
+
+    @property
+    def store(self): ...
+
+    def worker_wrote(self, task_id: str) -> None:
+        """A worker process wrote to the task: wake its live streams, sync the index."""
+
+    def task_ended(self, task_id: str) -> None:
+        """A task ended (its live streams wake, the search reads its result)."""
+
+
 class WorkerDied(WorkerLost):
     """The worker process answering a chat turn ended before the turn did."""
 
@@ -289,7 +303,7 @@ class WorkerProcess:
 
     ``current`` and ``owner`` are what the daemon's status and shutdown read, as of a worker thread."""
 
-    def __init__(self, daemon: Daemon, slot: int, slots: int, exclude_sources: tuple[str, ...]) -> None:
+    def __init__(self, daemon: WorkerHost, slot: int, slots: int, exclude_sources: tuple[str, ...]) -> None:
         self.daemon = daemon
         self.slot, self.slots = slot, slots
         self.exclude_sources = exclude_sources
