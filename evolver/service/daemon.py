@@ -337,7 +337,12 @@ class Daemon:
         ((task, _),) = self.store.add_tasks([{**item, "id": task_id} if task_id else item])
         try:
             if self.config.daemon.worker_processes:  # answered in a worker process, the least busy ready one
-                return self._ready_worker(cancel).chat(task, cancel=cancel, on_step=on_step, on_answer=on_answer)
+                try:
+                    return self._ready_worker(cancel).chat(task, cancel=cancel, on_step=on_step,
+                                                           on_answer=on_answer)
+                except (WorkerLost, Stopping) as exc:  # it never reached a worker, or died with one
+                    self.store.interrupt_task(task.id, f"interrupted: {exc}")
+                    raise
 
             def step_seen(step: Step) -> None:
                 self.feed.publish(task.id)
