@@ -113,7 +113,13 @@ class IndexMaintenance:
                 continue
             truth = {r["id"] for r in self._all(sql)}
             present = self.index.all_ids(collection)
-            stale = sorted((present - truth) | (truth - present))
+            # Rows another process (a worker process) wrote since the sync above wait in the outbox:
+            # they are on their way, not drift.
+            pending = {r["item_id"] for r in self._all("SELECT item_id FROM index_outbox WHERE collection = ?",
+                                                        [collection])}
+            stale = sorted(((present - truth) | (truth - present)) - pending)
+            if not stale:
+                continue
             with self._write() as db:
                 db.conn.executemany(
                     "INSERT OR IGNORE INTO index_outbox (collection, item_id) VALUES (?, ?)",
