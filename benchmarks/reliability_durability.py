@@ -7,8 +7,9 @@
    fresh data dir with a scripted model, SIGKILLed ``--kills`` times, each at a
    seeded random moment of one kind of work in turn — clients submitting with
    Idempotency-Keys (``--clients`` threads, ``--burst`` submits each per
-   start), a task between its sandboxed steps, a distillation round, a
-   tree-search step, a tool-synthesis round — and restarted each time. Clients
+   start), a task between its sandboxed steps, a worker process alone in the
+   middle of a task (then the daemon), a distillation round, a tree-search
+   step, a tool-synthesis round — and restarted each time. Clients
    retry a submit whose reply never came with the same key. After every kill
    the dead daemon's database is read and checked; after the last restart the
    work drains, the daemon stops on SIGTERM and everything is checked again.
