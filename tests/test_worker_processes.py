@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import threading
@@ -82,7 +83,9 @@ def test_tasks_run_in_worker_processes_that_ask_the_daemon_for_their_context(dae
     first = _submit(http, "What is 17.5% of 2,340?", check={"type": "answer", "expected": "409.5"})
     done = daemon.wait_task(http, first["id"], ("done", "failed", "dead"), timeout_s=120)
     assert done["status"] == "done", done
-    # The worker's lease owner names a worker process, not a thread of the daemon.
+    # A worker process ran it (its log lines carry its owner, "<daemon pid>-<start>-p<slot>.<n>") and wrote its
+    # steps to SQLite itself.
+    assert re.search(rf"\[{status['pid']}-\d+-p[01]\.0\]", daemon.log(400)), daemon.log(40)
     db = sqlite3.connect(f"file:{daemon.data_dir / 'evolver.db'}?mode=ro", uri=True)
     try:
         (steps,) = db.execute("SELECT count(*) FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
