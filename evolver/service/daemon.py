@@ -11,6 +11,7 @@ lock: ``evolver.service.sockets.bind`` refuses when a live daemon answers on it.
 from __future__ import annotations
 
 import enum
+import gc
 import hashlib
 import logging
 import os
@@ -115,6 +116,10 @@ class Daemon:
             # Load the embedding model now, not inside the first task (seconds of imports).
             self.store.embedder.embed_documents(["warm up"])
             self.store.embedder.embed_query("warm up")
+            # What is loaded now (torch, Chroma, litellm: millions of objects) lives as long as the daemon;
+            # frozen, the collector stops walking it, so a full collection no longer stalls every request.
+            gc.collect()
+            gc.freeze()
             ensure_root(self.store, self.engine.seed_scaffold())
             self.intake = Intake(self.store, on_committed=self.task_submitted,
                                  held_out_share=self.config.evolution.held_out_share,

@@ -30,6 +30,7 @@ interrupted), fails the chat turns it was answering (their requests get 503
 from __future__ import annotations
 
 import ctypes
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -233,6 +234,8 @@ def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int
                     store=engine.store, exclude_sources=exclude_sources)
     chats = ChatTurns(link, worker.agent_for, engine.store)
     link.on_chat = chats.start
+    gc.collect()  # what is loaded now lives as long as the process: the collector stops walking it (Daemon.serve)
+    gc.freeze()
     try:
         link.send("ready", os.getpid())
         while not link.drain.is_set():
