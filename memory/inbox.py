@@ -143,7 +143,7 @@ class Inbox:
             ids = [r[0] for r in db.execute(f"SELECT id FROM tasks WHERE status = 'running' AND {where}", params)]
             for task_id in ids:
                 db.execute("UPDATE tasks SET lease_expires_at = 0, updated_at = ? WHERE id = ?", [now, task_id])
-                _interrupt_trajectories(db, task_id)
+                interrupt_trajectories(db, task_id)
         return ids
 
     def interrupt_task(self, task_id: str, error: str) -> bool:
@@ -156,7 +156,7 @@ class Inbox:
                 "WHERE id = ? AND status = 'running' AND lease_owner IS NULL",
                 [error, Ending.INTERRUPTED.value, now, now, task_id])
             if cursor.rowcount:
-                _interrupt_trajectories(db, task_id)
+                interrupt_trajectories(db, task_id)
         return cursor.rowcount == 1
 
     def request_cancel(self, task_id: str) -> Task:
@@ -186,9 +186,11 @@ class Inbox:
         return {r["status"]: r["n"] for r in rows}
 
 
-def _interrupt_trajectories(db, task_id: str) -> None:
-    """End ``task_id``'s open attempts as interrupted, finished when their last step was written."""
-    db.execute(
+def interrupt_trajectories(db, task_id: str | None = None) -> int:
+    """End the open attempts of ``task_id`` (None: of every task) as interrupted, finished when their last
+    step was written (or when they started); how many."""
+    where, params = ("AND task_id = ?", [task_id]) if task_id is not None else ("", [])
+    return db.execute(
         "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT max(s.created_at) "
-        "FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) WHERE task_id = ? AND status = 'running'",
-        [task_id])
+        f"FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) WHERE status = 'running' {where}",
+        params).rowcount

@@ -37,7 +37,7 @@ from .errors import (
     translate_os_error,
     translate_sqlite_error,
 )
-from .inbox import Inbox
+from .inbox import Inbox, interrupt_trajectories
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .insight_log import InsightLog
@@ -493,10 +493,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         step was written (or when they started). Only for the store's owner before it runs anything (the
         daemon at start), when every trajectory still ``running`` belongs to a dead process."""
         with self._write() as db:
-            cursor = db.execute(
-                "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT max(s.created_at) "
-                "FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) WHERE status = 'running'")
-        return cursor.rowcount
+            return interrupt_trajectories(db)
 
     def resolve_id(self, short: str) -> tuple[str, str]:
         """The kind ("task", "trajectory", "node") and full id of a unique prefix of one, as git takes a
