@@ -27,7 +27,10 @@ def daemon():
     root = make_root()
     record = root / "record.jsonl"
     daemon = DaemonProcess(root, model=write_script(root, "script", script_rules(), record=record),
-                           settings={**durable_settings(root), "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 10})
+                           settings={**durable_settings(root), "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 10,
+                                     # No evaluations: their trajectories would compete for the few
+                                     # examples a task's context shows.
+                                     "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 0})
     daemon.record = record
     daemon.start(timeout_s=300)
     yield daemon
