@@ -122,9 +122,11 @@ class DaemonProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def healthy(self) -> bool:
+        """It answers, and it has left ``starting`` (its API answers before its jobs exist)."""
         try:
             with self.client(timeout_s=5.0) as http:
-                return http.get("/v1/health").json() == {"ok": True}
+                return (http.get("/v1/health").json() == {"ok": True}
+                        and http.get("/v1/status").json().get("mood") != "starting")
         except (httpx.TransportError, ValueError):
             return False
 

@@ -89,6 +89,12 @@ def _worker_lost(request: Request, exc: WorkerLost) -> JSONResponse:
     return response
 
 
+def _starting(request: Request, exc: Starting) -> JSONResponse:
+    response = error_response(503, "starting", str(exc))
+    response.headers["Retry-After"] = "1"  # the jobs start within a second or two of the socket
+    return response
+
+
 def create_app(daemon: ServiceHost) -> FastAPI:
     """The API over a running daemon: anything that keeps the ``ServiceHost`` protocol."""
     app = FastAPI(title="evolver", version=__version__, docs_url=None, redoc_url=None,
@@ -105,7 +111,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
     app.add_exception_handler(Stopping, lambda r, e: error_response(503, "stopping", str(e)))
     app.add_exception_handler(WorkerLost, _worker_lost)
-    app.add_exception_handler(Starting, lambda r, e: error_response(503, "starting", str(e)))
+    app.add_exception_handler(Starting, _starting)
 
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)

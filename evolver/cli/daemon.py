@@ -126,9 +126,12 @@ def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None
             if state.daemon_answers():
                 try:
                     with state.client(timeout_s=5) as client:
-                        return client.get("/v1/status")
+                        status = client.get("/v1/status")
                 except ClientError:
-                    pass
+                    status = None
+                # It answers before its jobs run; `up` returns once a command such as `evolve` would work.
+                if status is not None and status.get("mood") != "starting":
+                    return status
             time.sleep(0.1)
     raise click.ClickException(f"the daemon did not answer within {timeout_s:g} s; see {log}")
 
