@@ -30,7 +30,10 @@ def daemon():
                            settings={**durable_settings(root), "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 10,
                                      # No evaluations: their trajectories would compete for the few
                                      # examples a task's context shows.
-                                     "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 0})
+                                     "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 0,
+                                     # No held-out tasks: one in five checked tasks would be, at random
+                                     # (by the hash of its id), and a held-out attempt is never shown.
+                                     "EVOLVER_EVOLUTION_HELD_OUT_SHARE": 0})
     daemon.record = record
     daemon.start(timeout_s=300)
     yield daemon
@@ -86,6 +89,7 @@ def test_tasks_run_in_worker_processes_that_ask_the_daemon_for_their_context(dae
     first = _submit(http, "What is 17.5% of 2,340?", check={"type": "answer", "expected": "409.5"})
     done = daemon.wait_task(http, first["id"], ("done", "failed", "dead"), timeout_s=120)
     assert done["status"] == "done", done
+    assert done["metadata"]["split"] == "train", done  # a held-out attempt is never shown to another task
     # A worker process ran it (its log lines carry its owner, "<daemon pid>-<start>-p<slot>.<n>") and wrote its
     # steps to SQLite itself.
     assert re.search(rf"\[{status['pid']}-\d+-p[01]\.0\]", daemon.log(400)), daemon.log(40)
