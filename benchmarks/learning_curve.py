@@ -526,6 +526,9 @@ def parse(argv: list[str] | None):
                         help="the seed scaffold's attempts per task (default: its own)")
     parser.add_argument("--phase-timeout-s", type=float, default=4 * 3600.0,
                         help="a batch of tasks still unfinished then is cancelled and counted as failed")
+    parser.add_argument("--no-structured", dest="structured", action="store_false",
+                        help="with the local server, leave [model] structured_output off (the grammar-constrained "
+                             "JSON the README sets for llama.cpp is on by default)")
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
     args = parser.parse_args(argv)
@@ -576,6 +579,10 @@ def main(argv: list[str] | None = None) -> int:
             model = f"openai/{LOCAL_ALIAS}"
             settings |= {"EVOLVER_MODEL_API_BASE": server.start(), "EVOLVER_MODEL_TIMEOUT_S": "300",
                          "EVOLVER_MODEL_MAX_RETRIES": "1"}
+            if args.structured:  # as the README configures a llama.cpp server: its grammar makes every
+                # tool call and every meta-agent answer well-formed JSON
+                settings |= {"EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+                             "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object"}
         else:
             model = args.model
             if args.api_base:
