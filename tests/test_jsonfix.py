@@ -8,6 +8,7 @@ import json
 import pytest
 
 from evolver.llm.client import parse_text_tool_calls
+from evolver.llm import jsonfix
 from evolver.llm.jsonfix import loads
 
 # Shaped as the real Qwen2.5-Coder-0.5B-Instruct wrote them through evolver (learning-curve run, 2026-12-05):
@@ -50,3 +51,14 @@ def test_what_would_be_a_guess_stays_an_error(text):
 
 def test_valid_json_is_untouched():
     assert loads('{"a": "he said \\"hi\\""}') == ({"a": 'he said "hi"'}, False)
+
+
+def test_a_refusal_shows_the_text_around_the_fault_not_only_the_start():
+    text = '{"rationale": "' + "r" * 400 + '", "edit": {"prompts": {"task": "say "hi" then"}}}'
+    with pytest.raises(json.JSONDecodeError) as refused:
+        jsonfix.loads(text)
+    reason = jsonfix.not_json("the proposer's answer", text, refused.value)
+    assert refused.value.pos > 400
+    assert reason.startswith(f"the proposer's answer is not JSON (Expecting ',' delimiter at character "
+                             f"{refused.value.pos})")
+    assert 'say "hi" then' in reason  # the fault, which the start alone would not show

@@ -229,8 +229,7 @@ def _parse(content: str, opportunity: Opportunity) -> _Candidate | str:
     try:  # raw newlines inside strings, a fence, a trailing comma, a last brace left off
         data, _ = jsonfix.loads(content)
     except json.JSONDecodeError as exc:
-        raise SynthesisError(f"the model's answer is not JSON ({exc.msg} at character {exc.pos}): "
-                             f"{clip(content, 200)!r}") from None
+        raise SynthesisError(jsonfix.not_json("the model's answer", content, exc)) from None
     if not isinstance(data, dict):
         raise SynthesisError("the model's answer must be a JSON object")
     if "tool" in data and data["tool"] is None:

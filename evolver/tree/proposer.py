@@ -154,8 +154,7 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
     try:
         data, _ = jsonfix.loads(reply.content)  # a fence, prose around it, a last brace left off
     except json.JSONDecodeError as exc:
-        raise ProposalError(f"the proposer's answer is not JSON ({exc.msg} at character {exc.pos}): "
-                            f"{clip(reply.content, 200, one_line=True)!r}", spent) from None
+        raise ProposalError(jsonfix.not_json("the proposer's answer", reply.content, exc), spent) from None
     if not isinstance(data, dict) or not isinstance(data.get("edit"), dict):
         raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}, not '
                             f"{clip(reply.content, 200, one_line=True)!r}", spent)
