@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from evolver.llm.client import parse_text_tool_calls
 from evolver.llm import jsonfix
+from evolver.llm.client import parse_text_tool_calls
 from evolver.llm.jsonfix import loads
 
 # Shaped as the real Qwen2.5-Coder-0.5B-Instruct wrote them through evolver (learning-curve run, 2026-12-05):
