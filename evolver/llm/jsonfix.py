@@ -18,6 +18,8 @@ import json
 import re
 from typing import Any
 
+from ..text import clip
+
 __all__ = ["extract", "loads", "not_json"]
 
 _FENCE = re.compile(r"```[a-zA-Z]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
@@ -136,6 +138,6 @@ def loads(text: str) -> tuple[Any, bool]:
 def not_json(what: str, text: str, error: json.JSONDecodeError) -> str:
     """Why ``text`` is refused, with its start and the text around the fault: a reason that shows only the
     start says nothing when the fault is further on (a proposal refused at character 469 showed 200)."""
-    start = text[:160].replace("\n", " ")
     near = text[max(error.pos - 60, 0):error.pos + 30]
-    return f"{what} is not JSON ({error.msg} at character {error.pos}): {start!r}…, around the fault: {near!r}"
+    return (f"{what} is not JSON ({error.msg} at character {error.pos}): {clip(text, 160, one_line=True)!r}, "
+            f"around the fault: {near!r}")
