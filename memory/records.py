@@ -245,6 +245,7 @@ class TrajectoryHit:
     score: float  # fused reciprocal-rank score; higher is better
     similarity: float | None  # cosine similarity, when the vector search found it
     keyword_rank: int | None  # 1-based rank in the keyword search, when it found it
+    work: str | None = None  # the code it delivered or ran last (its latest "work" step), if any
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,10 @@ class Retrieval:
                 return []
             marks = ",".join("?" * len(fused))
             rows = {r["id"]: r for r in self._all(
-                f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success FROM trajectories t
+                f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success,
+                           (SELECT s.content FROM steps s WHERE s.trajectory_id = t.id AND s.role = 'work'
+                            ORDER BY s.seq DESC LIMIT 1) AS work
+                    FROM trajectories t
                     LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
                 [f[0] for f in fused])}
         return [
@@ -110,7 +113,7 @@ class Retrieval:
                 trajectory_id=i, task_id=rows[i]["task_id"], prompt=rows[i]["prompt"],
                 final_answer=rows[i]["final_answer"],
                 success=None if rows[i]["success"] is None else bool(rows[i]["success"]),
-                score=score, similarity=similarity, keyword_rank=rank,
+                score=score, similarity=similarity, keyword_rank=rank, work=rows[i]["work"],
             )
             for i, score, similarity, rank in fused if i in rows
         ]

@@ -2,9 +2,16 @@
 
 It is passed to the interpreter with ``-c``, so it imports nothing from the project.
 Protocol: one JSON object per line. The host sends ``{"op": "exec", "code": …}`` or
-``{"op": "call", "name": …, "kwargs": {…}}`` on stdin; the worker answers each with
-one line on its stdout carrying ``ok``, ``stdout``, ``stderr`` (what the call printed,
-its subprocesses included), ``value``, ``error`` and ``error_type``.
+``{"op": "call", "name": …, "kwargs": {…}}`` on stdin, each with an ``id``; the worker
+answers each with one line on its stdout carrying the same ``id``, ``ok``, ``stdout``,
+``stderr`` (what the call printed, its subprocesses included), ``value``, ``error`` and
+``error_type``, and ``finished`` with ``answer`` when the code called ``finish(answer)``.
+
+The code runs in this interpreter, so it can reach anything this loop holds, the reply
+channel included: it can write a line of its own there. The host takes only the reply
+whose ``id`` is the one it just sent (a fresh random one each time) and drops any other,
+so a forged line can say no more than the code could by printing or calling ``finish``,
+and can never stand in for a later call's reply.
 
 The protocol pipes are moved to private descriptors at start; descriptors 1 and 2
 then point at capture files and 0 at /dev/null, so nothing the code prints or reads
@@ -23,6 +30,20 @@ import traceback
 _OWN_FILE = "<string>"  # the file name of this loop's frames, as run by ``python -c``
 
 
+class Finished(BaseException):
+    """Raised by ``finish(answer)``: ends the cell and hands in the answer (a BaseException, so a plain
+    ``except Exception`` in the code does not swallow it)."""
+
+    def __init__(self, answer):
+        super().__init__(answer)
+        self.answer = answer
+
+
+def finish(answer):
+    """End the task with the final answer: only the answer itself, no explanation."""
+    raise Finished(answer)
+
+
 def main():
     cap = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     requests = os.fdopen(os.dup(0), "rb")
@@ -35,7 +56,7 @@ def main():
     os.dup2(captures[1].fileno(), 2)
     real_out, real_err = sys.stdout, sys.stderr
 
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    namespace = {"__name__": "__main__", "__builtins__": builtins, "finish": finish, "final_answer": finish}
     sys.path.insert(0, os.getcwd())
     cells = 0
 
@@ -54,7 +75,8 @@ def main():
         for fd in (1, 2):
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        response = {"ok": True, "value": None, "error": None, "error_type": None}
+        response = {"id": request.get("id") if isinstance(request, dict) else None,
+                    "ok": True, "value": None, "error": None, "error_type": None}
         try:
             if request.get("op") == "exec":
                 cells += 1
@@ -63,6 +85,8 @@ def main():
                 response["value"] = _call(namespace, request.get("name"), request.get("kwargs") or {})
             else:
                 raise ValueError(f"unknown op {request.get('op')!r}")
+        except Finished as done:
+            response.update(finished=True, answer=_text(done.answer))
         except BaseException as exc:  # noqa: BLE001 - everything the code raises is data
             response.update(ok=False, error=_format(exc), error_type=type(exc).__name__)
         for stream in (sys.stdout, sys.stderr, real_out, real_err):
@@ -109,6 +133,14 @@ def _call(namespace, name, kwargs):
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name}() returned a value that is not JSON: {exc}") from None
     return result
+
+
+def _text(answer):
+    """The answer as text: a string as it is, anything else as it prints."""
+    try:
+        return answer if isinstance(answer, str) else str(answer)
+    except Exception as exc:  # noqa: BLE001 - an object whose __str__ raises
+        return f"<an answer that cannot be shown as text: {type(exc).__name__}>"
 
 
 def _format(exc):

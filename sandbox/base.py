@@ -49,7 +49,8 @@ class Sandbox(Protocol):
     def python(self, code: str, *, workspace: str | os.PathLike[str],
                limits: Limits | None = None) -> RunResult: ...
 
-    def worker(self, workspace: str | os.PathLike[str], limits: Limits | None = None) -> PythonWorker: ...
+    def worker(self, workspace: str | os.PathLike[str], limits: Limits | None = None,
+               prelude: str = "") -> PythonWorker: ...
 
 
 @dataclass
@@ -188,11 +189,13 @@ class ProcessSandbox:
             return self.run([self._python(), "-c", code], workspace=workspace, limits=limits)
         return self.run([self._python(), "-"], workspace=workspace, stdin=code, limits=limits)
 
-    def worker(self, workspace: str | os.PathLike[str], limits: Limits | None = None) -> PythonWorker:
-        """A persistent Python worker for one task (started on its first call)."""
+    def worker(self, workspace: str | os.PathLike[str], limits: Limits | None = None,
+               prelude: str = "") -> PythonWorker:
+        """A persistent Python worker for one task (started on its first call); ``prelude`` runs in
+        every fresh one before its first call."""
         from .worker import PythonWorker
 
-        return PythonWorker(self, workspace, limits or self.limits)
+        return PythonWorker(self, workspace, limits or self.limits, prelude)
 
     def _spawn_worker(self, workspace: str | os.PathLike[str], limits: Limits, stderr) -> subprocess.Popen:
         """Start the worker loop: JSON lines in on stdin, out on stdout, crashes to ``stderr``."""

@@ -64,7 +64,8 @@ class ExecResult(_JsonRecord):
     value the function returned (``call``). ``error`` holds the traceback as text
     and ``error_type`` the exception's name. ``restarted`` says a fresh worker had
     to be started for this call, so names defined by earlier calls are gone;
-    ``notice`` explains why.
+    ``notice`` explains why. ``finished`` says the code called ``finish(answer)``
+    (or ``final_answer``), which ended the cell and handed in ``answer``.
     """
 
     ok: bool
@@ -80,3 +81,5 @@ class ExecResult(_JsonRecord):
     duration_ms: float = 0.0
     restarted: bool = False
     notice: str | None = None
+    finished: bool = False
+    answer: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import selectors
 import tempfile
 import threading
@@ -52,10 +53,14 @@ class PythonWorker:
     replaced on the next call like any other dead worker, with a notice.
     """
 
-    def __init__(self, sandbox: WorkerHost, workspace: str | os.PathLike[str], limits: Limits) -> None:
+    def __init__(self, sandbox: WorkerHost, workspace: str | os.PathLike[str], limits: Limits,
+                 prelude: str = "") -> None:
         self._sandbox = sandbox
         self._workspace = workspace
         self.limits = limits
+        # Run in every fresh worker before its first call (the task's tools as functions): a worker that
+        # was restarted has them again, though the names the calls defined are gone.
+        self.prelude = prelude
         self._proc = None
         self._crash_log = None
         self._finalizer: weakref.finalize | None = None  # kills a worker whose owner forgot close()
@@ -109,9 +114,7 @@ class PythonWorker:
                     return failure
             started = time.monotonic()
             try:
-                self._proc.stdin.write(json.dumps(message).encode() + b"\n")
-                self._proc.stdin.flush()
-                line = self._read_line(started + timeout)
+                line = self._exchange(message, started + timeout)
             except (BrokenPipeError, OSError):
                 line = b""
             elapsed = round((time.monotonic() - started) * 1000, 3)
@@ -129,12 +132,32 @@ class PythonWorker:
                                   error=f"{self._lost}; its state is lost", error_type="WorkerDied",
                                   restarted=restarted, notice=notice)
             reply = json.loads(line)
+            finished = reply.get("finished") is True and isinstance(reply.get("answer"), str)
             return ExecResult(
                 ok=bool(reply.get("ok")), stdout=reply.get("stdout", ""), stderr=reply.get("stderr", ""),
                 stdout_truncated=bool(reply.get("stdout_truncated")),
                 stderr_truncated=bool(reply.get("stderr_truncated")),
                 value=reply.get("value"), error=reply.get("error"), error_type=reply.get("error_type"),
-                duration_ms=elapsed, restarted=restarted, notice=notice)
+                duration_ms=elapsed, restarted=restarted, notice=notice, finished=finished,
+                answer=reply["answer"] if finished else None)
+
+    def _exchange(self, message: dict[str, Any], deadline: float) -> bytes | None:
+        """Send one request under a fresh id and read its reply: a line with another id (one the code
+        wrote on the channel itself, or a reply left behind by one it forged) is dropped. The line
+        itself, b"" when the worker closed its end, None past the deadline."""
+        nonce = secrets.token_hex(8)
+        self._proc.stdin.write(json.dumps({**message, "id": nonce}).encode() + b"\n")
+        self._proc.stdin.flush()
+        while True:
+            line = self._read_line(deadline)
+            if not line:
+                return line
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(reply, dict) and reply.get("id") == nonce:
+                return line
 
     def _start(self) -> ExecResult | None:
         """Start a worker and wait for its ready line; a failure comes back as a result."""
@@ -145,6 +168,18 @@ class PythonWorker:
         self._finalizer = weakref.finalize(self, _reap, self._proc, self._sandbox.isolated, self._crash_log)
         line = self._read_line(started + self.limits.timeout_s)
         if line and json.loads(line).get("ready"):
+            if self.prelude:
+                try:
+                    loaded = self._exchange({"op": "exec", "code": self.prelude}, started + self.limits.timeout_s)
+                except (BrokenPipeError, OSError):
+                    loaded = b""
+                if not loaded or not json.loads(loaded).get("ok"):
+                    reason = (json.loads(loaded).get("error") if loaded else None) or \
+                        self._death_reason("the worker's prelude did not run")
+                    self._stop()
+                    return ExecResult(ok=False, error=f"the session's tools could not be loaded: {reason}",
+                                      error_type="WorkerDied",
+                                      duration_ms=round((time.monotonic() - started) * 1000, 3))
             self._started_once = True
             self._lost = None
             return None

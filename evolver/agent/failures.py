@@ -23,7 +23,7 @@ __all__ = ["Behaviour", "behaviour", "MODES", "count_modes", "call_key"]
 MODES = ("no finish", "repeated calls", "malformed calls", "wrong answer")
 REPEATED = 3  # identical calls in a row that count as repeating
 ENDINGS = {"step_limit": "hit the step limit", "repeating": "was stopped for repeating one call",
-           "finished": "handed in an answer"}
+           "finished": "handed in an answer", "asked": "was asked for its answer on a last turn"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Behaviour:
 
     @property
     def answered(self) -> bool:
-        return self.status == "finished"
+        return self.status in ("finished", "asked")
 
     @property
     def modes(self) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -20,14 +21,16 @@ from typing import Callable
 
 from memory import Context, Ending, ExperienceStore, Step, Task
 from sandbox import Limits, Sandbox, write_text
-from tools import BUILTIN_SOURCES, TaskTools, ToolRegistry, ToolSpec
+from tools import BUILTIN_SOURCES, SESSION_BUILTINS, TaskTools, ToolRegistry, ToolSpec, signature
 
 from ..judge.checks import parse_check
+from ..judge.deliverable import Deliverable, parse_deliverable
 from ..judge.verify import Verdict, verify
 from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
 from .answer_stream import AnswerStream
+from .delivery import Example, delivered_source, task_examples, try_examples
 from .failures import call_key
 from .hooks import HookCalls, Hooks
 from .mcp_tools import ORIGIN as MCP_ORIGIN
@@ -36,6 +39,18 @@ from .scaffold import Scaffold
 __all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context", "fit_context"]
 
 log = logging.getLogger(__name__)
+
+WORK_CHARS = 1500  # of a worked example's code, in a prompt
+
+
+def code_blocks(reply: str) -> list[str]:
+    """The Python blocks of a reply in code actions (fenced, with or without a language; one left open at
+    the end of the reply counts). Blocks in another language (```json, ```text) are not code."""
+    blocks = []
+    for match in re.finditer(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", reply, re.DOTALL):
+        if match[1].lower() in ("", "python", "py", "python3") and match[2].strip():
+            blocks.append(match[2].rstrip())
+    return blocks
 
 
 class Submitted(Exception):
@@ -87,6 +102,12 @@ class _Turn:
     step: int = 0
     calls: list = field(default_factory=list)
     answers: AnswerStream | None = None  # a chat turn whose answer is passed on as it is written
+    code: bool = False  # acting in code (action_format), not in tool calls
+    blocks: list[str] = field(default_factory=list)  # the code the session ran, in order
+    deliverable: Deliverable | None = None
+    examples: list[Example] = field(default_factory=list)
+    example_rounds: int = 0  # finishes that the task's examples may still refuse
+    workspace: Path | None = None
 
     def data(self, task: Task) -> dict:
         return {"task": task.prompt, "attempt": self.attempt, "step": self.step}
@@ -117,7 +138,10 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
     left = budget_tokens * 4
     examples, insights = [], []
     for hit in context.trajectories:
-        block = f"- Task: {clip(hit.prompt, 400)}\n  Answer: {clip(hit.final_answer or '', 300)}"
+        block = f"- Task: {clip(hit.prompt, 400)}\n"
+        if hit.work:  # what made it pass: the code it delivered or ran last
+            block += f"  Code that worked:\n```python\n{clip(hit.work, WORK_CHARS)}\n```\n"
+        block += f"  Answer: {clip(hit.final_answer or '', 300)}"
         if len(block) > left:
             break
         examples.append(block)
@@ -183,6 +207,9 @@ class Agent:
         tool_names = self._tool_names(context)
         schemas = self.registry.schemas(tool_names)
         check = parse_check(task.check) if task.check else None
+        code = self.acts_in_code()
+        deliverable = _deliverable(task)
+        examples = task_examples(task.prompt, deliverable.functions) if deliverable else []
         if record_status:
             self.store.set_task_status(task.id, "running")
         trajectory_ids: list[str] = []
@@ -210,9 +237,15 @@ class Agent:
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
                     self.store.record_exposures(trajectory.id, exposed)
-                    messages = self._opening(task, prompt_context, reflection, note)
+                    messages = self._opening(task, prompt_context, reflection, note, code=code,
+                                             tool_names=tool_names, deliverable=deliverable)
+                    # A chat answer streams from a finish call; in code it is a whole reply, sent when done.
+                    turn = _Turn(hooks=hooks, attempt=attempt, answers=None if code else answers, code=code,
+                                 deliverable=deliverable, examples=examples, workspace=workspace,
+                                 example_rounds=params.example_rounds if deliverable else 0)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
-                                                  on_step, purpose, hooks, attempt, answers)
+                                                  on_step, purpose, turn)
+                    self._hand_in(trajectory.id, turn, on_step)
                     if check:
                         # The attempt is over: its worker dies before the verifier writes the check's
                         # files, so nothing the attempt left running can rewrite them (a next attempt
@@ -299,22 +332,63 @@ class Agent:
         users = [s.name for s in self.registry.specs() if s.origin == MCP_ORIGIN and s.name not in enabled]
         return enabled + relevant + users
 
+    def acts_in_code(self) -> bool:
+        """Whether this scaffold's agent acts in code: its action_format, or for auto, whether the model
+        lacks native tool calls (a code model writes Python more reliably than JSON)."""
+        chosen = self.scaffold.parameters.action_format
+        return chosen == "code" or (chosen == "auto" and not self.model.native_tools())
+
     def _opening(self, task: Task, prompt_context: tuple[str, str], reflection: str | None,
-                 note: str | None = None) -> list[dict]:
+                 note: str | None = None, *, code: bool = False, tool_names: list[str] = (),
+                 deliverable: Deliverable | None = None) -> list[dict]:
         prompts = self.scaffold.prompts
         examples, insights = prompt_context
         user = prompts.task.format(task=task.prompt, examples=examples, insights=insights)
+        if code and deliverable is not None:
+            names = ", ".join(f"`{f}`" for f in deliverable.functions)
+            user += (f"\nDefine {names} in a python block: when you finish, the session's definition is saved "
+                     f"to {deliverable.file} for you (unless you wrote that file yourself).")
         if reflection is not None:
             user += "\n\n" + prompts.retry.format(task=task.prompt, reflection=reflection)
         if note:
             user += "\n\n" + note
-        return [{"role": "system", "content": prompts.system}, {"role": "user", "content": user}]
+        system = prompts.system
+        if code and prompts.code:
+            system = prompts.code.format(functions=self._functions(tool_names))
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def _functions(self, tool_names: list[str]) -> str:
+        """The session's functions as the code prompt lists them, and the tools code cannot reach."""
+        lines, unreachable = [], []
+        for spec in self.registry.specs(tool_names):
+            if spec.name in SESSION_BUILTINS or (spec.origin != "builtin" and spec.runner is None):
+                lines.append(f"- {signature(spec)}")
+            elif spec.name not in BUILTIN_SOURCES:
+                unreachable.append(spec.name)
+        if unreachable:  # an MCP server's tools run in the daemon, which a block cannot call
+            lines.append(f"(Not available in code: {', '.join(unreachable)}; they need action_format tools.)")
+        return "\n".join(lines)
+
+    def _hand_in(self, trajectory_id: str, turn: _Turn, on_step) -> None:
+        """Deliver what a code task asked for if the attempt defined it but did not write the file, and keep
+        the attempt's work (the delivered module, or the last code it ran) as a step for worked examples."""
+        work = turn.blocks[-1] if turn.blocks else None
+        if turn.deliverable is not None and turn.workspace is not None:
+            source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
+            if source is not None and not own:
+                write_text(turn.workspace, turn.deliverable.file, source)
+                self._recorder(trajectory_id, on_step)(
+                    "tool", f"[delivered] the session's definition of "
+                            f"{', '.join(turn.deliverable.functions)} was written to {turn.deliverable.file}")
+            work = source if source is not None else work
+        if work:
+            self._recorder(trajectory_id, on_step)("work", work)
 
     # --- one attempt ---------------------------------------------------------------
 
     def _attempt(self, trajectory_id: str, task: Task, messages: list[dict], schemas: list[dict],
-                 tools: TaskTools, cancel: threading.Event, on_step, purpose: str, hooks: HookCalls,
-                 attempt: int, answers: AnswerStream | None = None) -> tuple[str | None, str]:
+                 tools: TaskTools, cancel: threading.Event, on_step, purpose: str,
+                 turn: _Turn) -> tuple[str | None, str]:
         """Run steps until an answer or a limit; returns the answer and how it ended."""
         params = self.scaffold.parameters
         record = self._recorder(trajectory_id, on_step)
@@ -323,24 +397,43 @@ class Agent:
             reply = self._ask(messages, None, task, purpose)
             record("plan", reply.content, reply=reply)
             messages.append({"role": "assistant", "content": reply.content})
-            messages.append({"role": "user", "content": "Now carry out the plan with the tools."})
+            messages.append({"role": "user", "content": "Now carry out the plan" +
+                             (" in python blocks." if turn.code else " with the tools.")})
         idle = 0
         repeats = _Repeats(params.repeat_limit)
-        turn = _Turn(hooks=hooks, attempt=attempt, answers=answers)
-        hooks.unusable(record)
+        turn.hooks.unusable(record)
         try:
             for step in range(1, params.max_steps + 1):
                 if cancel.is_set():
                     raise Cancelled()
                 turn.step = step
-                idle = self._step(messages, schemas, tools, task, record, purpose, idle, repeats, turn)
+                if turn.code:
+                    self._code_step(messages, tools, task, record, purpose, repeats, turn)
+                else:
+                    idle = self._step(messages, schemas, tools, task, record, purpose, idle, repeats, turn)
             raise StepLimit(f"no answer after {params.max_steps} steps")
         except Submitted as done:
             return done.answer, "finished"
-        except StepLimit:
-            return None, "step_limit"
-        except Repeating:
-            return None, "repeating"
+        except (StepLimit, Repeating) as ended:
+            status = "step_limit" if isinstance(ended, StepLimit) else "repeating"
+            if not params.last_answer_turn or cancel.is_set():
+                return None, status
+            answer = self._last_answer(messages, task, record, purpose, status)
+            return (answer, "asked") if answer else (None, status)
+
+    def _last_answer(self, messages: list[dict], task: Task, record, purpose: str, why: str) -> str | None:
+        """One last turn that can only be an answer: no tools are offered, and the reply's text is the answer
+        (a code block in it is read as text). The trajectory ends 'asked', so this answer is told apart."""
+        reason = "You have used all your steps" if why == "step_limit" else "You kept repeating one action"
+        messages.append({"role": "user", "content": f"{reason}; this attempt ends now. Reply with your final "
+                                                    "answer alone: no code, no tool call, no explanation."})
+        reply = self._ask(messages, None, task, purpose)
+        record("assistant", reply.content, reply=reply)
+        messages.append({"role": "assistant", "content": reply.content})
+        text = reply.content.strip()
+        blocks = re.findall(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", text, re.DOTALL)
+        answer = (blocks[-1] if blocks else text).strip()
+        return answer or None
 
     def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str,
              max_tokens: int | None = None, answers: AnswerStream | None = None) -> ModelReply:
@@ -410,6 +503,8 @@ class Agent:
                 observation = tools.run(call.name, call.arguments)
                 text, ok, took = observation.text, observation.ok, observation.duration_ms
                 repeats.result = text
+                if call.name == "run_python" and isinstance(call.arguments.get("code"), str):
+                    turn.blocks.append(call.arguments["code"])
                 if observation.finished and finished is None:
                     decided = self._finishing(observation.answer, task, turn, record)
                     if isinstance(decided, Submitted):
@@ -431,13 +526,91 @@ class Agent:
             raise Repeating()
         return 0
 
-    @staticmethod
-    def _finishing(answer: str | None, task: Task, turn: _Turn, record) -> Submitted | str:
-        """The answer handed in (``before_finish`` may change it), or why the finish was refused."""
+    def _code_step(self, messages: list[dict], tools: TaskTools, task: Task, record, purpose: str,
+                   repeats: _Repeats, turn: _Turn) -> None:
+        """One model turn in code: its Python runs in the session, and what it printed is the next message.
+        A reply without code is the answer; ``finish(answer)`` in the code ends the attempt."""
+        outgoing = messages
+        change = turn.hooks("before_model", {**turn.data(task), "messages": _plain(messages), "tools": []}, record)
+        if change:
+            outgoing = change.get("messages", messages)
+        reply = self._ask(outgoing, None, task, purpose)
+        blocks = code_blocks(reply.content)
+        arguments = {"code": "\n\n".join(blocks)} if blocks else None
+        calls = [{"id": f"code_{turn.step}", "name": "run_python", "arguments": arguments}] if blocks else None
+        record("assistant", reply.content, reply=reply, tool_calls=calls)
+        messages.append({"role": "assistant", "content": reply.content})
+        if not blocks:
+            decided = self._finishing(reply.content.strip(), task, turn, record)
+            if isinstance(decided, Submitted):
+                raise decided
+            messages.append({"role": "user", "content": decided})
+            return
+        code = arguments["code"]
+        times = repeats.see("run_python", arguments)
+        if repeats.limit and times >= repeats.limit:
+            stop = times >= 2 * repeats.limit
+            text, ok, took = self._repeat_note("this code", times, repeats.result, stop), False, 0.0
+            if stop:
+                record("tool", text, tool_results=[{"id": calls[0]["id"], "name": "run_python", "ok": ok}])
+                raise Repeating()
+            observation = None
+        else:
+            observation = tools.run_code(code)
+            turn.blocks.append(code)
+            text, ok, took = observation.text, observation.ok, observation.duration_ms
+            repeats.result = text
+        finished: str | None = None
+        if observation is not None and observation.finished:
+            decided = self._finishing(observation.answer, task, turn, record)
+            if isinstance(decided, Submitted):
+                finished = decided.answer
+            else:
+                text, ok = decided, False
+        record("tool", text, tool_results=[{"id": calls[0]["id"], "name": "run_python", "ok": ok}],
+               duration_ms=took)
+        turn.calls.append(["run_python", arguments])
+        if finished is not None:
+            raise Submitted(finished)
+        change = turn.hooks("after_tool", {**turn.data(task), "name": "run_python", "arguments": arguments,
+                                           "result": text, "ok": ok, "calls": turn.calls}, record)
+        if change:
+            text = change["result"]
+        messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
+
+    def _finishing(self, answer: str | None, task: Task, turn: _Turn, record) -> Submitted | str:
+        """The answer handed in (``before_finish`` may change it), or why the finish was refused: for a code
+        task, first its deliverable must be defined and pass the task's own examples (a few rounds)."""
+        refused = self._examples_refuse(turn)
+        if refused:
+            return refused
         change = turn.hooks("before_finish", {**turn.data(task), "answer": answer}, record)
         if change and "reject" in change:
             return f"finish was refused: {change['reject']}"
         return Submitted(change["answer"] if change else answer)
+
+    def _examples_refuse(self, turn: _Turn) -> str | None:
+        """Why a finish is refused now: the requested function is not defined, or the task's examples fail on
+        what would be delivered. None to let it through (no deliverable, or no rounds left)."""
+        if turn.deliverable is None or turn.workspace is None or turn.example_rounds <= 0:
+            return None
+        deliverable = turn.deliverable
+        source, _ = delivered_source(turn.workspace, deliverable, turn.blocks)
+        names = ", ".join(f"`{f}`" for f in deliverable.functions)
+        if source is None:
+            turn.example_rounds -= 1
+            return (f"finish was refused: {names} is not defined yet. Define it"
+                    + (" in a python block" if turn.code else " (run_python, or write_file " + deliverable.file + ")")
+                    + ", then finish again.")
+        if not turn.examples:
+            return None
+        failures = try_examples(self.sandbox, turn.workspace, deliverable.file, source, turn.examples, self.limits)
+        if not failures:
+            return None
+        turn.example_rounds -= 1
+        shown = "\n".join(f"- {clip(f, 300)}" for f in failures[:6])
+        return (f"finish was refused: the task's own examples fail on what would be saved to {deliverable.file}:"
+                f"\n{shown}\nFix {names}, print the examples' results to check them, then finish again.")
 
     @staticmethod
     def _repeat_note(name: str, times: int, result: str, stop: bool) -> str:
@@ -461,3 +634,15 @@ class Agent:
                           max_tokens=self.reflection_tokens)
         self._recorder(trajectory_id, on_step)("reflection", reply.content, reply=reply)
         return reply.content
+
+
+def _deliverable(task: Task) -> Deliverable | None:
+    """What the task asks to be handed in (its metadata's ``deliver``), if it names it well."""
+    data = task.metadata.get("deliver")
+    if data is None:
+        return None
+    try:
+        return parse_deliverable(data)
+    except ValueError as exc:  # the doors refuse a bad one; an old row is only not used
+        log.warning("task %s: its deliverable is not used: %s", task.id, exc)
+        return None

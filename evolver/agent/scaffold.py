@@ -15,6 +15,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = ["Scaffold", "Prompts", "Parameters", "ScaffoldError", "load_scaffold", "default_scaffold"]
@@ -42,6 +44,9 @@ class Prompts(_Strict):
     """Opens the next attempt. Placeholders: {task}, {reflection}."""
     plan: str = ""
     """Asked before the first step when plan_first is on. Placeholders: {task}."""
+    code: str = Field(default="", min_length=0)
+    """The system message when the agent acts in code (action_format code). Placeholders: {functions}
+    (the functions the session defines, one per line). Empty: the system message above."""
 
 
 class Parameters(_Strict):
@@ -58,6 +63,17 @@ class Parameters(_Strict):
     """After this many identical tool calls in a row (same name and arguments) the model is given the
     earlier result instead and told to do something else; after twice as many the attempt ends as a
     failure. 0: never; otherwise at least 2 (a first call is no repeat)."""
+    action_format: Literal["auto", "code", "tools"] = "auto"
+    """How the model acts. code: each reply's Python block runs in the attempt's persistent session,
+    where the tools are functions and finish(answer) ends the attempt; a reply with no block is the
+    answer. tools: tool calls (native, or JSON in text). auto: tools for a model that calls tools
+    natively, code for one that does not."""
+    example_rounds: int = Field(default=2, ge=0, le=10)
+    """For a task that names its deliverable: how many times a finish is refused because the task's own
+    examples fail on what would be delivered (the failures are the observation). 0: never tried."""
+    last_answer_turn: bool = True
+    """An attempt about to end on its step limit or on repetition gets one last turn that can only be an
+    answer (its trajectory ends 'asked')."""
 
     @field_validator("repeat_limit")
     @classmethod

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..judge.checks import CheckError, parse_check
+from ..judge.deliverable import parse_deliverable
 
 __all__ = ["TaskIn", "FeedbackIn", "SearchIn", "EvolveIn", "PromoteIn", "RollbackIn", "RevertIn", "ChatIn",
            "ErrorOut", "errors", "MAX_ID", "MAX_DEPTH"]
@@ -62,7 +63,10 @@ class TaskIn(_Strict):
     metadata: dict[str, Any] | None = Field(
         default=None, description="Free-form; `files` ({path: text}) are written into the task's workspace; "
                                   '`split` "test" holds the task out of everything learned (a task with a check '
-                                  "is held out or not by the daemon; none is ever moved out of the held-out split).")
+                                  "is held out or not by the daemon; none is ever moved out of the held-out split); "
+                                  '`deliver` ({"file": "solution.py", "functions": ["f"]}) names what a code task '
+                                  "hands in, which the agent delivers from its session and tries on the task's "
+                                  "examples.")
     source: Literal["api", "bench"] = Field(
         default="api", description='"bench": a task of a benchmark\'s pack (`evolver bench`), in its pack\'s '
                                    "`split`; never an evaluation task.")
@@ -93,6 +97,11 @@ class TaskIn(_Strict):
             raise ValueError("metadata.files must map relative paths to file contents (strings)")
         if (value or {}).get("split", "train") not in ("train", "test"):
             raise ValueError('metadata.split must be "train" or "test"')
+        if (value or {}).get("deliver") is not None:
+            try:
+                parse_deliverable(value["deliver"])
+            except ValueError as exc:
+                raise ValueError(f"metadata.{exc}") from None
         return value
 
 

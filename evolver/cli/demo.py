@@ -131,7 +131,7 @@ def demo(state: State, keep: bool) -> None:
             # As `evolver bench` sends them: each keeps its pack's split (demo-05 is held out of
             # learning), so what the background jobs learn from is the same on every run.
             ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(), "source": "bench",
-                                             "metadata": {"pack_task": t.id, "split": t.split}})["id"]
+                                             "metadata": {"pack_task": t.id, **t.metadata()}})["id"]
                    for t in pack]
             out.print(f"submitted the bundled demo pack: {len(ids)} tasks, each committed before its 201")
             tasks = _wait_all(client, ids, timeout_s=300)

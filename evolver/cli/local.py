@@ -214,8 +214,7 @@ def _bench_here(state: State, tasks) -> list[dict]:
         with out.status(f"0/{len(tasks)}") as status:
             for n, pack_task in enumerate(tasks, start=1):
                 task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
-                                                metadata={"pack_task": pack_task.id, "files": pack_task.files,
-                                                          "split": pack_task.split})
+                                                metadata={"pack_task": pack_task.id, **pack_task.metadata()})
                 result = agent.run_task(task, purpose="evaluate")
                 results.append(_result(pack_task, result.status, result.success, result.answer, result.attempts))
                 status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")
@@ -225,8 +224,8 @@ def _bench_here(state: State, tasks) -> list[dict]:
 def _bench_through_daemon(state: State, tasks) -> list[dict]:
     with state.client() as client:
         ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(), "priority": -10,
-                                         "source": "bench", "metadata": {"pack_task": t.id, "files": t.files,
-                                                                         "split": t.split}})["id"] for t in tasks]
+                                         "source": "bench", "metadata": {"pack_task": t.id, **t.metadata()}})["id"]
+               for t in tasks]
         pending, done = dict(zip(ids, tasks)), {}
         with out.status(f"the daemon is solving 0/{len(tasks)}") as status:
             while pending:

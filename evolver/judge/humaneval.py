@@ -14,6 +14,7 @@ held-out ``test`` split.
 from __future__ import annotations
 
 from .checks import parse_check
+from .deliverable import Deliverable
 from .taskpack import PackTask, hashed_split
 
 __all__ = ["humaneval_tasks"]
@@ -52,5 +53,6 @@ def humaneval_tasks(limit: int | None = None, *, test_share: float = 0.2) -> lis
         check = parse_check({"type": "python", "code": _check_code(problem), "timeout_s": 30})
         task_id = problem["task_id"].replace("/", "-").lower()
         tasks.append(PackTask(id=task_id, prompt=prompt, check=check, tags=("humaneval", "function"),
-                              split=hashed_split(task_id, test_share)))
+                              split=hashed_split(task_id, test_share),
+                              deliver=Deliverable(file="solution.py", functions=(entry,))))
     return tasks

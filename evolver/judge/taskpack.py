@@ -7,7 +7,9 @@ One JSON object per line:
      "check": {"type": "answer", ...},       required; see evolver/judge/checks.py
      "tags": ["arithmetic"],                 optional
      "split": "train",                       "train" (default) or "test" (held out)
-     "files": {"data.csv": "a,b\\n1,2\\n"}}  optional: files put in the workspace first
+     "files": {"data.csv": "a,b\\n1,2\\n"},  optional: files put in the workspace first
+     "deliver": {"file": "solution.py",      optional, for a code task: the file and the
+                 "functions": ["f"]}}          functions its check loads (see deliverable.py)
 
 Blank lines and lines starting with ``#`` are skipped. A bad line is refused
 with its file and line number; a pack with any bad line is refused whole, so a
@@ -23,6 +25,7 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 
 from .checks import AnswerCheck, CheckError, CommandCheck, PythonCheck, parse_check
+from .deliverable import Deliverable, parse_deliverable
 
 __all__ = ["PackTask", "TaskPackError", "load_pack", "parse_pack", "bundled_pack", "SPLITS", "hashed_split"]
 
@@ -33,7 +36,7 @@ def hashed_split(task_id: str, test_share: float) -> str:
     """A stable split by the hash of an id: "test" (held out) for about ``test_share`` of ids."""
     bucket = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     return "test" if bucket < test_share else "train"
-_KEYS = {"id", "prompt", "check", "tags", "split", "files"}
+_KEYS = {"id", "prompt", "check", "tags", "split", "files", "deliver"}
 
 
 class TaskPackError(ValueError):
@@ -48,9 +51,20 @@ class PackTask:
     tags: tuple[str, ...] = ()
     split: str = "train"
     files: dict[str, str] = field(default_factory=dict)
+    deliver: Deliverable | None = None
 
     def check_data(self) -> dict:
         return self.check.model_dump()
+
+    def metadata(self) -> dict:
+        """What a task made from this one carries: its files, its deliverable and its split."""
+        return {**({"files": self.files} if self.files else {}),
+                **({"deliver": self.deliver.data()} if self.deliver else {}), "split": self.split}
+
+    def data(self) -> dict:
+        """The pack line of this task."""
+        return {"id": self.id, "prompt": self.prompt, "check": self.check_data(), "tags": list(self.tags),
+                "split": self.split, "files": self.files, **({"deliver": self.deliver.data()} if self.deliver else {})}
 
 
 def _safe_relative(path: str) -> bool:
@@ -90,7 +104,14 @@ def _task(data: object, where: str) -> PackTask:
     for path in files:
         if not _safe_relative(path):
             raise TaskPackError(f"{where}: task {task_id}: file path {path!r} must be relative, inside the workspace")
-    return PackTask(id=task_id, prompt=prompt, check=check, tags=tuple(tags), split=split, files=dict(files))
+    deliver = None
+    if "deliver" in data:
+        try:
+            deliver = parse_deliverable(data["deliver"])
+        except ValueError as exc:
+            raise TaskPackError(f"{where}: task {task_id}: {exc}") from None
+    return PackTask(id=task_id, prompt=prompt, check=check, tags=tuple(tags), split=split, files=dict(files),
+                    deliver=deliver)
 
 
 def parse_pack(text: str, source: str = "pack") -> list[PackTask]:

@@ -209,6 +209,10 @@ class Model(Protocol):
                  max_tokens: int | None = None, response_format: dict | None = None,
                  stream: StreamTap | None = None) -> ModelReply: ...
 
+    def native_tools(self) -> bool:
+        """Whether the model calls tools natively (a scaffold's action_format auto acts in code when not)."""
+        ...
+
 
 class ModelClient:
     def __init__(self, settings: ModelSettings, *, store: ExperienceStore, budget: BudgetGuard,
@@ -223,6 +227,12 @@ class ModelClient:
         self._sleep = sleep
         self._backoff_s = backoff_s
         self._litellm = litellm
+
+    def native_tools(self) -> bool:
+        try:
+            return self._native_tools(self.settings.name)
+        except ModelError:
+            return False
 
     def _native_tools(self, model: str) -> bool:
         if self.settings.tool_mode != "auto":  # the user knows better than litellm's table (a local alias)

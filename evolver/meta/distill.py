@@ -41,7 +41,7 @@ __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 
 WATERMARK_KEY = "watermark.distill"
 BATCH = 20
-LEARNED_FROM = ("finished", "step_limit", "repeating")  # how an attempt of the agent's own ended
+LEARNED_FROM = ("finished", "asked", "step_limit", "repeating")  # how an attempt of the agent's own ended
 
 SYSTEM = ("You maintain a short list of insights: general, reusable lessons for an agent that solves tasks with "
           "tools. Compare what worked with what failed and propose at most {max_ops} operations on the list. "
@@ -90,7 +90,7 @@ def _prompt(store: ExperienceStore, batch, shown) -> str:
     lines = ["Insights now (numbered):", render(shown), "", "New experience:"]
     for n, (trajectory, success) in enumerate(batch, start=1):
         lines.append(f"{n}. Task: {clip(trajectory.prompt, 300, one_line=True)}")
-        if trajectory.status == "finished":
+        if trajectory.status in ("finished", "asked"):
             lines.append(f"   Answer: {clip(trajectory.final_answer, 200, one_line=True)} ({_outcome(success)})")
         else:
             lines.append(f"   No answer ({_outcome(success)})")

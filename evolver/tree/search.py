@@ -101,9 +101,8 @@ class TreeSearch:
                 log.error("evaluation pack %s is not used: %s", name, exc)
                 continue
             for t in tasks:
-                metadata = {"files": t.files} if t.files else {}
                 items[t.split].append(EvalItem(ref=f"pack:{name}:{t.id}", split=t.split, task={
-                    "prompt": t.prompt, "check": t.check_data(), "metadata": {**metadata, "split": t.split}}))
+                    "prompt": t.prompt, "check": t.check_data(), "metadata": t.metadata()}))
         share = self.config.evolution.held_out_share
         people = [t for source in PERSON_SOURCES for t in self.store.list_tasks(source=source, limit=1000)]
         for task in sorted(people, key=lambda t: (t.created_at, t.id)):
@@ -114,7 +113,7 @@ class TreeSearch:
             split = task.metadata.get("split")
             if split not in SPLITS:
                 split = hashed_split(task.id, share)
-            metadata = {"files": task.metadata["files"]} if task.metadata.get("files") else {}
+            metadata = {key: task.metadata[key] for key in ("files", "deliver") if task.metadata.get(key)}
             items[split].append(EvalItem(ref=f"task:{task.id}", split=split, task={
                 "prompt": task.prompt, "check": task.check, "metadata": {**metadata, "split": split}}))
         return items

@@ -1,0 +1,196 @@
+"""Handing in what a code task asked for, and trying the task's own examples first.
+
+A small model defines the requested function in its session and then never writes
+the file (its code would have to travel inside a JSON string). So the agent keeps
+the code its session ran, and an attempt that defined the function delivers it: the
+module is rebuilt from that code (its imports, then the last definition of each
+function, class and constant; never the calls and prints around them). A file the
+agent wrote itself wins. The judge does not change: it loads the file in its own
+process.
+
+Before an attempt finishes, the examples the task itself gives (doctest lines, or
+``f(1) == 2`` lines naming a requested function, with literal arguments and results)
+are run against what would be delivered, in a fresh sandboxed process, so a failure
+comes back to the model as an observation it can repair. The held-out check's own
+tests are never used: only the task's text.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import secrets
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sandbox import Limits, Sandbox, SandboxError, read_text
+
+from ..judge.deliverable import Deliverable
+
+__all__ = ["Example", "task_examples", "module_source", "delivered_source", "try_examples"]
+
+EXAMPLE_TIMEOUT_S = 10.0
+MAX_EXAMPLES = 12
+_ARROW = re.compile(r"^\s*(?P<call>(?P<name>[A-Za-z_]\w*)\(.*\))\s*(?:==>|➞|=>|->|==|should return|returns)\s*"
+                    r"(?P<want>.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class Example:
+    call: str  # an expression calling a requested function with literal arguments
+    expected: str  # its result as the task writes it (a literal, or a repr)
+
+
+def _literal_call(expr: str, functions: tuple[str, ...]) -> bool:
+    try:
+        node = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return False
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions):
+        return False
+    try:
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            ast.literal_eval(arg)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _literal(text: str) -> bool:
+    try:
+        ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def task_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
+    """The examples the task's text gives for the requested functions (at most ``MAX_EXAMPLES``)."""
+    found: list[Example] = []
+    lines = prompt.splitlines()
+    for n, line in enumerate(lines):  # doctest lines: ">>> f(1)" and its result on the next line(s)
+        head = line.strip()
+        if not head.startswith(">>>"):
+            continue
+        call, want = head[3:].strip(), []
+        for after in lines[n + 1:]:
+            text = after.strip()
+            if not text or text.startswith((">>>", '"""', "'''", "```")):
+                break
+            want.append(text)
+        expected = " ".join(want)
+        if expected and _literal_call(call, functions):
+            found.append(Example(call, expected))
+    for line in lines:
+        match = _ARROW.match(line.replace(">>>", " "))
+        if match and match["name"] in functions:
+            call, want = match["call"], match["want"].rstrip(".")
+            if _literal_call(call, functions) and _literal(want) and Example(call, want) not in found:
+                found.append(Example(call, want))
+    return found[:MAX_EXAMPLES]
+
+
+def module_source(blocks: list[str], functions: tuple[str, ...]) -> str | None:
+    """A module rebuilt from the code a session ran: its imports, then the last top-level definition of
+    each name (functions, classes, constants without calls); None when no requested function is defined."""
+    imports: dict[str, None] = {}
+    definitions: dict[str, ast.stmt] = {}
+    for block in blocks:
+        try:
+            tree = ast.parse(block)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imports[ast.unparse(node)] = None
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                definitions.pop(node.name, None)  # its latest definition's place
+                definitions[node.name] = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and _constant(node):
+                for name in _targets(node):
+                    definitions.pop(name, None)
+                    definitions[name] = node
+    if not any(name in definitions and not isinstance(definitions[name], (ast.Assign, ast.AnnAssign))
+               for name in functions):
+        return None
+    seen: set[int] = set()
+    body = []
+    for node in definitions.values():
+        if id(node) not in seen:
+            seen.add(id(node))
+            body.append(ast.unparse(node))
+    return "\n".join(imports) + ("\n\n\n" if imports else "") + "\n\n\n".join(body) + "\n"
+
+
+def _targets(node: ast.Assign | ast.AnnAssign) -> list[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [t.id for t in targets if isinstance(t, ast.Name)]
+
+
+def _constant(node: ast.Assign | ast.AnnAssign) -> bool:
+    """An assignment of names to a value that calls nothing (a table, a limit, a lambda)."""
+    names = _targets(node)
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return bool(names) and len(names) == len(targets) and node.value is not None and \
+        not any(isinstance(n, ast.Call) for n in ast.walk(node.value))
+
+
+def delivered_source(workspace: Path, deliverable: Deliverable, blocks: list[str]) -> tuple[str | None, bool]:
+    """What would be handed in, and whether the agent wrote the file itself (which then wins)."""
+    if (Path(workspace) / deliverable.file).is_file():
+        try:
+            return read_text(workspace, deliverable.file, max_bytes=1 << 20), True
+        except (OSError, SandboxError, ValueError):
+            return None, True
+    return module_source(blocks, deliverable.functions), False
+
+
+_RUNNER = """import ast, json, math
+SOURCE, FILE, EXAMPLES, MARK = {source!r}, {file!r}, {examples!r}, {mark!r}
+failures = []
+space = {{"__name__": FILE[:-3].replace("/", ".")}}
+try:
+    exec(compile(SOURCE, FILE, "exec"), space)
+except BaseException as exc:
+    failures.append(f"{{FILE}} does not load: {{type(exc).__name__}}: {{exc}}")
+    EXAMPLES = []
+for call, want in EXAMPLES:
+    try:
+        got = eval(call, space)
+    except Exception as exc:
+        failures.append(f"{{call}} raised {{type(exc).__name__}}: {{exc}} (the task says {{want}})")
+        continue
+    try:
+        expected = ast.literal_eval(want)
+        same = got == expected or (isinstance(got, float) and isinstance(expected, (int, float))
+                                   and math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-9))
+    except (ValueError, TypeError, SyntaxError):
+        same = repr(got) == want
+    if not same:
+        failures.append(f"{{call}} returned {{got!r}}, but the task says {{want}}")
+print(MARK + json.dumps(failures))
+"""
+
+
+def try_examples(sandbox: Sandbox, workspace: Path, file: str, source: str, examples: list[Example],
+                 limits: Limits | None) -> list[str]:
+    """Run the examples against ``source`` in a fresh sandboxed process; what failed, in words. This is the
+    agent's own check before it finishes, not the judge: code that games it only misleads itself."""
+    mark = f"examples-{secrets.token_hex(8)}:"
+    code = _RUNNER.format(source=source, file=file, examples=[(e.call, e.expected) for e in examples], mark=mark)
+    bounded = replace(limits or Limits(), timeout_s=min((limits or Limits()).timeout_s, EXAMPLE_TIMEOUT_S))
+    try:
+        result = sandbox.python(code, workspace=workspace, limits=bounded)
+    except SandboxError as exc:
+        return [f"the examples could not be run: {exc}"]
+    for line in reversed(result.stdout.splitlines()):
+        if line.startswith(mark):
+            try:
+                return [str(f) for f in json.loads(line[len(mark):])]
+            except ValueError:
+                break
+    if result.timed_out:
+        return [f"running the task's examples took over {bounded.timeout_s:g} s (an endless loop?)"]
+    return [f"the examples did not run to the end ({result.killed_by or f'exit code {result.exit_code}'}): "
+            f"{(result.stderr or result.error or '').strip()[-500:]}"]
