@@ -90,7 +90,10 @@ from tests._daemon import (
     write_script,
 )
 
-LOCAL_ALIAS = "qwen2.5-coder-0.5b"
+LOCAL_MODELS = {  # --local: the alias the server gives it, and the variable real-model-setup sets to its GGUF
+    "0.5b": ("qwen2.5-coder-0.5b", "REAL_MODEL_GGUF"),
+    "1.5b": ("qwen2.5-coder-1.5b", "REAL_MODEL_GGUF_1_5B"),
+}
 DIRECT_PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
 SIZES = {  # held_out, train, basic, generations, evaluations, evolve_rounds, promotion
     "quick": (3, 4, 3, 1, 4, 6, 2),
@@ -187,8 +190,7 @@ def split_tasks(seed: int, held_out: int, train: int, basic: int, promotion: int
 def write_pack(path: Path, tasks) -> None:
     from evolver.judge.taskpack import load_pack
 
-    lines = [json.dumps({"id": t.id, "prompt": t.prompt, "check": t.check_data(), "tags": list(t.tags),
-                         "split": t.split, "files": t.files}) for t in tasks]
+    lines = [json.dumps(t.data()) for t in tasks]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     load_pack(path)  # the daemon reads it the same way: a pack it would refuse fails here, first
 
@@ -245,9 +247,11 @@ def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> P
 class LocalServer:
     """llama.cpp's OpenAI-compatible server with the 0.5B model, as tests/test_real_model.py starts it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, size: str = "0.5b") -> None:
+        self.alias, variable = LOCAL_MODELS[size]
         self.python = os.environ.get("REAL_MODEL_PYTHON", "")
-        self.gguf = os.environ.get("REAL_MODEL_GGUF", "")
+        self.gguf = os.environ.get(variable, "")
+        self.variable = variable
         self.log_path = root / "llama-server.log"
         self.proc: subprocess.Popen | None = None
         self.base = ""
@@ -256,12 +260,12 @@ class LocalServer:
         import httpx
 
         if not (self.python and self.gguf and Path(self.python).exists() and Path(self.gguf).exists()):
-            raise RuntimeError('the local model needs llama-cpp-python\'s server and the GGUF: run '
-                               'eval "$(scripts/real-model-setup)" first, or name a model with --model')
+            raise RuntimeError(f'the local model needs llama-cpp-python\'s server and the GGUF ({self.variable}): run '
+                               'eval "$(scripts/real-model-setup 1.5b)" first, or name a model with --model')
         port = free_port()
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", LOCAL_ALIAS,
+                [self.python, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", self.alias,
                  "--n_ctx", "8192", "--n_threads", "2", "--n_threads_batch", "2", "--host", "127.0.0.1",
                  "--port", str(port)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
@@ -376,7 +380,7 @@ def run_tasks(http, tasks, timeout_s: float) -> dict:
     for t in tasks:
         response = http.post("/v1/tasks", json={
             "prompt": t.prompt, "check": t.check_data(), "source": "bench",
-            "metadata": {"pack_task": t.id, "files": t.files, "split": t.split}})
+            "metadata": {"pack_task": t.id, **t.metadata()}})
         response.raise_for_status()
         ids[response.json()["id"]] = t.id
     deadline = time.monotonic() + timeout_s
@@ -401,7 +405,30 @@ def run_tasks(http, tasks, timeout_s: float) -> dict:
             break
         if pending:
             time.sleep(1.0)
-    return {"per_task": {t.id: results[t.id] for t in tasks}, "failures": notes}
+    return {"per_task": {t.id: results[t.id] for t in tasks}, "failures": notes,
+            "task_ids": {pack_id: task_id for task_id, pack_id in ids.items()}}
+
+
+def work_per_task(db: Path, task_ids: dict[str, str]) -> dict:
+    """Per measured task: attempts, model turns, tokens, wall time, and how its last attempt ended."""
+    out = {}
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        for pack_id, task_id in task_ids.items():
+            rows = conn.execute("SELECT id, status, tokens_in + tokens_out, started_at, finished_at FROM trajectories "
+                                "WHERE task_id = ? ORDER BY attempt", [task_id]).fetchall()
+            turns = conn.execute("SELECT count(*) FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
+                                 "WHERE t.task_id = ? AND s.role IN ('assistant', 'plan', 'reflection')",
+                                 [task_id]).fetchone()[0]
+            wall = sum((f or s) - s for _, _, _, s, f in rows if s)
+            out[pack_id] = {"attempts": len(rows), "turns": turns, "tokens": sum(r[2] or 0 for r in rows),
+                            "wall_s": round(wall, 1), "ended": rows[-1][1] if rows else None}
+    return out
+
+
+def work_summary(work: dict) -> dict:
+    n = len(work) or 1
+    return {k: round(sum(w[k] for w in work.values()) / n, 1) for k in ("turns", "tokens", "wall_s")} | {
+        "asked": sum(w["ended"] == "asked" for w in work.values())}
 
 
 def recorded(http) -> int:
@@ -455,8 +482,10 @@ def measure(http, db: Path, held, args) -> dict:
     started_at, started = time.time(), time.perf_counter()
     run = run_tasks(http, held, args.phase_timeout_s)
     wait_idle(http, 60.0)
+    work = work_per_task(db, run["task_ids"])
     return {**rate(run["per_task"]), "wall_s": round(time.perf_counter() - started, 1),
-            **ledger(db, started_at, time.time()), "per_task": run["per_task"], "failures": run["failures"]}
+            **ledger(db, started_at, time.time()), "per_task": run["per_task"], "failures": run["failures"],
+            "work": work, "per_task_mean": work_summary(work)}
 
 
 # --- the plot -----------------------------------------------------------------------------------
@@ -508,6 +537,8 @@ def parse(argv: list[str] | None):
     parser.add_argument("--model", default=None,
                         help='a litellm model name; default: the local llama.cpp server ("scripted" with --quick)')
     parser.add_argument("--api-base", default="", help="the model server's base URL (with --model)")
+    parser.add_argument("--local", choices=sorted(LOCAL_MODELS), default="0.5b",
+                        help="which local model the llama.cpp server runs (without --model)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the task split")
     parser.add_argument("--held-out", type=int, default=None, help="held-out HumanEval tasks")
     parser.add_argument("--train", type=int, default=None, help="training HumanEval tasks")
@@ -557,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     root = make_root()
     started = time.perf_counter()
-    server = LocalServer(root)
+    server = LocalServer(root, args.local)
     daemon: DaemonProcess | None = None
     log(f"output in {out}; the daemon's root is {root}")
     try:
@@ -576,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             model = scripted_model(root, [*held, *promote], trained, problems)
         elif args.model == "local":
             log("starting the local llama.cpp server")
-            model = f"openai/{LOCAL_ALIAS}"
+            model = f"openai/{server.alias}"
             settings |= {"EVOLVER_MODEL_API_BASE": server.start(), "EVOLVER_MODEL_TIMEOUT_S": "300",
                          "EVOLVER_MODEL_MAX_RETRIES": "1"}
             if args.structured:  # as the README configures a llama.cpp server: its grammar makes every
@@ -622,8 +653,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["held_out"] = {k: measured[k] for k in ("successes", "total", "rate", "ci95")}
                 row["paired_vs_seed"] = paired(measured["per_task"], generations[0]["per_task"] if g else
                                                measured["per_task"])
+                row["paired_vs_direct"] = paired(measured["per_task"], report["direct"]["per_task"])
                 row["measurement"] = {k: measured[k] for k in ("wall_s", "model_calls", "tokens_in", "tokens_out",
-                                                               "by_purpose")}
+                                                               "by_purpose", "per_task_mean", "work")}
                 whole = ledger(db, began_at, time.time())
                 row["tokens"] = whole["tokens_in"] + whole["tokens_out"]
                 row["model_calls"] = whole["model_calls"]

@@ -104,7 +104,7 @@ def module_source(blocks: list[str], functions: tuple[str, ...]) -> str | None:
         for node in tree.body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 imports[ast.unparse(node)] = None
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not _stub(node):
                 definitions.pop(node.name, None)  # its latest definition's place
                 definitions[node.name] = node
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and _constant(node):
@@ -121,6 +121,15 @@ def module_source(blocks: list[str], functions: tuple[str, ...]) -> str | None:
             seen.add(id(node))
             body.append(ast.unparse(node))
     return "\n".join(imports) + ("\n\n\n" if imports else "") + "\n\n\n".join(body) + "\n"
+
+
+def _stub(node: ast.stmt) -> bool:
+    """A function whose body is only a docstring, ``pass`` or ``...``: the task's signature echoed back,
+    not a definition (a small model often starts by copying the task's stub)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    return all(isinstance(n, ast.Pass) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+               for n in node.body)
 
 
 def _targets(node: ast.Assign | ast.AnnAssign) -> list[str]:

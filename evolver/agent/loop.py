@@ -140,7 +140,7 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
     for hit in context.trajectories:
         block = f"- Task: {clip(hit.prompt, 400)}\n"
         if hit.work:  # what made it pass: the code it delivered or ran last
-            block += f"  Code that worked:\n```python\n{clip(hit.work, WORK_CHARS)}\n```\n"
+            block += f"  Code that worked:\n```python\n{clip(hit.work.strip(), WORK_CHARS)}\n```\n"
         block += f"  Answer: {clip(hit.final_answer or '', 300)}"
         if len(block) > left:
             break
@@ -209,7 +209,7 @@ class Agent:
         check = parse_check(task.check) if task.check else None
         code = self.acts_in_code()
         deliverable = _deliverable(task)
-        examples = task_examples(task.prompt, deliverable.functions) if deliverable else []
+        task_own = task_examples(task.prompt, deliverable.functions) if deliverable else []
         if record_status:
             self.store.set_task_status(task.id, "running")
         trajectory_ids: list[str] = []
@@ -241,7 +241,7 @@ class Agent:
                                              tool_names=tool_names, deliverable=deliverable)
                     # A chat answer streams from a finish call; in code it is a whole reply, sent when done.
                     turn = _Turn(hooks=hooks, attempt=attempt, answers=None if code else answers, code=code,
-                                 deliverable=deliverable, examples=examples, workspace=workspace,
+                                 deliverable=deliverable, examples=task_own, workspace=workspace,
                                  example_rounds=params.example_rounds if deliverable else 0)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose, turn)
@@ -346,8 +346,9 @@ class Agent:
         user = prompts.task.format(task=task.prompt, examples=examples, insights=insights)
         if code and deliverable is not None:
             names = ", ".join(f"`{f}`" for f in deliverable.functions)
-            user += (f"\nDefine {names} in a python block: when you finish, the session's definition is saved "
-                     f"to {deliverable.file} for you (unless you wrote that file yourself).")
+            user += (f"\nWrite the complete {names}, with its whole body, in a python block, and print what it "
+                     f"returns for the task's examples to check it. When it is right, call finish(\"done\"): the "
+                     f"session's definition is then saved to {deliverable.file} for you.")
         if reflection is not None:
             user += "\n\n" + prompts.retry.format(task=task.prompt, reflection=reflection)
         if note:
@@ -371,8 +372,9 @@ class Agent:
 
     def _hand_in(self, trajectory_id: str, turn: _Turn, on_step) -> None:
         """Deliver what a code task asked for if the attempt defined it but did not write the file, and keep
-        the attempt's work (the delivered module, or the last code it ran) as a step for worked examples."""
-        work = turn.blocks[-1] if turn.blocks else None
+        the attempt's work as a step for worked examples: the delivered module, or in code the last block
+        it ran (in tool calls the steps already show the code)."""
+        work = turn.blocks[-1] if turn.blocks and turn.code else None
         if turn.deliverable is not None and turn.workspace is not None:
             source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
             if source is not None and not own:
@@ -416,8 +418,8 @@ class Agent:
             return done.answer, "finished"
         except (StepLimit, Repeating) as ended:
             status = "step_limit" if isinstance(ended, StepLimit) else "repeating"
-            if not params.last_answer_turn or cancel.is_set():
-                return None, status
+            if not params.last_answer_turn or cancel.is_set() or turn.deliverable is not None:
+                return None, status  # a code task's answer is what it delivers, asked for or not
             answer = self._last_answer(messages, task, record, purpose, status)
             return (answer, "asked") if answer else (None, status)
 
@@ -428,7 +430,7 @@ class Agent:
         messages.append({"role": "user", "content": f"{reason}; this attempt ends now. Reply with your final "
                                                     "answer alone: no code, no tool call, no explanation."})
         reply = self._ask(messages, None, task, purpose)
-        record("assistant", reply.content, reply=reply)
+        record("answer", reply.content, reply=reply)  # not an "assistant" step: it could only answer
         messages.append({"role": "assistant", "content": reply.content})
         text = reply.content.strip()
         blocks = re.findall(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", text, re.DOTALL)
@@ -599,7 +601,8 @@ class Agent:
         names = ", ".join(f"`{f}`" for f in deliverable.functions)
         if source is None:
             turn.example_rounds -= 1
-            return (f"finish was refused: {names} is not defined yet. Define it"
+            return (f"finish was refused: {names} is not defined yet (a docstring alone is no definition). "
+                    f"Write it with its whole body"
                     + (" in a python block" if turn.code else " (run_python, or write_file " + deliverable.file + ")")
                     + ", then finish again.")
         if not turn.examples:

@@ -491,6 +491,8 @@ def _regex_canary(lab: Lab) -> Held:
     return Held(success is False and took < 30, f"verdict in {took:.1f} s: {reason[:160]}")
 
 
+from .code_canaries import code_canaries  # noqa: E402  (it builds on Canary and Held above)
+
 CANARIES: list[Canary] = (
     [_solution_canary(k) for k in SOLUTIONS]
     + [_tool_canary(k) for k in TOOLS]
@@ -509,6 +511,7 @@ CANARIES: list[Canary] = (
               "a before_finish hook that asks a loopback server and a Unix socket (stand-ins for the network and "
               "the daemon's socket) for the expected answer", _hook_calls_out_canary)]
     + [_hook_hog_canary(k) for k in HOOK_HOGS]
+    + code_canaries()
 )
 
 

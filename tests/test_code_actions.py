@@ -1,0 +1,229 @@
+"""Code actions: the model writes Python, the attempt's persistent sandboxed session runs it, the tools are
+functions there, finish(answer) ends the attempt; what a code task asks for is delivered and tried on the
+task's own examples first. Scripted model through litellm, real store, real sandbox."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evolver.agent.engine import Engine
+from evolver.agent.scaffold import default_scaffold
+from evolver.config import load_config
+from evolver.llm import scripted
+
+CODE = {"action_format": "code"}
+
+
+def code_scaffold(**parameters):
+    base = default_scaffold()
+    return base.model_copy(update={"parameters": base.parameters.model_copy(update={**CODE, **parameters})})
+
+
+@pytest.fixture
+def engine_for(open_store, sandbox, tmp_path):
+    def make(script: dict, name: str, **env) -> Engine:
+        scripted.register_script(name, script)
+        config = load_config(env={"EVOLVER_MODEL_NAME": f"scripted/{name}",
+                                  **{f"EVOLVER_{k.upper()}": str(v) for k, v in env.items()}})
+        return Engine.open(config, data_dir=tmp_path / name, store=open_store(tmp_path / name), sandbox=sandbox)
+
+    return make
+
+
+def block(code: str) -> str:
+    return f"Let me run this.\n```python\n{code}\n```"
+
+
+def observations(engine, result, attempt: int = 0) -> list[str]:
+    return [s.content for s in engine.store.steps(result.trajectory_ids[attempt]) if s.role == "tool"]
+
+
+def test_names_persist_between_blocks_and_finish_from_code_ends_the_attempt(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"Output of your code:\nset", "role": "user", "reply": block("finish(str(x))")},
+        {"match": r"What is 6 times 7", "role": "user", "reply": block("x = 6 * 7\nprint('set')")},
+    ]}, "c-persist")
+    task, _ = engine.store.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.answer, result.success) == ("done", "42", True)
+    steps = engine.store.steps(result.trajectory_ids[0])
+    assert [s.role for s in steps] == ["assistant", "tool", "assistant", "tool", "work"]
+    assert steps[0].tool_calls[0]["arguments"] == {"code": "x = 6 * 7\nprint('set')"}
+    assert steps[-1].content == "finish(str(x))"  # the block that did it is the attempt's work
+
+
+def test_the_seed_acts_in_code_for_a_model_without_native_tools_and_in_tool_calls_otherwise(engine_for):
+    text = engine_for({"native_tools": False, "rules": [{"match": "", "reply": "Paris"}]}, "c-auto-text")
+    native = engine_for({"rules": [{"match": "", "reply": "Paris"}]}, "c-auto-native")
+    assert default_scaffold().parameters.action_format == "auto"
+    assert text.agent().acts_in_code() and not native.agent().acts_in_code()
+    assert not text.agent(default_scaffold().model_copy(update={"parameters": default_scaffold().parameters
+                                                                 .model_copy(update={"action_format": "tools"})})
+                          ).acts_in_code()
+
+
+def test_a_reply_without_code_is_the_answer_so_a_chat_turn_always_gets_one(engine_for):
+    engine = engine_for({"native_tools": False, "rules": [{"match": "", "reply": "Hello! I am evolver."}]},
+                        "c-plain")
+    task, _ = engine.store.add_task("Hello, who are you?", source="chat", status="running")
+    result = engine.agent().run_task(task)
+    assert (result.status, result.answer) == ("done", "Hello! I am evolver.")
+    assert [s.role for s in engine.store.steps(result.trajectory_ids[0])] == ["assistant"]
+
+
+def test_the_session_offers_the_tools_as_functions_and_says_so(engine_for, tmp_path):
+    record = tmp_path / "sent.jsonl"
+    engine = engine_for({"record": str(record), "rules": [
+        {"match": r"exit code 0\nhi", "role": "user", "reply": block("finish(read_file('a.txt'))")},
+        {"match": r"Write hi", "role": "user",
+         "reply": block("write_file('a.txt', 'hi')\nprint(list_files('.'))\nprint(run_shell('cat a.txt'))")},
+    ]}, "c-functions")
+    task, _ = engine.store.add_task("Write hi to a.txt and read it back")
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.answer) == ("done", "hi")
+    assert "file\t2\ta.txt" in observations(engine, result)[0]
+    system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
+    for signature in ("read_file(path: str)", "write_file(path: str, content: str)", "list_files(path: str = ...)",
+                      "run_shell(command: str)", "finish(answer: str)"):
+        assert signature in system
+
+
+def test_a_block_that_never_ends_times_out_and_the_attempt_goes_on(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"timed out", "role": "user", "reply": block("finish('gave up waiting')")},
+        {"match": r"Spin", "role": "user", "reply": block("while True:\n    pass")},
+    ]}, "c-spin", sandbox_timeout_s=2)
+    task, _ = engine.store.add_task("Spin")
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.answer) == ("done", "gave up waiting")
+    assert "timed out" in observations(engine, result)[0]
+
+
+def test_huge_output_is_clipped_and_os_exit_restarts_the_session_with_a_notice(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"names defined by earlier calls are gone", "role": "user", "reply": block("finish('recovered')")},
+        {"match": r"more characters cut", "role": "user", "reply": block("import os\nos._exit(3)")},
+        {"match": r"Flood", "role": "user", "reply": block("print('x' * 5_000_000)")},
+        {"match": r"died", "role": "user", "reply": block("print('after the exit')")},
+    ]}, "c-flood")
+    task, _ = engine.store.add_task("Flood the output")
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.answer) == ("done", "recovered")
+    flood, died, after = observations(engine, result)[:3]
+    assert len(flood) < 4200 and "more characters cut" in flood
+    assert "died" in died and "exit status 3" in died
+    assert "a fresh Python worker was started" in after and "after the exit" in after
+
+
+def test_run_python_that_calls_finish_ends_the_attempt_in_tool_calls_too(engine_for):
+    engine = engine_for({"rules": [{"match": "Compute", "role": "user", "tool": "run_python",
+                                    "arguments": {"code": "finish(str(2 ** 10))"}}]}, "c-tools-finish")
+    task, _ = engine.store.add_task("Compute 2 to the 10th", check={"type": "answer", "expected": "1024"})
+    result = engine.agent(code_scaffold(action_format="tools")).run_task(task)
+    assert (result.status, result.answer, result.success) == ("done", "1024", True)
+
+
+# --- what a code task asks for ---------------------------------------------------------------------------
+
+DOUBLE_TASK = ("Write solution.py defining double(n) that returns twice n.\n\n"
+               "    >>> double(2)\n    4\n    >>> double(-3)\n    -6\n")
+DOUBLE_CHECK = {"type": "python", "code": "def check(answer, workspace):\n"
+                "    f = solution('solution').double\n"
+                "    return f(21) == 42 and f(0) == 0 and f(-4) == -8\n"}
+DELIVER = {"deliver": {"file": "solution.py", "functions": ["double"]}}
+
+
+def test_a_function_defined_in_the_session_is_delivered_and_judged_from_the_file(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"Output of your code:\n4", "role": "user", "reply": block("finish('done')")},
+        {"match": r"defining double", "role": "user",
+         "reply": block("import math\n\ndef double(n):\n    return 2 * n\n\nprint(double(2))")},
+    ]}, "c-deliver")
+    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.success) == ("done", True), result.verdict
+    steps = engine.store.steps(result.trajectory_ids[0])
+    assert any(s.content.startswith("[delivered]") for s in steps)
+    work = steps[-1]
+    assert work.role == "work" and work.content == "import math\n\n\ndef double(n):\n    return 2 * n\n"
+
+
+def test_a_file_the_agent_wrote_itself_wins_over_the_session(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"Output of your code", "role": "user", "reply": block("finish('done')")},
+        {"match": r"defining double", "role": "user", "reply": block(
+            "def double(n):\n    return 2 * n\n\n"
+            "write_file('solution.py', 'def double(n):\\n    return n + n + 1\\n')")},
+    ]}, "c-own-file")
+    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold(example_rounds=0, max_attempts=1)).run_task(task)
+    assert result.success is False  # its own (wrong) file was judged, not the session's right function
+    assert not any(s.content.startswith("[delivered]") for s in engine.store.steps(result.trajectory_ids[0]))
+
+
+def test_the_tasks_own_examples_refuse_a_wrong_finish_and_the_model_repairs_it(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"double\(2\) returned 3, but the task says 4", "role": "user",
+         "reply": block("def double(n):\n    return n * 2\nfinish('done')")},
+        {"match": r"defining double", "role": "user", "reply": block("def double(n):\n    return n + 1\nfinish('done')")},
+    ]}, "c-examples")
+    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.success, result.attempts) == ("done", True, 1), observations(engine, result)
+    refused = observations(engine, result)[0]
+    assert refused.startswith("finish was refused: the task's own examples fail")
+    assert "double(-3) returned -2, but the task says -6" in refused
+
+
+def test_finishing_before_the_function_is_defined_is_refused_and_a_stub_is_no_definition(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"is not defined yet", "role": "user", "reply": block("def double(n):\n    return 2 * n\nfinish('ok')")},
+        {"match": r"defining double", "role": "user", "reply": block('def double(n):\n    """Twice n."""\nfinish("ok")')},
+    ]}, "c-stub")
+    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.success) == ("done", True)
+    assert "`double` is not defined yet" in observations(engine, result)[0]
+
+
+def test_an_attempt_out_of_steps_is_asked_for_its_answer_once_and_says_so(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"Reply with your final answer alone", "role": "user", "reply": "42"},
+        {"match": "", "role": "user", "reply": block("print('still thinking')")},
+    ]}, "c-asked")
+    task, _ = engine.store.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(code_scaffold(max_steps=2, repeat_limit=0)).run_task(task)
+    assert (result.status, result.answer, result.success) == ("done", "42", True)
+    assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "asked"
+
+
+# --- worked examples carry the work ----------------------------------------------------------------------
+
+
+def test_a_worked_example_carries_the_code_that_passed_and_held_out_code_never_appears(engine_for, tmp_path):
+    record = tmp_path / "sent.jsonl"
+    secret = "HELD_OUT_MARKER = 1"
+    engine = engine_for({"record": str(record), "rules": [
+        {"match": r"Output of your code:\n(4|8)", "role": "user", "reply": block("finish('done')")},
+        {"match": r"defining triple", "role": "user", "reply": block(
+            f"{secret}\ndef triple(n):\n    return 3 * n\nprint(triple(2) - 2)")},
+        {"match": r"defining double", "role": "user", "reply": block("def double(n):\n    return n * 2\nprint(double(2))")},
+        {"match": r"defining quadruple", "role": "user", "reply": block("finish('done')")},
+    ]}, "c-worked")
+    triple_check = {"type": "python", "code": "def check(answer, workspace):\n    return solution('solution').triple(3) == 9\n"}
+    held, _ = engine.store.add_task("Write solution.py defining triple(n) that returns three times n.",
+                                    check=triple_check, metadata={"split": "test", "deliver": {
+                                        "file": "solution.py", "functions": ["triple"]}})
+    taught, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata={**DELIVER, "split": "train"})
+    agent = engine.agent(code_scaffold())
+    assert agent.run_task(held).success is True and agent.run_task(taught).success is True
+    engine.store.sync_index()
+    later, _ = engine.store.add_task("Write solution.py defining quadruple(n) that returns four times n, "
+                                     "like double and triple.", metadata={"split": "train"})
+    engine.agent(code_scaffold(example_rounds=0)).run_task(later)
+    sent = record.read_text().splitlines()[-1]
+    prompt = json.loads(sent)["messages"][1]["content"]
+    assert "Code that worked:\n```python\ndef double(n):\n    return n * 2\n```" in prompt
+    assert secret not in sent and "def triple" not in sent  # the held-out attempt's code is shown to no one
