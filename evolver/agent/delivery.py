@@ -138,11 +138,13 @@ def _targets(node: ast.Assign | ast.AnnAssign) -> list[str]:
 
 
 def _constant(node: ast.Assign | ast.AnnAssign) -> bool:
-    """An assignment of names to a value that calls nothing (a table, a limit, a lambda)."""
+    """An assignment of names to a literal (a table, a limit) or a lambda: what a module may hold without
+    the session's other state (``x = frame.f_locals[...]`` would not load in a file)."""
     names = _targets(node)
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    return bool(names) and len(names) == len(targets) and node.value is not None and \
-        not any(isinstance(n, ast.Call) for n in ast.walk(node.value))
+    if not names or len(names) != len(targets) or node.value is None:
+        return False
+    return isinstance(node.value, ast.Lambda) or _literal(ast.unparse(node.value))
 
 
 def delivered_source(workspace: Path, deliverable: Deliverable, blocks: list[str]) -> tuple[str | None, bool]:

@@ -76,16 +76,16 @@ def _rebinds_finish(lab):
 
 
 def _outlives_attempt(lab):
-    mark = f"evolver-canary-{secrets.token_hex(6)}"
+    mark = f"{600 + secrets.randbelow(10 ** 6)}.{secrets.randbelow(10 ** 6):06d}"  # seconds: unique in cmdlines
     code = ("import subprocess, threading, time\n"
-            f"subprocess.Popen(['/bin/sh', '-c', 'exec -a {mark} sleep 600'], start_new_session=True)\n"
+            f"subprocess.Popen(['sleep', '{mark}'], start_new_session=True)\n"
             "threading.Thread(target=time.sleep, args=(600,), daemon=False).start()\n"
             + _WRONG + "finish('done')")
     result, _ = _solve(lab, [{"match": r"fizzbuzz", "on": "task", "role": "user", "reply": _block(code)}])
     alive = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if mark.encode() in cmdline.read_bytes():
+            if cmdline.read_bytes() == f"sleep\0{mark}\0".encode():
                 alive.append(cmdline.parent.name)
         except OSError:
             continue
