@@ -14,6 +14,7 @@ import pytest
 from _daemon import DaemonProcess, make_root, serving, write_script
 
 from evolver.agent.answer_stream import AnswerStream, partial_json_string
+from evolver.agent.scaffold import default_scaffold
 from evolver.api.chat import NOT_KEPT, rest_of_reply
 from evolver.config import BudgetSettings, ModelSettings
 from evolver.llm import scripted
@@ -118,7 +119,12 @@ def daemon():
     path = write_script(root, "script", rules)
     script = json.loads((root / "script.json").read_text())
     (root / "script.json").write_text(json.dumps({**script, "native_tools": False, "stream_delay_s": 0.02}))
-    proc = DaemonProcess(root, model=path)
+    # The answer streams from a finish call: a model of text tool calls, so the seed acts in tool calls here
+    # (its auto format would act in code, where the answer is a whole reply).
+    seed = json.loads(default_scaffold().model_dump_json())
+    seed["parameters"]["action_format"] = "tools"
+    (root / "seed.json").write_text(json.dumps(seed))
+    proc = DaemonProcess(root, model=path, settings={"EVOLVER_AGENT_SEED_SCAFFOLD": str(root / "seed.json")})
     with serving(proc):
         yield proc
 

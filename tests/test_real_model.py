@@ -113,13 +113,31 @@ def test_a_task_runs_its_tool_calls_in_the_sandbox_and_ends_cleanly(engine):
     task, _ = engine.store.add_task(
         "Use the run_python tool to print the result of 17 * 23, then call finish with that number.",
         check={"type": "answer", "expected": "391"})
-    result = engine.agent(_short(engine)).run_task(task)
+    result = engine.agent(_short(engine, action_format="tools")).run_task(task)
     assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
     steps = [step for _, _, step in engine.store.task_steps(task.id)]
     ran = [r for step in steps for r in (step.tool_results or [])]
     shown = [(step.role, step.content[:300]) for step in steps]
     # The model's call was parsed (repaired if need be) and run: run_python runs in the sandbox.
     assert any(r["ok"] and r["name"] in ("run_python", "run_shell") for r in ran), shown
+
+
+def test_the_seed_acts_in_code_and_a_code_task_gets_its_function_delivered(engine):
+    """The seed's auto format picks code for this text-mode model; its block runs in the session and what the
+    session defined is in solution.py for the judge (the tier checks the path, not that the code is right)."""
+    from evolver.judge.catalog import resolve_pack
+
+    (pack_task,) = [t for t in resolve_pack("basic") if t.id == "func-02"]  # is_palindrome
+    task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), metadata=pack_task.metadata())
+    agent = engine.agent(_short(engine))
+    assert agent.acts_in_code()
+    result = agent.run_task(task)
+    assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
+    steps = [step for _, _, step in engine.store.task_steps(task.id)]
+    shown = [(step.role, step.content[:300]) for step in steps]
+    assert any(r["name"] == "run_python" for step in steps for r in (step.tool_results or [])), shown
+    work = [step.content for step in steps if step.role == "work"]
+    assert work and "def is_palindrome(" in work[-1], shown  # the delivered module, or at least the code run
 
 
 def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_store, sandbox, tmp_path):
@@ -130,7 +148,7 @@ def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_sto
     ensure_root(e.store, e.seed_scaffold())
     task, _ = e.store.add_task("What is 12 * 12? Compute it with run_python, then call finish with it.",
                                check={"type": "answer", "expected": "144"})
-    result = e.agent(_short(e, max_steps=3)).run_task(task)
+    result = e.agent(_short(e, max_steps=3, action_format="tools")).run_task(task)
     assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
     calls = [c for _, _, step in e.store.task_steps(task.id) for c in (step.tool_calls or [])]
     assert calls and all(c.get("error") is None for c in calls), calls  # the grammar allows nothing else
