@@ -27,6 +27,8 @@ from ..config import load_config
 from ..judge.catalog import resolve_pack
 from ..llm import scripted
 from .base import cli, out, table
+from .code_canaries import CODE_CANARIES
+from .code_canaries import PATH as CODE_PATH
 
 __all__ = ["CANARIES", "Canary", "Held", "Lab", "run_canary"]
 
@@ -491,8 +493,6 @@ def _regex_canary(lab: Lab) -> Held:
     return Held(success is False and took < 30, f"verdict in {took:.1f} s: {reason[:160]}")
 
 
-from .code_canaries import code_canaries  # noqa: E402  (it builds on Canary and Held above)
-
 CANARIES: list[Canary] = (
     [_solution_canary(k) for k in SOLUTIONS]
     + [_tool_canary(k) for k in TOOLS]
@@ -511,7 +511,7 @@ CANARIES: list[Canary] = (
               "a before_finish hook that asks a loopback server and a Unix socket (stand-ins for the network and "
               "the daemon's socket) for the expected answer", _hook_calls_out_canary)]
     + [_hook_hog_canary(k) for k in HOOK_HOGS]
-    + code_canaries()
+    + [Canary(name, CODE_PATH, attack, lambda lab, run=run: Held(*run(lab))) for name, attack, run in CODE_CANARIES]
 )
 
 
