@@ -1,0 +1,103 @@
+"""The seed scaffold against the previous seed on a pack's split, paired by task; prints JSON.
+
+    python benchmarks/seed_vs_seed.py [--local 0.5b|1.5b] [--pack basic] [--split test] [--max-steps N]
+        [--max-attempts N] [--out FILE]
+
+Both scaffolds run every task of the split, one after the other, through the agent loop (as `evolver bench`
+runs a pack without a daemon: the real store, the real sandbox, the verifier), on the local llama.cpp server
+(``eval "$(scripts/real-model-setup 1.5b)"``; this script starts the server and stops it, in text tool mode
+with the server's grammar, as the README configures it). "now" is the bundled seed (``action_format`` auto:
+code for this server); "before" is the same seed as it was before code actions: tool calls, no examples
+tried before finishing, no last answer turn. ``--max-steps`` and ``--max-attempts`` shorten both alike.
+Per scaffold: successes with a Wilson interval, turns, tokens and wall time per task; then the paired
+difference (now minus before) with its interval, and the tasks that changed. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from learning_curve import LocalServer, log, paired, rate  # noqa: E402
+
+
+def seeds(max_steps: int | None, max_attempts: int | None) -> dict:
+    from evolver.agent.scaffold import default_scaffold
+
+    limits = {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts)) if v is not None}
+    now = default_scaffold()
+    before = {"action_format": "tools", "example_rounds": 0, "last_answer_turn": False}
+    return {name: now.model_copy(update={"parameters": now.parameters.model_copy(update={**limits, **extra})})
+            for name, extra in (("now", {}), ("before", before))}
+
+
+def run(engine, scaffold, tasks) -> dict:
+    per_task, work = {}, {}
+    for pack_task in tasks:
+        task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
+                                        metadata={"pack_task": pack_task.id, **pack_task.metadata()})
+        started = time.perf_counter()
+        result = engine.agent(scaffold).run_task(task, purpose="evaluate")
+        steps = [s for tid in result.trajectory_ids for s in engine.store.steps(tid)]
+        per_task[pack_task.id] = bool(result.success)
+        work[pack_task.id] = {"turns": sum(s.role in ("assistant", "answer", "reflection", "plan") for s in steps),
+                              "tokens": sum(s.tokens_in + s.tokens_out for s in steps),
+                              "wall_s": round(time.perf_counter() - started, 1),
+                              "ended": engine.store.get_trajectory(result.trajectory_ids[-1]).status
+                              if result.trajectory_ids else None}
+        log(f"{pack_task.id}: {'solved' if result.success else 'failed'} ({work[pack_task.id]})")
+    n = len(tasks) or 1
+    mean = {k: round(sum(w[k] for w in work.values()) / n, 1) for k in ("turns", "tokens", "wall_s")}
+    return {**rate(per_task), "per_task_mean": mean, "per_task": per_task, "work": work}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--local", choices=("0.5b", "1.5b"), default="0.5b")
+    parser.add_argument("--pack", default="basic")
+    parser.add_argument("--split", choices=("train", "test", "all"), default="test")
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--max-attempts", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    from evolver.agent.engine import Engine
+    from evolver.config import load_config
+    from evolver.judge.catalog import resolve_pack
+
+    tasks = [t for t in resolve_pack(args.pack) if args.split == "all" or t.split == args.split]
+    with tempfile.TemporaryDirectory(prefix="seed-vs-seed-") as tmp:
+        server = LocalServer(Path(tmp), args.local)
+        try:
+            base = server.start()
+            env = {"EVOLVER_MODEL_NAME": f"openai/{server.alias}", "EVOLVER_MODEL_API_BASE": base,
+                   "EVOLVER_MODEL_TIMEOUT_S": "300", "EVOLVER_MODEL_MAX_RETRIES": "1",
+                   "EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+                   "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object", "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
+                   "EVOLVER_BUDGET_USD_PER_DAY": "0"}
+            report: dict = {"model": server.alias, "pack": args.pack, "split": args.split,
+                            "tasks": [t.id for t in tasks], "settings": {k: str(v) for k, v in vars(args).items()}}
+            with Engine.open(load_config(env=env), data_dir=Path(tmp) / "data") as engine:
+                for name, scaffold in seeds(args.max_steps, args.max_attempts).items():
+                    log(f"{name}: {len(tasks)} tasks of {args.pack} ({args.split})")
+                    report[name] = run(engine, scaffold, tasks)
+        finally:
+            server.stop()
+    report["paired_now_minus_before"] = paired(report["now"]["per_task"], report["before"]["per_task"])
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
