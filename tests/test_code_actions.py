@@ -73,6 +73,17 @@ def test_a_reply_without_code_is_the_answer_so_a_chat_turn_always_gets_one(engin
     assert [s.role for s in engine.store.steps(result.trajectory_ids[0])] == ["assistant"]
 
 
+def test_a_shell_block_is_not_taken_for_the_answer(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"Only ```python blocks run here", "role": "user", "reply": block("print(run_shell('echo hi'))")},
+        {"match": r"exit code 0\nhi", "role": "user", "reply": "hi"},
+        {"match": r"Say hi", "role": "user", "reply": "```bash\necho hi\n```"},
+    ]}, "c-shell")
+    task, _ = engine.store.add_task("Say hi with the shell")
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.answer) == ("done", "hi")
+
+
 def test_the_session_offers_the_tools_as_functions_and_says_so(engine_for, tmp_path):
     record = tmp_path / "sent.jsonl"
     engine = engine_for({"record": str(record), "rules": [

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 WORK_CHARS = 1500  # of a worked example's code, in a prompt
 
 
+_SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console|zsh)[ \t]*\n", re.IGNORECASE)
+
+
 def code_blocks(reply: str) -> list[str]:
     """The Python blocks of a reply in code actions (fenced, with or without a language; one left open at
     the end of the reply counts). Blocks in another language (```json, ```text) are not code."""
@@ -542,6 +545,10 @@ class Agent:
         calls = [{"id": f"code_{turn.step}", "name": "run_python", "arguments": arguments}] if blocks else None
         record("assistant", reply.content, reply=reply, tool_calls=calls)
         messages.append({"role": "assistant", "content": reply.content})
+        if not blocks and _SHELL_BLOCK.search(reply.content):  # an action, not an answer, in the wrong language
+            messages.append({"role": "user", "content": "Only ```python blocks run here. Run a shell command from "
+                                                        "Python: print(run_shell('...'))."})
+            return
         if not blocks:
             decided = self._finishing(reply.content.strip(), task, turn, record)
             if isinstance(decided, Submitted):
