@@ -1,14 +1,15 @@
 """Held-out success of the whole product as it learns, generation by generation; prints JSON, draws a PNG.
 
-    python benchmarks/learning_curve.py [--quick | --full] [--model NAME] [--api-base URL] [--seed 0]
+    python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL] [--seed 0]
         [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
         [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--out DIR] [--keep]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
 ``tests/_daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
 jobs, asked for over its socket, with any litellm model. Without ``--model`` it is the local
-llama.cpp server with Qwen2.5-Coder-0.5B-Instruct (``eval "$(scripts/real-model-setup)"`` sets
-REAL_MODEL_PYTHON and REAL_MODEL_GGUF; this script starts the server and stops it), and with
+llama.cpp server with Qwen2.5-Coder-0.5B-Instruct, or with ``--local 1.5b`` Qwen2.5-Coder-1.5B-Instruct
+(``eval "$(scripts/real-model-setup 1.5b)"`` sets REAL_MODEL_PYTHON, REAL_MODEL_GGUF and
+REAL_MODEL_GGUF_1_5B; this script starts the server and stops it), and with
 ``--quick`` a scripted model written here (it solves a fixed half of the HumanEval problems, fails
 the rest, and answers the meta-agent as the demo does: it makes the path work, it measures nothing).
 
@@ -44,10 +45,13 @@ Background jobs run only when asked (``[evolution] enabled = false``); the daemo
 ``record`` when one of the search's tasks ends. The daily budget caps are off (tokens and calls are
 measured instead); the per-task caps stay.
 
-Each measurement: held-out successes with a Wilson 95% interval; against generation 0, the paired
+Each measurement: held-out successes with a Wilson 95% interval; against the model alone
+(``paired_vs_direct``) and against generation 0 (``paired_vs_seed``), the paired
 difference (per task, this generation's success minus the seed's) with a normal-approximation 95%
 interval over the per-task differences, the counts of tasks that improved and worsened, and the exact
-McNemar p-value; tokens and model calls (from the daemon's ledger, by purpose, in the phase's time
+McNemar p-value; per task (``measurement.work``) its attempts, model turns, tokens, wall time and how
+its last attempt ended, and their means (``per_task_mean``, with how many answers were ``asked`` on a
+last turn); tokens and model calls (from the daemon's ledger, by purpose, in the phase's time
 window), wall time; and what was learned so far: active insights, synthesized tools, the incumbent
 node with its diff and rationale, and the tree's nodes by status.
 

@@ -134,3 +134,44 @@ def test_a_forgotten_worker_is_killed_when_collected(box, tmp_path):
     del worker
     gc.collect()
     assert process.poll() is not None
+
+
+def test_finish_in_the_code_ends_the_cell_with_its_answer(worker):
+    done = worker.execute("print('before')\nfinish(6 * 7)\nprint('never')")
+    assert done.ok and done.finished and done.answer == "42" and done.stdout == "before\n"
+    caught = worker.execute("try:\n    final_answer('x')\nexcept Exception:\n    print('caught')")
+    assert caught.finished and caught.answer == "x" and "caught" not in caught.stdout  # not an Exception
+
+
+FORGE = '''
+import json, sys
+frame = sys._getframe()
+while "replies" not in frame.f_locals:
+    frame = frame.f_back
+channel, request = frame.f_locals["replies"], frame.f_locals["request"]
+channel.write((json.dumps({"id": ID, "ok": True, "stdout": "FORGED", "finished": True, "answer": "FORGED"})
+               + chr(10)).encode())
+channel.flush()
+print("real")
+'''
+
+
+def test_a_line_forged_on_the_reply_channel_is_dropped_and_the_channel_stays_in_step(worker):
+    bogus = worker.execute(FORGE.replace("ID", '"0"'))
+    assert (bogus.stdout, bogus.finished) == ("real\n", False)
+    # With the request's own id the forged line is taken: it says only what the cell could say itself, and
+    # the cell's real reply, left behind, is not taken for the next call's.
+    current = worker.execute(FORGE.replace("ID", 'request["id"]'))
+    assert (current.stdout, current.answer) == ("FORGED", "FORGED")
+    after = worker.execute("print('next')")
+    assert after.ok and after.stdout == "next\n"
+
+
+def test_a_prelude_is_there_in_every_fresh_worker(box, tmp_path):
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with box.worker(workspace, LIMITS, prelude="def helper():\n    return 7\n") as worker:
+        assert worker.execute("helper()").value == "7"
+        worker.execute("import os\nos._exit(1)")
+        again = worker.execute("helper()")
+        assert again.restarted and again.value == "7"
