@@ -238,3 +238,39 @@ def test_a_worked_example_carries_the_code_that_passed_and_held_out_code_never_a
     prompt = json.loads(sent)["messages"][1]["content"]
     assert "Code that worked:\n```python\ndef double(n):\n    return n * 2\n```" in prompt
     assert secret not in sent and "def triple" not in sent  # the held-out attempt's code is shown to no one
+
+
+def test_the_code_prompt_names_the_tools_of_mcp_servers_that_a_block_cannot_call(engine_for, tmp_path):
+    from tools import ToolSpec
+
+    record = tmp_path / "sent.jsonl"
+    engine = engine_for({"record": str(record), "rules": [{"match": "", "reply": "done"}]}, "c-mcp")
+    engine.registry.register(ToolSpec(name="files__read", description="[files] read a file", origin="mcp",
+                                      parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+                                      runner=lambda arguments: (True, "the user's server answered")))
+    task, _ = engine.store.add_task("Read notes.txt from my files")
+    assert engine.agent(code_scaffold()).run_task(task).answer == "done"
+    system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
+    assert "(Not available in code: files__read; they need action_format tools.)" in system
+    assert "- files__read(" not in system
+
+
+def test_a_synthesized_tool_is_a_function_in_the_session_and_each_call_is_counted(engine_for, tmp_path):
+    from tools import ToolFiles
+
+    record = tmp_path / "sent.jsonl"
+    engine = engine_for({"record": str(record), "rules": [
+        {"match": r"Output of your code:\n9\n\[error\]", "role": "user", "reply": block("finish('tripled')")},
+        {"match": r"Multiply", "role": "user", "reply": block("print(triple(3))\ntriple('x' * 10 ** 8)")},
+    ]}, "c-synth")
+    code = ('def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n'
+            '    if not isinstance(x, int):\n        raise TypeError("a whole number")\n    return 3 * x\n')
+    digest = ToolFiles(engine.data_dir / "tools").write("triple", 1, code, "def test_it():\n    assert triple(1) == 3\n")
+    tool = engine.store.add_tool("triple", description="Multiply a whole number by three", code_hash=digest,
+                                 origin="synthesized")
+    task, _ = engine.store.add_task("Multiply a whole number by three: 3")
+    assert engine.agent(code_scaffold()).run_task(task).answer == "tripled"
+    system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
+    assert "- triple(x: int): Multiply a whole number by three." in system
+    counted = engine.store.get_tool(tool.id)
+    assert (counted.uses, counted.successes) == (2, 1)
