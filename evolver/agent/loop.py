@@ -568,7 +568,6 @@ class Agent:
             observation = tools.run_code(code)
             turn.blocks.append(code)
             text, ok, took = observation.text, observation.ok, observation.duration_ms
-            repeats.result = text
         finished: str | None = None
         if observation is not None and observation.finished:
             decided = self._finishing(observation.answer, task, turn, record)
@@ -576,6 +575,8 @@ class Agent:
                 finished = decided.answer
             else:
                 text, ok = decided, False
+        if observation is not None:
+            repeats.result = text  # what a repeat is told it already has: the refusal, if it was refused
         record("tool", text, tool_results=[{"id": calls[0]["id"], "name": "run_python", "ok": ok}],
                duration_ms=took)
         turn.calls.append(["run_python", arguments])
