@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sandbox import Limits, PythonWorker, Sandbox, SandboxError, list_dir, read_text, write_text
+from sandbox import ExecResult, Limits, PythonWorker, Sandbox, SandboxError, list_dir, read_text, write_text
 
 from .registry import ToolRegistry
 from .session import USES_FUNCTION, session_prelude
@@ -169,15 +169,20 @@ class TaskTools:
         calls ``finish(answer)``; each synthesized tool it called is counted as a call of the tool."""
         started = time.perf_counter()
         try:
-            result = self.worker.execute(code)
+            result, answer = self._execute(code)
         except SandboxError as exc:
             return Observation(text=f"[sandbox error] {exc}", ok=False,
                                duration_ms=(time.perf_counter() - started) * 1000)
-        self._count_uses()
         text = _format_exec(result) if not result.finished or result.stdout or result.stderr else "finished"
         return Observation(text=_clip(text, self.observation_chars), ok=result.ok, finished=result.finished,
-                           answer=result.answer.strip() if result.answer is not None else None,
-                           duration_ms=(time.perf_counter() - started) * 1000)
+                           answer=answer, duration_ms=(time.perf_counter() - started) * 1000)
+
+    def _execute(self, code: str) -> tuple[ExecResult, str | None]:
+        """Code run in the session (a block, or run_python's): its result, the answer it finished with, if
+        any; the synthesized tools it called are counted."""
+        result = self.worker.execute(code)
+        self._count_uses()
+        return result, result.answer.strip() if result.answer is not None else None
 
     def _count_uses(self) -> None:
         if self.on_use is None or not self.synthesized() or not self.worker.alive:
@@ -219,8 +224,7 @@ class TaskTools:
         if spec.name == "finish":
             return True, "finished", True, str(args["answer"]).strip()
         if spec.name == "run_python":  # finish(answer) in the code ends the attempt, as the tool would
-            result = self.worker.execute(args["code"])
-            answer = result.answer.strip() if result.answer is not None else None
+            result, answer = self._execute(args["code"])
             return result.ok, _format_exec(result), result.finished, answer
         if spec.name == "run_shell":
             result = self.sandbox.run(["/bin/sh", "-c", args["command"]], workspace=self.workspace, limits=self.limits)

@@ -43,17 +43,16 @@ log = logging.getLogger(__name__)
 WORK_CHARS = 1500  # of a worked example's code, in a prompt
 
 
-_SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console|zsh)[ \t]*\n", re.IGNORECASE)
+# A fenced block: its language, then its text (one left open at the end of a reply counts).
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_PYTHON = ("", "python", "py", "python3")
+_SHELL = ("bash", "sh", "shell", "console", "zsh")
 
 
 def code_blocks(reply: str) -> list[str]:
-    """The Python blocks of a reply in code actions (fenced, with or without a language; one left open at
-    the end of the reply counts). Blocks in another language (```json, ```text) are not code."""
-    blocks = []
-    for match in re.finditer(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", reply, re.DOTALL):
-        if match[1].lower() in ("", "python", "py", "python3") and match[2].strip():
-            blocks.append(match[2].rstrip())
-    return blocks
+    """The Python blocks of a reply in code actions (fenced, with or without a language). Blocks in another
+    language (```json, ```text) are not code."""
+    return [m[2].rstrip() for m in _FENCE.finditer(reply) if m[1].lower() in _PYTHON and m[2].strip()]
 
 
 class Submitted(Exception):
@@ -436,7 +435,7 @@ class Agent:
         record("answer", reply.content, reply=reply)  # not an "assistant" step: it could only answer
         messages.append({"role": "assistant", "content": reply.content})
         text = reply.content.strip()
-        blocks = re.findall(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", text, re.DOTALL)
+        blocks = [m[2] for m in _FENCE.finditer(text)]
         answer = (blocks[-1] if blocks else text).strip()
         return answer or None
 
@@ -545,7 +544,8 @@ class Agent:
         calls = [{"id": f"code_{turn.step}", "name": "run_python", "arguments": arguments}] if blocks else None
         record("assistant", reply.content, reply=reply, tool_calls=calls)
         messages.append({"role": "assistant", "content": reply.content})
-        if not blocks and _SHELL_BLOCK.search(reply.content):  # an action, not an answer, in the wrong language
+        if not blocks and any(m[1].lower() in _SHELL for m in _FENCE.finditer(reply.content)):
+            # an action, not an answer, in the wrong language
             messages.append({"role": "user", "content": "Only ```python blocks run here. Run a shell command from "
                                                         "Python: print(run_shell('...'))."})
             return
