@@ -199,6 +199,74 @@ def test_finishing_before_the_function_is_defined_is_refused_and_a_stub_is_no_de
     assert "`double` is not defined yet" in observations(engine, result)[0]
 
 
+# --- the draft: the model's own completion first --------------------------------------------------------
+
+STUB = 'def double(n):\n    """Twice n.\n    >>> double(2)\n    4\n    >>> double(-3)\n    -6\n    """\n'
+STUB_TASK = f"Write a file solution.py that defines `double` as specified below.\n\n```python\n{STUB}```"
+DRAFT = f"Complete the following Python function:\n\n```python\n{STUB}```"
+
+
+def test_the_draft_is_the_models_own_completion_and_is_handed_in_when_the_examples_pass(engine_for, tmp_path):
+    record = tmp_path / "sent.jsonl"
+    engine = engine_for({"record": str(record), "rules": [
+        {"match": r"\AComplete the following Python function", "role": "user",
+         "reply": "```python\n    return 2 * n\n```\nThis doubles n."},  # a bare body continues the stub
+    ]}, "c-draft")
+    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.success, result.answer) == ("done", True, "solution.py defines double")
+    sent = [json.loads(line) for line in record.read_text().splitlines()]
+    # one call, as the model is asked alone: the stub to complete, no system message, temperature 0
+    assert len(sent) == 1 and sent[0]["messages"] == [{"role": "user", "content": DRAFT}]
+    assert sent[0]["temperature"] == 0.0
+    steps = engine.store.steps(result.trajectory_ids[0])
+    assert [s.role for s in steps] == ["assistant", "tool", "tool", "work"]
+    assert steps[0].tool_calls[0]["arguments"]["code"] == STUB + "    return 2 * n\n"
+    assert "latest definition, passing 2 of the task's 2 examples" in steps[2].content
+
+
+def test_a_draft_that_fails_the_examples_is_repaired_in_code_with_the_failures_as_the_observation(engine_for):
+    engine = engine_for({"rules": [
+        {"match": r"Your draft is not handed in yet: the task's own examples fail", "role": "user",
+         "reply": block("def double(n):\n    return n * 2\nfinish('done')")},
+        {"match": r"\AComplete the following Python function", "role": "user",
+         "reply": "```python\ndef double(n):\n    return n + 2\n```"},
+    ]}, "c-draft-repair")
+    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.success, result.attempts) == ("done", True, 1)
+    assert "double(-3) returned -1, but the task says -6" in observations(engine, result)[0]
+
+
+def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(engine_for):
+    first = {"type": "python", "code": "def check(answer, workspace):\n"
+             "    return solution('solution').double(2) == 4\n"}
+    engine = engine_for({"rules": [
+        {"match": r"finish was refused", "role": "user", "reply": block("finish('done')")},
+        {"match": r"Your draft is not handed in yet", "role": "user",
+         "reply": block("def double(n):\n    return n + 1\nfinish('done')")},
+        {"match": r"\AComplete the following Python function", "role": "user",
+         "reply": "```python\ndef double(n):\n    return abs(n) * 2\n```"},  # right on 2, wrong on -3
+    ]}, "c-draft-best")
+    task, _ = engine.store.add_task(STUB_TASK, check=first, metadata=DELIVER)
+    result = engine.agent(code_scaffold(max_attempts=1)).run_task(task)
+    assert result.success is True, result.verdict  # the draft (1 of 2 examples), not the repair (0 of 2)
+    delivered = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.content.startswith("[delivered]")]
+    assert delivered and "earlier definition (it passed more examples), passing 1 of the task's 2" in delivered[0]
+
+
+def test_without_a_stub_or_with_draft_first_off_there_is_no_draft(engine_for, tmp_path):
+    record = tmp_path / "sent.jsonl"
+    engine = engine_for({"record": str(record), "rules": [
+        {"match": r"", "role": "user", "reply": block("def double(n):\n    return 2 * n\nfinish('done')")},
+    ]}, "c-no-draft")
+    for text, scaffold in ((DOUBLE_TASK, code_scaffold()), (STUB_TASK, code_scaffold(draft_first=False))):
+        task, _ = engine.store.add_task(text, check=DOUBLE_CHECK, metadata=DELIVER)
+        assert engine.agent(scaffold).run_task(task).success is True
+    sent = [json.loads(line)["messages"] for line in record.read_text().splitlines()]
+    assert len(sent) == 2 and all(m[0]["role"] == "system" for m in sent)
+
+
 def test_an_attempt_out_of_steps_is_asked_for_its_answer_once_and_says_so(engine_for):
     engine = engine_for({"rules": [
         {"match": r"Reply with your final answer alone", "role": "user", "reply": "42"},

@@ -13,6 +13,9 @@ Before an attempt finishes, the examples the task itself gives (doctest lines, o
 are run against what would be delivered, in a fresh sandboxed process, so a failure
 comes back to the model as an observation it can repair. The held-out check's own
 tests are never used: only the task's text.
+
+A draft comes first (``draft_code``): the model completes the task's own stub, as it
+would alone, and the code it wrote is read the way a plain completion is read.
 """
 
 from __future__ import annotations
@@ -28,10 +31,14 @@ from sandbox import Limits, Sandbox, SandboxError, read_text
 
 from ..judge.deliverable import Deliverable
 
-__all__ = ["Example", "task_examples", "module_source", "delivered_source", "try_examples"]
+__all__ = ["FENCE", "PYTHON", "Example", "task_examples", "task_stub", "draft_code", "module_source",
+           "delivered_source", "try_examples"]
 
 EXAMPLE_TIMEOUT_S = 10.0
 MAX_EXAMPLES = 12
+# A fenced block: its language, then its text (one left open at the end of a reply counts).
+FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+PYTHON = ("", "python", "py", "python3")  # the languages of a Python block
 _ARROW = re.compile(r"^\s*(?P<call>(?P<name>[A-Za-z_]\w*)\(.*\))\s*(?:==>|➞|=>|->|==|should return|returns)\s*"
                     r"(?P<want>.+?)\s*$")
 
@@ -89,6 +96,28 @@ def task_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
             if _literal_call(call, functions) and _literal(want) and Example(call, want) not in found:
                 found.append(Example(call, want))
     return found[:MAX_EXAMPLES]
+
+
+def task_stub(prompt: str, functions: tuple[str, ...]) -> str | None:
+    """The code the task gives for a requested function (its fenced python block with the signature and the
+    docstring), if it gives one."""
+    for match in FENCE.finditer(prompt):
+        if match[1].lower() in PYTHON and any(f"def {f}(" in match[2] for f in functions):
+            return match[2]
+    return None
+
+
+def draft_code(reply: str, stub: str | None, functions: tuple[str, ...]) -> str:
+    """The code of a draft reply, as a plain completion is read: its first block that defines a requested
+    function (else its first block, else the reply). After the stub, so the stub's imports and helpers are
+    there: a whole definition then replaces the stub's, a bare body continues it."""
+    blocks = [m[2] for m in FENCE.finditer(reply)]
+    code = next((b for b in blocks if any(f"def {f}(" in b for f in functions)), blocks[0] if blocks else reply)
+    if stub is None:
+        return code
+    if any(f"def {f}(" in code for f in functions):
+        return stub + "\n\n" + code
+    return stub + code
 
 
 def module_source(blocks: list[str], functions: tuple[str, ...]) -> str | None:

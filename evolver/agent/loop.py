@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
 from .answer_stream import AnswerStream
-from .delivery import Example, delivered_source, task_examples, try_examples
+from .delivery import FENCE, PYTHON, Example, delivered_source, draft_code, task_examples, task_stub, try_examples
 from .failures import call_key
 from .hooks import HookCalls, Hooks
 from .mcp_tools import ORIGIN as MCP_ORIGIN
@@ -43,16 +42,13 @@ log = logging.getLogger(__name__)
 WORK_CHARS = 1500  # of a worked example's code, in a prompt
 
 
-# A fenced block: its language, then its text (one left open at the end of a reply counts).
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
-_PYTHON = ("", "python", "py", "python3")
 _SHELL = ("bash", "sh", "shell", "console", "zsh")
 
 
 def code_blocks(reply: str) -> list[str]:
     """The Python blocks of a reply in code actions (fenced, with or without a language). Blocks in another
     language (```json, ```text) are not code."""
-    return [m[2].rstrip() for m in _FENCE.finditer(reply) if m[1].lower() in _PYTHON and m[2].strip()]
+    return [m[2].rstrip() for m in FENCE.finditer(reply) if m[1].lower() in PYTHON and m[2].strip()]
 
 
 class Submitted(Exception):
@@ -110,6 +106,9 @@ class _Turn:
     examples: list[Example] = field(default_factory=list)
     example_rounds: int = 0  # finishes that the task's examples may still refuse
     workspace: Path | None = None
+    stub: str | None = None  # the task's code of the requested function
+    draft: str | None = None  # the draft's prompt, when this attempt opens with one
+    tried: list[tuple[str, int]] = field(default_factory=list)  # sources tried on the examples: failures
 
     def data(self, task: Task) -> dict:
         return {"task": task.prompt, "attempt": self.attempt, "step": self.step}
@@ -211,7 +210,8 @@ class Agent:
         check = parse_check(task.check) if task.check else None
         code = self.acts_in_code()
         deliverable = _deliverable(task)
-        task_own = task_examples(task.prompt, deliverable.functions) if deliverable else []
+        task_own = task_examples(task.prompt, deliverable.functions) if deliverable and params.example_rounds else []
+        stub = task_stub(task.prompt, deliverable.functions) if deliverable else None
         if record_status:
             self.store.set_task_status(task.id, "running")
         trajectory_ids: list[str] = []
@@ -244,7 +244,8 @@ class Agent:
                     # A chat answer streams from a finish call; in code it is a whole reply, sent when done.
                     turn = _Turn(hooks=hooks, attempt=attempt, answers=None if code else answers, code=code,
                                  deliverable=deliverable, examples=task_own, workspace=workspace,
-                                 example_rounds=params.example_rounds if deliverable else 0)
+                                 example_rounds=params.example_rounds if deliverable else 0, stub=stub,
+                                 draft=self._draft_prompt(stub, prompt_context) if code and attempt == 1 else None)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose, turn)
                     self._hand_in(trajectory.id, turn, on_step)
@@ -360,6 +361,14 @@ class Agent:
             system = prompts.code.format(functions=self._functions(tool_names))
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
+    def _draft_prompt(self, stub: str | None, prompt_context: tuple[str, str]) -> str | None:
+        """The draft's prompt: the task's stub to complete, as the model alone is asked (draft_first)."""
+        template = self.scaffold.prompts.draft
+        if stub is None or not template or not self.scaffold.parameters.draft_first:
+            return None
+        examples, insights = prompt_context
+        return template.format(stub=stub, examples=examples, insights=insights).rstrip()
+
     def _functions(self, tool_names: list[str]) -> str:
         """The session's functions as the code prompt lists them, and the tools code cannot reach."""
         lines, unreachable = [], []
@@ -380,13 +389,29 @@ class Agent:
         if turn.deliverable is not None and turn.workspace is not None:
             source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
             if source is not None and not own:
+                source, which = self._best_version(turn, source)
                 write_text(turn.workspace, turn.deliverable.file, source)
                 self._recorder(trajectory_id, on_step)(
-                    "tool", f"[delivered] the session's definition of "
-                            f"{', '.join(turn.deliverable.functions)} was written to {turn.deliverable.file}")
+                    "tool", f"[delivered] the session's {which} of {', '.join(turn.deliverable.functions)} was "
+                            f"written to {turn.deliverable.file}")
             work = source if source is not None else work
         if work:
             self._recorder(trajectory_id, on_step)("work", work)
+
+    def _best_version(self, turn: _Turn, latest: str) -> tuple[str, str]:
+        """Which of the versions the session defined is handed in: the one that passed the most of the task's
+        examples, the earliest of equals (a repair that passes no more examples than the draft did is no
+        reason to hand in something else); without examples, the latest."""
+        if not turn.examples:
+            return latest, "latest definition"
+        if all(source != latest for source, _ in turn.tried):
+            failures = try_examples(self.sandbox, turn.workspace, turn.deliverable.file, latest, turn.examples,
+                                    self.limits)
+            turn.tried.append((latest, len(failures)))
+        best = min(range(len(turn.tried)), key=lambda n: (turn.tried[n][1], n))
+        source, failed = turn.tried[best]
+        which = "latest definition" if source == latest else "earlier definition (it passed more examples)"
+        return source, f"{which}, passing {len(turn.examples) - failed} of the task's {len(turn.examples)} examples,"
 
     # --- one attempt ---------------------------------------------------------------
 
@@ -411,7 +436,9 @@ class Agent:
                 if cancel.is_set():
                     raise Cancelled()
                 turn.step = step
-                if turn.code:
+                if step == 1 and turn.draft is not None:
+                    self._draft_step(messages, tools, task, record, purpose, turn)
+                elif turn.code:
                     self._code_step(messages, tools, task, record, purpose, repeats, turn)
                 else:
                     idle = self._step(messages, schemas, tools, task, record, purpose, idle, repeats, turn)
@@ -435,14 +462,16 @@ class Agent:
         record("answer", reply.content, reply=reply)  # not an "assistant" step: it could only answer
         messages.append({"role": "assistant", "content": reply.content})
         text = reply.content.strip()
-        blocks = [m[2] for m in _FENCE.finditer(text)]
+        blocks = [m[2] for m in FENCE.finditer(text)]
         answer = (blocks[-1] if blocks else text).strip()
         return answer or None
 
     def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str,
-             max_tokens: int | None = None, answers: AnswerStream | None = None) -> ModelReply:
+             max_tokens: int | None = None, answers: AnswerStream | None = None,
+             temperature: float | None = None) -> ModelReply:
         tap = answers.tap() if answers is not None else None
-        return self.model.complete(messages, tools=schemas, temperature=self.scaffold.parameters.temperature,
+        temperature = self.scaffold.parameters.temperature if temperature is None else temperature
+        return self.model.complete(messages, tools=schemas, temperature=temperature,
                                    purpose=purpose, task_id=task.id, node_id=self.node_id, max_tokens=max_tokens,
                                    **({"stream": tap} if tap is not None else {}))
 
@@ -544,7 +573,7 @@ class Agent:
         calls = [{"id": f"code_{turn.step}", "name": "run_python", "arguments": arguments}] if blocks else None
         record("assistant", reply.content, reply=reply, tool_calls=calls)
         messages.append({"role": "assistant", "content": reply.content})
-        if not blocks and any(m[1].lower() in _SHELL for m in _FENCE.finditer(reply.content)):
+        if not blocks and any(m[1].lower() in _SHELL for m in FENCE.finditer(reply.content)):
             # an action, not an answer, in the wrong language
             messages.append({"role": "user", "content": "Only ```python blocks run here. Run a shell command from "
                                                         "Python: print(run_shell('...'))."})
@@ -588,39 +617,68 @@ class Agent:
             text = change["result"]
         messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
 
-    def _finishing(self, answer: str | None, task: Task, turn: _Turn, record) -> Submitted | str:
+    def _draft_step(self, messages: list[dict], tools: TaskTools, task: Task, record, purpose: str,
+                    turn: _Turn) -> None:
+        """The first turn of a code task with a stub: the model completes the stub as it would alone (the draft
+        prompt, no system message, temperature 0). Its code runs in the session; a definition that passes the
+        task's examples is handed in at once, otherwise the attempt goes on from it, told what failed."""
+        draft = [{"role": "user", "content": turn.draft}]
+        change = turn.hooks("before_model", {**turn.data(task), "messages": draft, "tools": []}, record)
+        reply = self._ask(change.get("messages", draft) if change else draft, None, task, purpose, temperature=0.0)
+        code = draft_code(reply.content, turn.stub, turn.deliverable.functions)
+        call = {"id": "draft", "name": "run_python", "arguments": {"code": code}}
+        record("assistant", reply.content, reply=reply, tool_calls=[call])
+        observation = tools.run_code(code)
+        turn.blocks.append(code)
+        turn.calls.append(["run_python", call["arguments"]])
+        names = ", ".join(turn.deliverable.functions)
+        decided = self._finishing(f"{turn.deliverable.file} defines {names}", task, turn, record, draft=True)
+        text = observation.text if isinstance(decided, Submitted) else f"{observation.text}\n\n{decided}"
+        record("tool", text, tool_results=[{"id": "draft", "name": "run_python", "ok": observation.ok}],
+               duration_ms=observation.duration_ms)
+        if isinstance(decided, Submitted):
+            raise decided
+        messages.append({"role": "assistant", "content": reply.content})
+        messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
+
+    def _finishing(self, answer: str | None, task: Task, turn: _Turn, record, *,
+                   draft: bool = False) -> Submitted | str:
         """The answer handed in (``before_finish`` may change it), or why the finish was refused: for a code
-        task, first its deliverable must be defined and pass the task's own examples (a few rounds)."""
-        refused = self._examples_refuse(turn)
+        task, first its deliverable must be defined and pass the task's own examples (a few rounds; a draft's
+        refusal uses none of them)."""
+        refused = self._examples_refuse(turn, counted=not draft)
         if refused:
-            return refused
+            return ("Your draft is not handed in yet: " if draft else "finish was refused: ") + refused
         change = turn.hooks("before_finish", {**turn.data(task), "answer": answer}, record)
         if change and "reject" in change:
-            return f"finish was refused: {change['reject']}"
+            return ("Your draft is not handed in yet: " if draft else "finish was refused: ") + change["reject"]
         return Submitted(change["answer"] if change else answer)
 
-    def _examples_refuse(self, turn: _Turn) -> str | None:
+    def _examples_refuse(self, turn: _Turn, counted: bool = True) -> str | None:
         """Why a finish is refused now: the requested function is not defined, or the task's examples fail on
-        what would be delivered. None to let it through (no deliverable, or no rounds left)."""
+        what would be delivered. None to let it through (no deliverable, or no rounds left). Each source tried
+        is kept with its failures, for the hand-in to choose from."""
         if turn.deliverable is None or turn.workspace is None or turn.example_rounds <= 0:
             return None
         deliverable = turn.deliverable
-        source, _ = delivered_source(turn.workspace, deliverable, turn.blocks)
+        source, own = delivered_source(turn.workspace, deliverable, turn.blocks)
         names = ", ".join(f"`{f}`" for f in deliverable.functions)
         if source is None:
-            turn.example_rounds -= 1
-            return (f"finish was refused: {names} is not defined yet (a docstring alone is no definition). "
+            turn.example_rounds -= 1 if counted else 0
+            return (f"{names} is not defined yet (a docstring alone is no definition). "
                     f"Write it with its whole body"
                     + (" in a python block" if turn.code else " (run_python, or write_file " + deliverable.file + ")")
                     + ", then finish again.")
         if not turn.examples:
             return None
         failures = try_examples(self.sandbox, turn.workspace, deliverable.file, source, turn.examples, self.limits)
+        if not own:
+            turn.tried.append((source, len(failures)))
         if not failures:
             return None
-        turn.example_rounds -= 1
+        turn.example_rounds -= 1 if counted else 0
         shown = "\n".join(f"- {clip(f, 300)}" for f in failures[:6])
-        return (f"finish was refused: the task's own examples fail on what would be saved to {deliverable.file}:"
+        return (f"the task's own examples fail on what would be saved to {deliverable.file}:"
                 f"\n{shown}\nFix {names}, print the examples' results to check them, then finish again.")
 
     @staticmethod

@@ -47,6 +47,10 @@ class Prompts(_Strict):
     code: str = Field(default="", min_length=0)
     """The system message when the agent acts in code (action_format code). Placeholders: {functions}
     (the functions the session defines, one per line). Empty: the system message above."""
+    draft: str = ""
+    """The draft (draft_first): the first turn of a code task that gives the stub of the function it asks
+    for, sent alone, with no system message, as the model would be asked on its own. Placeholders: {stub}
+    (the task's code of the function), {examples}, {insights}. Empty: no draft."""
 
 
 class Parameters(_Strict):
@@ -71,6 +75,12 @@ class Parameters(_Strict):
     example_rounds: int = Field(default=2, ge=0, le=10)
     """For a task that names its deliverable: how many times a finish is refused because the task's own
     examples fail on what would be delivered (the failures are the observation). 0: never tried."""
+    draft_first: bool = True
+    """Acting in code, on a task that names its deliverable: the first attempt opens with the model's own
+    completion of the task's stub (prompts.draft, temperature 0). When its definition passes the task's
+    examples it is handed in at once; otherwise the attempt goes on from it. However it goes on, the version
+    handed in is the one that passed the most examples, the earliest of equals: the agent never hands in
+    worse than its first draft by the task's own examples."""
     last_answer_turn: bool = True
     """An attempt about to end on its step limit or on repetition gets one last turn that can only be an
     answer (its trajectory ends 'asked')."""

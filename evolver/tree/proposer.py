@@ -44,7 +44,8 @@ __all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edi
 
 EDITABLE = ("prompts", "parameters", "tools", "hooks")
 PLACEHOLDERS = {"system": (), "task": ("task", "examples", "insights"), "reflection": ("task", "verdict"),
-                "retry": ("task", "reflection"), "plan": ("task",), "code": ("functions",)}
+                "retry": ("task", "reflection"), "plan": ("task",), "code": ("functions",),
+                "draft": ("stub", "examples", "insights")}
 SAMPLE = 6  # attempts shown to the proposer
 SAMPLE_CHARS = 6000
 TRIED = 8  # the parent's latest children shown
