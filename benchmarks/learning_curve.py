@@ -2,7 +2,8 @@
 
     python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL] [--seed 0]
         [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
-        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--out DIR] [--keep]
+        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N] [--out DIR] [--keep]
+    python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
 ``tests/_daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
@@ -55,6 +56,12 @@ last turn); tokens and model calls (from the daemon's ledger, by purpose, in the
 window), wall time; and what was learned so far: active insights, synthesized tools, the incumbent
 node with its diff and rationale, and the tree's nodes by status.
 
+A run too long for one sitting (the 1.5B model on 60 tasks) can be split: ``--shard K/N`` measures only
+the K-th of N interleaved parts of the held-out tasks (the same split, so the parts are disjoint and
+together the whole), still the model alone and the agent on the same tasks in one run; ``--merge``
+joins the parts' JSON into one report, every figure recomputed over all the tasks (per-task pairs stay
+pairs; wall times and tokens add up). With generations, each part learned on its own.
+
 A promoted incumbent was selected on the promotion tasks, never on the measured ones, so its figure
 on the measured tasks carries no selection bias.
 
@@ -71,7 +78,6 @@ import math
 import os
 import platform
 import random
-import re
 import signal
 import sqlite3
 import subprocess
@@ -301,18 +307,12 @@ class LocalServer:
 
 # --- the direct reference -----------------------------------------------------------------------
 
-_BLOCK = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
-
-
 def solution_code(reply: str, problem: dict) -> str:
-    """solution.py from a direct completion: the problem's prompt, then the model's code."""
-    entry = problem["entry_point"]
-    blocks = _BLOCK.findall(reply)
-    code = next((b for b in blocks if f"def {entry}(" in b), blocks[0] if blocks else reply)
-    if f"def {entry}(" in code:
-        # The prompt first for its imports and helpers; its function (a docstring only) is then redefined.
-        return problem["prompt"] + "\n\n" + code
-    return problem["prompt"] + code  # a body: it continues the prompt's function
+    """solution.py from a direct completion, read as the agent reads its draft (``draft_code``): the problem's
+    prompt, then the model's code."""
+    from evolver.agent.delivery import draft_code
+
+    return draft_code(reply, problem["prompt"], (problem["entry_point"],))
 
 
 def direct_reference(env: dict, root: Path, held, problems) -> dict:
@@ -533,6 +533,16 @@ def plot(path: Path, report: dict) -> None:
 # --- the run ------------------------------------------------------------------------------------
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        part, parts = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N (e.g. 1/2)") from None
+    if not 1 <= part <= parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: K is 1 to N")
+    return part, parts
+
+
 def parse(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
@@ -564,6 +574,10 @@ def parse(argv: list[str] | None):
     parser.add_argument("--no-structured", dest="structured", action="store_false",
                         help="with the local server, leave [model] structured_output off (the grammar-constrained "
                              "JSON the README sets for llama.cpp is on by default)")
+    parser.add_argument("--shard", type=_shard, default=None,
+                        help="K/N: measure only the K-th of N interleaved parts of the held-out tasks")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                        help="join the JSON of a sharded run's parts into one report (runs nothing)")
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
     args = parser.parse_args(argv)
@@ -583,8 +597,68 @@ def parse(argv: list[str] | None):
     return args
 
 
+def merge(reports: list[dict]) -> dict:
+    """The parts of a sharded run (``--shard``) as one report, every figure recomputed over all their tasks."""
+    first = reports[0]
+    keep = ("seed", "held_out", "train", "basic", "promotion", "generations", "max_steps", "max_attempts", "local",
+            "model")
+    for report in reports[1:]:
+        if any(report["settings"].get(k) != first["settings"].get(k) for k in keep):
+            raise SystemExit("--merge: the parts were not run with the same settings: "
+                             + ", ".join(k for k in keep if report["settings"].get(k) != first["settings"].get(k)))
+    shards = sorted(tuple(r["settings"].get("shard") or ()) for r in reports)
+    if len(set(shards)) != len(shards):
+        raise SystemExit(f"--merge: a part is given twice ({shards})")
+
+    def union(rows: list[dict], key: str) -> dict:
+        out: dict = {}
+        for row in rows:
+            out |= row[key]
+        return out
+
+    def total(rows: list[dict], key: str) -> float:
+        return round(sum(row[key] for row in rows), 1)
+
+    directs = [r["direct"] for r in reports]
+    direct = union(directs, "per_task")
+    merged = {**{k: v for k, v in first.items() if k in ("machine", "model", "selection_note")},
+              "settings": {**first["settings"], "shard": None, "merged_shards": shards},
+              "tasks": {k: [i for r in reports for i in r["tasks"][k]] for k in first["tasks"]},
+              "direct": {**rate(direct), **{k: total(directs, k) for k in ("tokens_in", "tokens_out",
+                                                                            "model_calls", "wall_s")},
+                         "prompt": first["direct"]["prompt"], "temperature": first["direct"]["temperature"],
+                         "per_task": direct, "failures": union(directs, "failures")}}
+    generations = []
+    for g in range(min(len(r["generations"]) for r in reports)):
+        rows = [r["generations"][g] for r in reports]
+        per_task, work = union(rows, "per_task"), union([row["measurement"] for row in rows], "work")
+        generations.append({
+            "generation": g, "held_out": rate(per_task),
+            "paired_vs_seed": paired(per_task, generations[0]["per_task"] if g else per_task),
+            "paired_vs_direct": paired(per_task, direct),
+            "measurement": {**{k: total([row["measurement"] for row in rows], k)
+                               for k in ("wall_s", "model_calls", "tokens_in", "tokens_out")},
+                            "per_task_mean": work_summary(work), "work": work},
+            "tokens": total(rows, "tokens"), "model_calls": total(rows, "model_calls"), "wall_s": total(rows, "wall_s"),
+            "learned": [row["learned"] for row in rows],  # each part's own
+            "per_task": per_task, "failures": union(rows, "failures")})
+    return merged | {"generations": generations, "finished": all(r.get("finished") for r in reports),
+                     "wall_s": total(reports, "wall_s")}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.merge:
+        report = merge([json.loads(Path(f).read_text(encoding="utf-8")) for f in args.merge])
+        out = args.out or Path(tempfile.mkdtemp(prefix="learning-curve-"))
+        out.mkdir(parents=True, exist_ok=True)
+        report["json"], report["plot"] = str(out / "learning_curve.json"), str(out / "learning_curve.png")
+        plot(Path(report["plot"]), report)
+        text = json.dumps(report, indent=2)
+        Path(report["json"]).write_text(text + "\n", encoding="utf-8")
+        print(text)
+        log(f"merged {len(args.merge)} parts into {report['json']} and {report['plot']}")
+        return 0
     # A SIGTERM (a timeout, a person stopping a long run) unwinds like Ctrl-C, so the finally blocks stop
     # the daemon and the model server instead of leaving them running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -598,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         held, trained, promote, problems = split_tasks(args.seed, args.held_out, args.train, args.basic,
                                                        args.promotion)
+        if args.shard:
+            part, parts = args.shard
+            held = held[part - 1::parts]
         pack = root / "pack.jsonl"
         write_pack(pack, [*trained, *promote])  # the measured tasks are in no pack of the daemon's
         settings = {"EVOLVER_EVOLUTION_ENABLED": "false", "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),

@@ -255,6 +255,20 @@ def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(eng
     assert delivered and "earlier definition (it passed more examples), passing 1 of the task's 2" in delivered[0]
 
 
+def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_needs(engine_for):
+    """A table built by a call is no literal the session's rebuilt module would keep: the draft is delivered
+    whole, as the model alone's completion is saved."""
+    engine = engine_for({"rules": [
+        {"match": r"\AComplete the following Python function", "role": "user",
+         "reply": "```python\nFACTOR = int('2')\n\ndef double(n):\n    return FACTOR * n\n```"},
+    ]}, "c-draft-whole")
+    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert result.success is True, result.verdict
+    work = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.role == "work"]
+    assert work == [STUB + "\n\nFACTOR = int('2')\n\ndef double(n):\n    return FACTOR * n\n"]
+
+
 def test_without_a_stub_or_with_draft_first_off_there_is_no_draft(engine_for, tmp_path):
     record = tmp_path / "sent.jsonl"
     engine = engine_for({"record": str(record), "rules": [

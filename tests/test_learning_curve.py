@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from _daemon import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -70,3 +71,46 @@ def test_the_paired_difference_counts_each_task_against_itself():
     assert low < 0.25 < high
     assert result["mcnemar_exact_p"] == 1.0  # 2 against 1 is no evidence
     assert curve.wilson(0, 10)[0] == 0.0 and curve.wilson(10, 10)[1] == 1.0
+
+
+def test_the_agents_draft_is_asked_and_read_exactly_as_the_model_alone_is():
+    """The seed's first turn on a HumanEval task is the model alone: the same prompt, and the same code is
+    taken from the same reply (with nothing learned yet, the draft's context is empty)."""
+    from evolver.agent.delivery import draft_code, task_stub
+    from evolver.agent.loop import draft_prompt
+    from evolver.agent.scaffold import default_scaffold
+
+    held, _, _, problems = curve.split_tasks(0, 8, 0, 0)
+    for task in held:
+        problem = problems[task.id]
+        stub = task_stub(task.prompt, task.deliver.functions)
+        assert draft_prompt(default_scaffold(), stub, ("", "")) == curve.DIRECT_PROMPT.format(prompt=problem["prompt"])
+        reply = f"Sure:\n```python\ndef {problem['entry_point']}(*args):\n    return 1\n```\nIt returns 1."
+        assert draft_code(reply, stub, task.deliver.functions) == curve.solution_code(reply, problem)
+
+
+def _part(shard: str, direct: dict, seed: dict) -> dict:
+    work = {t: {"attempts": 1, "turns": 2, "tokens": 10, "wall_s": 1.0, "ended": "finished"} for t in seed}
+    row = {"generation": 0, "per_task": seed, "failures": {}, "tokens": 10, "model_calls": 2, "wall_s": 3.0,
+           "learned": {}, "measurement": {"wall_s": 3.0, "model_calls": 2, "tokens_in": 5, "tokens_out": 5,
+                                          "work": work}}
+    return {"machine": {}, "model": {}, "selection_note": "", "finished": True, "wall_s": 5.0,
+            "settings": {"seed": 0, "held_out": 4, "shard": shard}, "tasks": {"held_out": list(seed)},
+            "direct": {"per_task": direct, "failures": {}, "tokens_in": 1, "tokens_out": 2, "model_calls": 2,
+                       "wall_s": 2.0, "prompt": "p", "temperature": 0.0},
+            "generations": [row]}
+
+
+def test_the_parts_of_a_sharded_run_merge_into_one_paired_report():
+    one = _part([1, 2], {"a": True, "b": False}, {"a": True, "b": True})
+    two = _part([2, 2], {"c": True, "d": False}, {"c": False, "d": True})
+    merged = curve.merge([one, two])
+    assert merged["direct"]["successes"] == 2 and merged["direct"]["total"] == 4
+    assert merged["direct"]["model_calls"] == 4 and merged["tasks"]["held_out"] == ["a", "b", "c", "d"]
+    seed = merged["generations"][0]
+    assert seed["held_out"]["successes"] == 3
+    pairs = seed["paired_vs_direct"]
+    assert (pairs["tasks"], pairs["improved"], pairs["worsened"], pairs["difference"]) == (4, 2, 1, 0.25)
+    assert seed["measurement"]["per_task_mean"]["turns"] == 2 and seed["wall_s"] == 6.0
+    with pytest.raises(SystemExit, match="given twice"):
+        curve.merge([one, one])

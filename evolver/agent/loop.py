@@ -29,13 +29,15 @@ from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
 from .answer_stream import AnswerStream
-from .delivery import FENCE, PYTHON, Example, delivered_source, draft_code, task_examples, task_stub, try_examples
+from .delivery import (FENCE, PYTHON, Example, delivered_source, draft_code, module_source, task_examples, task_stub,
+                       try_examples)
 from .failures import call_key
 from .hooks import HookCalls, Hooks
 from .mcp_tools import ORIGIN as MCP_ORIGIN
 from .scaffold import Scaffold
 
-__all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context", "fit_context"]
+__all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context", "fit_context",
+           "draft_prompt"]
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,16 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
     return examples, insights
 
 
+def draft_prompt(scaffold: Scaffold, stub: str | None, prompt_context: tuple[str, str]) -> str | None:
+    """The draft's prompt (draft_first): the task's stub to complete, as the model alone is asked; with nothing
+    learned to show, exactly that."""
+    template = scaffold.prompts.draft
+    if stub is None or not template or not scaffold.parameters.draft_first:
+        return None
+    examples, insights = prompt_context
+    return template.format(stub=stub, examples=examples, insights=insights).rstrip()
+
+
 def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
     """Worked examples and insights as prompt text, within a token budget (``fit_context``)."""
     return _render(*fit_context(context, budget_tokens))
@@ -245,7 +257,7 @@ class Agent:
                     turn = _Turn(hooks=hooks, attempt=attempt, answers=None if code else answers, code=code,
                                  deliverable=deliverable, examples=task_own, workspace=workspace,
                                  example_rounds=params.example_rounds if deliverable else 0, stub=stub,
-                                 draft=self._draft_prompt(stub, prompt_context) if code and attempt == 1 else None)
+                                 draft=draft_prompt(self.scaffold, stub, prompt_context) if code and attempt == 1 else None)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose, turn)
                     self._hand_in(trajectory.id, turn, on_step)
@@ -361,14 +373,6 @@ class Agent:
             system = prompts.code.format(functions=self._functions(tool_names))
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
-    def _draft_prompt(self, stub: str | None, prompt_context: tuple[str, str]) -> str | None:
-        """The draft's prompt: the task's stub to complete, as the model alone is asked (draft_first)."""
-        template = self.scaffold.prompts.draft
-        if stub is None or not template or not self.scaffold.parameters.draft_first:
-            return None
-        examples, insights = prompt_context
-        return template.format(stub=stub, examples=examples, insights=insights).rstrip()
-
     def _functions(self, tool_names: list[str]) -> str:
         """The session's functions as the code prompt lists them, and the tools code cannot reach."""
         lines, unreachable = [], []
@@ -399,18 +403,21 @@ class Agent:
             self._recorder(trajectory_id, on_step)("work", work)
 
     def _best_version(self, turn: _Turn, latest: str) -> tuple[str, str]:
-        """Which of the versions the session defined is handed in: the one that passed the most of the task's
+        """Which of the versions the attempt defined is handed in: the one that passed the most of the task's
         examples, the earliest of equals (a repair that passes no more examples than the draft did is no
-        reason to hand in something else); without examples, the latest."""
-        if not turn.examples:
+        reason to hand in something else); never tried (no finish, no examples), the latest."""
+        if not turn.tried and not turn.examples:
             return latest, "latest definition"
-        if all(source != latest for source, _ in turn.tried):
+        if all(failed for _, failed in turn.tried) and all(source != latest for source, _ in turn.tried):
             failures = try_examples(self.sandbox, turn.workspace, turn.deliverable.file, latest, turn.examples,
                                     self.limits)
             turn.tried.append((latest, len(failures)))
         best = min(range(len(turn.tried)), key=lambda n: (turn.tried[n][1], n))
         source, failed = turn.tried[best]
-        which = "latest definition" if source == latest else "earlier definition (it passed more examples)"
+        which = "latest definition" if source == latest or best == len(turn.tried) - 1 else \
+            "earlier definition (it passed more examples)"
+        if not turn.examples:
+            return source, which
         return source, f"{which}, passing {len(turn.examples) - failed} of the task's {len(turn.examples)} examples,"
 
     # --- one attempt ---------------------------------------------------------------
@@ -632,7 +639,7 @@ class Agent:
         turn.blocks.append(code)
         turn.calls.append(["run_python", call["arguments"]])
         names = ", ".join(turn.deliverable.functions)
-        decided = self._finishing(f"{turn.deliverable.file} defines {names}", task, turn, record, draft=True)
+        decided = self._finishing(f"{turn.deliverable.file} defines {names}", task, turn, record, draft=code)
         text = observation.text if isinstance(decided, Submitted) else f"{observation.text}\n\n{decided}"
         record("tool", text, tool_results=[{"id": "draft", "name": "run_python", "ok": observation.ok}],
                duration_ms=observation.duration_ms)
@@ -642,26 +649,29 @@ class Agent:
         messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
 
     def _finishing(self, answer: str | None, task: Task, turn: _Turn, record, *,
-                   draft: bool = False) -> Submitted | str:
+                   draft: str | None = None) -> Submitted | str:
         """The answer handed in (``before_finish`` may change it), or why the finish was refused: for a code
         task, first its deliverable must be defined and pass the task's own examples (a few rounds; a draft's
-        refusal uses none of them)."""
-        refused = self._examples_refuse(turn, counted=not draft)
+        refusal uses none of them). A draft (its code) is tried as it was written, as the model alone's
+        completion would be saved, not rebuilt from the session."""
+        refused = self._examples_refuse(turn, counted=draft is None, source=draft)
         if refused:
-            return ("Your draft is not handed in yet: " if draft else "finish was refused: ") + refused
+            return ("finish was refused: " if draft is None else "Your draft is not handed in yet: ") + refused
         change = turn.hooks("before_finish", {**turn.data(task), "answer": answer}, record)
         if change and "reject" in change:
-            return ("Your draft is not handed in yet: " if draft else "finish was refused: ") + change["reject"]
+            return ("finish was refused: " if draft is None else "Your draft is not handed in yet: ") + change["reject"]
         return Submitted(change["answer"] if change else answer)
 
-    def _examples_refuse(self, turn: _Turn, counted: bool = True) -> str | None:
+    def _examples_refuse(self, turn: _Turn, counted: bool = True, source: str | None = None) -> str | None:
         """Why a finish is refused now: the requested function is not defined, or the task's examples fail on
-        what would be delivered. None to let it through (no deliverable, or no rounds left). Each source tried
-        is kept with its failures, for the hand-in to choose from."""
+        what would be delivered (``source``, or the module rebuilt from the session). None to let it through
+        (no deliverable, or no rounds left). Each source tried is kept with its failures, for the hand-in."""
         if turn.deliverable is None or turn.workspace is None or turn.example_rounds <= 0:
             return None
         deliverable = turn.deliverable
-        source, own = delivered_source(turn.workspace, deliverable, turn.blocks)
+        found, own = delivered_source(turn.workspace, deliverable, turn.blocks)
+        if own or source is None or module_source([source], deliverable.functions) is None:
+            source = found  # a file of the agent's own wins; a draft that defines nothing is no candidate
         names = ", ".join(f"`{f}`" for f in deliverable.functions)
         if source is None:
             turn.example_rounds -= 1 if counted else 0
@@ -670,6 +680,8 @@ class Agent:
                     + (" in a python block" if turn.code else " (run_python, or write_file " + deliverable.file + ")")
                     + ", then finish again.")
         if not turn.examples:
+            if not own:
+                turn.tried.append((source, 0))
             return None
         failures = try_examples(self.sandbox, turn.workspace, deliverable.file, source, turn.examples, self.limits)
         if not own:
