@@ -646,17 +646,22 @@ def merge(reports: list[dict]) -> dict:
                      "wall_s": total(reports, "wall_s")}
 
 
+def write_report(out: Path, report: dict) -> dict:
+    """The report's JSON (on stdout too) and its plot, in ``out``."""
+    report["json"], report["plot"] = str(out / "learning_curve.json"), str(out / "learning_curve.png")
+    plot(Path(report["plot"]), report)
+    text = json.dumps(report, indent=2)
+    Path(report["json"]).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.merge:
-        report = merge([json.loads(Path(f).read_text(encoding="utf-8")) for f in args.merge])
         out = args.out or Path(tempfile.mkdtemp(prefix="learning-curve-"))
         out.mkdir(parents=True, exist_ok=True)
-        report["json"], report["plot"] = str(out / "learning_curve.json"), str(out / "learning_curve.png")
-        plot(Path(report["plot"]), report)
-        text = json.dumps(report, indent=2)
-        Path(report["json"]).write_text(text + "\n", encoding="utf-8")
-        print(text)
+        report = write_report(out, merge([json.loads(Path(f).read_text(encoding="utf-8")) for f in args.merge]))
         log(f"merged {len(args.merge)} parts into {report['json']} and {report['plot']}")
         return 0
     # A SIGTERM (a timeout, a person stopping a long run) unwinds like Ctrl-C, so the finally blocks stop
@@ -751,11 +756,7 @@ def main(argv: list[str] | None = None) -> int:
                 (out / "learning_curve.json").write_text(json.dumps(partial, indent=2) + "\n", encoding="utf-8")
         report["generations"], report["finished"] = generations, True
         report["wall_s"] = round(time.perf_counter() - started, 1)
-        report["json"], report["plot"] = str(out / "learning_curve.json"), str(out / "learning_curve.png")
-        plot(Path(report["plot"]), report)
-        text = json.dumps(report, indent=2)
-        Path(report["json"]).write_text(text + "\n", encoding="utf-8")
-        print(text)
+        write_report(out, report)
         log(f"wrote {report['json']} and {report['plot']} in {report['wall_s']:.0f} s")
         return 0
     except RuntimeError as exc:
