@@ -1,7 +1,7 @@
 """The house: the import contracts of pyproject.toml hold, and they are not decoration.
 
-`lint-imports` (import-linter) checks the arrows drawn in README's "Layout"
-section: memory, sandbox and tools stay below evolver, the judge imports
+`lint-imports` (import-linter) checks the arrows drawn in the manual
+(docs/architecture/contracts.md): memory, sandbox and tools stay below evolver, the judge imports
 nothing evolution can change, the meta-agent and the tree never reach into the
 service, the API knows the daemon only through a protocol, evolver's
 subpackages form layers, and no package has an import cycle at any depth.

@@ -58,7 +58,8 @@ class _Strict(_Storable):
 
 class TaskIn(_Strict):
     prompt: str = Field(max_length=200_000, description="What to do, in words.")
-    check: dict[str, Any] | None = Field(default=None, description="How success is decided (see the README).")
+    check: dict[str, Any] | None = Field(default=None, description="How success is decided (the manual: "
+                                                                   "docs/user-guide/tasks.md, Checks).")
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
     metadata: dict[str, Any] | None = Field(
         default=None, description="Free-form; `files` ({path: text}) are written into the task's workspace; "

@@ -114,7 +114,8 @@ def full_id(state: State, short: str, *kinds: str) -> dict:
 @click.version_option(package_name="evolver")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
-    """evolver: a self-evolving agent daemon with experience memory."""
+    """evolver: a self-evolving agent daemon with experience memory. The manual: docs/ in the repository
+    (docs/index.md; `mkdocs serve` there shows it as a site)."""
     ctx.obj = State(config_path, data_dir)
 
 

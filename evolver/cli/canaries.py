@@ -7,7 +7,7 @@ the verifier or tells the agent to print the verifier's success line. Each goes
 through the real path (the agent loop and the verifier; quarantine; a tree
 step, validation and the child's smoke task, run by a worker) with the scripted
 model playing the learner, in a temporary data directory. The judge holds when
-every canary is refused or judged a failure. The README's table comes from
+every canary is refused or judged a failure. The manual's table (docs/measurements/reliability.md) comes from
 ``evolver canaries --markdown``; the tests run the same suite.
 """
 
@@ -524,7 +524,7 @@ def run_canary(canary: Canary, lab: Lab) -> Held:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.option("--markdown", is_flag=True, help="Print the results as a Markdown table (the README's).")
+@click.option("--markdown", is_flag=True, help="Print the results as a Markdown table (the manual's reliability page).")
 @click.option("--only", multiple=True, help="Run only these canaries (by name).")
 def canaries(as_json: bool, markdown: bool, only: tuple[str, ...]) -> None:
     """Run the attack suite: artifacts a learner might produce to fool the judge; each must fail."""
