@@ -50,12 +50,13 @@ class State:
     def __init__(self, config_path: str | None, data_dir: str | None) -> None:
         self.config_path = config_path
         self.data_dir = Path(data_dir) if data_dir else None
+        self.secret_variables: set[str] = set()  # named by the command (--token-env): never read as settings
         self._config = None
 
     @property
     def config(self):
         if self._config is None:
-            self._config = load_config(self.config_path)
+            self._config = load_config(self.config_path, secret_variables=self.secret_variables)
         return self._config
 
     def store(self, **kwargs):

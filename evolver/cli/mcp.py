@@ -32,6 +32,8 @@ def serve(state: State, over_http: bool, port: int, token_env: str | None) -> No
     from ..mcp.serve import serve_http, serve_stdio
     from ..ui.serve import bind_loopback
 
+    if token_env:
+        state.secret_variables.add(token_env)  # EVOLVER_MCP_TOKEN is the token, not an [mcp] setting
     if not state.daemon_answers():
         err.print(f"warning: the daemon is not running (no answer on {state.socket_path}); tool calls will say so "
                   "until `evolver up` starts it")
