@@ -27,6 +27,7 @@ from tests.test_synthesize import (  # the same tools, written once
     REVERSE,
     REVERSE_TESTS,
     SHOUT,
+    SHOUT_TESTS,
 )
 from tools import code_hash
 
@@ -218,6 +219,28 @@ def test_a_tool_whose_tests_fail_is_refused_with_its_reason_and_the_rest_comes_i
     assert event.payload["refused"][0]["name"] == "shout" and "test_shout" in event.payload["refused"][0]["reason"]
     target.agent()
     assert target.registry.get("shout") is None
+
+
+def _terminal_escapes(manifest: dict, contents: dict) -> None:
+    """An insight and a tool whose texts carry terminal escapes (their hashes in order: not tampering)."""
+    contents["insights/0001.txt"] = "Set the title\x1b]0;pwned\x07 before calling finish.".encode()
+    code = SHOUT.replace("exclamation mark.", "exclamation mark.\x1b[2J")
+    contents["tools/shout/code.py"], contents["tools/shout/tests.py"] = code.encode(), SHOUT_TESTS.encode()
+    manifest["tools"].append({"name": "shout", "version": 1, "description": "shout", "code": "tools/shout/code.py",
+                              "tests": "tools/shout/tests.py", "code_hash": code_hash(code, SHOUT_TESTS),
+                              "provenance": {}})
+
+
+def test_an_insight_or_a_tool_with_a_control_character_is_refused_naming_where_and_the_rest_comes_in(engine, pack):
+    target = engine("target")
+    report = packs.import_pack(target, forge(pack, _terminal_escapes))
+    refused = {i["kind"]: i["reason"] for i in report["items"] if i["status"] == "refused"}
+    assert refused == {
+        "insight": "insight 1: the text has a control character \\x1b at character 14; an insight is plain text",
+        "tool": "a control character \\x1b at line 3, column 54 in its code; a tool's code, tests and docstring "
+                "are plain text"}
+    assert report["added"] == 2 and [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
+    assert [i.text for i in target.store.list_insights()] == [INSIGHTS[1]]
 
 
 def _new_version(breaks_old_tests: bool):

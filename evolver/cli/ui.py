@@ -6,7 +6,7 @@ import webbrowser
 
 import click
 
-from .base import EXIT_NO_DAEMON, EXIT_USAGE, State, cli, err
+from .base import EXIT_NO_DAEMON, EXIT_USAGE, State, cli, echo, err
 
 
 @cli.command()
@@ -27,7 +27,7 @@ def ui(state: State, port: int, open_browser: bool) -> None:
         raise SystemExit(EXIT_NO_DAEMON)
 
     def ready(url: str) -> None:
-        click.echo(url, nl=True)  # first line of stdout: scripts read it
+        echo(url, nl=True)  # first line of stdout: scripts read it
         err.print("the dashboard is served at the URL above (only with its token); Ctrl-C stops it")
         if open_browser:
             webbrowser.open(url)
