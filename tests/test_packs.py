@@ -384,10 +384,15 @@ def test_no_byte_of_a_pack_goes_unchecked(pack):
 
 def test_expect_pins_the_pack_its_author_published(pack):
     digest = packs.read_pack(pack).sha256
-    assert packs.read_pack(pack, expect=digest[:12].upper()).sha256 == digest
-    with pytest.raises(packs.PackError, match=f"the pack is {digest[:16]}, not the 0123abcd you expected"):
-        packs.read_pack(pack, expect="0123abcd")
-    with pytest.raises(packs.PackError, match="8 to 64 hex digits"):
+    assert packs.read_pack(pack, expect=digest.upper()).sha256 == digest
+    other = ("0" if digest[-1] != "0" else "1").join([digest[:-1], ""])
+    with pytest.raises(packs.PackError, match=f"the pack is {digest}, not the {other} you expected"):
+        packs.read_pack(pack, expect=other)
+    # Only the whole id: a prefix a person pinned is cheap to forge.
+    for prefix in (digest[:8], digest[:16], digest[:63]):
+        with pytest.raises(packs.PackError, match="the 64 hex digits `evolver export` prints; a prefix is refused"):
+            packs.read_pack(pack, expect=prefix)
+    with pytest.raises(packs.PackError, match="64 hex digits .*; not 'xyz'"):
         packs.read_pack(pack, expect="xyz")
 
 
@@ -480,7 +485,11 @@ def test_the_cli_exports_and_imports_with_the_daemon_down(engine, tmp_path):
     assert again.returncode == 2 and "exists; pass --force" in again.stderr
 
     fresh = tmp_path / "fresh"
-    imported = run("--data-dir", str(fresh), "import", str(out))
+    printed = exported.stdout.split()[2]  # the id to publish, whole: the one --expect takes
+    assert printed == packs.read_pack(out.read_bytes()).sha256
+    prefix = run("--data-dir", str(fresh), "import", str(out), "--expect", printed[:16])
+    assert prefix.returncode == 2 and "a prefix is refused" in prefix.stderr
+    imported = run("--data-dir", str(fresh), "import", str(out), "--expect", printed)
     assert imported.returncode == 0, imported.stderr
     assert "+ tool added reverse_text v1" in imported.stdout and "3 added, 0 skipped, 0 refused" in imported.stdout
     tools = json.loads(run("--data-dir", str(fresh), "tools", "--json").stdout)

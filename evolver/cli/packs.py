@@ -77,7 +77,7 @@ def export(state: State, insights: bool, tools: bool, node: str | None, output: 
     parts = [f"{result['insights']} insights", f"{len(result['tools'])} tools"]
     if result["node"]:
         parts.append(f"node {result['node']}")
-    echo(f"wrote pack {result['id']} to {path} ({result['bytes']} bytes): {', '.join(parts)}")
+    echo(f"wrote pack {result['sha256']} to {path} ({result['bytes']} bytes): {', '.join(parts)}")
     for item in result["left_out"]:
         echo(f"  left out {item['kind']} {item['name']}: {item['reason']}", err=True)
 
@@ -85,7 +85,8 @@ def export(state: State, insights: bool, tools: bool, node: str | None, output: 
 @cli.command("import")
 @click.argument("pack", type=click.Path(dir_okay=False, exists=True, readable=True))
 @click.option("--expect", default=None, metavar="ID",
-              help="Refuse the pack unless its id starts with ID (the id its author gave you).")
+              help="Refuse the pack unless its id is ID, whole: the 64 hex digits its author gave you (`evolver "
+                   "export` prints them; a prefix is refused).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def import_(state: State, pack: str, expect: str | None, as_json: bool) -> None:
@@ -131,7 +132,7 @@ def _through_daemon(state: State, data: bytes, expect: str | None) -> dict:
 
 def _print(report: dict) -> None:
     marks = {"added": "+", "skipped": "=", "refused": "!"}
-    echo(f"pack {report['id']} (from evolver {report['evolver']}"
+    echo(f"pack {report['sha256']} (from evolver {report['evolver']}"
          f"{', ' + report['model'] if report.get('model') else ''})")
     for item in report["items"]:
         name = item["name"] if item["kind"] != "insight" else json.dumps(item["name"])
