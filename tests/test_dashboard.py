@@ -87,6 +87,25 @@ def test_a_page_that_rebinds_its_name_to_loopback_is_refused(page):
         assert reply.status_code == 403 and reply.json()["error"]["type"] == "wrong_host", host
 
 
+def test_a_header_the_guard_reads_comes_once_and_an_origin_must_be_its_own_exactly(page):
+    _authorized(page)
+    ours = f"127.0.0.1:{PORT}"
+    for name, values in (("host", [ours, "evil.example"]), ("host", ["evil.example", ours]),
+                         ("origin", [f"http://{ours}", "http://evil.example"])):
+        reply = page.get("/api/v1/status", headers=[(name, v) for v in values])
+        assert reply.status_code == 400, (name, values)
+        assert reply.json()["error"] == {"type": "duplicate_header", "param": None,
+                                         "message": f"the request has two {name.title()} headers; one is allowed"}
+    body = {"prompt": "What is 6 * 7?"}
+    for origin in (f"https://{ours}", f"http://{ours}:1", f"http://127.0.0.1:{PORT + 1}", f"ftp://{ours}",
+                   f"{ours}", f"http://evil.example/{ours}", "null"):
+        reply = page.post("/api/v1/tasks", json=body, headers={"x-evolver-ui": "1", "origin": origin})
+        assert reply.status_code == 403 and reply.json()["error"]["type"] == "forbidden", origin
+    for origin in (f"http://{ours}", f"http://localhost:{PORT}"):  # its own: passed on (no daemon answers here)
+        reply = page.post("/api/v1/tasks", json=body, headers={"x-evolver-ui": "1", "origin": origin})
+        assert reply.status_code == 503 and reply.json()["error"]["type"] == "daemon_unreachable", origin
+
+
 def test_changes_are_taken_only_from_the_page_and_only_those_it_offers(page):
     _authorized(page)
     body = {"prompt": "What is 6 * 7?"}

@@ -183,3 +183,52 @@ def test_the_manuals_http_recipe_runs_as_written_and_the_sdk_client_reaches_it_w
         shell.wait(30)
         subprocess.run([EVOLVER, "down"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_over_http_each_checked_header_comes_once_and_an_origin_must_be_its_own_exactly():
+    # The guard in front of the SDK's session manager, in-process: what passes it reaches the manager.
+    from starlette.testclient import TestClient
+
+    from evolver.loopback import Loopback
+    from evolver.mcp.serve import _guarded
+
+    class Manager:
+        async def handle_request(self, scope, receive, send) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"reached"})
+
+    port, bearer = 48124, "Bearer s3cret"
+    ours = f"127.0.0.1:{port}"
+    http = TestClient(_guarded(Manager(), "s3cret", Loopback(port)), base_url=f"http://{ours}")
+    assert http.post("/mcp", headers={"authorization": bearer}).text == "reached"
+    for name, values in (("host", [ours, "evil.example"]), ("origin", [f"http://{ours}", f"http://{ours}"]),
+                         ("authorization", ["Bearer wrong", bearer]), ("authorization", [bearer, "Bearer wrong"])):
+        reply = http.post("/mcp", headers=[*([("authorization", bearer)] if name != "authorization" else []),
+                                           *[(name, v) for v in values]])
+        assert reply.status_code == 400 and reply.text == f"the request has two {name.title()} headers; one is " \
+                                                          "allowed", (name, values)
+    for origin in (f"https://{ours}", f"http://{ours}:1", f"http://127.0.0.1:{port + 1}", "http://evil.example",
+                   "null"):
+        reply = http.post("/mcp", headers={"authorization": bearer, "origin": origin})
+        assert reply.status_code == 403 and "another origin" in reply.text, origin
+    assert http.post("/mcp", headers={"authorization": bearer, "origin": f"http://localhost:{port}"}).text == "reached"
+    assert http.post("/mcp", headers={"authorization": bearer, "host": "evil.example"}).status_code == 403
+
+
+def test_a_missing_argument_of_a_tool_is_named_as_missing(tmp_path):
+    # In-process, over no daemon: the arguments are checked against the tool's schema before it is asked.
+    from evolver.mcp.serve import build_server
+
+    asked = [("memory_search", {}, "bad arguments: missing required argument 'text'"),
+             ("submit_task", {"wait_s": 1}, "bad arguments: missing required argument 'prompt'"),
+             ("task_status", {}, "bad arguments: missing required argument 'task_id'"),
+             ("insights", {"limit": 5, "colour": "red"}, "bad arguments: unknown argument 'colour' (known: limit)"),
+             ("memory_search", {"text": "percent", "k": "3"}, "bad arguments: argument 'k' must be integer, not str"),
+             ("task_status", {"task_id": "task_x"}, "the evolver daemon is not answering")]  # its arguments pass
+
+    async def calls() -> list:
+        async with Client(build_server(tmp_path / "no-daemon.sock")) as client:
+            return [await client.call_tool(name, args) for name, args, _ in asked]
+
+    for (name, args, expected), result in zip(asked, asyncio.run(calls())):
+        assert result.is_error and _text(result).startswith(expected), (name, args, _text(result))

@@ -7,11 +7,13 @@ Strict) and drops from the address bar. On top of that:
 
 - the Host header must name the loopback address and port the server
   listens on, so a web page that rebinds its own DNS name to 127.0.0.1
-  cannot read the dashboard;
+  cannot read the dashboard, and no header it reads may come twice
+  (``evolver.loopback``);
 - a request that changes something (POST) must carry ``X-Evolver-UI``, which
   another origin's page cannot send without a CORS preflight (none is
-  answered), and only the few actions the page offers are passed through:
-  submit a task, cancel one, revert an event;
+  answered), and an Origin, if any, that is the dashboard's own exactly; only
+  the few actions the page offers are passed through: submit a task, cancel
+  one, revert an event;
 - the page loads nothing from the network (no CDN) and its content security
   policy allows scripts from itself only.
 """
@@ -35,6 +37,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from ..loopback import Loopback, Refused
 from ..tree.export import to_html
 
 __all__ = ["cookie_name", "create_ui_app"]
@@ -71,13 +74,14 @@ class Guard:
     def __init__(self, app, *, token: str, port: int) -> None:
         self.app = app
         self.token = token.encode()
-        self.hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
+        self.address = Loopback(port)
         self.cookie = cookie_name(port).encode()
 
     def _refusal(self, scope) -> Response | None:
-        headers = dict(scope["headers"])
-        if headers.get(b"host") not in self.hosts:
-            return _error(403, "wrong_host", "this dashboard answers only at the address `evolver ui` printed")
+        try:
+            headers = self.address.headers(scope["headers"])
+        except Refused as exc:
+            return _error(exc.status, exc.kind, str(exc))
         given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[-1].encode()
         for part in headers.get(b"cookie", b"").split(b";"):
             name, _, value = part.strip().partition(b"=")
@@ -87,8 +91,7 @@ class Guard:
             return _error(401, "unauthorized", "open the dashboard with the URL `evolver ui` printed (it carries "
                                                "its one-time token)")
         if scope["method"] not in ("GET", "HEAD"):
-            origin = headers.get(b"origin")
-            if headers.get(b"x-evolver-ui") != b"1" or (origin is not None and origin.split(b"//")[-1] not in self.hosts):
+            if headers.get(b"x-evolver-ui") != b"1" or not self.address.same_origin(headers):
                 return _error(403, "forbidden", "changes are taken only from the dashboard's own page")
         return None
 
