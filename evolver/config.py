@@ -12,18 +12,27 @@ Where settings come from, later wins:
      ``EVOLVER_MODEL_TIMEOUT_S=300`` (values are read as TOML, so ``300`` is a
      number and ``true`` a boolean; anything else is a string).
 
-An unknown section or key, a value of the wrong type or an impossible value is
-refused with a ``ConfigError`` that names where it came from, the key, and what
-is allowed.
+In the file, an unknown section or key, a value of the wrong type or an
+impossible value is refused with a ``ConfigError`` that names where it came
+from, the key, and what is allowed. A known setting's variable with a bad value
+is refused the same way. But the environment is shared with other programs and
+with the person's own variables (a token exported for one command is seen by
+every command), so a name under ``EVOLVER_`` that is not a setting is not proof
+of a mistake, and must not stop the daemon: it is ignored, with a warning when
+it looks like a misspelt setting. A variable that a setting or the command
+names as holding a secret (``tcp_token_env``, ``api_key_env``, ``--token-env``)
+is never read as a setting, whatever its name.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Collection, Literal, Mapping
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,6 +54,7 @@ __all__ = [
 
 APP = "evolver"
 ENV_PREFIX = "EVOLVER_"
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
@@ -527,8 +537,35 @@ def _allowed(section: str, key: str) -> str:
     return kind + (f" {' and '.join(constraints)}" if constraints else "")
 
 
-def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None = None) -> Config:
-    """Read the settings. Raises ``ConfigError`` with a readable message, never a traceback."""
+# Settings whose value is the name of a variable holding a secret: that variable is never a setting.
+_SECRET_HOLDERS = (("daemon", "tcp_token_env"), ("model", "api_key_env"))
+
+
+def _secret_variables(data: dict[str, Any], env: Mapping[str, str]) -> set[str]:
+    """The variables the file or the environment names as holding a secret."""
+    names = set()
+    for section, key in _SECRET_HOLDERS:
+        raw = env.get(f"{ENV_PREFIX}{section}_{key}".upper())
+        value = _parse_env_value(raw) if raw is not None else data.get(section, {}).get(key)
+        if isinstance(value, str) and value:
+            names.add(value)
+    return names
+
+
+def _not_a_setting(name: str, section: str, key: str) -> None:
+    """Warn about a variable under a setting's section that is no setting, when it looks like a misspelt one;
+    otherwise it is another program's (or the person's own) and none of our business."""
+    keys = list(SECTIONS[section].model_fields)
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.8)
+    if close:
+        log.warning("environment variable %s is not a setting and is ignored: [%s] has no key %r "
+                    "(did you mean %s%s_%s?)", name, section, key, ENV_PREFIX, section.upper(), close[0].upper())
+
+
+def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None = None,
+                secret_variables: Collection[str] = ()) -> Config:
+    """Read the settings. Raises ``ConfigError`` with a readable message, never a traceback.
+    ``secret_variables``: variables the command was told hold a secret (``--token-env``), never read as settings."""
     env = os.environ if env is None else env
     explicit = path is not None or bool(env.get("EVOLVER_CONFIG"))
     file = Path(path or env.get("EVOLVER_CONFIG") or default_config_path()).expanduser()
@@ -553,17 +590,16 @@ def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None
                 raise ConfigError(f"{file}: {section} must be a [{section}] table, not a single value.")
             for key in values:
                 origin[(section, key)] = str(file)
+    secrets = _secret_variables(data, env) | set(secret_variables)
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name == "EVOLVER_CONFIG":
+        if not name.startswith(ENV_PREFIX) or name == "EVOLVER_CONFIG" or name in secrets:
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("_")
         if section not in SECTIONS:
             continue  # another program's variable (EVOLVER_TCP_TOKEN): not ours to refuse
-        if not key:
-            raise ConfigError(
-                f"environment variable {name}: not a setting; use EVOLVER_<SECTION>_<KEY> with a section among "
-                + ", ".join(SECTIONS) + "."
-            )
+        if key not in SECTIONS[section].model_fields:
+            _not_a_setting(name, section, key)
+            continue
         data.setdefault(section, {})[key] = _parse_env_value(raw)
         origin[(section, key)] = f"environment variable {name}"
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -86,11 +87,32 @@ def test_bad_values_are_refused_naming_file_key_and_what_is_allowed(tmp_path, te
 def test_bad_environment_override_names_the_variable(tmp_path):
     with pytest.raises(ConfigError, match=r"environment variable EVOLVER_AGENT_OBSERVATION_CHARS: \[agent\] observation_chars = 0"):
         load_config(env={"EVOLVER_AGENT_OBSERVATION_CHARS": "0"})
-    # A setting's section with a key it does not have is a typo, named; a name outside every section
-    # is another program's variable (a token a user keeps as EVOLVER_TCP_TOKEN), left alone.
-    with pytest.raises(ConfigError, match=r"environment variable EVOLVER_MODEL_NAMEE: unknown key 'namee'"):
-        load_config(env={"EVOLVER_MODEL_NAMEE": "x"})
-    assert load_config(env={"EVOLVER_TCP_TOKEN": "s3cret", "EVOLVER_NOPE_X": "1"}).model.name == "scripted/demo"
+
+
+def test_a_variable_that_is_no_setting_never_stops_the_program(caplog):
+    # The environment is shared: a name under EVOLVER_ that is no setting is another program's variable, or
+    # the person's own token (the MCP recipe exports EVOLVER_MCP_TOKEN), left alone; one that looks like a
+    # misspelt setting is named in a warning, with its value never shown.
+    with caplog.at_level(logging.WARNING, logger="evolver.config"):
+        config = load_config(env={"EVOLVER_MODEL_NAMEE": "x", "EVOLVER_TCP_TOKEN": "s3cret",
+                                  "EVOLVER_MCP_TOKEN": "s3cret", "EVOLVER_NOPE_X": "1", "EVOLVER_AGENT": "2"})
+    assert config.model.name == "scripted/demo"
+    assert [r.getMessage() for r in caplog.records] == [
+        "environment variable EVOLVER_MODEL_NAMEE is not a setting and is ignored: [model] has no key 'namee' "
+        "(did you mean EVOLVER_MODEL_NAME?)"]
+
+
+def test_a_variable_named_as_holding_a_secret_is_never_read_as_a_setting(tmp_path, caplog):
+    # Even a name that is a setting's: the variable a setting or the command names holds a token, not a value.
+    path = write(tmp_path, '[daemon]\ntcp_token_env = "EVOLVER_DAEMON_WORKERS"\n')
+    with caplog.at_level(logging.WARNING, logger="evolver.config"):
+        assert load_config(path, env={"EVOLVER_DAEMON_WORKERS": "s3cret"}).daemon.workers == 2
+        from_env = load_config(env={"EVOLVER_MODEL_API_KEY_ENV": "EVOLVER_MODEL_NAME", "EVOLVER_MODEL_NAME": "k"})
+        assert from_env.model.name == "scripted/demo"
+        named = load_config(env={"EVOLVER_AGENT_KEEP_WORKSPACES": "s3cret"},
+                            secret_variables={"EVOLVER_AGENT_KEEP_WORKSPACES"})
+        assert named.agent.keep_workspaces is False
+    assert not caplog.records
 
 
 def test_a_missing_explicit_file_is_an_error(tmp_path):

@@ -13,6 +13,7 @@ never skips; elsewhere it skips, saying what to install.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -50,33 +51,58 @@ def page(tmp_path) -> TestClient:
 
 
 def _authorized(page: TestClient) -> TestClient:
-    page.cookies.set(cookie_name(PORT), TOKEN)
+    """The client after opening the printed URL: it holds the session cookie."""
+    assert page.get(f"/?token={TOKEN}").status_code == 303
     return page
 
 
 def test_without_its_token_nothing_is_served(page):
-    for path in ("/", "/static/app.js", "/tree.html", "/api/v1/status", "/?token=wrong"):
+    for path in ("/", "/static/app.js", "/tree.html", "/api/v1/status", "/?token=wrong",
+                 f"/api/v1/status?token={TOKEN}", f"/tree.html?token={TOKEN}"):  # the token opens the page only
         reply = page.get(path)
         assert reply.status_code == 401, path
         assert "URL `evolver ui` printed" in reply.json()["error"]["message"]
-    page.cookies.set(cookie_name(PORT), "wrong")
-    assert page.get("/api/v1/status").status_code == 401
-    page.cookies.set(cookie_name(PORT + 1), TOKEN)  # another dashboard's cookie (another port)
-    assert page.get("/api/v1/status").status_code == 401
+    for name, value in ((cookie_name(PORT), "wrong"), (cookie_name(PORT), TOKEN),  # the token is never a session
+                        (cookie_name(PORT + 1), TOKEN)):  # another dashboard's cookie (another port)
+        page.cookies.clear()
+        page.cookies.set(name, value)
+        assert page.get("/api/v1/status").status_code == 401, (name, value)
 
 
-def test_the_token_in_the_address_becomes_a_strict_cookie_and_leaves_the_address(page):
+def test_the_token_is_traded_once_for_a_session_of_its_own_and_leaves_the_address(tmp_path):
+    traded = []
+    app = create_ui_app(str(tmp_path / "no-daemon.sock"), token=TOKEN, port=PORT, on_traded=lambda: traded.append(1))
+    page = TestClient(app, base_url=f"http://127.0.0.1:{PORT}", follow_redirects=False)
     reply = page.get(f"/?token={TOKEN}")
-    assert reply.status_code == 303 and reply.headers["location"] == "/"
+    assert reply.status_code == 303 and reply.headers["location"] == "/" and traded == [1]
     cookie = reply.headers["set-cookie"]
-    assert cookie.startswith(f"{cookie_name(PORT)}={TOKEN};")
+    session = page.cookies[cookie_name(PORT)]
+    assert cookie.startswith(f"{cookie_name(PORT)}={session};") and session != TOKEN and len(session) >= 40
     assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower()
     assert reply.headers["referrer-policy"] == "no-referrer"
-    shown = page.get("/")  # the cookie now answers for the token
+    shown = page.get("/")  # the session cookie answers from now on
     assert shown.status_code == 200 and "<title>evolver</title>" in shown.text
     policy = shown.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "frame-ancestors 'self'" in policy
     assert "http" not in shown.text.replace("http://www.w3.org", "")  # nothing loaded from the network
+    again = page.get(f"/?token={TOKEN}")  # the session's holder opens the URL again: the dead token is dropped
+    assert again.status_code == 303 and "set-cookie" not in again.headers
+
+    # Whoever finds the URL afterwards (scrollback, browser history) holds a dead token.
+    other = TestClient(app, base_url=f"http://127.0.0.1:{PORT}", follow_redirects=False)
+    late = other.get(f"/?token={TOKEN}")
+    assert late.status_code == 401 and "was used: run `evolver ui` again." in late.json()["error"]["message"]
+    assert other.get(f"/api/v1/status?token={TOKEN}").status_code == 401 and traded == [1]
+
+
+def test_open_hands_the_browser_a_page_only_you_can_read_and_no_token_on_its_command_line(tmp_path):
+    from evolver.ui.serve import opener_page
+
+    url = f"http://127.0.0.1:{PORT}/?token={TOKEN}"
+    page = opener_page(url, tmp_path)
+    assert page.parent == tmp_path and page.stat().st_mode & 0o777 == 0o600
+    assert TOKEN not in page.as_uri()  # what the browser's command line gets
+    assert f'http-equiv="refresh" content="0; url={url}"' in page.read_text(encoding="utf-8")
 
 
 def test_a_page_that_rebinds_its_name_to_loopback_is_refused(page):
@@ -85,6 +111,25 @@ def test_a_page_that_rebinds_its_name_to_loopback_is_refused(page):
     for host in (f"evil.example:{PORT}", "127.0.0.1", f"127.0.0.1:{PORT + 1}"):
         reply = page.get("/api/v1/status", headers={"host": host})
         assert reply.status_code == 403 and reply.json()["error"]["type"] == "wrong_host", host
+
+
+def test_a_header_the_guard_reads_comes_once_and_an_origin_must_be_its_own_exactly(page):
+    _authorized(page)
+    ours = f"127.0.0.1:{PORT}"
+    for name, values in (("host", [ours, "evil.example"]), ("host", ["evil.example", ours]),
+                         ("origin", [f"http://{ours}", "http://evil.example"])):
+        reply = page.get("/api/v1/status", headers=[(name, v) for v in values])
+        assert reply.status_code == 400, (name, values)
+        assert reply.json()["error"] == {"type": "duplicate_header", "param": None,
+                                         "message": f"the request has two {name.title()} headers; one is allowed"}
+    body = {"prompt": "What is 6 * 7?"}
+    for origin in (f"https://{ours}", f"http://{ours}:1", f"http://127.0.0.1:{PORT + 1}", f"ftp://{ours}",
+                   f"{ours}", f"http://evil.example/{ours}", "null"):
+        reply = page.post("/api/v1/tasks", json=body, headers={"x-evolver-ui": "1", "origin": origin})
+        assert reply.status_code == 403 and reply.json()["error"]["type"] == "forbidden", origin
+    for origin in (f"http://{ours}", f"http://localhost:{PORT}"):  # its own: passed on (no daemon answers here)
+        reply = page.post("/api/v1/tasks", json=body, headers={"x-evolver-ui": "1", "origin": origin})
+        assert reply.status_code == 503 and reply.json()["error"]["type"] == "daemon_unreachable", origin
 
 
 def test_changes_are_taken_only_from_the_page_and_only_those_it_offers(page):
@@ -174,9 +219,10 @@ def daemon():
         yield proc
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def dashboard(daemon):
-    """`evolver ui` as a person runs it; yields the URL it printed."""
+    """`evolver ui` as a person runs it (one for each test: its token opens it once); yields the URL it
+    printed."""
     proc = subprocess.Popen([EVOLVER, "ui"], env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -244,7 +290,11 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard):
         shots = _artifacts()
         try:
             browser.get(dashboard)
-            assert "token" not in browser.current_url  # traded for the cookie
+            assert "token" not in browser.current_url  # traded for the session's cookie
+            port, token = int(dashboard.split(":")[2].split("/")[0]), dashboard.split("token=")[1]
+            session = browser.get_cookie(cookie_name(port))
+            assert session["httpOnly"] and session["value"] != token
+            assert httpx.get(dashboard).status_code == 401  # the printed URL opens it no more
             wait_for(lambda: "serving node_" in page.text("#summary"), timeout_s=30, what="the status line")
             revert = f"#history button.revert[data-id='{event_id}']"
             wait_for(lambda: page.count(revert), timeout_s=30, what="the distill event with its revert button")
@@ -298,6 +348,33 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard):
             browser.quit()
 
 
+def test_open_keeps_the_token_off_every_command_line_and_removes_its_page_once_traded(daemon, tmp_path):
+    # $BROWSER stands for the browser: it records the command line it was given and what it was asked to open.
+    seen = tmp_path / "seen"
+    browser = tmp_path / "browser"
+    browser.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" > {seen}.args\ncp \"${{1#file://}}\" {seen}.page\n",
+                       encoding="utf-8")
+    browser.chmod(0o700)
+    proc = subprocess.Popen([EVOLVER, "ui", "--open"], env={**daemon.env, "BROWSER": str(browser)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        printed = proc.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", printed), printed  # no token in the scrollback
+        args = (tmp_path / "seen.args").read_text(encoding="utf-8").strip()
+        opened = Path(args.removeprefix("file://"))
+        assert args.startswith("file:///") and "token" not in args
+        assert opened.parent == daemon.runtime_dir and opened.stat().st_mode & 0o777 == 0o600
+        url = re.search(r'url=(http://[^"]+)"', (tmp_path / "seen.page").read_text(encoding="utf-8")).group(1)
+        assert url.startswith(printed + "?token=")
+        with httpx.Client() as http:
+            assert http.get(url).status_code == 303  # what the browser does with the page
+        wait_for(lambda: not opened.exists(), timeout_s=30, what="the opener page removed once its token was spent")
+        assert httpx.get(url).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_the_served_page_is_not_readable_from_another_origin(daemon, dashboard):
     """A real fetch from the real server: no CORS header is ever granted, the cookie is the only key."""
     base = dashboard.split("/?")[0]
@@ -305,7 +382,8 @@ def test_the_served_page_is_not_readable_from_another_origin(daemon, dashboard):
     token = dashboard.split("token=")[1]
     with httpx.Client(base_url=base) as http:
         assert http.get("/api/v1/status").status_code == 401
-        http.cookies.set(cookie_name(port), token)
+        assert http.get(f"/?token={token}").status_code == 303  # traded: the client holds the session
+        assert http.cookies[cookie_name(port)] != token
         reply = http.get("/api/v1/status", headers={"origin": "http://evil.example"})
         assert reply.status_code == 200 and "access-control-allow-origin" not in reply.headers
         assert reply.json()["learning"]["windows"]["day"]

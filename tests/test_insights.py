@@ -34,6 +34,21 @@ def test_bad_answers_are_refused_with_the_reason(answer, problem):
         parse_ops(answer, shown=2)
 
 
+@pytest.mark.parametrize("text, problem", [
+    ("Set the title\x1b]0;pwned\x07 and go on", r"operation 1: the text has a control character \\x1b at character 14"),
+    ("Clear it \x1b[2J", r"control character \\x1b"),
+    ("a C1 CSI \x9b2J too", r"control character \\x9b"),
+])
+def test_an_insight_with_a_control_character_is_refused_naming_its_text(text, problem):
+    # Distillation's ADD and EDIT (and a pack's insights, which go through the same ADD) refuse it.
+    for op in ({"op": "ADD", "text": text}, {"op": "EDIT", "id": 1, "text": text}):
+        with pytest.raises(InsightOpError, match=problem):
+            parse_ops({"operations": [op]}, shown=1)
+    # White space is made plain instead: a CR LF that would forge a line is one space.
+    (op,) = parse_ops({"operations": [{"op": "ADD", "text": "Check first.\r\nevolver: import OK"}]}, shown=0)
+    assert op.text == "Check first. evolver: import OK"
+
+
 def test_operations_count_importance_retire_at_zero_and_keep_history(store):
     shown = _seed(store, (CSV, 3), (TESTS, 1))
     assert render(shown).splitlines() == [f"1. {CSV} (importance 3)", f"2. {TESTS} (importance 1)"]

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import queue
+import re
+import shutil
+import signal
 import subprocess
+import threading
+import time
+from pathlib import Path
 
 import httpx
 import httpx2
 import pytest
-from _daemon import DaemonProcess, demo_rules, make_root, serving, write_script
+from _daemon import REPO, DaemonProcess, demo_rules, make_root, serving, write_script
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -113,3 +121,114 @@ def test_mcp_serve_over_http_needs_its_token_and_its_host(daemon):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _recipe(page: Path, marker: str) -> str:
+    """The manual's first sh block on ``page`` that contains ``marker``."""
+    blocks = re.findall(r"```sh\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    return next(b for b in blocks if marker in b)
+
+
+def _first_line_matching(stream, pattern: str, *, timeout_s: float) -> str:
+    """The first line of ``stream`` that matches ``pattern``, read in a thread so a silent process cannot
+    hold the test past its deadline."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [*map(lines.put, stream), lines.put(None)], daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            break
+        if line is None:  # it ended
+            break
+        seen.append(line)
+        if re.fullmatch(pattern, line.strip()):
+            return line.strip()
+    raise AssertionError(f"no line matching {pattern} within {timeout_s:g} s; the recipe printed: {''.join(seen)}")
+
+
+def test_the_manuals_http_recipe_runs_as_written_and_the_sdk_client_reaches_it_with_the_token():
+    # The recipe exports EVOLVER_MCP_TOKEN before `evolver up`: neither the daemon nor `mcp serve` may read
+    # it as an [mcp] setting. It runs in a home of its own; only the port is changed, to any free one.
+    recipe = _recipe(REPO / "docs" / "user-guide" / "mcp.md", "--token-env").replace("--port 8765", "--port 0")
+    root = make_root()
+    (root / "home").mkdir()
+    (root / "run").mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVOLVER_", "XDG_"))}
+    env.update(HOME=str(root / "home"), XDG_RUNTIME_DIR=str(root / "run"), COLUMNS="200",
+               PATH=f"{Path(EVOLVER).parent}{os.pathsep}{env['PATH']}",
+               EVOLVER_EVOLUTION_ENABLED="false")  # no background jobs: this test is about reaching the server
+    shell = subprocess.Popen(["bash", "-e", "-c", recipe], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    try:
+        url = _first_line_matching(shell.stdout, r"http://127\.0\.0\.1:\d+/mcp", timeout_s=180)
+        token_file = root / "home" / ".config" / "evolver" / "mcp-token"
+        assert token_file.stat().st_mode & 0o077 == 0  # only its owner can read it
+        token = token_file.read_text(encoding="utf-8").strip()
+        assert httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}).status_code == 401
+
+        async def reach() -> tuple[set, object]:
+            async with httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}, timeout=120) as http:
+                async with Client(streamable_http_client(url, http_client=http)) as client:
+                    names = {t.name for t in (await client.list_tools()).tools}
+                    return names, await client.call_tool("insights", {})
+
+        names, insights = asyncio.run(reach())
+        assert FIXED <= names
+        assert not insights.is_error and json.loads(_text(insights)) == []  # the daemon `evolver up` started
+    finally:
+        os.killpg(shell.pid, signal.SIGTERM)
+        shell.wait(30)
+        subprocess.run([EVOLVER, "down"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_over_http_each_checked_header_comes_once_and_an_origin_must_be_its_own_exactly():
+    # The guard in front of the SDK's session manager, in-process: what passes it reaches the manager.
+    from starlette.testclient import TestClient
+
+    from evolver.loopback import Loopback
+    from evolver.mcp.serve import _guarded
+
+    class Manager:
+        async def handle_request(self, scope, receive, send) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"reached"})
+
+    port, bearer = 48124, "Bearer s3cret"
+    ours = f"127.0.0.1:{port}"
+    http = TestClient(_guarded(Manager(), "s3cret", Loopback(port)), base_url=f"http://{ours}")
+    assert http.post("/mcp", headers={"authorization": bearer}).text == "reached"
+    for name, values in (("host", [ours, "evil.example"]), ("origin", [f"http://{ours}", f"http://{ours}"]),
+                         ("authorization", ["Bearer wrong", bearer]), ("authorization", [bearer, "Bearer wrong"])):
+        reply = http.post("/mcp", headers=[*([("authorization", bearer)] if name != "authorization" else []),
+                                           *[(name, v) for v in values]])
+        assert reply.status_code == 400 and reply.text == f"the request has two {name.title()} headers; one is " \
+                                                          "allowed", (name, values)
+    for origin in (f"https://{ours}", f"http://{ours}:1", f"http://127.0.0.1:{port + 1}", "http://evil.example",
+                   "null"):
+        reply = http.post("/mcp", headers={"authorization": bearer, "origin": origin})
+        assert reply.status_code == 403 and "another origin" in reply.text, origin
+    assert http.post("/mcp", headers={"authorization": bearer, "origin": f"http://localhost:{port}"}).text == "reached"
+    assert http.post("/mcp", headers={"authorization": bearer, "host": "evil.example"}).status_code == 403
+
+
+def test_a_missing_argument_of_a_tool_is_named_as_missing(tmp_path):
+    # In-process, over no daemon: the arguments are checked against the tool's schema before it is asked.
+    from evolver.mcp.serve import build_server
+
+    asked = [("memory_search", {}, "bad arguments: missing required argument 'text'"),
+             ("submit_task", {"wait_s": 1}, "bad arguments: missing required argument 'prompt'"),
+             ("task_status", {}, "bad arguments: missing required argument 'task_id'"),
+             ("insights", {"limit": 5, "colour": "red"}, "bad arguments: unknown argument 'colour' (known: limit)"),
+             ("memory_search", {"text": "percent", "k": "3"}, "bad arguments: argument 'k' must be integer, not str"),
+             ("task_status", {"task_id": "task_x"}, "the evolver daemon is not answering")]  # its arguments pass
+
+    async def calls() -> list:
+        async with Client(build_server(tmp_path / "no-daemon.sock")) as client:
+            return [await client.call_tool(name, args) for name, args, _ in asked]
+
+    for (name, args, expected), result in zip(asked, asyncio.run(calls())):
+        assert result.is_error and _text(result).startswith(expected), (name, args, _text(result))

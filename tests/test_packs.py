@@ -27,6 +27,7 @@ from tests.test_synthesize import (  # the same tools, written once
     REVERSE,
     REVERSE_TESTS,
     SHOUT,
+    SHOUT_TESTS,
 )
 from tools import code_hash
 
@@ -220,6 +221,28 @@ def test_a_tool_whose_tests_fail_is_refused_with_its_reason_and_the_rest_comes_i
     assert target.registry.get("shout") is None
 
 
+def _terminal_escapes(manifest: dict, contents: dict) -> None:
+    """An insight and a tool whose texts carry terminal escapes (their hashes in order: not tampering)."""
+    contents["insights/0001.txt"] = "Set the title\x1b]0;pwned\x07 before calling finish.".encode()
+    code = SHOUT.replace("exclamation mark.", "exclamation mark.\x1b[2J")
+    contents["tools/shout/code.py"], contents["tools/shout/tests.py"] = code.encode(), SHOUT_TESTS.encode()
+    manifest["tools"].append({"name": "shout", "version": 1, "description": "shout", "code": "tools/shout/code.py",
+                              "tests": "tools/shout/tests.py", "code_hash": code_hash(code, SHOUT_TESTS),
+                              "provenance": {}})
+
+
+def test_an_insight_or_a_tool_with_a_control_character_is_refused_naming_where_and_the_rest_comes_in(engine, pack):
+    target = engine("target")
+    report = packs.import_pack(target, forge(pack, _terminal_escapes))
+    refused = {i["kind"]: i["reason"] for i in report["items"] if i["status"] == "refused"}
+    assert refused == {
+        "insight": "insight 1: the text has a control character \\x1b at character 14; an insight is plain text",
+        "tool": "a control character \\x1b at line 3, column 54 in its code; a tool's code, tests and docstring "
+                "are plain text"}
+    assert report["added"] == 2 and [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
+    assert [i.text for i in target.store.list_insights()] == [INSIGHTS[1]]
+
+
 def _new_version(breaks_old_tests: bool):
     def edit(manifest: dict, contents: dict) -> None:
         body = "return text[::-1] if text else 'empty'" if breaks_old_tests else "return ''.join(reversed(text))"
@@ -361,10 +384,15 @@ def test_no_byte_of_a_pack_goes_unchecked(pack):
 
 def test_expect_pins_the_pack_its_author_published(pack):
     digest = packs.read_pack(pack).sha256
-    assert packs.read_pack(pack, expect=digest[:12].upper()).sha256 == digest
-    with pytest.raises(packs.PackError, match=f"the pack is {digest[:16]}, not the 0123abcd you expected"):
-        packs.read_pack(pack, expect="0123abcd")
-    with pytest.raises(packs.PackError, match="8 to 64 hex digits"):
+    assert packs.read_pack(pack, expect=digest.upper()).sha256 == digest
+    other = ("0" if digest[-1] != "0" else "1").join([digest[:-1], ""])
+    with pytest.raises(packs.PackError, match=f"the pack is {digest}, not the {other} you expected"):
+        packs.read_pack(pack, expect=other)
+    # Only the whole id: a prefix a person pinned is cheap to forge.
+    for prefix in (digest[:8], digest[:16], digest[:63]):
+        with pytest.raises(packs.PackError, match="the 64 hex digits `evolver export` prints; a prefix is refused"):
+            packs.read_pack(pack, expect=prefix)
+    with pytest.raises(packs.PackError, match="64 hex digits .*; not 'xyz'"):
         packs.read_pack(pack, expect="xyz")
 
 
@@ -457,7 +485,11 @@ def test_the_cli_exports_and_imports_with_the_daemon_down(engine, tmp_path):
     assert again.returncode == 2 and "exists; pass --force" in again.stderr
 
     fresh = tmp_path / "fresh"
-    imported = run("--data-dir", str(fresh), "import", str(out))
+    printed = exported.stdout.split()[2]  # the id to publish, whole: the one --expect takes
+    assert printed == packs.read_pack(out.read_bytes()).sha256
+    prefix = run("--data-dir", str(fresh), "import", str(out), "--expect", printed[:16])
+    assert prefix.returncode == 2 and "a prefix is refused" in prefix.stderr
+    imported = run("--data-dir", str(fresh), "import", str(out), "--expect", printed)
     assert imported.returncode == 0, imported.stderr
     assert "+ tool added reverse_text v1" in imported.stdout and "3 added, 0 skipped, 0 refused" in imported.stdout
     tools = json.loads(run("--data-dir", str(fresh), "tools", "--json").stdout)

@@ -46,6 +46,11 @@ def test_shout():
 '''
 
 
+def verbatim(reply: str) -> str:
+    """A reply the scripted model sends as it is (it expands backslashes as a regex template would)."""
+    return reply.replace("\\", "\\\\")
+
+
 def proposal(code=REVERSE, tests=REVERSE_TESTS, name="reverse_text", replays=None, words=("hello", "abc"),
              **extra) -> str:
     if replays is None:  # the recorded calls, new ones first
@@ -167,6 +172,14 @@ def test_the_registered_tool_runs_for_a_task_and_its_use_is_counted(engine):
     # A schema no model call could carry would break every task the tool is offered to.
     (proposal(code=REVERSE.replace("text: str", 'text: str = b""')), "its schema is not JSON"),
     (proposal(code=REVERSE.replace("text: str", "text: str = ...")), "its schema is not JSON"),
+    # Its texts are shown to the model and printed on people's terminals: no control character in them.
+    (verbatim(proposal(code=REVERSE.replace("by character", "by\x1b]0;pwned\x07 character"))),
+     "control character \\x1b at line 3, column 38 in its code"),
+    (verbatim(proposal(code=REVERSE.replace("by character", "by\\x1b[2J character"))),
+     "control character \\x1b at character 31 in its description"),
+    (verbatim(proposal(code=REVERSE.replace("the string", "the\\x1b[31m string"))),
+     "control character \\x1b at character 4 in its description of parameter 'text'"),
+    (verbatim(proposal(tests=REVERSE_TESTS.replace("cba", "c\x9bba"))), "control character \\x9b"),
 ])
 def test_a_tool_that_fails_quarantine_is_rejected_with_the_reason(engine, reply, reason):
     e = engine(_only(reply), f"synth-reject-{abs(hash(reason))}")

@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from memory import AmbiguousId, StoreError
 from sandbox import SandboxError
@@ -27,6 +28,7 @@ from ..llm.budget import BudgetExceeded
 from ..llm.client import ModelError
 from ..service.sockets import SocketError
 from ..storage import open_store
+from ..text import visible
 from .client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenied
 
 # Exit codes: 1 the task or check failed, 2 bad arguments or settings, 3 the store refused,
@@ -34,8 +36,26 @@ from .client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenie
 # 5 the daemon is not running, 6 permission denied on the socket, 7 the daemon refused the request.
 EXIT_USAGE, EXIT_STORE, EXIT_ENGINE, EXIT_NO_DAEMON, EXIT_DENIED, EXIT_REFUSED = 2, 3, 4, 5, 6, 7
 
-out = Console()
-err = Console(stderr=True)
+
+
+class _Terminal(Console):
+    """A console that shows control characters as escapes in every string it is given (``text.visible``).
+    What the CLI prints is mostly stored text from outside: prompts, answers, insights, tool texts,
+    history, steps; none of it may set the terminal's title, clear it or forge a line. Rich adds its
+    own styling after this, so colours stay."""
+
+    def render_str(self, text: str, **kwargs) -> Text:
+        return super().render_str(visible(text), **kwargs)
+
+
+out = _Terminal()
+err = _Terminal(stderr=True)
+
+
+def echo(message: object = "", *, err: bool = False, nl: bool = True) -> None:
+    """``click.echo`` of ``message`` with its control characters shown as escapes: the plain output (ids,
+    answers, one-line reports) that scripts read. The CLI prints only through this, ``out`` and ``err``."""
+    click.echo(visible(str(message)), err=err, nl=nl)
 
 
 class DaemonDied(click.ClickException):
@@ -50,12 +70,13 @@ class State:
     def __init__(self, config_path: str | None, data_dir: str | None) -> None:
         self.config_path = config_path
         self.data_dir = Path(data_dir) if data_dir else None
+        self.secret_variables: set[str] = set()  # named by the command (--token-env): never read as settings
         self._config = None
 
     @property
     def config(self):
         if self._config is None:
-            self._config = load_config(self.config_path)
+            self._config = load_config(self.config_path, secret_variables=self.secret_variables)
         return self._config
 
     def store(self, **kwargs):
@@ -170,7 +191,7 @@ def _print_step(step, console: Console = err) -> None:
 
 
 def print_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
+    echo(json.dumps(data, indent=2, default=str))
 
 
 def table(title: str, rows: list[dict], columns: list[str], *, width: dict[str, int] | None = None) -> Table:
@@ -225,5 +246,5 @@ def main() -> None:
         code = _exit_code(exc)
         if code is None:
             raise
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         sys.exit(code)

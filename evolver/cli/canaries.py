@@ -26,7 +26,7 @@ import click
 from ..config import load_config
 from ..judge.catalog import resolve_pack
 from ..llm import scripted
-from .base import cli, out, table
+from .base import cli, echo, out, table
 from .code_canaries import CODE_CANARIES
 from .code_canaries import PATH as CODE_PATH
 
@@ -547,12 +547,12 @@ def canaries(as_json: bool, markdown: bool, only: tuple[str, ...]) -> None:
         finally:
             lab.close()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        echo(json.dumps(rows, indent=2))
     elif markdown:
-        click.echo("| canary | path | attack | judge |\n|---|---|---|---|")
+        echo("| canary | path | attack | judge |\n|---|---|---|---|")
         for row in rows:
-            click.echo(f"| {row['canary']} | {row['path']} | {row['attack']} | "
-                       f"{'held' if row['held'] else '**FOOLED**'} |")
+            echo(f"| {row['canary']} | {row['path']} | {row['attack']} | "
+                 f"{'held' if row['held'] else '**FOOLED**'} |")
     else:
         out.print(table(f"{sum(r['held'] for r in rows)}/{len(rows)} canaries held",
                         [{**r, "held": "held" if r["held"] else "FOOLED"} for r in rows],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 import subprocess
@@ -11,8 +12,8 @@ import time
 import click
 
 from ..service.systemd import render_unit, unit_path
-from .base import (EXIT_ENGINE, EXIT_NO_DAEMON, EXIT_REFUSED, EXIT_USAGE, DaemonDied, State, cli, err, out,
-                   print_json, table)
+from .base import (EXIT_ENGINE, EXIT_NO_DAEMON, EXIT_REFUSED, EXIT_USAGE, DaemonDied, State, cli, echo, err,
+                   out, print_json, table)
 from .client import ClientError, DaemonNotRunning
 
 
@@ -45,9 +46,10 @@ def logs(state: State, lines: int, follow: bool) -> None:
         raise click.ClickException(f"there is no log at {path} yet: a daemon started by `evolver up` writes it "
                                    "(one run by systemd logs to the journal: journalctl --user -u evolver)")
     last, offset = _tail(path, lines)
-    out_bytes = click.get_binary_stream("stdout")
-    out_bytes.write(b"".join(last))
-    out_bytes.flush()
+    # The log quotes prompts, answers and errors: shown through echo, escaped, like every stored text. Read
+    # in pieces, a character may be cut between two: the decoder keeps its first bytes for the next.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    echo(decoder.decode(b"".join(last)), nl=False)
     if not follow:
         return
     try:
@@ -64,8 +66,7 @@ def logs(state: State, lines: int, follow: bool) -> None:
                     handle.seek(offset)
                     data = handle.read(size - offset)
                 offset += len(data)
-                out_bytes.write(data)
-                out_bytes.flush()
+                echo(decoder.decode(data), nl=False)
     except KeyboardInterrupt:
         return
 
@@ -86,11 +87,11 @@ def up(state: State, foreground: bool, timeout_s: float) -> None:
         sys.exit(Daemon(state.config, data_dir=state.data_dir).serve())
     path = state.socket_path
     if state.daemon_answers():
-        click.echo(f"the daemon is already running on {path}")
+        echo(f"the daemon is already running on {path}")
         return
     log = _log_path(state)
     status = spawn_daemon(state, log=log, timeout_s=timeout_s)
-    click.echo(f"evolver daemon {status['pid']} is up: socket {path}, data dir {status['data_dir']}, log {log}")
+    echo(f"evolver daemon {status['pid']} is up: socket {path}, data dir {status['data_dir']}, log {log}")
 
 
 def _reason(log, start: int) -> str:
@@ -145,9 +146,9 @@ def down(state: State, timeout_s: float | None) -> None:
     try:
         pid = stop_daemon(state, timeout_s=timeout_s or state.config.daemon.shutdown_grace_s + 30)
     except DaemonNotRunning:
-        click.echo(f"the daemon is not running (nothing answers on {state.socket_path})")
+        echo(f"the daemon is not running (nothing answers on {state.socket_path})")
         return
-    click.echo(f"evolver daemon {pid} stopped")
+    echo(f"evolver daemon {pid} stopped")
 
 
 def stop_daemon(state: State, *, timeout_s: float) -> int:
@@ -307,11 +308,11 @@ def service_install(state: State, to_stdout: bool, force: bool) -> None:
     unit = render_unit(config_path=state.config_path, data_dir=str(state.data_dir) if state.data_dir else None,
                        stop_timeout_s=state.config.daemon.shutdown_grace_s)
     if to_stdout:
-        click.echo(unit, nl=False)
+        echo(unit, nl=False)
         return
     path = unit_path()
     if path.exists() and not force:
         raise click.UsageError(f"{path} already exists; pass --force to overwrite it.")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(unit, encoding="utf-8")
-    click.echo(f"wrote {path}\nstart it with: systemctl --user daemon-reload && systemctl --user enable --now evolver")
+    echo(f"wrote {path}\nstart it with: systemctl --user daemon-reload && systemctl --user enable --now evolver")

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from ..api import views
-from .base import State, cli, err, full_id, out, print_json, table
+from .base import State, cli, echo, err, full_id, out, print_json, table
 
 
 def _when(at: float) -> str:
@@ -70,7 +70,7 @@ def tree(state: State, fmt: str, as_json: bool, output: str | None) -> None:
             handle.write(text)
         err.print(f"wrote {output}")
     else:
-        click.echo(text, nl=False)
+        echo(text, nl=False)
 
 
 @cli.command()
@@ -168,7 +168,7 @@ def history_revert(state: State, event_id: int, why: str) -> None:
     """Undo EVENT_ID's insight or tool changes (recorded as a new event; nothing is deleted)."""
     with state.client() as client:
         event = client.post(f"/v1/history/{event_id}/revert", {"why": why})
-    click.echo(f"event {event['id']}: {event['what']}")
+    echo(f"event {event['id']}: {event['what']}")
 
 
 @cli.command()
@@ -282,7 +282,7 @@ def promote(state: State, node_id: str, why: str) -> None:
     node_id = full_id(state, node_id, "node")["id"]
     with state.client() as client:
         event = client.post("/v1/promote", {"node_id": node_id, "why": why})
-    click.echo(f"event {event['id']}: {event['what']}")
+    echo(f"event {event['id']}: {event['what']}")
 
 
 @cli.command()
@@ -296,4 +296,4 @@ def rollback(state: State, node_id: str | None, why: str) -> None:
         node_id = full_id(state, node_id, "node")["id"]
     with state.client() as client:
         event = client.post("/v1/rollback", {"node_id": node_id, "why": why})
-    click.echo(f"event {event['id']}: {event['what']}")
+    echo(f"event {event['id']}: {event['what']}")

@@ -11,7 +11,7 @@ import click
 
 from ..api import views
 from ..config import default_config_path, render_config
-from .base import State, _print_step, check_options, cli, err, out, print_json, table
+from .base import State, _print_step, check_options, cli, echo, err, out, print_json, table
 
 # --- config ------------------------------------------------------------------------
 
@@ -27,20 +27,20 @@ def config() -> None:
 def config_show(state: State, defaults: bool) -> None:
     """Print the settings in effect, as TOML-like sections."""
     if defaults:
-        click.echo(render_config(), nl=False)
+        echo(render_config(), nl=False)
         return
     cfg = state.config
-    click.echo(f"# from {cfg.source}")
+    echo(f"# from {cfg.source}")
     for section, values in cfg.model_dump().items():
-        click.echo(f"\n[{section}]")
+        echo(f"\n[{section}]")
         for key, value in values.items():
-            click.echo(f"{key} = {json.dumps(value)}")
+            echo(f"{key} = {json.dumps(value)}")
 
 
 @config.command("path")
 def config_path() -> None:
     """Print where the user's settings file is read from."""
-    click.echo(str(default_config_path()))
+    echo(str(default_config_path()))
 
 
 @config.command("init")
@@ -52,7 +52,7 @@ def config_init(force: bool) -> None:
         raise click.UsageError(f"{path} already exists; pass --force to overwrite it.")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_config(), encoding="utf-8")
-    click.echo(f"wrote {path}")
+    echo(f"wrote {path}")
 
 
 @config.command("check")
@@ -66,7 +66,7 @@ def config_check(state: State) -> None:
     problem = credentials_problem(cfg.model)
     if problem:  # valid settings still, but the first model call would fail
         raise ConfigError(f"{cfg.source}: [model] {problem}")
-    click.echo(f"ok: {cfg.source}; data dir {state.data_dir or cfg.data_dir}")
+    echo(f"ok: {cfg.source}; data dir {state.data_dir or cfg.data_dir}")
 
 
 # --- memory ------------------------------------------------------------------------
@@ -112,7 +112,7 @@ def memory_reindex(state: State) -> None:
     with state.store(rebuild_index=True) as store:
         with out.status("re-embedding…") as status:
             total = store.reindex(progress=lambda done, of: status.update(f"re-embedding {done}/{of}"))
-    click.echo(f"reindexed {total} rows with {store.embedder.model_id}")
+    echo(f"reindexed {total} rows with {store.embedder.model_id}")
 
 
 @memory.command("check")
@@ -123,8 +123,8 @@ def memory_check(state: State) -> None:
         verdict = store.check()
         fixed = store.reconcile()
         counts = {c: store.index.count(c) for c in ("trajectories", "insights", "tools")}
-    click.echo(f"database: {', '.join(verdict)}")
-    click.echo(f"index: {counts}; repaired {sum(fixed.values())} entries")
+    echo(f"database: {', '.join(verdict)}")
+    echo(f"index: {counts}; repaired {sum(fixed.values())} entries")
     if verdict != ["ok"]:
         sys.exit(1)
 
@@ -158,10 +158,10 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
         (task, _), = engine.store.add_tasks([item])
         result = engine.agent().run_task(task, on_step=None if quiet else _print_step)
     if as_json:
-        click.echo(json.dumps(asdict(result), indent=2))
+        echo(json.dumps(asdict(result), indent=2))
     else:
         verdict = "" if result.success is None else (" (check passed)" if result.success else " (check failed)")
-        click.echo(f"{result.status}{verdict}: {result.answer if result.answer is not None else result.error}")
+        echo(f"{result.status}{verdict}: {result.answer if result.answer is not None else result.error}")
     if result.status != "done" or result.success is False:
         sys.exit(1)
 
@@ -193,7 +193,7 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     summary = {"pack": pack, "split": split, "tasks": len(results), "solved": solved,
                "success_rate": round(solved / len(results), 4) if results else 0.0, "results": results}
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        echo(json.dumps(summary, indent=2))
         return
     rows = [{**r, "success": "yes" if r["success"] else "no", "answer": str(r["answer"])} for r in results]
     out.print(table(f"{pack}: {solved}/{len(results)} solved", rows, ["id", "split", "success", "status", "answer"],

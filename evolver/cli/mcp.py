@@ -8,7 +8,7 @@ import secrets
 
 import click
 
-from .base import EXIT_USAGE, State, cli, err
+from .base import EXIT_USAGE, State, cli, echo, err
 
 
 @cli.group()
@@ -32,6 +32,8 @@ def serve(state: State, over_http: bool, port: int, token_env: str | None) -> No
     from ..mcp.serve import serve_http, serve_stdio
     from ..ui.serve import bind_loopback
 
+    if token_env:
+        state.secret_variables.add(token_env)  # EVOLVER_MCP_TOKEN is the token, not an [mcp] setting
     if not state.daemon_answers():
         err.print(f"warning: the daemon is not running (no answer on {state.socket_path}); tool calls will say so "
                   "until `evolver up` starts it")
@@ -46,9 +48,9 @@ def serve(state: State, over_http: bool, port: int, token_env: str | None) -> No
     except OSError as exc:
         err.print(f"error: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}")
         raise SystemExit(EXIT_USAGE) from exc
-    click.echo(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp")  # first line of stdout: scripts read it
+    echo(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp")  # first line of stdout: scripts read it
     if not token_env:
-        click.echo(f"token: {token}")
+        echo(f"token: {token}")
     err.print("MCP over streamable HTTP at the URL above; send `Authorization: Bearer <token>`. Ctrl-C stops it")
     try:
         asyncio.run(serve_http(state.socket_path, sock, token))

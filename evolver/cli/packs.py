@@ -19,14 +19,14 @@ from typing import NoReturn
 import click
 
 from ..meta import packs
-from .base import EXIT_USAGE, State, cli, full_id, print_json
+from .base import EXIT_USAGE, State, cli, echo, full_id, print_json
 from .client import ApiError
 
 IMPORT_TIMEOUT_S = 900.0  # quarantine runs every tool's tests in the sandbox
 
 
 def _refuse(message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+    echo(f"error: {message}", err=True)
     sys.exit(EXIT_USAGE)
 
 
@@ -77,15 +77,16 @@ def export(state: State, insights: bool, tools: bool, node: str | None, output: 
     parts = [f"{result['insights']} insights", f"{len(result['tools'])} tools"]
     if result["node"]:
         parts.append(f"node {result['node']}")
-    click.echo(f"wrote pack {result['id']} to {path} ({result['bytes']} bytes): {', '.join(parts)}")
+    echo(f"wrote pack {result['sha256']} to {path} ({result['bytes']} bytes): {', '.join(parts)}")
     for item in result["left_out"]:
-        click.echo(f"  left out {item['kind']} {item['name']}: {item['reason']}", err=True)
+        echo(f"  left out {item['kind']} {item['name']}: {item['reason']}", err=True)
 
 
 @cli.command("import")
 @click.argument("pack", type=click.Path(dir_okay=False, exists=True, readable=True))
 @click.option("--expect", default=None, metavar="ID",
-              help="Refuse the pack unless its id starts with ID (the id its author gave you).")
+              help="Refuse the pack unless its id is ID, whole: the 64 hex digits its author gave you (`evolver "
+                   "export` prints them; a prefix is refused).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def import_(state: State, pack: str, expect: str | None, as_json: bool) -> None:
@@ -131,8 +132,8 @@ def _through_daemon(state: State, data: bytes, expect: str | None) -> dict:
 
 def _print(report: dict) -> None:
     marks = {"added": "+", "skipped": "=", "refused": "!"}
-    click.echo(f"pack {report['id']} (from evolver {report['evolver']}"
-               f"{', ' + report['model'] if report.get('model') else ''})")
+    echo(f"pack {report['sha256']} (from evolver {report['evolver']}"
+         f"{', ' + report['model'] if report.get('model') else ''})")
     for item in report["items"]:
         name = item["name"] if item["kind"] != "insight" else json.dumps(item["name"])
         detail = item.get("detail") or {}
@@ -141,9 +142,9 @@ def _print(report: dict) -> None:
         elif item["kind"] == "insight" and detail.get("id"):
             name = f"{detail['id']} {name}"
         reason = f": {item['reason']}" if item.get("reason") else ""
-        click.echo(f"  {marks[item['status']]} {item['kind']} {item['status']} {name}{reason}")
+        echo(f"  {marks[item['status']]} {item['kind']} {item['status']} {name}{reason}")
     if report["retired_by_cap"]:
-        click.echo(f"  the insight cap ([evolution] max_insights) retired {len(report['retired_by_cap'])}: "
-                   f"{', '.join(map(str, report['retired_by_cap']))}")
-    click.echo(f"{report['added']} added, {report['skipped']} skipped, {report['refused']} refused "
-               f"(event {report['event_id']}; undo with `evolver history revert {report['event_id']}`)")
+        echo(f"  the insight cap ([evolution] max_insights) retired {len(report['retired_by_cap'])}: "
+             f"{', '.join(map(str, report['retired_by_cap']))}")
+    echo(f"{report['added']} added, {report['skipped']} skipped, {report['refused']} refused "
+         f"(event {report['event_id']}; undo with `evolver history revert {report['event_id']}`)")

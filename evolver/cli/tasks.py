@@ -12,12 +12,13 @@ import httpx
 from rich.markup import escape
 
 from ..api import views
-from ..text import clip
+from ..text import clip, visible
 from .base import (
     State,
     _call_text,
     check_options,
     cli,
+    echo,
     err,
     full_id,
     out,
@@ -109,7 +110,7 @@ def submit(state: State, text: str, check: dict | None, priority: int, files: tu
             if as_json:
                 print_json(task)
             else:
-                click.echo(task["id"])
+                echo(task["id"])
             return
         err.print(f"[bold]{task['id']}[/bold] queued; following its steps (Ctrl-C stops watching, not the task)")
         for event, data in client.events(task["id"]):
@@ -121,10 +122,10 @@ def submit(state: State, text: str, check: dict | None, priority: int, files: tu
         print_json(detail)
     else:
         verdict = "" if success is None else (" (check passed)" if success else " (check failed)")
-        click.echo(f"{detail['status']}{verdict}: {answer if answer is not None else detail.get('error')}")
+        echo(f"{detail['status']}{verdict}: {answer if answer is not None else detail.get('error')}")
         said = _verifier_line((detail["trajectories"] or [{}])[-1].get("outcome"))
         if said:  # what the verifier said, so the failure can be understood without `show`
-            click.echo(said)
+            echo(said)
     if detail["status"] != "done" or success is False:
         sys.exit(1)
 
@@ -238,8 +239,8 @@ def cancel(state: State, task_id: str) -> None:
     task_id = full_id(state, task_id, "task")["id"]
     with state.client() as client:
         task = client.post(f"/v1/tasks/{task_id}/cancel")
-    click.echo(f"{task['id']}: {task['status']}" + (" (stopping at its next step)" if task["status"] == "running"
-                                                     else ""))
+    echo(f"{task['id']}: {task['status']}" + (" (stopping at its next step)" if task["status"] == "running"
+                                               else ""))
 
 
 @cli.command()
@@ -252,10 +253,10 @@ def feedback(state: State, task_id: str, good: bool, note: str) -> None:
     task_id = full_id(state, task_id, "task")["id"]
     with state.client() as client:
         outcome = client.post(f"/v1/tasks/{task_id}/feedback", {"good": good, "note": note})
-    click.echo(f"{task_id}: recorded; {judged(outcome)}")
+    echo(f"{task_id}: recorded; {judged(outcome)}")
     if outcome.get("verifier") and outcome.get("success") is not good:
-        click.echo("  your word is kept beside the check's verdict; the check's decides what the agent learns "
-                   "from this attempt")
+        echo("  your word is kept beside the check's verdict; the check's decides what the agent learns "
+             "from this attempt")
 
 
 class _Progress:
@@ -268,7 +269,7 @@ class _Progress:
 
     def __call__(self, comment: str) -> None:
         if err.is_terminal:
-            err.file.write(f"\r\x1b[K…{comment}")
+            err.file.write(f"\r\x1b[K…{visible(comment)}")  # the daemon's words: shown, never acted on
             err.file.flush()
             self.shown = True
 

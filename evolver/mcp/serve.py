@@ -12,8 +12,9 @@ the dashboard are): it never opens the store. It offers:
   retired later is offered or withdrawn at the next ``tools/list``.
 
 Over stdio (what desktop and editor hosts start), or streamable HTTP on
-loopback, where every request must carry the bearer token and the Host header
-must be the address served (DNS rebinding is refused).
+loopback, where every request must carry the bearer token, the Host header
+must be the address served (DNS rebinding is refused), an Origin must be its
+own exactly, and none of those headers may come twice (``evolver.loopback``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from tools import ToolSpec, schema_for_call
+
 from .. import __version__
+from ..loopback import Loopback, Refused
 
 __all__ = ["LEARNED_PREFIX", "build_server", "serve_http", "serve_stdio"]
 
@@ -65,6 +69,11 @@ _FIXED = [
                input_schema={"type": "object", "required": ["task_id"],
                              "properties": {"task_id": {"type": "string"}}}),
 ]
+
+
+# The fixed tools' arguments are checked against their schemas by the rule every tool call meets (a learned
+# tool's, in the daemon): a missing one is named as missing, before the daemon is asked anything.
+_SPECS = {t.name: ToolSpec(name=t.name, description=t.description or "", parameters=t.input_schema) for t in _FIXED}
 
 
 class _Refused(Exception):
@@ -136,8 +145,12 @@ def build_server(socket_path: str | Path) -> Server:
         raise _Refused(f"there is no tool {name!r}; tools/list names them")
 
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        arguments = dict(params.arguments or {})
+        problems = schema_for_call(_SPECS[params.name], arguments) if params.name in _SPECS else []
         try:
-            result, failed = await run(params.name, dict(params.arguments or {}))
+            if problems:
+                raise ValueError("; ".join(problems))
+            result, failed = await run(params.name, arguments)
         except _Refused as exc:
             result, failed = str(exc), True
         except (TypeError, ValueError) as exc:
@@ -156,23 +169,26 @@ async def serve_stdio(socket_path: str | Path) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-def _guarded(manager: StreamableHTTPSessionManager, token: str) -> Callable:
-    """The ASGI app: /mcp only, each request with ``Authorization: Bearer <token>``."""
+def _guarded(manager: StreamableHTTPSessionManager, token: str, address: Loopback) -> Callable:
+    """The ASGI app: /mcp only, at ``address`` (each checked header once, an Origin only its own), each request
+    with ``Authorization: Bearer <token>``."""
     expected = f"Bearer {token}".encode()
 
     async def app(scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        headers = dict(scope["headers"])
-        status, message = 0, b""
-        if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
-            status, message = 401, b"a valid bearer token is required"
-        elif scope["path"].rstrip("/") != "/mcp":
-            status, message = 404, b"the MCP endpoint is /mcp"
-        if status:
-            await send({"type": "http.response.start", "status": status,
+        try:
+            headers = address.headers(scope["headers"])
+            if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
+                raise Refused(401, "unauthorized", "a valid bearer token is required")
+            if not address.same_origin(headers):
+                raise Refused(403, "forbidden", "requests from another origin are refused")
+            if scope["path"].rstrip("/") != "/mcp":
+                raise Refused(404, "not_found", "the MCP endpoint is /mcp")
+        except Refused as exc:
+            await send({"type": "http.response.start", "status": exc.status,
                         "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": message})
+            await send({"type": "http.response.body", "body": str(exc).encode()})
             return
         await manager.handle_request(scope, receive, send)
 
@@ -183,11 +199,12 @@ async def serve_http(socket_path: str | Path, sock: socket.socket, token: str) -
     """Streamable HTTP on a loopback socket the caller bound."""
     import uvicorn
 
-    port = sock.getsockname()[1]
-    hosts = [f"127.0.0.1:{port}", f"localhost:{port}"]
+    address = Loopback(sock.getsockname()[1])
+    # The SDK checks Host and Origin too (after ours): the same address, the same exact origins.
     manager = StreamableHTTPSessionManager(app=build_server(socket_path), security_settings=TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=[f"http://{h}" for h in hosts]))
-    server = uvicorn.Server(uvicorn.Config(_guarded(manager, token), lifespan="off", log_level="warning",
+        enable_dns_rebinding_protection=True, allowed_hosts=sorted(h.decode() for h in address.hosts),
+        allowed_origins=sorted(o.decode() for o in address.origins)))
+    server = uvicorn.Server(uvicorn.Config(_guarded(manager, token, address), lifespan="off", log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=2))
     async with manager.run():
         await server.serve(sockets=[sock])

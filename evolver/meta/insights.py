@@ -24,6 +24,8 @@ import numpy as np
 
 from memory import ExperienceStore, Insight
 
+from ..text import control_character
+
 __all__ = ["InsightOp", "InsightOpError", "apply_changes", "apply_ops", "numbered", "parse_ops", "plan_changes",
            "render"]
 
@@ -120,6 +122,9 @@ def _operation(item, where: str, shown: int) -> InsightOp:
         if len(text) > MAX_TEXT:
             raise InsightOpError(f"{where}: the text is {len(text)} characters; at most {MAX_TEXT}")
         text = " ".join(text.split())
+        problem = control_character(text)
+        if problem:  # white space is made plain above; what is left (ESC, BEL, ...) would act on a terminal
+            raise InsightOpError(f"{where}: the text has a {problem}; an insight is plain text")
     elif text is not None:
         raise InsightOpError(f"{where}: {kind} takes no text")
     return InsightOp(kind=kind, ref=ref, text=text)

@@ -326,9 +326,9 @@ def _manifest(members: dict[str, bytes], expect: str | None) -> tuple[_Manifest,
     if digest != claimed.group(1):
         raise PackError(f"the manifest does not match its hash ({MANIFEST_HASH} says {claimed.group(1)[:16]}, "
                         f"its bytes hash to {digest[:16]}): the pack was altered or damaged")
-    if expect is not None and not digest.startswith(expect.lower()):
-        raise PackError(f"the pack is {digest[:16]}, not the {expect} you expected: it is another pack, or "
-                        "it was altered")
+    if expect is not None and digest != expect.lower():
+        raise PackError(f"the pack is {digest}, not the {expect} you expected: it is another pack, or it was "
+                        "altered")
 
     def no_constant(name: str):
         raise ValueError(f"{name} is not a JSON number")
@@ -352,13 +352,16 @@ def _manifest(members: dict[str, bytes], expect: str | None) -> tuple[_Manifest,
 
 def read_pack(data: bytes, *, expect: str | None = None) -> Pack:
     """The verified pack in ``data``, or PackError naming the first problem (the pack is refused whole).
-    With ``expect``, the pack's id must start with it."""
+    With ``expect``, the pack's id must be it, whole: a prefix a person pinned is cheap to forge (8 hex
+    digits take a forger minutes), the 64 digits are not."""
     if not data:
         raise PackError("the pack is empty")
     if len(data) > MAX_PACK_BYTES:
         raise PackError(f"the pack is {len(data)} bytes, over the {MAX_PACK_BYTES}-byte cap")
-    if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{8,64}", expect):
-        raise PackError(f"--expect takes a pack id: 8 to 64 hex digits, not {expect!r}")
+    if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect):
+        whole = ("a prefix is refused, as one is cheap to forge" if re.fullmatch(r"[0-9a-fA-F]{1,63}", expect)
+                 else f"not {expect!r}")
+        raise PackError(f"--expect takes the pack's whole id, the 64 hex digits `evolver export` prints; {whole}")
     members = _members(data)
     manifest, digest = _manifest(members, expect)
     listed = set(manifest.files)

@@ -45,7 +45,7 @@ from ..agent.engine import Engine, sandbox_limits
 from ..config import Config
 from ..llm import jsonfix
 from ..llm.client import json_schema_format
-from ..text import clip
+from ..text import clip, control_character
 from ..tree.incumbent import incumbent
 
 __all__ = ["WATERMARK_KEY", "Opportunity", "SynthesisError", "ToolRejected", "candidate_spec", "find_opportunities",
@@ -272,15 +272,29 @@ class ToolRejected(Exception):
     built-in's name, a duplicate, ...)."""
 
 
+def _plain_text(field: str, text: str) -> None:
+    """ToolRejected naming ``field`` when it has a control character: a tool's texts are shown to the model
+    and printed to people's terminals, where one would act instead of showing."""
+    problem = control_character(text)
+    if problem:
+        raise ToolRejected(f"a {problem} in its {field}; a tool's code, tests and docstring are plain text")
+
+
 def candidate_spec(name: str, code: str, tests: str, *, node_id: str | None) -> ToolSpec:
     """The candidate's spec, its schema derived from its signature; ToolRejected when it has none a model
     call could carry (a built-in's name, no parse, no annotations, a default that is not JSON)."""
     if name in BUILTIN_SOURCES:
         raise ToolRejected(f"{name!r} is a built-in tool's name")
+    _plain_text("code", code)
+    _plain_text("tests", tests)
     try:
         spec = spec_from_source(code, name=name, tests=tests, node_id=node_id)
     except ToolSpecError as exc:
         raise ToolRejected(str(exc)) from None
+    # Escapes in the source ("\x1b") become control characters in the docstring that is shown to people.
+    _plain_text("description", spec.description)
+    for parameter, schema in spec.parameters.get("properties", {}).items():
+        _plain_text(f"description of parameter {parameter!r}", str(schema.get("description", "")))
     try:  # a default or Literal of bytes, ..., inf: no model call could carry the schema
         json.dumps(spec.openai_schema(), allow_nan=False)
     except (TypeError, ValueError) as exc:

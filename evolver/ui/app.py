@@ -1,17 +1,22 @@
 """The dashboard's web app: its page, and the daemon's API passed through from its Unix socket.
 
 Only the person who ran `evolver ui` may read it. It listens on loopback TCP,
-and every request must carry the one-time token: the URL printed at start has
-it as ``?token=``, which the page trades for a cookie (HttpOnly, SameSite
-Strict) and drops from the address bar. On top of that:
+and every request must carry the session. The URL printed at start carries a
+one-time token as ``?token=``: the first request of that page trades it for a
+session value of its own, random, in a cookie (HttpOnly, SameSite Strict), and
+drops it from the address bar; from then on the token is refused. Whoever sees
+the URL later (scrollback, browser history) holds a dead token, and the
+session never appears in a URL. On top of that:
 
 - the Host header must name the loopback address and port the server
   listens on, so a web page that rebinds its own DNS name to 127.0.0.1
-  cannot read the dashboard;
+  cannot read the dashboard, and no header it reads may come twice
+  (``evolver.loopback``);
 - a request that changes something (POST) must carry ``X-Evolver-UI``, which
   another origin's page cannot send without a CORS preflight (none is
-  answered), and only the few actions the page offers are passed through:
-  submit a task, cancel one, revert an event;
+  answered), and an Origin, if any, that is the dashboard's own exactly; only
+  the few actions the page offers are passed through: submit a task, cancel
+  one, revert an event;
 - the page loads nothing from the network (no CDN) and its content security
   policy allows scripts from itself only.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import hmac
 import re
+import secrets
+from collections.abc import Callable
 from importlib import resources
 from urllib.parse import parse_qs
 
@@ -35,6 +42,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from ..loopback import Loopback, Refused
 from ..tree.export import to_html
 
 __all__ = ["cookie_name", "create_ui_app"]
@@ -66,29 +74,53 @@ def _static(name: str) -> str:
 
 
 class Guard:
-    """ASGI middleware: the Host check, the token, the POST header, and the security headers on every reply."""
+    """ASGI middleware: the Host check, the session (and the one trade of the URL's token for it), the POST
+    header, and the security headers on every reply."""
 
-    def __init__(self, app, *, token: str, port: int) -> None:
+    def __init__(self, app, *, token: str, port: int, on_traded: Callable[[], None] | None = None) -> None:
         self.app = app
-        self.token = token.encode()
-        self.hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
-        self.cookie = cookie_name(port).encode()
+        self.url_token: bytes | None = token.encode()  # None once traded
+        self.session: bytes | None = None
+        self.on_traded = on_traded
+        self.address = Loopback(port)
+        self.cookie = cookie_name(port)
 
-    def _refusal(self, scope) -> Response | None:
-        headers = dict(scope["headers"])
-        if headers.get(b"host") not in self.hosts:
-            return _error(403, "wrong_host", "this dashboard answers only at the address `evolver ui` printed")
+    def _trade(self, scope) -> Response | None:
+        """The session, in a cookie, for the URL's token on the page's address, once; None for any other
+        request. (Requests are handled on one event loop: two cannot both trade it.)"""
+        if scope["path"] != "/" or self.url_token is None:
+            return None
         given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[-1].encode()
+        if not given or not hmac.compare_digest(given, self.url_token):
+            return None
+        self.url_token = None
+        self.session = secrets.token_urlsafe(32).encode()
+        response = RedirectResponse("/", status_code=303)  # drops the token from the address bar
+        response.set_cookie(self.cookie, self.session.decode(), httponly=True, samesite="strict", path="/")
+        if self.on_traded is not None:
+            self.on_traded()
+        return response
+
+    def _intercept(self, scope) -> Response | None:
+        """The guard's own answer to the request (a refusal, or the token's trade), or None to pass it on."""
+        try:
+            headers = self.address.headers(scope["headers"])
+        except Refused as exc:
+            return _error(exc.status, exc.kind, str(exc))
+        given = b""
         for part in headers.get(b"cookie", b"").split(b";"):
             name, _, value = part.strip().partition(b"=")
-            if name == self.cookie:
-                given = given or value
-        if not hmac.compare_digest(given, self.token):
+            if name == self.cookie.encode():
+                given = value
+        if self.session is None or not hmac.compare_digest(given, self.session):
+            traded = self._trade(scope)
+            if traded is not None:
+                return traded
+            spent = "" if self.url_token else " Its token opens it once, and was used: run `evolver ui` again."
             return _error(401, "unauthorized", "open the dashboard with the URL `evolver ui` printed (it carries "
-                                               "its one-time token)")
+                                               f"its one-time token).{spent}")
         if scope["method"] not in ("GET", "HEAD"):
-            origin = headers.get(b"origin")
-            if headers.get(b"x-evolver-ui") != b"1" or (origin is not None and origin.split(b"//")[-1] not in self.hosts):
+            if headers.get(b"x-evolver-ui") != b"1" or not self.address.same_origin(headers):
                 return _error(403, "forbidden", "changes are taken only from the dashboard's own page")
         return None
 
@@ -97,7 +129,7 @@ class Guard:
             return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        refusal = self._refusal(scope)
+        answer = self._intercept(scope)
 
         async def secured(message) -> None:
             if message["type"] == "http.response.start":
@@ -107,23 +139,23 @@ class Guard:
                     if k.lower().encode() not in present]
             await send(message)
 
-        if refusal is not None:
-            return await refusal(scope, receive, secured)
+        if answer is not None:
+            return await answer(scope, receive, secured)
         await self.app(scope, receive, secured)
 
 
-def create_ui_app(socket_path: str, *, token: str, port: int) -> Starlette:
-    """The dashboard over the daemon that listens on ``socket_path``, served at 127.0.0.1:``port``."""
+def create_ui_app(socket_path: str, *, token: str, port: int,
+                  on_traded: Callable[[], None] | None = None) -> Starlette:
+    """The dashboard over the daemon that listens on ``socket_path``, served at 127.0.0.1:``port``, opened
+    once with ``token``; ``on_traded`` is called when the token has been traded for the session."""
     daemon = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
                                base_url="http://evolver", timeout=httpx.Timeout(30.0, read=None))
     unreachable = ("the daemon is not answering on its socket ({}); start it with `evolver up`, and this page "
                    "picks it up again")
 
     async def page(request: Request) -> Response:
-        if "token" in request.query_params:  # trade the token in the address for a cookie, and drop it there
-            response = RedirectResponse("/", status_code=303)
-            response.set_cookie(cookie_name(port), token, httponly=True, samesite="strict", path="/")
-            return response
+        if "token" in request.query_params:  # the session holder opened the URL again: drop the dead token
+            return RedirectResponse("/", status_code=303)
         return HTMLResponse(_static("index.html"))
 
     async def asset(request: Request) -> Response:
@@ -177,4 +209,4 @@ def create_ui_app(socket_path: str, *, token: str, port: int) -> Starlette:
         Route("/tree.html", tree_page),
         Route("/api/v1/{path:path}", api, methods=["GET", "POST"]),
     ])
-    return Guard(app, token=token, port=port)  # type: ignore[return-value]
+    return Guard(app, token=token, port=port, on_traded=on_traded)  # type: ignore[return-value]
