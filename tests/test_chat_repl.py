@@ -34,7 +34,11 @@ from tests.test_cli import EVOLVER
 def daemon():
     root = make_root()
     slow = {"match": r"\ATask:\nSLOW", "on": "task", **SLOW_STEP}
-    proc = DaemonProcess(root, model=write_script(root, "script", [slow, *demo_rules()]))
+    # The turn Ctrl-C stops: slow enough (20 steps of 3 s) that only the cancel can end it, however loaded the
+    # machine (at 0.3 s a step, a loaded one saw the step limit end it before the cancel arrived).
+    stopped = {"match": r"\ATask:\nSLOW chat", "on": "task", "calls": [
+        {"tool": "run_python", "arguments": {"code": f"import time; time.sleep(1.5); print({n})"}} for n in (1, 2)]}
+    proc = DaemonProcess(root, model=write_script(root, "script", [stopped, slow, *demo_rules()]))
     with serving(proc):
         yield proc
 
