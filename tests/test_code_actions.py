@@ -251,7 +251,8 @@ def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(eng
     task, _ = engine.store.add_task(STUB_TASK, check=first, metadata=DELIVER)
     result = engine.agent(code_scaffold(max_attempts=1)).run_task(task)
     assert result.success is True, result.verdict  # the draft (1 of 2 examples), not the repair (0 of 2)
-    delivered = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.content.startswith("[delivered]")]
+    steps = engine.store.steps(result.trajectory_ids[0])
+    delivered = [s.content for s in steps if s.content.startswith("[delivered]")]
     assert delivered and "earlier definition (it passed more examples), passing 1 of the task's 2" in delivered[0]
 
 

@@ -256,8 +256,9 @@ class Agent:
                     # A chat answer streams from a finish call; in code it is a whole reply, sent when done.
                     turn = _Turn(hooks=hooks, attempt=attempt, answers=None if code else answers, code=code,
                                  deliverable=deliverable, examples=task_own, workspace=workspace,
-                                 example_rounds=params.example_rounds if deliverable else 0, stub=stub,
-                                 draft=draft_prompt(self.scaffold, stub, prompt_context) if code and attempt == 1 else None)
+                                 example_rounds=params.example_rounds if deliverable else 0, stub=stub)
+                    if code and attempt == 1:  # a retry is no draft: it would be the same completion again
+                        turn.draft = draft_prompt(self.scaffold, stub, prompt_context)
                     answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
                                                   on_step, purpose, turn)
                     self._hand_in(trajectory.id, turn, on_step)
