@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -245,13 +247,25 @@ def test_logs_prints_the_last_lines_and_follows_new_ones(env):
     last = ok("logs", "-n", "2", env=env).stdout.splitlines()
     assert len(last) == 2 and last == log.read_text().splitlines()[-2:] and "serving" in "".join(
         log.read_text().splitlines())
+    # SIGINT at its default, as in a shell's foreground job, even in a suite started in the background.
     follower = subprocess.Popen([EVOLVER, "logs", "-n", "0", "-f"], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, **env})
+                                env={**os.environ, **env},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in follower.stdout], daemon=True).start()
     try:
-        time.sleep(1.0)
-        with open(log, "a", encoding="utf-8") as handle:
-            handle.write("a line written while followed\n")
-        assert follower.stdout.readline() == "a line written while followed\n"
+        # When the follower starts reading is not known from outside (a cold start took over 1 s): write a
+        # numbered line until one comes back, up to a deadline, instead of sleeping a guess first.
+        deadline, written, seen = time.monotonic() + 60, 0, None
+        while seen is None and time.monotonic() < deadline:
+            written += 1
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(f"a line written while followed {written}\n")
+            try:
+                seen = lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+        assert seen is not None and re.fullmatch(r"a line written while followed \d+\n", seen), seen
     finally:
         follower.send_signal(signal.SIGINT)
         assert follower.wait(timeout=30) == 0  # Ctrl-C ends following quietly
