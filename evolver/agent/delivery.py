@@ -102,9 +102,14 @@ def task_stub(prompt: str, functions: tuple[str, ...]) -> str | None:
     """The code the task gives for a requested function (its fenced python block with the signature and the
     docstring), if it gives one."""
     for match in FENCE.finditer(prompt):
-        if match[1].lower() in PYTHON and any(f"def {f}(" in match[2] for f in functions):
+        if match[1].lower() in PYTHON and _defines(match[2], functions):
             return match[2]
     return None
+
+
+def _defines(code: str, functions: tuple[str, ...]) -> bool:
+    """Whether the text has a ``def`` line of a requested function (read as a completion is: no parsing)."""
+    return any(f"def {f}(" in code for f in functions)
 
 
 def draft_code(reply: str, stub: str | None, functions: tuple[str, ...]) -> str:
@@ -112,10 +117,10 @@ def draft_code(reply: str, stub: str | None, functions: tuple[str, ...]) -> str:
     function (else its first block, else the reply). After the stub, so the stub's imports and helpers are
     there: a whole definition then replaces the stub's, a bare body continues it."""
     blocks = [m[2] for m in FENCE.finditer(reply)]
-    code = next((b for b in blocks if any(f"def {f}(" in b for f in functions)), blocks[0] if blocks else reply)
+    code = next((b for b in blocks if _defines(b, functions)), blocks[0] if blocks else reply)
     if stub is None:
         return code
-    if any(f"def {f}(" in code for f in functions):
+    if _defines(code, functions):
         return stub + "\n\n" + code
     return stub + code
 

@@ -655,12 +655,13 @@ class Agent:
         task, first its deliverable must be defined and pass the task's own examples (a few rounds; a draft's
         refusal uses none of them). A draft (its code) is tried as it was written, as the model alone's
         completion would be saved, not rebuilt from the session."""
+        refusal = "finish was refused: " if draft is None else "Your draft is not handed in yet: "
         refused = self._examples_refuse(turn, counted=draft is None, source=draft)
         if refused:
-            return ("finish was refused: " if draft is None else "Your draft is not handed in yet: ") + refused
+            return refusal + refused
         change = turn.hooks("before_finish", {**turn.data(task), "answer": answer}, record)
         if change and "reject" in change:
-            return ("finish was refused: " if draft is None else "Your draft is not handed in yet: ") + change["reject"]
+            return refusal + change["reject"]
         return Submitted(change["answer"] if change else answer)
 
     def _examples_refuse(self, turn: _Turn, counted: bool = True, source: str | None = None) -> str | None:
