@@ -4,7 +4,9 @@ An *exposure* is one attempt (a trajectory) that was shown an insight or offered
 a tool. An item's measured effect compares the attempts exposed to it with the
 attempts made since it existed without it, over learnable attempts only (an
 attempt at a held-out task judges promotions; it never decides what is kept),
-so a learned item is kept only while it helps.
+so a learned item is kept only while it helps. The one exception is an insight
+on probation (imported, not yet trusted): it is shown only to the tree's
+evaluations on the promotion split, and measured there, as a scaffold edit is.
 
 Comparable attempts are compared: a task attempted both with and without the
 item (the same text, as the tree's evaluations and a person's repeated tasks
@@ -26,6 +28,8 @@ __all__ = ["Effect", "Exposures"]
 
 Z95 = 1.96
 Group = tuple[int, int, int, int]
+# An attempt at an evaluation task of the promotion split (the held-out split the tree promotes on).
+PROMOTION_SQL = "k.source = 'evaluation' AND json_extract(k.metadata, '$.split') = 'test'"
 """(exposed successes, exposed failures, control successes, control failures) of comparable attempts."""
 
 
@@ -126,19 +130,22 @@ class Exposures:
             out.setdefault(row["kind"], []).append(row["item"])
         return out
 
-    def effects(self, kind: str, since: dict[str, float]) -> dict[str, Effect]:
+    def effects(self, kind: str, since: dict[str, float], *, promotion: bool = False) -> dict[str, Effect]:
         """The measured effect of each item in ``since`` (item -> when it came to exist): its exposed
         attempts against the attempts finished since then without it, over learnable attempts with a
-        verdict, grouped by task (see the module). Two queries, whatever the number of items."""
+        verdict, grouped by task (see the module). With ``promotion``, over the tree's evaluations on
+        the promotion split instead (held-out tasks run as evaluations): the evidence an insight on
+        probation earns there. Two queries, whatever the number of items."""
         if not since:
             return {}
         first = min(since.values())
+        over = (PROMOTION_SQL if promotion else learnable_sql("t"))
         # A task's text, by a key short enough to group on (its start, its length): the tree's
         # evaluations and a person's repeated tasks share it.
         attempts = self._all(
             "SELECT t.id, t.started_at, o.success, substr(k.prompt, 1, 200) || '#' || length(k.prompt) AS task "
             "FROM trajectories t JOIN outcomes o ON o.trajectory_id = t.id JOIN tasks k ON k.id = t.task_id "
-            f"WHERE o.success IS NOT NULL AND t.started_at >= ? AND {learnable_sql('t')}", [first])
+            f"WHERE o.success IS NOT NULL AND t.started_at >= ? AND {over}", [first])
         shown: dict[str, set[str]] = {}
         for row in self._all(
                 "SELECT x.item, x.trajectory_id FROM exposures x JOIN trajectories t ON t.id = x.trajectory_id "

@@ -38,7 +38,7 @@ class IndexMaintenance:
                 docs[r["id"]] = (r["prompt"], {"success": success, "started_at": r["started_at"],
                                                "node_id": r["node_id"] or ""})
         elif collection == "insights":
-            for r in self._all(f"SELECT id, text FROM insights WHERE status = 'active' AND id IN ({marks})", ids):
+            for r in self._all(f"SELECT id, text FROM insights WHERE status IN ('active', 'probation') AND id IN ({marks})", ids):
                 docs[str(r["id"])] = (r["text"], {})
         else:
             for r in self._all(f"SELECT id, name, description FROM tools WHERE status = 'active' AND id IN ({marks})", ids):
@@ -98,7 +98,7 @@ class IndexMaintenance:
     def _indexable_ids_sql(self, collection: str) -> str:
         return {
             "trajectories": "SELECT id FROM trajectories",
-            "insights": "SELECT CAST(id AS TEXT) AS id FROM insights WHERE status = 'active'",
+            "insights": "SELECT CAST(id AS TEXT) AS id FROM insights WHERE status IN ('active', 'probation')",
             "tools": "SELECT CAST(id AS TEXT) AS id FROM tools WHERE status = 'active'",
         }[collection]
 

@@ -133,25 +133,31 @@ class Retrieval:
             return self.embedder.embed_query(query)
         return vector
 
-    def _search_small(self, collection: str, query: str, k: int, vector,
-                      columns: str) -> list[tuple[dict, float, float | None, int | None]]:
-        """Active insights or tools for a query: (row, fused score, similarity, keyword rank), best first."""
+    def _search_small(self, collection: str, query: str, k: int, vector, columns: str,
+                      statuses: tuple[str, ...] = ("active",)) -> list[tuple[dict, float, float | None, int | None]]:
+        """Insights or tools in ``statuses`` for a query: (row, fused score, similarity, keyword rank), best
+        first."""
         fetch = max(k * self.options.candidates_per_result, 20)
         vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
-        keyword_ids = keyword_search(self._reader(), collection, query, fetch, where="t.status = 'active'")
+        allowed = ",".join("?" * len(statuses))
+        keyword_ids = keyword_search(self._reader(), collection, query, fetch, where=f"t.status IN ({allowed})",
+                                     params=list(statuses))
         fused = self._fuse(vector_hits, keyword_ids, k)
         if not fused:
             return []
         marks = ",".join("?" * len(fused))
         rows = {str(r["id"]): r for r in self._all(
-            f"SELECT {columns} FROM {collection} WHERE status = 'active' AND id IN ({marks})",
-            [int(f[0]) for f in fused])}
+            f"SELECT {columns} FROM {collection} WHERE status IN ({allowed}) AND id IN ({marks})",
+            [*statuses, *(int(f[0]) for f in fused)])}
         return [(rows[i], score, similarity, rank) for i, score, similarity, rank in fused if i in rows]
 
-    def search_insights(self, query: str, *, k: int = 5, vector=None) -> list[InsightHit]:
+    def search_insights(self, query: str, *, k: int = 5, vector=None, probation: bool = False) -> list[InsightHit]:
+        """The active insights most like ``query``; with ``probation``, those on probation too (an
+        imported insight not yet approved or measured: ``evolver.meta.probation``)."""
         vector = self._query_vector(query, vector)
+        statuses = ("active", "probation") if probation else ("active",)
         with self._sqlite_errors():
-            found = self._search_small("insights", query, k, vector, "id, text, importance")
+            found = self._search_small("insights", query, k, vector, "id, text, importance", statuses)
         return [InsightHit(insight_id=row["id"], text=row["text"], importance=row["importance"],
                            score=score, similarity=similarity, keyword_rank=rank)
                 for row, score, similarity, rank in found]
@@ -165,7 +171,7 @@ class Retrieval:
                 for row, score, similarity, rank in found]
 
     def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
-                successful_only: bool = True) -> Context:
+                successful_only: bool = True, probation: bool = False) -> Context:
         """One task's full context from memory, for one query embedding.
 
         The trajectories' keyword search runs on another thread while the query
@@ -185,7 +191,7 @@ class Retrieval:
         vector = embedded[0] if embedded else None
         return Context(
             trajectories=hits,
-            insights=self.search_insights(query, k=insights, vector=vector),
+            insights=self.search_insights(query, k=insights, vector=vector, probation=probation),
             tools=self.search_tools(query, k=tools, vector=vector),
             vector_search=self.index is not None,
         )

@@ -727,8 +727,10 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         row = self._one("SELECT * FROM insights WHERE id = ?", [insight_id])
         return Insight.from_row(self._require(row, "insight", insight_id))
 
-    def list_insights(self, *, status: str | None = "active", limit: int = 100) -> list[Insight]:
-        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+    def list_insights(self, *, status: str | tuple[str, ...] | None = "active", limit: int = 100) -> list[Insight]:
+        """Insights in ``status`` (one, several, or None: all), most important first."""
+        statuses = (status,) if isinstance(status, str) else status
+        where, params = (f"WHERE status IN ({','.join('?' * len(statuses))})", list(statuses)) if statuses else ("", [])
         rows = self._all(f"SELECT * FROM insights {where} ORDER BY importance DESC, id LIMIT ?", [*params, limit])
         return [Insight.from_row(r) for r in rows]
 

@@ -12,6 +12,7 @@ never skips; elsewhere it skips, saying what to install.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -35,8 +36,10 @@ from _daemon import (
 from starlette.testclient import TestClient
 
 from evolver.cli.client import finished_rounds
+from evolver.meta import packs
 from evolver.ui.app import cookie_name, create_ui_app
 from evolver.ui.serve import bind_loopback
+from memory import Store
 from tests.test_cli import EVOLVER
 
 PORT = 48123
@@ -269,7 +272,17 @@ class Page:
         wait_for(clicked, timeout_s=10, what=f"{css} to click")
 
 
-def test_the_dashboard_in_a_real_browser(daemon, dashboard):
+def _pack_of(text: str, embedder, where: Path) -> bytes:
+    """A pack holding one insight, as another installation would export it."""
+    store = Store.open(where, embedder=embedder)
+    try:
+        store.record_insight_changes("distill", "one insight", [{"op": "ADD", "text": text, "importance": 2}])
+        return packs.export_pack(store, insights=True)[0]
+    finally:
+        store.close()
+
+
+def test_the_dashboard_in_a_real_browser(daemon, dashboard, embedder, tmp_path):
     from selenium.webdriver.common.by import By
 
     with daemon.client() as http:
@@ -343,6 +356,20 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard):
             wait_for(lambda: "reverted" in page.text(f"#history tr[data-id='{event_id}']"), timeout_s=30,
                      what="the event shown as reverted")
             browser.save_screenshot(str(shots / "reverted.png"))
+
+            # An imported insight waits on probation, saying where it came from, until approved here.
+            pack = _pack_of("Name the unit of every number in the answer.", embedder, tmp_path / "source")
+            imported = http.post("/v1/import", json={"pack": base64.b64encode(pack).decode()}).json()
+            assert imported["probation"] == 1, imported
+            (waiting,) = http.get("/v1/insights", params={"status": "probation"}).json()["insights"]
+            approve = f"#insights button.approve[data-id='{waiting['id']}']"
+            wait_for(lambda: page.count(approve), timeout_s=30, what="the insight on probation with its button")
+            assert f"on probation (from pack:{imported['id']}" in page.text("#insights")
+            assert not http.get("/v1/insights").json()["insights"]
+            page.click(approve)
+            wait_for(lambda: [i["id"] for i in http.get("/v1/insights").json()["insights"]] == [waiting["id"]],
+                     timeout_s=30, what="the approved insight active")
+            wait_for(lambda: not page.count(approve), timeout_s=30, what="the approve button gone")
             assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         finally:
             browser.quit()

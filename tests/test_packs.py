@@ -180,8 +180,10 @@ def test_a_pack_round_trips_insights_and_tools_into_a_fresh_store_and_one_revert
     target.agent()
     assert target.registry.get("reverse_text").tool_id == row.id
     assert target.call_tool("reverse_text", {"text": "stressed"})["text"] == "desserts"
-    assert sorted(i.text for i in target.store.list_insights()) == sorted(INSIGHTS)
-    assert all(i.provenance == [f"pack:{report['id']}"] for i in target.store.list_insights())
+    # The insights wait on probation: shown to no task of a person's until approved or measured to help.
+    assert report["probation"] == 2 and target.store.list_insights() == []
+    assert sorted(i.text for i in target.store.list_insights(status="probation")) == sorted(INSIGHTS)
+    assert all(i.provenance == [f"pack:{report['id']}"] for i in target.store.list_insights(status="probation"))
     (event,) = target.store.list_events(kind="import")
     assert event.id == report["event_id"] and row.event_id == event.id
     assert event.payload["pack"] == report["sha256"] and event.payload["tools"][0]["provenance"]["trajectories"] == 2
@@ -192,7 +194,7 @@ def test_a_pack_round_trips_insights_and_tools_into_a_fresh_store_and_one_revert
     revert = revert_event(target.store, event.id)
     assert revert.reverts == event.id and "2 insights restored" in revert.what and "reverse_text v1" in revert.what
     assert [t.status for t in target.store.list_tools(status=None)] == ["reverted"]
-    assert target.store.list_insights() == []
+    assert target.store.list_insights(status=("active", "probation")) == []
     target.agent()
     assert target.registry.get("reverse_text") is None
     with pytest.raises(RevertError, match="already reverted"):
@@ -240,7 +242,7 @@ def test_an_insight_or_a_tool_with_a_control_character_is_refused_naming_where_a
         "tool": "a control character \\x1b at line 3, column 54 in its code; a tool's code, tests and docstring "
                 "are plain text"}
     assert report["added"] == 2 and [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
-    assert [i.text for i in target.store.list_insights()] == [INSIGHTS[1]]
+    assert [i.text for i in target.store.list_insights(status="probation")] == [INSIGHTS[1]]
 
 
 def _new_version(breaks_old_tests: bool):
@@ -296,7 +298,8 @@ def test_an_insight_too_similar_to_a_local_one_is_skipped_not_merged(engine, pac
     skipped = [i for i in report["items"] if i["status"] == "skipped"]
     assert len(skipped) == 1 and f"too similar to insight {local.id} here" in skipped[0]["reason"]
     assert target.store.get_insight(local.id).importance == 3  # not upvoted, not edited
-    assert sorted(i.text for i in target.store.list_insights()) == sorted([local.text, INSIGHTS[1]])
+    assert [i.text for i in target.store.list_insights()] == [local.text]
+    assert [i.text for i in target.store.list_insights(status="probation")] == [INSIGHTS[1]]
 
 
 # --- refused whole ------------------------------------------------------------------------------------------
@@ -463,6 +466,14 @@ def test_the_routes_export_and_import_and_refuse_a_tampered_pack(engine, pack, m
         assert http.post("/v1/import", json={"pack": "not base64!"}).status_code == 422
         done = http.post("/v1/import", json={"pack": base64.b64encode(pack).decode()})
         assert done.status_code == 200 and done.json()["added"] == 3, done.text
+        waiting = http.get("/v1/insights", params={"status": "probation"}).json()["insights"]
+        assert len(waiting) == 2 and http.get("/v1/insights").json()["insights"] == []
+        approved = http.post(f"/v1/insights/{waiting[0]['id']}/approve", json={})
+        assert approved.status_code == 200 and approved.json()["kind"] == "insight_approved", approved.text
+        assert [i["id"] for i in http.get("/v1/insights").json()["insights"]] == [waiting[0]["id"]]
+        again = http.post(f"/v1/insights/{waiting[0]['id']}/approve", json={})
+        assert again.status_code == 409 and "is active, not on probation" in again.json()["error"]["message"]
+        assert http.post("/v1/insights/999999/approve", json={}).status_code == 404
         exported = http.get("/v1/export", params={"tools": "true"}).json()
         assert exported["tools"] == ["reverse_text"] and exported["insights"] == 0
         assert packs.read_pack(base64.b64decode(exported["pack"])).tools[0].code == REVERSE
@@ -531,11 +542,31 @@ def test_the_cli_imports_through_a_running_daemon(engine, tmp_path):
         imported = run("--data-dir", str(daemon.data_dir), "import", str(root / "learned.pack"), env=env)
         assert imported.returncode == 0, imported.stderr + daemon.log()
         assert "3 added" in imported.stdout
+        assert "2 insights on probation: shown to no task of yours until approved" in imported.stdout
         with daemon.client() as http:
             assert [t["name"] for t in http.get("/v1/tools").json()["synthesized"]] == ["reverse_text"]
             event_id = http.get("/v1/history", params={"kind": "import"}).json()["events"][0]["id"]
+        listed = run("--data-dir", str(daemon.data_dir), "insights", "--json", env=env)
+        waiting = json.loads(listed.stdout)["insights"]
+        assert [i["status"] for i in waiting] == ["probation", "probation"]
+        shown = run("--data-dir", str(daemon.data_dir), "insights", env=env).stdout
+        assert "probation" in shown and "pack:" in shown
+        # Approved, it is active; a revert of the approval puts it back on probation.
+        approved = run("--data-dir", str(daemon.data_dir), "insights", "approve", str(waiting[0]["id"]), env=env)
+        assert approved.returncode == 0, approved.stderr
+        assert f"approved insight {waiting[0]['id']}: " in approved.stdout
+        twice = run("--data-dir", str(daemon.data_dir), "insights", "approve", str(waiting[0]["id"]), env=env)
+        assert twice.returncode == 7 and "not on probation" in twice.stderr
+        active = json.loads(run("--data-dir", str(daemon.data_dir), "insights", "--status", "active", "--json",
+                                env=env).stdout)["insights"]
+        assert [i["id"] for i in active] == [waiting[0]["id"]]
+        approval = approved.stdout.split()[1].rstrip(":")
+        undone = run("--data-dir", str(daemon.data_dir), "history", "revert", approval, env=env)
+        assert undone.returncode == 0, undone.stderr
+        assert json.loads(run("--data-dir", str(daemon.data_dir), "insights", "--status", "active", "--json",
+                              env=env).stdout)["insights"] == []
         exported = run("--data-dir", str(daemon.data_dir), "export", "-o", str(root / "back.pack"), env=env)
         assert exported.returncode == 0, exported.stderr
         assert packs.read_pack((root / "back.pack").read_bytes()).tools[0].code == REVERSE
         reverted = run("--data-dir", str(daemon.data_dir), "history", "revert", str(event_id), env=env)
-        assert reverted.returncode == 0, reverted.stderr
+        assert reverted.returncode == 0, reverted.stderr  # the approval came back: not in the way

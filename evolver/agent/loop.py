@@ -9,6 +9,7 @@ the store as it happens, so a crash leaves a readable prefix of the trajectory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from .mcp_tools import ORIGIN as MCP_ORIGIN
 from .scaffold import Scaffold
 
 __all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context", "fit_context",
-           "draft_prompt"]
+           "draft_prompt", "shows_probation", "task_context"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,23 @@ class TaskResult:
     error: str | None = None
 
 
+def shows_probation(task: Task) -> bool:
+    """Whether an attempt at ``task`` may be shown insights on probation (imported, not yet approved or
+    measured: ``evolver.meta.probation``): only an evaluation on the promotion split, the tree's own
+    held-out work, and only half of those, by the task's id, so that the same promotion tasks are
+    attempted with and without them and the difference can be measured. A person's task never is."""
+    if task.source != "evaluation" or task.metadata.get("split") != "test":
+        return False
+    return hashlib.sha256(task.id.encode()).digest()[0] % 2 == 0
+
+
+def task_context(store: ExperienceStore, task: Task, params) -> Context:
+    """What memory gives an attempt at ``task`` under a scaffold's ``params``: the one query, here and in
+    the Ray evaluator's shipment."""
+    return store.context(task.prompt, trajectories=params.similar_trajectories, insights=params.insights,
+                         tools=params.tools, probation=shows_probation(task))
+
+
 def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
     """The worked examples (as text) and the insights (hits) that fit a token budget (4 chars a token).
     Among the insights retrieved, the more important come first, so the ones measured to help
@@ -215,8 +233,7 @@ class Agent:
         cancel = cancel or threading.Event()
         params = self.scaffold.parameters
         workspace = self._prepare_workspace(task)
-        context = self.store.context(task.prompt, trajectories=params.similar_trajectories,
-                                     insights=params.insights, tools=params.tools)
+        context = task_context(self.store, task, params)
         tool_names = self._tool_names(context)
         schemas = self.registry.schemas(tool_names)
         check = parse_check(task.check) if task.check else None

@@ -16,6 +16,7 @@ from memory import AmbiguousId, NotFound, StoreError
 from .. import __version__
 from ..llm.budget import BudgetExceeded
 from ..meta.jobs import JobError
+from ..meta.probation import ApprovalError
 from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
@@ -107,6 +108,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     app.add_exception_handler(IncumbentError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(JobError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(RevertError, lambda r, e: error_response(409, "conflict", str(e)))
+    app.add_exception_handler(ApprovalError, lambda r, e: error_response(409, "conflict", str(e)))
     app.add_exception_handler(BudgetExceeded, lambda r, e: error_response(429, "budget_exceeded", str(e)))
     app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
     app.add_exception_handler(Stopping, lambda r, e: error_response(503, "stopping", str(e)))

@@ -7,6 +7,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
+from ..meta.probation import approve_insight
 from ..meta.revert import revert_event
 from ..tree.incumbent import promote as promote_node
 from ..tree.incumbent import rollback as rollback_node
@@ -16,6 +17,7 @@ from .host import Starting
 from .learning import curve, learning
 from .models import (
     MAX_ID,
+    ApproveIn,
     EvolveIn,
     PromoteIn,
     RevertIn,
@@ -83,9 +85,18 @@ def memory_search(body: SearchIn, request: Request) -> dict:
 
 
 @router.get("/insights", summary="Insights, most important first", responses=errors(422, 503))
-def insights(request: Request, status: Literal["active", "retired", "all"] = "active",
+def insights(request: Request, status: Literal["active", "probation", "retired", "current", "all"] = "active",
              limit: int = Query(default=100, ge=1, le=1000)) -> dict:
     return views.insights(_daemon(request).store, status=status, limit=limit)
+
+
+@router.post("/insights/{insight_id}/approve", summary="Approve an insight on probation: from the next task on, "
+             "a person's tasks are shown it (recorded as an event, which a revert undoes)",
+             responses=errors(400, 404, 409, 413, 422, 503))
+def approve(body: ApproveIn, request: Request, insight_id: int = Path(ge=1, le=MAX_ID)) -> dict:
+    daemon = _daemon(request)
+    return asdict(approve_insight(daemon.store, insight_id, cap=daemon.config.evolution.max_insights,
+                                  why=body.why))
 
 
 @router.get("/tools", summary="Tools the agent can use: built-in and synthesized", responses=errors(422, 503))

@@ -150,6 +150,10 @@ class RevertIn(_Strict):
     why: str = Field(default="reverted by hand", max_length=2_000)
 
 
+class ApproveIn(_Strict):
+    why: str = Field(default="approved by hand", max_length=2_000)
+
+
 class ChatMessage(BaseModel):
     # OpenAI clients send fields this daemon does not use (name, tool_call_id, ...): accepted and ignored.
     model_config = ConfigDict(extra="allow")

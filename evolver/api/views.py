@@ -76,8 +76,13 @@ def search(store: ExperienceStore, text: str, *, kind: str = "trajectories", k: 
     return {"kind": kind, "vector_search": store.index is not None, "hits": [asdict(h) for h in hits]}
 
 
+INSIGHT_STATUSES = {"active": ("active",), "probation": ("probation",), "retired": ("retired",),
+                    "current": ("active", "probation"), "all": None}
+"""What ``status`` may ask for: one status, "current" (all but the retired) or "all"."""
+
+
 def insights(store: ExperienceStore, *, status: str = "active", limit: int = 100) -> dict:
-    rows = store.list_insights(status=None if status == "all" else status, limit=limit)
+    rows = store.list_insights(status=INSIGHT_STATUSES[status], limit=limit)
     effects = insight_effects(store, rows)
     return {"insights": [{**asdict(i), "effect": effects[i.id].as_dict()} for i in rows]}
 

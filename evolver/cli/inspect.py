@@ -171,19 +171,43 @@ def history_revert(state: State, event_id: int, why: str) -> None:
     echo(f"event {event['id']}: {event['what']}")
 
 
-@cli.command()
-@click.option("--status", type=click.Choice(["active", "retired", "all"]), default="active", show_default=True)
+@cli.group(invoke_without_command=True)
+@click.option("--status", type=click.Choice(list(views.INSIGHT_STATUSES)), default="current", show_default=True,
+              help="current: active and on probation (all but the retired).")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_obj
-def insights(state: State, status: str, limit: int, as_json: bool) -> None:
-    """Distilled insights, most important first."""
+@click.pass_context
+def insights(ctx: click.Context, status: str, limit: int, as_json: bool) -> None:
+    """Insights, most important first. One on probation (imported from a pack) is shown to no task of yours
+    until you approve it (`evolver insights approve ID`) or it is measured to help on the promotion split."""
+    if ctx.invoked_subcommand is not None:
+        return
+    state: State = ctx.obj
     data = state.view("/v1/insights", views.insights, status=status, limit=limit)
     if as_json:
         print_json(data)
         return
-    rows = [{**i, "effect": _effect(i.get("effect"))} for i in data["insights"]]
-    out.print(table("insights", rows, ["id", "importance", "status", "effect", "text"], width={"text": 100}))
+    rows = [{**i, "effect": _effect(i.get("effect")), "from": _origin(i["provenance"])} for i in data["insights"]]
+    out.print(table("insights", rows, ["id", "importance", "status", "from", "effect", "text"],
+                    width={"text": 90}))
+
+
+@insights.command("approve")
+@click.argument("insight_id", type=click.IntRange(1))
+@click.option("--why", default="approved by hand", show_default=True, help="Recorded in the history.")
+@click.pass_obj
+def insights_approve(state: State, insight_id: int, why: str) -> None:
+    """Let an insight on probation into your tasks' prompts from the next task on (recorded as an event;
+    `evolver history revert` puts it back on probation)."""
+    with state.client() as client:
+        event = client.post(f"/v1/insights/{insight_id}/approve", {"why": why})
+    echo(f"event {event['id']}: {event['what']}")
+
+
+def _origin(provenance: list) -> str:
+    """Where an insight came from: the packs it was imported from, else distilled here."""
+    packs = [p for p in provenance if isinstance(p, str) and p.startswith("pack:")]
+    return ", ".join(packs) if packs else "distilled here"
 
 
 def hook_effects_line(effects: dict | None) -> str:

@@ -143,8 +143,9 @@ def _print(report: dict) -> None:
             name = f"{detail['id']} {name}"
         reason = f": {item['reason']}" if item.get("reason") else ""
         echo(f"  {marks[item['status']]} {item['kind']} {item['status']} {name}{reason}")
-    if report["retired_by_cap"]:
-        echo(f"  the insight cap ([evolution] max_insights) retired {len(report['retired_by_cap'])}: "
-             f"{', '.join(map(str, report['retired_by_cap']))}")
+    if report["probation"]:
+        echo(f"  {report['probation']} insight{'s' if report['probation'] > 1 else ''} on probation: shown to no "
+             "task of yours until approved (`evolver insights approve ID`) or measured to help on the "
+             "promotion split")
     echo(f"{report['added']} added, {report['skipped']} skipped, {report['refused']} refused "
          f"(event {report['event_id']}; undo with `evolver history revert {report['event_id']}`)")

@@ -121,9 +121,11 @@ def _synthesize(host: JobHost) -> str:
 
 
 def _prune(host: JobHost) -> str:
+    from .probation import probation_round
     from .prune import prune_round
 
-    return prune_round(host.store, host.config)
+    # Insights on probation first: one that leaves it is then measured like the rest.
+    return "; ".join([*probation_round(host.store, host.config), prune_round(host.store, host.config)])
 
 
 def _new_for_synthesis(limit: int) -> Callable[[JobHost], int]:
@@ -176,7 +178,7 @@ def builtin_jobs(config: Config) -> list[Job]:
             description="turn code repeated across tasks, and capabilities failures lacked, into tested tools"),
         Job("prune", _prune, every_min=60.0,
             description="measure each insight and tool against the attempts without it; retire those that "
-                        "hurt or never help"),
+                        "hurt or never help, and let an imported insight on probation in once it helps"),
         Job("record", _record, every_min=5.0, after=1, pending=_ended_evaluations, waits_for_idle=False,
             description="record the evaluations whose tasks ended (and consider a promotion), and judge a "
                         "proposed node whose smoke task ended"),

@@ -8,7 +8,7 @@ through: every tool through quarantine in the sandbox, with the checks of
 tool synthesis (``synthesize.candidate_spec`` and ``synthesize.vet_tool``: its
 tests, and the tests of the version it would replace, a duplicate of another
 tool refused), insights through distillation's ADD with its similarity
-dedup (``insights.plan_changes``/``apply_changes``). A tool that fails is refused
+dedup (``insights.plan_changes``), on probation (``probation``). A tool that fails is refused
 with its reason while the rest may still come in (a failing tool is not
 tampering). Nothing local is overwritten silently: a tool under the name of an
 active one is its next version only if it also passes that one's tests (as
@@ -23,8 +23,10 @@ revert` undoes (``revert.revert_event``).
 
 What quarantine cannot judge is intent: an insight is an instruction the agent
 will read, and a tool's docstring is shown to the model. Both are plain files
-in the pack, to be read before importing; once here, the prune job measures
-them like anything learned here and retires what does not help.
+in the pack, to be read before importing. An insight therefore comes in on
+probation: no person's task is shown it until a person approves it or it is
+measured to help on the promotion split. A tool, once through quarantine, the
+prune job measures like anything learned here and retires if it does not help.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from ..agent.scaffold import ScaffoldError, load_scaffold
 from ..text import clip
 from ..tree.incumbent import ensure_root, incumbent, scaffold_of
 from ..tree.proposer import EDITABLE, InvalidProposal, apply_edit, scaffold_diff
-from .insights import InsightOp, InsightOpError, apply_changes, parse_ops, plan_changes
+from .insights import InsightOp, InsightOpError, parse_ops, plan_changes
 from .packfile import (
     MAX_INSIGHTS,
     MAX_PACK_BYTES,
@@ -52,6 +54,7 @@ from .packfile import (
     read_pack,
     write_pack,
 )
+from .probation import PROBATION
 from .prune import insight_effects, tool_effects
 from .synthesize import ToolRejected, candidate_spec, vet_tool
 
@@ -284,8 +287,8 @@ def _plan_insights(engine: Engine, pack: Pack, outcomes: list[_Outcome]) -> list
                                      f"insight_merge_threshold {e.insight_merge_threshold}): "
                                      f"{clip(store.get_insight(change['id']).text, 80, one_line=True)!r}"))
             continue
-        changes.append(change)
-        outcomes.append(_Outcome("insight", label, "added", detail={"provenance": provenance}))
+        changes.append({**change, "status": PROBATION})  # shown to no person's task until it earns it
+        outcomes.append(_Outcome("insight", label, "added", "on probation", detail={"provenance": provenance}))
     return changes
 
 
@@ -326,7 +329,7 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
     """Verify the pack (PackError refuses it whole, nothing changed), vet what it holds, and record what
     passes as one ``import`` event. Returns the report: each item added, skipped or refused, with why."""
     pack = read_pack(data, expect=expect)
-    store, e = engine.store, engine.config.evolution
+    store = engine.store
     files = ToolFiles(engine.data_dir / "tools")
     served = incumbent(store)
     outcomes: list[_Outcome] = []
@@ -348,7 +351,9 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
                                  {"version": version, "replaces": replaced.version if replaced else None}))
     added = [o for o in outcomes if o.status == "added"]
     counts = {s: sum(o.status == s for o in outcomes) for s in ("added", "skipped", "refused")}
-    what = (f"imported pack {pack.id}: {_count(sum(o.kind == 'insight' for o in added), 'insight')}, "
+    insights_added = sum(o.kind == "insight" for o in added)
+    what = (f"imported pack {pack.id}: {_count(insights_added, 'insight')}"
+            f"{' (on probation)' if insights_added else ''}, "
             f"{_count(len(new_tools), 'tool')}" + (f" ({', '.join(t.name for t in new_tools)})" if new_tools else "") +
             (", 1 node" if planned_node else "") +
             (f"; {counts['refused']} refused" if counts["refused"] else "") +
@@ -382,7 +387,7 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
                                          node_id=served.id if served else None, payload=payload, new=new_tools,
                                          status=replaced_ids)
         if insight_changes:  # planned outside the transaction: embedding is slow, and the store waits
-            apply_changes(store, insight_changes, cap=e.max_insights, event_id=event.id)
+            store.apply_insight_changes(insight_changes, event_id=event.id)  # on probation: outside the cap
     engine.toolbox.refresh()
     changes = store.insight_changes_of(event.id)
     ids = iter(c["insight_id"] for c in changes if c["op"] == "ADD")
@@ -391,5 +396,5 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
             outcome.detail = {"id": next(ids, None)}
     return {"id": pack.id, "sha256": pack.sha256, "evolver": pack.evolver, "model": pack.model,
             "event_id": event.id, **counts,
-            "retired_by_cap": [c["insight_id"] for c in changes if c["op"] == "CAP"],
+            "probation": sum(c["op"] == "ADD" for c in changes),
             "items": [{k: v for k, v in asdict(o).items() if v not in (None, "")} for o in outcomes]}

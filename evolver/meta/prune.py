@@ -18,7 +18,7 @@ from memory import Effect, ExperienceStore, Insight, ToolRecord
 
 from ..config import Config
 
-__all__ = ["insight_effects", "prune_round", "tool_effects", "verdict"]
+__all__ = ["insight_effects", "prune_round", "tool_effects", "verdict", "why_measured"]
 
 MEASURED_IMPORTANCE = 3  # an insight measured to help is kept at least this important
 
@@ -53,7 +53,7 @@ def verdict(effect: Effect, min_exposures: int) -> str | None:
     return None
 
 
-def _why(effect: Effect, said: str) -> str:
+def why_measured(effect: Effect, said: str) -> str:
     low, high = effect.interval
     return (f"{said}: {effect.helped} of {effect.exposures} attempts with it succeeded, against "
             f"{effect.control_successes} of {effect.control_successes + effect.control_failures} without it "
@@ -72,19 +72,20 @@ def prune_round(store: ExperienceStore, config: Config) -> str:
         if said in ("hurts", "never helps"):
             store.record_insight_changes(
                 "insight_retired", f"retired insight {insight_id} ({said}): {insight.text[:120]}",
-                [{"op": "RETIRE", "id": insight_id, "status": "retired"}], why=_why(effect, said))
+                [{"op": "RETIRE", "id": insight_id, "status": "retired"}], why=why_measured(effect, said))
             notes.append(f"retired insight {insight_id} ({said})")
         elif said == "helps" and insight.importance < MEASURED_IMPORTANCE:
             store.record_insight_changes(
                 "insight_measured", f"insight {insight_id} measured to help: importance "
                 f"{insight.importance} -> {MEASURED_IMPORTANCE}",
-                [{"op": "MEASURED", "id": insight_id, "importance": MEASURED_IMPORTANCE}], why=_why(effect, said))
+                [{"op": "MEASURED", "id": insight_id, "importance": MEASURED_IMPORTANCE}],
+                why=why_measured(effect, said))
             notes.append(f"raised insight {insight_id} (helps)")
     for name, effect in tool_effects(store).items():
         said = verdict(effect, need)
         if said in ("hurts", "never helps"):
             tool = store.active_tool(name)
             store.apply_tool_changes("tool_retired", f"retired tool {name} v{tool.version} ({said})",
-                                     why=_why(effect, said), status={tool.id: "retired"})
+                                     why=why_measured(effect, said), status={tool.id: "retired"})
             notes.append(f"retired tool {name} ({said})")
     return "; ".join(notes) or "every learned item is still helping or not yet measured"

@@ -7,7 +7,9 @@ the status it had (a tool the event registered becomes "reverted", a version it
 replaced or retired is active again); a node the event added (an imported
 pack's scaffold, ``node_changes`` in its payload) is withdrawn: marked invalid,
 so it is never served. A revert that would silently undo later changes to the
-same insights or tools is refused, and so is withdrawing the node served now.
+same insights or tools is refused (later changes to an insight that came back
+to what the event left are not in the way), and so is withdrawing the node
+served now.
 Promotions are undone with `evolver rollback`.
 """
 
@@ -65,8 +67,12 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
 def _insights_before(store: ExperienceStore, event_id: int, rows: list[dict]) -> list[dict]:
     """The REVERT changes that put each insight the event changed back as it was before the event."""
     for insight_id in {r["insight_id"] for r in rows}:
-        last = store.insight_history(insight_id)[-1]
-        if last["event_id"] != event_id:
+        history = store.insight_history(insight_id)
+        left = [h for h in history if h["event_id"] == event_id][-1]["after"]
+        last = history[-1]
+        # Later changes that came back to what the event left (an approval, then its revert) are not in
+        # the way; any other later change would be undone silently.
+        if last["event_id"] != event_id and last["after"] != left:
             raise RevertError(f"insight {insight_id} changed again after event {event_id} (event "
                               f"{last['event_id']}); revert that first")
     restored: dict[int, dict] = {}

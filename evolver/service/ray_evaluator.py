@@ -48,7 +48,7 @@ from tools import ToolFiles
 
 from .. import __version__
 from ..agent.engine import Engine, sandbox_limits
-from ..agent.loop import TaskResult
+from ..agent.loop import TaskResult, task_context
 from ..agent.recording import (
     RecordingStore,
     ReplayError,
@@ -167,9 +167,7 @@ def ship(engine: Engine, task: Task) -> Shipment:
     # The node it tests; the incumbent for one that names none (as the daemon's workers choose).
     node = store.get_node(task.metadata["node"]) if task.metadata.get("node") else incumbent(store)
     scaffold = scaffold_of(store, node)
-    params = scaffold.parameters
-    context = store.context(task.prompt, trajectories=params.similar_trajectories, insights=params.insights,
-                            tools=params.tools)  # exactly the agent's query (Agent.run_task)
+    context = task_context(store, task, scaffold.parameters)  # exactly the agent's query (Agent.run_task)
     day = start_of_day()
     spent = {spent_key(None, None): store.spent(since=day),
              spent_key(BACKGROUND_PURPOSES, None): store.spent(since=day, purpose=BACKGROUND_PURPOSES),

@@ -16,7 +16,7 @@ session never appears in a URL. On top of that:
   another origin's page cannot send without a CORS preflight (none is
   answered), and an Origin, if any, that is the dashboard's own exactly; only
   the few actions the page offers are passed through: submit a task, cancel
-  one, revert an event;
+  one, revert an event, approve an insight on probation;
 - the page loads nothing from the network (no CDN) and its content security
   policy allows scripts from itself only.
 """
@@ -48,7 +48,8 @@ from ..tree.export import to_html
 __all__ = ["cookie_name", "create_ui_app"]
 
 # The actions the page offers, as paths under the daemon's /v1/ (every GET is read-only and passes).
-POSTS = (re.compile(r"tasks"), re.compile(r"tasks/[A-Za-z0-9_]{1,64}/cancel"), re.compile(r"history/[0-9]{1,18}/revert"))
+POSTS = (re.compile(r"tasks"), re.compile(r"tasks/[A-Za-z0-9_]{1,64}/cancel"), re.compile(r"history/[0-9]{1,18}/revert"),
+         re.compile(r"insights/[0-9]{1,18}/approve"))
 STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "

@@ -240,10 +240,29 @@ function follow(taskId) {
 
 // --- insights, tools, history ----------------------------------------------------------------
 
+// An insight on probation (imported from a pack) is shown to no task of the person's until they approve it
+// here or it is measured to help on the promotion split; its row says where it came from.
 function showInsights(data) {
-  fill("insights", data, () => data.insights.map((i) => el("tr", {},
-    el("td", {}, i.id), el("td", {}, i.text), el("td", {}, i.importance),
-    el("td", {}, effectText(i.effect)))));
+  fill("insights", data, () => data.insights.map((i) => {
+    let status = i.status;
+    if (i.status === "probation") {
+      const from = i.provenance.filter((p) => typeof p === "string" && p.startsWith("pack:")).join(", ");
+      status = el("span", {}, `on probation${from ? ` (from ${from})` : ""} `,
+        el("button", { class: "approve", "data-id": i.id, onclick: () => approve(i) }, "Approve"));
+    }
+    return el("tr", { "data-id": i.id }, el("td", {}, i.id), el("td", {}, i.text), el("td", {}, status),
+      el("td", {}, i.importance), el("td", {}, effectText(i.effect)));
+  }));
+}
+
+async function approve(insight) {
+  try {
+    await post(`insights/${insight.id}/approve`, { why: "approved from the dashboard" });
+    banner("");
+    refreshSlow();
+  } catch (error) {
+    banner(`approval refused: ${error.message}`);
+  }
 }
 
 function showTools(data) {
@@ -301,7 +320,7 @@ async function refresh() {
 async function refreshSlow() {
   try {
     const [curve, insights, tools, history] = await Promise.all(
-      [api("learning/curve"), api("insights"), api("tools"), api("history?limit=50")]);
+      [api("learning/curve"), api("insights?status=current"), api("tools"), api("history?limit=50")]);
     drawCurve(curve);
     showInsights(insights);
     showTools(tools);
