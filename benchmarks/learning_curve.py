@@ -1,6 +1,7 @@
 """Held-out success of the whole product as it learns, generation by generation; prints JSON, draws a PNG.
 
-    python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL] [--seed 0]
+    python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL]
+        [--meta 0.5b|1.5b] [--aa] [--seed 0]
         [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
         [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N] [--out DIR] [--keep]
     python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
@@ -65,6 +66,11 @@ pairs; wall times and tokens add up). With generations, each part learned on its
 A promoted incumbent was selected on the promotion tasks, never on the measured ones, so its figure
 on the measured tasks carries no selection bias.
 
+``--meta 1.5b`` starts a second local server and makes it the meta model (``[meta]``): distillation,
+tool synthesis and the tree's proposals go to it while the task model answers the tasks; the ledger's
+figures come by model as well as by purpose. ``--aa`` measures the seed a second time on the same tasks
+(``aa`` in the JSON): how far two runs of the same agent differ, the noise floor a gain must clear.
+
 Output: the JSON on stdout and in ``DIR/learning_curve.json``, the plot in ``DIR/learning_curve.png``
 (``--out``, default a new temp dir; the paths go to stderr). Nothing about success is ever asserted.
 Exit status 0 when the run ends, 2 when the model server or the daemon does not start.
@@ -107,8 +113,8 @@ LOCAL_MODELS = {  # --local: the alias the server gives it, and the variable rea
 DIRECT_PROMPT = "Complete the following Python function:\n\n```python\n{prompt}```"
 SIZES = {  # held_out, train, basic, generations, evaluations, evolve_rounds, promotion
     "quick": (3, 4, 3, 1, 4, 6, 2),
-    "default": (40, 40, 10, 3, 20, 30, 20),
-    "full": (64, 60, 20, 5, 40, 60, 40),
+    "default": (80, 40, 10, 3, 20, 30, 20),  # 80 held-out: about the fewest that show a 10-point difference
+    "full": (84, 50, 20, 5, 40, 60, 30),  # all 164 HumanEval problems
 }
 FINISHED = ("done", "failed", "cancelled", "dead")
 Z95 = 1.959963984540054
@@ -257,12 +263,12 @@ def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> P
 class LocalServer:
     """llama.cpp's OpenAI-compatible server with the 0.5B model, as tests/test_real_model.py starts it."""
 
-    def __init__(self, root: Path, size: str = "0.5b") -> None:
+    def __init__(self, root: Path, size: str = "0.5b", log_name: str = "llama-server.log") -> None:
         self.alias, variable = LOCAL_MODELS[size]
         self.python = os.environ.get("REAL_MODEL_PYTHON", "")
         self.gguf = os.environ.get(variable, "")
         self.variable = variable
-        self.log_path = root / "llama-server.log"
+        self.log_path = root / log_name
         self.proc: subprocess.Popen | None = None
         self.base = ""
 
@@ -357,13 +363,17 @@ def direct_reference(env: dict, root: Path, held, problems) -> dict:
 
 
 def ledger(db: Path, since: float, until: float) -> dict:
-    """Model calls and tokens the daemon's ledger recorded in [since, until), in all and by purpose."""
+    """Model calls and tokens the daemon's ledger recorded in [since, until), in all, by purpose and by model
+    (the task model's and the meta model's lines)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         rows = conn.execute("SELECT purpose, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) "
                             "FROM ledger WHERE at >= ? AND at < ? GROUP BY purpose", [since, until]).fetchall()
+        models = conn.execute("SELECT model, count(*), coalesce(sum(tokens_in + tokens_out), 0) FROM ledger "
+                              "WHERE at >= ? AND at < ? GROUP BY model", [since, until]).fetchall()
     by = {p: {"model_calls": c, "tokens": i + o} for p, c, i, o in rows}
     return {"model_calls": sum(r[1] for r in rows), "tokens_in": sum(r[2] for r in rows),
-            "tokens_out": sum(r[3] for r in rows), "by_purpose": by}
+            "tokens_out": sum(r[3] for r in rows), "by_purpose": by,
+            "by_model": {m: {"model_calls": c, "tokens": t} for m, c, t in models}}
 
 
 def wait_idle(http, timeout_s: float) -> bool:
@@ -553,6 +563,11 @@ def parse(argv: list[str] | None):
     parser.add_argument("--api-base", default="", help="the model server's base URL (with --model)")
     parser.add_argument("--local", choices=sorted(LOCAL_MODELS), default="0.5b",
                         help="which local model the llama.cpp server runs (without --model)")
+    parser.add_argument("--meta", choices=sorted(LOCAL_MODELS), default=None,
+                        help="a local meta model on a server of its own ([meta]): distillation, tool synthesis "
+                             "and proposals go to it (default: the task model does it all)")
+    parser.add_argument("--aa", action="store_true",
+                        help="measure the seed twice (an A/A check: the noise floor of the same agent, same tasks)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the task split")
     parser.add_argument("--held-out", type=int, default=None, help="held-out HumanEval tasks")
     parser.add_argument("--train", type=int, default=None, help="training HumanEval tasks")
@@ -672,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     root = make_root()
     started = time.perf_counter()
     server = LocalServer(root, args.local)
+    meta_server = LocalServer(root, args.meta, log_name="llama-meta-server.log") if args.meta else None
     daemon: DaemonProcess | None = None
     log(f"output in {out}; the daemon's root is {root}")
     try:
@@ -704,12 +720,18 @@ def main(argv: list[str] | None = None) -> int:
             model = args.model
             if args.api_base:
                 settings["EVOLVER_MODEL_API_BASE"] = args.api_base
+        if meta_server is not None:
+            log(f"starting the meta model's llama.cpp server ({meta_server.alias})")
+            settings |= {"EVOLVER_META_NAME": f"openai/{meta_server.alias}",
+                         "EVOLVER_META_API_BASE": meta_server.start(), "EVOLVER_META_TIMEOUT_S": "900"}
         daemon = DaemonProcess(root, model=model, settings=settings, name="daemon")
         report: dict = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "model": {"name": model if args.model != "scripted" else "scripted (--quick)",
                       "api_base": settings.get("EVOLVER_MODEL_API_BASE", "")},
+            "meta_model": {"name": settings.get("EVOLVER_META_NAME") or "the task model",
+                           "api_base": settings.get("EVOLVER_META_API_BASE", "")},
             "tasks": {"held_out": [t.id for t in held], "train": [t.id for t in trained],
                       "promotion": [t.id for t in promote]},
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
@@ -751,6 +773,13 @@ def main(argv: list[str] | None = None) -> int:
                 generations.append(row)
                 log(f"generation {g}: {measured['successes']}/{measured['total']} held-out, "
                     f"incumbent {row['learned']['incumbent']['node']}")
+                if g == 0 and args.aa:  # the same seed again, on the same tasks: the noise floor
+                    log("A/A: the seed again on the held-out tasks")
+                    again = measure(http, db, held, args)
+                    report["aa"] = {"held_out": {k: again[k] for k in ("successes", "total", "rate", "ci95")},
+                                    "paired_again_minus_first": paired(again["per_task"], measured["per_task"]),
+                                    "per_task": again["per_task"]}
+                    log(f"A/A: {again['successes']}/{again['total']} against {measured['successes']}")
                 # what a run stopped later still leaves: the generations measured so far
                 partial = report | {"generations": generations, "finished": False}
                 (out / "learning_curve.json").write_text(json.dumps(partial, indent=2) + "\n", encoding="utf-8")
@@ -768,6 +797,8 @@ def main(argv: list[str] | None = None) -> int:
                 log("stopping the daemon")
             daemon.close()
         server.stop()
+        if meta_server is not None:
+            meta_server.stop()
         if args.keep:
             log(f"kept {root}")
         else:

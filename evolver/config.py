@@ -138,6 +138,36 @@ class ModelSettings(_Section):
                 "propose": self.max_tokens_propose, "synthesize": self.max_tokens_synthesize}[purpose]
 
 
+class MetaSettings(_Section):
+    """[meta] The meta-agent's model: the one that distills insights, synthesizes tools and proposes scaffold
+    edits. Empty: the [model] does it all. Self-improvement with a small task model pays when a stronger
+    model writes the improvements (GEPA's reflection model, the Gödel machines' meta-agent): a local pair
+    is Qwen2.5-Coder-0.5B for tasks and 1.5B here. Every other [model] setting (tool_mode,
+    structured_output, schema_format, max_retries, the max_tokens_* caps) applies to it too; the spend of
+    each model is its own line in the ledger."""
+
+    name: str = ""
+    """The meta model, a litellm model string as [model] name takes; empty: the [model] answers for the
+    meta-agent too."""
+
+    api_base: str = ""
+    """Its OpenAI-compatible server, as [model] api_base (empty: the provider's usual endpoint)."""
+
+    api_key_env: str = ""
+    """The environment variable that holds its API key, as [model] api_key_env."""
+
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds one of its replies may take (a meta-agent's answers are long)."""
+
+    def settings(self, model: ModelSettings) -> ModelSettings:
+        """The settings the meta model's calls are made with: [model]'s, with this model, server, key and
+        timeout (no fallbacks); [model]'s own when no meta model is set."""
+        if not self.name:
+            return model
+        return model.model_copy(update={"name": self.name, "api_base": self.api_base, "fallbacks": [],
+                                        "api_key_env": self.api_key_env, "timeout_s": self.timeout_s})
+
+
 class AgentSettings(_Section):
     """[agent] How the agent works on tasks. What evolution may change (prompts, step limit,
     temperature, retrieval sizes, tools) lives in the scaffold, not here."""
@@ -480,6 +510,7 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: ModelSettings = ModelSettings()
+    meta: MetaSettings = MetaSettings()
     agent: AgentSettings = AgentSettings()
     memory: MemorySettings = MemorySettings()
     sandbox: SandboxSettings = SandboxSettings()
@@ -538,7 +569,7 @@ def _allowed(section: str, key: str) -> str:
 
 
 # Settings whose value is the name of a variable holding a secret: that variable is never a setting.
-_SECRET_HOLDERS = (("daemon", "tcp_token_env"), ("model", "api_key_env"))
+_SECRET_HOLDERS = (("daemon", "tcp_token_env"), ("model", "api_key_env"), ("meta", "api_key_env"))
 
 
 def _secret_variables(data: dict[str, Any], env: Mapping[str, str]) -> set[str]:

@@ -910,6 +910,14 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             tokens, usd = self._reader().execute(sql, params).fetchone()
         return int(tokens), float(usd)
 
+    def spent_by_model(self, *, since: float = 0.0) -> dict[str, tuple[int, float]]:
+        """By model (the ledger's, a fallback its own), tokens (in + out) and USD spent since a time."""
+        with self._sqlite_errors():
+            rows = self._reader().execute(
+                "SELECT model, coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_usd), 0) FROM ledger "
+                "WHERE at >= ? GROUP BY model ORDER BY model", [since]).fetchall()
+        return {model: (int(tokens), float(usd)) for model, tokens, usd in rows}
+
     def task_results(self, *, since: float) -> dict[str, dict[str, int]]:
         """By task source, the tasks whose last attempt finished since a time: how many succeeded,
         failed, or have no verdict (no check and no feedback)."""

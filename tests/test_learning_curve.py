@@ -20,8 +20,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning_curve.py"), "--quick", "--out", str(out)],
-                         check=False, cwd=str(REPO), capture_output=True, text=True, timeout=240)
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning_curve.py"), "--quick", "--aa",
+                          "--out", str(out)], check=False, cwd=str(REPO), capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)
     assert json.loads((out / "learning_curve.json").read_text()) == report
@@ -41,11 +41,14 @@ def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
         assert g["model_calls"] > 0 and g["tokens"] > 0 and g["wall_s"] >= 0
         assert {"insights", "tools", "incumbent", "tree"} <= set(g["learned"])
         assert g["learned"]["incumbent"]["node"]
+    # The A/A check: the seed measured again on the same tasks, paired with the first measurement.
+    assert set(report["aa"]["per_task"]) == set(held) and report["aa"]["paired_again_minus_first"]["tasks"] == 3
     learning = generations[1]["learning"]
     assert learning["training"]["total"] == len(train)
     assert [r["job"] for r in learning["distill"] + learning["synthesize"]] == ["distill", "synthesize"]
     assert learning["evolve"]["rounds"] >= 1 and learning["evolve"]["evaluations_recorded"] >= 1
     assert learning["by_purpose"].get("task", {}).get("model_calls", 0) > 0
+    assert sum(m["model_calls"] for m in learning["by_model"].values()) == learning["model_calls"]
 
 
 def test_the_direct_code_is_the_prompt_then_the_models_function_or_its_body():

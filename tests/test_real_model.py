@@ -7,9 +7,10 @@ the server, the model's tool calls are parsed and run in the sandbox, a task end
 internal error, a chat through the daemon answers, and a distill and a propose round end in
 a valid result or a recorded, clean refusal.
 
-It needs llama-cpp-python's server and the GGUF: ``eval "$(scripts/real-model-setup)"`` builds
-and fetches both (cached) and sets REAL_MODEL_PYTHON and REAL_MODEL_GGUF. Without them
-the tier skips, saying so; under CI (CI=true) it fails instead.
+It needs llama-cpp-python's server and the GGUFs: ``eval "$(scripts/real-model-setup 1.5b)"`` builds
+and fetches them (cached) and sets REAL_MODEL_PYTHON, REAL_MODEL_GGUF and REAL_MODEL_GGUF_1_5B (the
+1.5B model, the meta model of the pair's test). Without them the tier skips, saying so; under CI
+(CI=true) it fails instead.
 """
 
 from __future__ import annotations
@@ -36,16 +37,16 @@ from memory import Ending
 from tests._daemon import DaemonProcess, free_port, make_root, remove_root
 
 ALIAS = "qwen2.5-coder-0.5b"
-SETUP = 'eval "$(scripts/real-model-setup)"'
+META_ALIAS = "qwen2.5-coder-1.5b"
+SETUP = 'eval "$(scripts/real-model-setup 1.5b)"'
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    """The server's base URL; the server runs for this module's tests only."""
-    python, model = os.environ.get("REAL_MODEL_PYTHON", ""), os.environ.get("REAL_MODEL_GGUF", "")
+def _serve(tmp_path_factory, variable: str, alias: str):
+    """llama.cpp's server for the GGUF that ``variable`` names, on a free port; yields its base URL."""
+    python, model = os.environ.get("REAL_MODEL_PYTHON", ""), os.environ.get(variable, "")
     if not (python and model and Path(python).exists() and Path(model).exists()):
-        message = (f"the real-model tier needs llama-cpp-python's server and the model: run {SETUP} "
-                   "(builds and fetches both, cached; about 5 min the first time)")
+        message = (f"the real-model tier needs llama-cpp-python's server and the model ({variable}): run "
+                   f"{SETUP} (builds and fetches both, cached; about 5 min the first time)")
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -53,7 +54,7 @@ def llama(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("llama") / "server.log"
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
-            [python, "-m", "llama_cpp.server", "--model", model, "--model_alias", ALIAS, "--n_ctx", "8192",
+            [python, "-m", "llama_cpp.server", "--model", model, "--model_alias", alias, "--n_ctx", "8192",
              "--n_threads", "2", "--n_threads_batch", "2", "--host", "127.0.0.1", "--port", str(port)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}/v1"
@@ -78,6 +79,18 @@ def llama(tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """The 0.5B model's server (the task model); it runs for this module's tests only."""
+    yield from _serve(tmp_path_factory, "REAL_MODEL_GGUF", ALIAS)
+
+
+@pytest.fixture(scope="module")
+def llama_meta(tmp_path_factory):
+    """The 1.5B model's server, the meta model beside the 0.5B."""
+    yield from _serve(tmp_path_factory, "REAL_MODEL_GGUF_1_5B", META_ALIAS)
 
 
 def _settings(base: str) -> dict[str, str]:
@@ -191,6 +204,34 @@ def test_a_distill_and_a_propose_round_end_valid_or_in_a_clean_refusal(engine):
     # a proposed child whose smoke task is queued, or an invalid node with the reason
     assert child.status in ("proposed", "invalid"), (child.status, summary)
     assert child.status == "proposed" or child.reason, summary
+
+
+def test_with_the_1_5b_as_meta_model_a_distill_round_and_a_tree_step_are_its_calls(llama, llama_meta, open_store,
+                                                                                    sandbox, tmp_path):
+    """The local pair: the 0.5B answers the task, the 1.5B ([meta]) the distill round and the proposer, each
+    call on its own model's line of the ledger. Paths, not skill: a result or a clean refusal."""
+    settings = {**_settings(llama), "EVOLVER_META_NAME": f"openai/{META_ALIAS}",
+                "EVOLVER_META_API_BASE": llama_meta, "EVOLVER_META_TIMEOUT_S": "600"}
+    with Engine.open(load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"),
+                     sandbox=sandbox) as engine:
+        root = ensure_root(engine.store, engine.seed_scaffold())
+        task, _ = engine.store.add_task("What is 6 * 7? Answer with the number only.",
+                                        check={"type": "answer", "expected": "42"})
+        engine.agent(_short(engine, max_steps=2)).run_task(task)
+        try:
+            assert distill_round(engine.store, engine.meta, engine.config)
+        except InsightOpError as exc:
+            assert "came back" in str(exc) or "not" in str(exc), exc
+        for _ in range(3):  # enough finished evaluations that the step expands: the proposer is asked
+            evaluation = engine.store.start_evaluation(root.id, "pack:x:t", split="train")
+            engine.store.finish_evaluation(evaluation.id, success=False)
+        summary = TreeSearch(engine, rng=np.random.default_rng(0)).step()
+        (child,) = [n for n in engine.store.list_nodes() if n.parent_id is not None]
+        assert child.status in ("proposed", "invalid"), (child.status, summary)
+        calls = {(r["purpose"], r["model"]) for r in engine.store._all("SELECT purpose, model FROM ledger")}
+        assert {p for p, _ in calls} >= {"task", "distill", "propose"}, calls
+        assert {m for p, m in calls if p in ("distill", "propose")} == {f"openai/{META_ALIAS}"}, calls
+        assert {m for p, m in calls if p == "task"} == {f"openai/{ALIAS}"}, calls
 
 
 def test_the_real_models_failures_without_an_answer_are_distilled_by_the_real_model(engine):

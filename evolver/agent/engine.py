@@ -48,6 +48,13 @@ class Engine:
     data_dir: Path
     toolbox: Toolbox
     mcp: McpServers | None = None  # the user's MCP servers, whose tools are registered as the agent's
+    meta_model: Model | None = None
+    """The meta-agent's model ([meta]): distillation, tool synthesis, scaffold proposals; None: ``model``."""
+
+    @property
+    def meta(self) -> Model:
+        """The model the meta-agent asks: [meta]'s when one is set, else the task model."""
+        return self.meta_model or self.model
 
     @classmethod
     def open(cls, config: Config, *, data_dir: Path | None = None, store: ExperienceStore | None = None,
@@ -63,7 +70,10 @@ class Engine:
             if not sandbox.isolated:
                 log.warning("SANDBOX DEGRADED: bubblewrap is unavailable; model-written code runs as a plain "
                             "subprocess with limits, not isolated from your files")
-            model = ModelClient(config.model, store=store, budget=BudgetGuard(config.budget, store))
+            budget = BudgetGuard(config.budget, store)  # one set of caps over both models
+            model = ModelClient(config.model, store=store, budget=budget)
+            meta = (ModelClient(config.meta.settings(config.model), store=store, budget=budget, section="meta")
+                    if config.meta.name else None)
         except BaseException:
             store.close()
             raise
@@ -77,7 +87,7 @@ class Engine:
             store.close()
             raise
         return cls(config=config, store=store, model=model, sandbox=sandbox, registry=registry, data_dir=data_dir,
-                   toolbox=Toolbox(store, registry, data_dir, config.evolution), mcp=servers)
+                   toolbox=Toolbox(store, registry, data_dir, config.evolution), mcp=servers, meta_model=meta)
 
     def close(self) -> None:
         if self.mcp is not None:

@@ -280,15 +280,19 @@ def status(state: State, as_json: bool) -> None:
         print_json(info)
         return
     budget = info["budget"]
-    out.print(f"evolver daemon {info['pid']}: {info['mood']}, up {info['uptime_s']:.0f} s, model {info['model']}")
+    meta = f", meta model {info['meta_model']}" if info.get("meta_model", info["model"]) != info["model"] else ""
+    out.print(f"evolver daemon {info['pid']}: {info['mood']}, up {info['uptime_s']:.0f} s, model {info['model']}{meta}")
     out.print(f"socket {info['socket']}; data dir {info['data_dir']}"
               + ("" if info["sandbox_isolated"] else "; SANDBOX DEGRADED (no bubblewrap)"))
     pids = info.get("worker_pids") or []
     workers = f"{info['workers']} (processes {', '.join(map(str, pids))})" if pids else f"{info['workers']}"
     out.print(f"{_queue_line(info['queue'])}; workers: {workers}, running: "
               f"{', '.join(r['task_id'] for r in info['running']) or 'nothing'}")
+    by_model = budget.get("by_model") or {}
+    shares = ("; " + ", ".join(f"{m} {s['tokens']} tokens, ${s['usd']:.4f}" for m, s in by_model.items())
+              if len(by_model) > 1 else "")  # a task model and a meta model: each one's line of the ledger
     out.print(f"spent today: {budget['tokens_today']} tokens of {budget['tokens_per_day'] or 'unlimited'}, "
-              f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}")
+              f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}{shares}", markup=False, highlight=False)
     _print_learning(info["learning"], now)
     if info["jobs"]:
         out.print(_jobs_table(info["jobs"], now))

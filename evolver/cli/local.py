@@ -58,14 +58,17 @@ def config_init(force: bool) -> None:
 @config.command("check")
 @click.pass_obj
 def config_check(state: State) -> None:
-    """Load the settings and say whether they are valid (and whether the model has its API key)."""
+    """Load the settings and say whether they are valid (and whether each model has its API key)."""
     from ..config import ConfigError
     from ..llm.client import credentials_problem
 
     cfg = state.config
-    problem = credentials_problem(cfg.model)
-    if problem:  # valid settings still, but the first model call would fail
-        raise ConfigError(f"{cfg.source}: [model] {problem}")
+    problems = [f"[model] {problem}" for problem in [credentials_problem(cfg.model)] if problem]
+    if cfg.meta.name:
+        problems += [f"[meta] {problem}" for problem in [credentials_problem(cfg.meta.settings(cfg.model), "meta")]
+                     if problem]
+    if problems:  # valid settings still, but the first model call would fail
+        raise ConfigError(f"{cfg.source}: {'; '.join(problems)}")
     echo(f"ok: {cfg.source}; data dir {state.data_dir or cfg.data_dir}")
 
 

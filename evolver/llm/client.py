@@ -126,9 +126,10 @@ def _missing_key(exc: Exception) -> bool:
     return isinstance(exc, litellm.AuthenticationError) or bool(_MISSING_KEY.search(str(exc)))
 
 
-def credentials_problem(settings: ModelSettings) -> str | None:
+def credentials_problem(settings: ModelSettings, section: str = "model") -> str | None:
     """Why the configured models cannot be called for want of an API key, or None when nothing is missing.
-    A server of your own (api_base set) needs none; neither does the scripted model."""
+    A server of your own (api_base set) needs none; neither does the scripted model. ``section`` names
+    where the settings came from ([model], or [meta] for the meta model's)."""
     import litellm
 
     problems = []
@@ -138,7 +139,7 @@ def credentials_problem(settings: ModelSettings) -> str | None:
         if settings.api_key_env:
             if not os.environ.get(settings.api_key_env):
                 problems.append(f"{model}: no API key: the environment variable {settings.api_key_env} "
-                                "([model] api_key_env) is not set")
+                                f"([{section}] api_key_env) is not set")
             continue
         try:
             missing = litellm.validate_environment(model=model).get("missing_keys") or []
@@ -147,7 +148,7 @@ def credentials_problem(settings: ModelSettings) -> str | None:
             continue
         if missing:
             problems.append(f"{model}: no API key: set {' or '.join(missing)} (or name another variable in "
-                            "[model] api_key_env; a server of your own needs [model] api_base instead)")
+                            f"[{section}] api_key_env; a server of your own needs [{section}] api_base instead)")
     return "; ".join(problems) or None
 
 
@@ -216,12 +217,13 @@ class Model(Protocol):
 
 class ModelClient:
     def __init__(self, settings: ModelSettings, *, store: ExperienceStore, budget: BudgetGuard,
-                 sleep: Callable[[float], None] = time.sleep, backoff_s: float = 0.5) -> None:
+                 sleep: Callable[[float], None] = time.sleep, backoff_s: float = 0.5, section: str = "model") -> None:
         import litellm
 
         scripted.install()
         litellm.suppress_debug_info = True
         self.settings = settings
+        self.section = section  # where its settings came from, for messages: [model], or [meta]
         self.store = store
         self.budget = budget
         self._sleep = sleep
@@ -325,7 +327,7 @@ class ModelClient:
             except Exception as exc:
                 if _missing_key(exc):  # retrying cannot make a key appear
                     alone = self.settings.model_copy(update={"name": model, "fallbacks": []})
-                    raise ModelError(credentials_problem(alone) or f"the API key was refused: {exc}") from exc
+                    raise ModelError(credentials_problem(alone, self.section) or f"the API key was refused: {exc}") from exc
                 if not isinstance(exc, transient):  # bad request, unknown model: retrying will not help
                     raise ModelError(f"{type(exc).__name__}: {exc}") from exc
                 attempt += 1

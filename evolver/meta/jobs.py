@@ -111,7 +111,7 @@ def _reconcile(host: JobHost) -> str:
 def _distill(host: JobHost) -> str:
     from .distill import distill_round
 
-    return distill_round(host.store, host.engine.model, host.config)
+    return distill_round(host.store, host.engine.meta, host.config)
 
 
 def _synthesize(host: JobHost) -> str:

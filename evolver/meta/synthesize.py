@@ -350,7 +350,7 @@ def _check(engine: Engine, files: ToolFiles, candidate: _Candidate, opportunity:
 def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dict) -> str:
     """Propose, check and record one tool for one opportunity; returns what happened."""
     store = engine.store
-    reply = engine.model.complete(
+    reply = engine.meta.complete(
         [{"role": "system", "content": SYSTEM},
          {"role": "user", "content": f"{_existing(store)}\n\n{opportunity.text}"}], purpose="synthesize",
         response_format=json_schema_format("tool", ToolAnswer) if engine.config.model.structured_output else None)

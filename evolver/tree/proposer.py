@@ -149,7 +149,7 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
             "Lessons from experience:\n" + ("\n".join(f"- {i.text}" for i in insights) or "(none yet)") +
             f"\n\nTools that exist: {', '.join(engine.registry.names())}")
     structured = json_schema_format("scaffold_edit", ProposalAnswer) if engine.config.model.structured_output else None
-    reply = engine.model.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+    reply = engine.meta.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
                                   purpose="propose", node_id=parent.id, response_format=structured)
     spent = Proposal(rationale="", edit={}, cost_usd=reply.cost_usd, tokens=reply.tokens_in + reply.tokens_out)
     try:

@@ -82,7 +82,9 @@ function effectText(effect) {
 function showStatus(status) {
   const q = status.queue || {};
   document.getElementById("summary").textContent =
-    `${status.mood} · model ${status.model} · serving ${status.incumbent || "-"} · ${status.workers} workers` +
+    `${status.mood} · model ${status.model}` +
+    (status.meta_model && status.meta_model !== status.model ? ` · meta model ${status.meta_model}` : "") +
+    ` · serving ${status.incumbent || "-"} · ${status.workers} workers` +
     (status.sandbox_isolated ? "" : " · SANDBOX NOT ISOLATED");
   const ended = ["done", "failed", "cancelled", "dead"].filter((k) => q[k]).map((k) => `${q[k]} ${k}`);
   document.getElementById("queue-line").textContent =
@@ -98,6 +100,11 @@ function showStatus(status) {
         : `${what}: ${used.toLocaleString()} (no cap)`;
       return el("div", { class: "bar" }, el("span", {}, label), el("div", { class: "track" }, fillEl));
     });
+  const models = Object.entries(b.by_model || {});
+  if (models.length > 1) {  // a task model and a meta model: each one's share of today's spend
+    bars.push(el("div", { class: "muted" }, models.map(([m, s]) =>
+      `${m}: ${s.tokens.toLocaleString()} tokens, $${s.usd.toFixed(4)}`).join(" · ")));
+  }
   document.getElementById("spend").replaceChildren(...bars);
 
   fill("jobs", [status.jobs, Math.floor(Date.now() / 60000)], () => (status.jobs || []).map((job) => {
