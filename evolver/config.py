@@ -119,9 +119,6 @@ class ModelSettings(_Section):
     max_tokens_reflect: int = Field(default=512, ge=1)
     """Most tokens of a reflection on a failed attempt."""
 
-    max_tokens_chat: int = Field(default=1024, ge=1)
-    """Most tokens of one reply in a chat turn."""
-
     max_tokens_distill: int = Field(default=1024, ge=1)
     """Most tokens of a distillation answer (insight operations)."""
 
@@ -134,7 +131,7 @@ class ModelSettings(_Section):
     def max_tokens_for(self, purpose: str) -> int:
         """The output cap of a call made for ``purpose``."""
         return {"task": self.max_tokens_step, "evaluate": self.max_tokens_step, "reflect": self.max_tokens_reflect,
-                "chat": self.max_tokens_chat, "distill": self.max_tokens_distill,
+                "distill": self.max_tokens_distill,
                 "propose": self.max_tokens_propose, "synthesize": self.max_tokens_synthesize}[purpose]
 
 
@@ -568,6 +565,12 @@ def _allowed(section: str, key: str) -> str:
     return kind + (f" {' and '.join(constraints)}" if constraints else "")
 
 
+# Keys that were settings and are no longer, with what became of them: a config file written by an older
+# `evolver config init` still loads (the key is ignored, with a warning that says why), for one release.
+RETIRED_KEYS = {
+    ("model", "max_tokens_chat"): "a chat turn's replies are capped by [model] max_tokens_step, as a task's are",
+}
+
 # Settings whose value is the name of a variable holding a secret: that variable is never a setting.
 _SECRET_HOLDERS = (("daemon", "tcp_token_env"), ("model", "api_key_env"), ("meta", "api_key_env"))
 
@@ -621,6 +624,10 @@ def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None
                 raise ConfigError(f"{file}: {section} must be a [{section}] table, not a single value.")
             for key in values:
                 origin[(section, key)] = str(file)
+    for (section, key), why in RETIRED_KEYS.items():
+        if isinstance(data.get(section), dict) and key in data[section]:
+            del data[section][key]
+            log.warning("%s: [%s] %s is no longer a setting and is ignored: %s; remove it", file, section, key, why)
     secrets = _secret_variables(data, env) | set(secret_variables)
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name == "EVOLVER_CONFIG" or name in secrets:

@@ -191,6 +191,14 @@ def test_bench_runs_a_pack_file_and_refuses_a_bad_one(tmp_path):
     listed = json.loads(run("--data-dir", str(tmp_path / "d"), "tasks", "--json", "--limit", "100").stdout)["tasks"]
     assert {(t["metadata"]["pack_task"], t["source"], t["metadata"].get("split")) for t in listed} == {
         ("a", "bench", "train"), ("b", "bench", "test")}
+    # A pack that labels a configured pack's held-out task "train" cannot bring it into training here either.
+    relabelled = tmp_path / "relabelled.jsonl"
+    relabelled.write_text('{"id": "c", "prompt": "Name the colour of the sky.", "check": {"type": "answer", '
+                          '"expected": "blue"}, "split": "train"}\n')
+    configured = {"EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)])}
+    assert run("--data-dir", str(tmp_path / "d"), "bench", str(relabelled), env=configured).returncode == 0
+    listed = json.loads(run("--data-dir", str(tmp_path / "d"), "tasks", "--json", "--limit", "100").stdout)["tasks"]
+    assert {t["metadata"].get("split") for t in listed if t["metadata"]["pack_task"] == "c"} == {"test"}
     pack.write_text('{"id": "a", "prompt": "no check"}\n')
     refused = run("--data-dir", str(tmp_path / "d"), "bench", str(pack))
     assert refused.returncode == 2 and "pack.jsonl:1: task a has no check" in refused.stderr

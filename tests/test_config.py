@@ -118,3 +118,14 @@ def test_a_variable_named_as_holding_a_secret_is_never_read_as_a_setting(tmp_pat
 def test_a_missing_explicit_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "absent.toml", env={})
+
+
+def test_an_old_file_with_a_retired_key_still_loads_and_says_why_it_is_ignored(tmp_path, caplog):
+    old = tmp_path / "config.toml"
+    old.write_text("[model]\nmax_tokens_step = 700\nmax_tokens_chat = 512\n")  # as an older `config init` wrote
+    with caplog.at_level(logging.WARNING, logger="evolver.config"):
+        config = load_config(old, env={})
+    assert config.model.max_tokens_step == 700 and not hasattr(config.model, "max_tokens_chat")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{old}: [model] max_tokens_chat is no longer a setting and is ignored: a chat turn's replies are capped "
+        "by [model] max_tokens_step, as a task's are; remove it"]

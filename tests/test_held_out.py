@@ -85,6 +85,13 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(daemon):
                 break
         assert len(held_out) == 2
 
+        # Its text sent as a chat message is held out too: a chat is no side door into training.
+        chat = http.post("/v1/chat/completions", json={"model": "evolver", "messages": [
+            {"role": "user", "content": "What is 7717 + 1?"}]})
+        assert chat.status_code == 200, chat.text
+        (chatted,) = http.get("/v1/tasks", params={"source": "chat"}).json()["tasks"]
+        assert chatted["metadata"]["split"] == "test", chatted
+
         # Similar tasks later (no check: nothing to hold out) get examples from memory.
         for prompt in ("What is 7717 + 2?", "What is 8818 + 2?"):
             later = http.post("/v1/tasks", json={"prompt": prompt}).json()

@@ -100,7 +100,7 @@ def approve(body: ApproveIn, request: Request, insight_id: int = Path(ge=1, le=M
 
 
 @router.get("/tools", summary="Tools the agent can use: built-in and synthesized", responses=errors(422, 503))
-def tools(request: Request, status: Literal["active", "quarantined", "retired", "all"] = "active") -> dict:
+def tools(request: Request, status: Literal["active", "retired", "replaced", "reverted", "all"] = "active") -> dict:
     daemon = _daemon(request)
     return views.tools(daemon.store, status=status, mcp=daemon.mcp_tools())
 

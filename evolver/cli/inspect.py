@@ -231,7 +231,7 @@ def _effect(effect: dict | None) -> str:
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--status", type=click.Choice(["active", "quarantined", "retired", "all"]), default="active",
+@click.option("--status", type=click.Choice(["active", "retired", "replaced", "reverted", "all"]), default="active",
               show_default=True, help="Which synthesized tools to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -279,11 +279,10 @@ def tools_show(state: State, name: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--now", is_flag=True, help="Run one round in the foreground and show its results (the default).")
 @click.option("--job", default=None, help="Only this job (default: every job, in order).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def evolve(state: State, now: bool, job: str | None, as_json: bool) -> None:
+def evolve(state: State, job: str | None, as_json: bool) -> None:
     """Run one round of the background jobs now, instead of waiting for their schedule."""
     with state.client() as client, err.status(f"running {job or 'every job'}…"):
         data = {"rounds": client.run_rounds(job)}

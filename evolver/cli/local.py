@@ -210,14 +210,20 @@ def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
 
 def _bench_here(state: State, tasks) -> list[dict]:
     from ..agent.engine import Engine
+    from ..tree.split import decide_split, held_out_prompts
 
     results = []
+    evolution = state.config.evolution
+    held = held_out_prompts(evolution.packs)
     with Engine.open(state.config, data_dir=state.data_dir) as engine:
         agent = engine.agent()
         with out.status(f"0/{len(tasks)}") as status:
             for n, pack_task in enumerate(tasks, start=1):
-                task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
-                                                metadata={"pack_task": pack_task.id, **pack_task.metadata()})
+                # As the daemon's intake decides it: a held-out task's text stays held out, whatever its label.
+                item = decide_split({"prompt": pack_task.prompt, "check": pack_task.check_data(), "source": "bench",
+                                     "metadata": {"pack_task": pack_task.id, **pack_task.metadata()}},
+                                    share=evolution.held_out_share, held_out_prompts=held)
+                ((task, _),) = engine.store.add_tasks([item])
                 result = agent.run_task(task, purpose="evaluate")
                 results.append(_result(pack_task, result.status, result.success, result.answer, result.attempts))
                 status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")

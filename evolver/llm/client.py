@@ -29,7 +29,7 @@ __all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "Stre
 
 log = logging.getLogger(__name__)
 
-PURPOSES = ("task", "distill", "synthesize", "propose", "evaluate", "chat", "reflect")
+PURPOSES = ("task", "distill", "synthesize", "propose", "evaluate", "reflect")  # a chat turn's calls are "task"
 
 
 class ModelError(Exception):

@@ -31,7 +31,7 @@ from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
 from ..tree.incumbent import ensure_root, incumbent
 from ..tree.search import SEARCH_SOURCES, TreeSearch
-from ..tree.split import held_out_prompts
+from ..tree.split import decide_split, held_out_prompts
 from .agents import Agents
 from .evaluator import Evaluator, local_exclusions, open_evaluator
 from .feed import Feed
@@ -338,8 +338,12 @@ class Daemon:
                 self._chats.notify_all()
 
     def _chat_turn(self, prompt: str, *, on_step, metadata, task_id, cancel, on_answer) -> TaskResult:
-        item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata}
-        ((task, _),) = self.store.add_tasks([{**item, "id": task_id} if task_id else item])
+        item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata,
+                **({"id": task_id} if task_id else {})}
+        # A chat message is held out like any task from outside: the text of a held-out task stays held out.
+        item = decide_split(item, share=self.config.evolution.held_out_share,
+                            held_out_prompts=self.intake.held_out_prompts if self.intake else frozenset())
+        ((task, _),) = self.store.add_tasks([item])
         try:
             if self.config.daemon.worker_processes:  # answered in a worker process, the least busy ready one
                 try:
