@@ -115,10 +115,10 @@ def _short(e: Engine, **parameters):
 
 
 def test_litellm_reaches_the_server_without_a_key(engine):
-    reply = engine.model.complete([{"role": "user", "content": "Say hello in one word."}], purpose="chat",
+    reply = engine.model.complete([{"role": "user", "content": "Say hello in one word."}], purpose="task",
                                   max_tokens=16)
     assert reply.content.strip() and reply.tokens_out > 0
-    tokens, _ = engine.store.spent(purpose="chat")
+    tokens, _ = engine.store.spent(purpose="task")
     assert tokens > 0  # the ledger has the call
 
 
@@ -179,7 +179,7 @@ def test_a_chat_answer_streams_from_the_real_server_as_it_does_from_the_script(l
                                                                "properties": {"answer": {"type": "string"}}}}}]
     pieces: list[str] = []
     reply = e.model.complete([{"role": "user", "content": "Call finish with the answer: the sky is blue."}],
-                             tools=finish, temperature=0.0, purpose="chat", max_tokens=64,
+                             tools=finish, temperature=0.0, purpose="task", max_tokens=64,
                              stream=AnswerStream(pieces.append).tap())
     assert reply.tokens_out > 0 and reply.tool_calls and reply.tool_calls[0].error is None, reply
     assert reply.tool_calls[0].name == "finish"  # the grammar allows no other call

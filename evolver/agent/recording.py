@@ -89,8 +89,8 @@ class RecordingStore:
     # --- reads ----------------------------------------------------------------------------------------
 
     def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
-                successful_only: bool = True) -> Context:
-        return self.snapshot.context
+                successful_only: bool = True, probation: bool = False) -> Context:
+        return self.snapshot.context  # taken by the daemon with the same query (``ray_evaluator.ship``)
 
     def spent(self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None,
               task_id: str | None = None) -> tuple[int, float]:
