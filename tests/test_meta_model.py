@@ -92,18 +92,22 @@ def test_config_check_names_a_missing_meta_key_without_printing_any_key(tmp_path
     assert "sk-secret-123" not in shown.stdout + shown.stderr and "EVOLVER_TEST_META_KEY" in shown.stdout
 
 
+@pytest.mark.daemon
 def test_the_daemons_status_shows_each_models_spend():
     from _daemon import DaemonProcess, make_root, run_rounds, serving, write_script
 
     root = make_root()
     task_model, meta = write_script(root, "task-side", TASK_RULES), write_script(root, "meta-side", META_RULES)
+    # No task held out by chance (a held-out attempt is never distilled): the one below must be learned from.
     daemon = DaemonProcess(root, model=task_model, settings={"EVOLVER_META_NAME": meta,
-                                                             "EVOLVER_EVOLUTION_ENABLED": "false"})
+                                                             "EVOLVER_EVOLUTION_ENABLED": "false",
+                                                             "EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0"})
     with serving(daemon), daemon.client() as http:
         task = http.post("/v1/tasks", json={"prompt": "Say the word blue.",
                                             "check": {"type": "answer", "expected": "blue"}}).json()
         daemon.wait_task(http, task["id"], ("done",))
-        assert [r["ok"] for r in run_rounds(http, "distill")] == [True]
+        (distilled,) = run_rounds(http, "distill")
+        assert distilled["ok"] and distilled["summary"].startswith("1 operations"), distilled["summary"]
         status = http.get("/v1/status").json()
         assert (status["model"], status["meta_model"]) == (task_model, meta)
         assert set(status["budget"]["by_model"]) == {task_model, meta}
