@@ -108,6 +108,18 @@ def test_the_parts_keep_the_protocols_the_engine_depends_on():
     assert _keeps(BubblewrapSandbox, Sandbox) == [] and _keeps(DegradedSandbox, Sandbox) == []
 
 
+def test_the_recording_store_keeps_the_store_protocol_in_every_method_it_stands_in_for():
+    """The Ray evaluator's agent writes to a RecordingStore: each store method it answers takes what the
+    protocol's does (its ``context`` once lacked the agent's ``probation`` and every shipment failed)."""
+    from evolver.agent.recording import RecordingStore
+    from memory import ExperienceStore
+
+    standing_in = {name for name in vars(RecordingStore) if name in vars(ExperienceStore)}
+    assert {"context", "start_trajectory", "add_step", "record_exposures"} <= standing_in
+    protocol = type("Part", (), {name: vars(ExperienceStore)[name] for name in standing_in})
+    assert _keeps(RecordingStore, protocol) == []
+
+
 def test_only_storage_names_the_sqlite_store_and_only_the_engine_the_litellm_client():
     """The engine depends on ExperienceStore and Model; opening the concrete parts happens in one place each,
     so another store or model client is a new class, not a rewrite."""
