@@ -37,7 +37,6 @@ from .client import ApiError, Client, ClientError, DaemonNotRunning, SocketDenie
 EXIT_USAGE, EXIT_STORE, EXIT_ENGINE, EXIT_NO_DAEMON, EXIT_DENIED, EXIT_REFUSED = 2, 3, 4, 5, 6, 7
 
 
-
 class _Terminal(Console):
     """A console that shows control characters as escapes in every string it is given (``text.visible``).
     What the CLI prints is mostly stored text from outside: prompts, answers, insights, tool texts,

@@ -27,7 +27,7 @@ from memory import Event, ExperienceStore
 
 from ..config import Config
 from .insights import apply_changes
-from .prune import verdict, why_measured
+from .prune import retire_insight, verdict, why_measured
 
 __all__ = ["PROBATION", "ApprovalError", "approve_insight", "probation_round"]
 
@@ -65,10 +65,7 @@ def probation_round(store: ExperienceStore, config: Config) -> list[str]:
                       why=why_measured(effect, said), cap=config.evolution.max_insights)
             notes.append(f"insight {insight.id} left probation (helps)")
         elif said in ("hurts", "never helps"):
-            store.record_insight_changes(
-                "insight_retired", f"retired insight {insight.id} on probation ({said}): {insight.text[:120]}",
-                [{"op": "RETIRE", "id": insight.id, "status": "retired"}], why=why_measured(effect, said))
-            notes.append(f"retired insight {insight.id} on probation ({said})")
+            notes.append(retire_insight(store, insight, effect, said))
     return notes
 
 

@@ -18,7 +18,7 @@ from memory import Effect, ExperienceStore, Insight, ToolRecord
 
 from ..config import Config
 
-__all__ = ["insight_effects", "prune_round", "tool_effects", "verdict", "why_measured"]
+__all__ = ["insight_effects", "prune_round", "retire_insight", "tool_effects", "verdict", "why_measured"]
 
 MEASURED_IMPORTANCE = 3  # an insight measured to help is kept at least this important
 
@@ -61,6 +61,15 @@ def why_measured(effect: Effect, said: str) -> str:
             f"(difference {effect.difference:+.2f}, 95% interval {low:+.2f} to {high:+.2f})")
 
 
+def retire_insight(store: ExperienceStore, insight: Insight, effect: Effect, said: str) -> str:
+    """Retire an insight measured to hurt or never help, as an event a revert undoes; returns the note."""
+    state = " on probation" if insight.status == "probation" else ""
+    store.record_insight_changes(
+        "insight_retired", f"retired insight {insight.id}{state} ({said}): {insight.text[:120]}",
+        [{"op": "RETIRE", "id": insight.id, "status": "retired"}], why=why_measured(effect, said))
+    return f"retired insight {insight.id}{state} ({said})"
+
+
 def prune_round(store: ExperienceStore, config: Config) -> str:
     """Measure every active insight and tool; retire those that hurt or never help, raise insights that
     help. Returns a one-line summary."""
@@ -70,10 +79,7 @@ def prune_round(store: ExperienceStore, config: Config) -> str:
         said = verdict(effect, need)
         insight = store.get_insight(insight_id)
         if said in ("hurts", "never helps"):
-            store.record_insight_changes(
-                "insight_retired", f"retired insight {insight_id} ({said}): {insight.text[:120]}",
-                [{"op": "RETIRE", "id": insight_id, "status": "retired"}], why=why_measured(effect, said))
-            notes.append(f"retired insight {insight_id} ({said})")
+            notes.append(retire_insight(store, insight, effect, said))
         elif said == "helps" and insight.importance < MEASURED_IMPORTANCE:
             store.record_insight_changes(
                 "insight_measured", f"insight {insight_id} measured to help: importance "
