@@ -86,9 +86,15 @@ def pct(values: list[float], q: float) -> float | None:
 
 def summary(latencies_s: list[float], seconds: float) -> dict:
     ms = [v * 1000 for v in latencies_s]
-    return {"requests": len(ms), "p50_ms": pct(ms, 0.50), "p90_ms": pct(ms, 0.90), "p99_ms": pct(ms, 0.99),
-            "max_ms": round(max(ms), 3) if ms else None, "seconds": round(seconds, 3),
-            "rps": round(len(ms) / seconds, 1) if seconds > 0 else None}
+    return {
+        "requests": len(ms),
+        "p50_ms": pct(ms, 0.50),
+        "p90_ms": pct(ms, 0.90),
+        "p99_ms": pct(ms, 0.99),
+        "max_ms": round(max(ms), 3) if ms else None,
+        "seconds": round(seconds, 3),
+        "rps": round(len(ms) / seconds, 1) if seconds > 0 else None,
+    }
 
 
 # --- the daemon ------------------------------------------------------------------------------
@@ -104,14 +110,16 @@ class Daemon:
         script = root / "one_step.json"
         script.write_text(json.dumps(ONE_STEP), encoding="utf-8")
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVER_")}
-        env.update({
-            "EVOLVER_MODEL_NAME": "scripted/" + str(script.absolute()),
-            "EVOLVER_DAEMON_DATA_DIR": str(root / f"{name}-data"),
-            "EVOLVER_DAEMON_RUNTIME_DIR": str(root / f"{name}-run"),
-            "EVOLVER_DAEMON_WORKERS": str(workers),
-            "EVOLVER_DAEMON_WORKER_PROCESSES": "true" if processes else "false",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "EVOLVER_MODEL_NAME": "scripted/" + str(script.absolute()),
+                "EVOLVER_DAEMON_DATA_DIR": str(root / f"{name}-data"),
+                "EVOLVER_DAEMON_RUNTIME_DIR": str(root / f"{name}-run"),
+                "EVOLVER_DAEMON_WORKERS": str(workers),
+                "EVOLVER_DAEMON_WORKER_PROCESSES": "true" if processes else "false",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.env = env
         self.runtime_dir = root / f"{name}-run"
         self.proc: subprocess.Popen | None = None
@@ -123,11 +131,21 @@ class Daemon:
         that instruments the daemon)."""
         if command is None:
             evolver = Path(sys.executable).with_name("evolver")
-            command = ([str(evolver)] if evolver.exists() else [sys.executable, "-m", "evolver"]) + ["up", "--foreground"]
+            command = ([str(evolver)] if evolver.exists() else [sys.executable, "-m", "evolver"]) + [
+                "up",
+                "--foreground",
+            ]
         started = time.perf_counter()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, cwd=str(REPO), env=self.env,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            self.proc = subprocess.Popen(
+                command,
+                cwd=str(REPO),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -208,8 +226,9 @@ class RawClient:
         self.reader, self.writer = await asyncio.open_unix_connection(self.path, limit=1 << 22)
         return self
 
-    async def request(self, method: str, target: str, body: dict | None = None,
-                      headers: dict[str, str] | None = None) -> Response:
+    async def request(
+        self, method: str, target: str, body: dict | None = None, headers: dict[str, str] | None = None
+    ) -> Response:
         assert self.reader is not None and self.writer is not None
         payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
         head = [f"{method} {target} HTTP/1.1", "Host: evolver"]
@@ -258,14 +277,16 @@ class HttpxClient:
     def __init__(self, path: str) -> None:
         import httpx
 
-        self.http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://evolver",
-                                      timeout=60.0)
+        self.http = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://evolver", timeout=60.0
+        )
 
     async def open(self) -> "HttpxClient":
         return self
 
-    async def request(self, method: str, target: str, body: dict | None = None,
-                      headers: dict[str, str] | None = None) -> Response:
+    async def request(
+        self, method: str, target: str, body: dict | None = None, headers: dict[str, str] | None = None
+    ) -> Response:
         r = await self.http.request(method, target, json=body, headers=headers)
         return Response(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
 
@@ -355,6 +376,7 @@ class Submits:
             body = {"prompt": f"api-bench task {marker}: answer ok", "priority": 0, "metadata": {"marker": marker}}
             self.bodies[marker] = body
             return "POST", "/v1/tasks", body, {"Idempotency-Key": marker}
+
         return make
 
     def record(self, phase: str, results: list) -> None:
@@ -407,12 +429,25 @@ async def verify(client, submits: Submits, replay_sample: int) -> dict:
             same += 1
         replayed_header += r.headers.get("idempotent-replayed") == "true"
     after = await list_all(client)
-    report.update({"replayed": len(sample), "replay_same_id": same, "replay_header": replayed_header,
-                   "listed_after_replay": len(after)})
-    report["ok"] = (report["listed"] == report["acked"] == report["listed_after_replay"] and report["ids_unique"]
-                    and report["acked_ids_unique"] and report["prompts_unique"]
-                    and report["acked_missing_or_not_once"] == 0 and report["unacked_listed"] == 0
-                    and report["submit_errors"] == 0 and same == len(sample) and replayed_header == len(sample))
+    report.update(
+        {
+            "replayed": len(sample),
+            "replay_same_id": same,
+            "replay_header": replayed_header,
+            "listed_after_replay": len(after),
+        }
+    )
+    report["ok"] = (
+        report["listed"] == report["acked"] == report["listed_after_replay"]
+        and report["ids_unique"]
+        and report["acked_ids_unique"]
+        and report["prompts_unique"]
+        and report["acked_missing_or_not_once"] == 0
+        and report["unacked_listed"] == 0
+        and report["submit_errors"] == 0
+        and same == len(sample)
+        and replayed_header == len(sample)
+    )
     if submits.failures:
         report["first_errors"] = submits.failures[:5]
     return report
@@ -432,9 +467,13 @@ async def measure_clients(path: str, daemon: Daemon, n_clients: int, per_client:
         await close_clients(clients)
         s = summary(lat, wall)
         n = len(lat)
-        out[kind] = {"p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "rps": s["rps"],
-                     "client_cpu_ms_per_request": round((cpu1 - cpu0) * 1000 / n, 3),
-                     "daemon_cpu_ms_per_request": round((dcpu1 - dcpu0) * 1000 / n, 3)}
+        out[kind] = {
+            "p50_ms": s["p50_ms"],
+            "p99_ms": s["p99_ms"],
+            "rps": s["rps"],
+            "client_cpu_ms_per_request": round((cpu1 - cpu0) * 1000 / n, 3),
+            "daemon_cpu_ms_per_request": round((dcpu1 - dcpu0) * 1000 / n, 3),
+        }
     return out
 
 
@@ -462,12 +501,21 @@ async def phase_api(daemon: Daemon, args, run: str) -> dict:
     cpu1, dcpu1 = time.process_time(), daemon.cpu_s()
     submits.record("closed", results)
     s = summary(lat, wall)
-    report["submit"] = {"p50_ms": s["p50_ms"], "p90_ms": s["p90_ms"], "p99_ms": s["p99_ms"], "max_ms": s["max_ms"],
-                        "submits_per_s": s["rps"], "clients": n, "requests": s["requests"],
-                        "seconds": s["seconds"], "client": args.client, "workers": args.workers,
-                        "worker_mode": args.worker_mode,
-                        "client_cpu_ms_per_request": round((cpu1 - cpu0) * 1000 / len(lat), 3),
-                        "daemon_cpu_ms_per_request": round((dcpu1 - dcpu0) * 1000 / len(lat), 3)}
+    report["submit"] = {
+        "p50_ms": s["p50_ms"],
+        "p90_ms": s["p90_ms"],
+        "p99_ms": s["p99_ms"],
+        "max_ms": s["max_ms"],
+        "submits_per_s": s["rps"],
+        "clients": n,
+        "requests": s["requests"],
+        "seconds": s["seconds"],
+        "client": args.client,
+        "workers": args.workers,
+        "worker_mode": args.worker_mode,
+        "client_cpu_ms_per_request": round((cpu1 - cpu0) * 1000 / len(lat), 3),
+        "daemon_cpu_ms_per_request": round((dcpu1 - dcpu0) * 1000 / len(lat), 3),
+    }
     status = (await clients[0].request("GET", "/v1/status")).json()
     report["submit"]["queue_after"] = status.get("queue")
     # The floor again, now that the workers are busy with the backlog the submits left.
@@ -483,7 +531,8 @@ async def phase_api(daemon: Daemon, args, run: str) -> dict:
         submits.record("paced", results)
         ps = summary(lat, wall)
         report["paced"] = {
-            "rate_per_s": args.rate, "seconds": args.paced_s,
+            "rate_per_s": args.rate,
+            "seconds": args.paced_s,
             "health": {k: ph[k] for k in ("requests", "p50_ms", "p90_ms", "p99_ms", "max_ms", "rps")},
             "submit": {k: ps[k] for k in ("requests", "p50_ms", "p90_ms", "p99_ms", "max_ms", "rps")},
             "max_send_lag_ms": round(max(lag_h, lag_s) * 1000, 3),
@@ -519,13 +568,17 @@ async def phase_end_to_end(daemon: Daemon, args, run: str) -> dict:
     turnaround = [(t["finished_at"] - t["created_at"]) * 1000 for t in done]
     service = [(t["finished_at"] - t["started_at"]) * 1000 for t in done if t.get("started_at")]
     return {
-        "tasks": len(submits.acked), "done": len(done), "statuses": statuses,
+        "tasks": len(submits.acked),
+        "done": len(done),
+        "statuses": statuses,
         "seconds": round(span, 3) if span else None,
         "tasks_per_s": round(len(done) / span, 1) if span else None,
-        "wall_seconds_to_drained": round(wall, 3), "submit_seconds": round(submit_wall, 3),
+        "wall_seconds_to_drained": round(wall, 3),
+        "submit_seconds": round(submit_wall, 3),
         "per_task_run_ms": {"p50": pct(service, 0.5), "p99": pct(service, 0.99)},
         "per_task_submit_to_done_ms": {"p50": pct(turnaround, 0.5), "p99": pct(turnaround, 0.99)},
-        "workers": args.workers, "lost": len(submits.acked) - len(tasks),
+        "workers": args.workers,
+        "lost": len(submits.acked) - len(tasks),
         "submit_errors": len(submits.failures),
     }
 
@@ -545,8 +598,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2, help="the daemon's workers (its default is 2)")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="raw")
-    parser.add_argument("--worker-mode", choices=("processes", "threads"), default="processes",
-                        help="the daemon's workers in processes of their own (its default) or as its threads")
+    parser.add_argument(
+        "--worker-mode",
+        choices=("processes", "threads"),
+        default="processes",
+        help="the daemon's workers in processes of their own (its default) or as its threads",
+    )
     parser.add_argument("--rate", type=float, default=300.0, help="the paced phase's total requests/s")
     parser.add_argument("--paced-s", type=float, default=None, help="seconds of each paced phase (0: skip)")
     parser.add_argument("--replays", type=int, default=None, help="submits re-sent with the same key")
@@ -560,8 +617,10 @@ def main(argv: list[str] | None = None) -> int:
     args.e2e_tasks = args.e2e_tasks or (50 if args.quick else 500)
 
     run = uuid.uuid4().hex[:8]
-    report: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                    "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    report: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     lost = False
     with tempfile.TemporaryDirectory(prefix="evab-", dir="/tmp") as tmp:
         root = Path(tmp)
@@ -599,8 +658,8 @@ def main(argv: list[str] | None = None) -> int:
         "ack_p50_le_2x_health_p50": s["p50_ms"] <= 2 * h["p50_ms"],
         "ack_p99_le_20ms": s["p99_ms"] <= 20.0,
         "submits_per_s_ge_1000": s["submits_per_s"] >= 1000,
-        "no_lost_or_duplicated": bool(v["ok"]) and all(report[k]["lost"] == 0 for k in report
-                                                         if k.startswith("end_to_end")),
+        "no_lost_or_duplicated": bool(v["ok"])
+        and all(report[k]["lost"] == 0 for k in report if k.startswith("end_to_end")),
     }
     if "paced" in report:
         p = report["paced"]

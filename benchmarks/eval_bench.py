@@ -78,39 +78,54 @@ def seed(data_dir: Path, env: dict, warmup: int, evaluations: int) -> tuple[list
     store = open_store(config, data_dir=data_dir)
     try:
         root = ensure_root(store, default_scaffold())
-        items = [{"prompt": f"Evaluation {n}: answer ok", "check": {"type": "answer", "expected": "ok"},
-                  "source": "evaluation", "priority": 1 if n < warmup else 0, "metadata": {"node": root.id}}
-                 for n in range(warmup + evaluations)]
+        items = [
+            {
+                "prompt": f"Evaluation {n}: answer ok",
+                "check": {"type": "answer", "expected": "ok"},
+                "source": "evaluation",
+                "priority": 1 if n < warmup else 0,
+                "metadata": {"node": root.id},
+            }
+            for n in range(warmup + evaluations)
+        ]
         ids = [task.id for task, _ in store.add_tasks(items)]
     finally:
         store.close()
     return ids[:warmup], ids[warmup:]
 
 
-def run_backend(root: Path, *, backend: str, at_once: int, warmup: int, evaluations: int,
-                timeout_s: float) -> dict:
+def run_backend(root: Path, *, backend: str, at_once: int, warmup: int, evaluations: int, timeout_s: float) -> dict:
     name = f"{backend}-{at_once}"
     script = root / "one_step.json"
     script.write_text(json.dumps(ONE_STEP), encoding="utf-8")
     data_dir = root / f"{name}-data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVOLVER_", "RAY_"))}
-    env.update({
-        "EVOLVER_MODEL_NAME": "scripted/" + str(script.absolute()),
-        "EVOLVER_DAEMON_DATA_DIR": str(data_dir),
-        "EVOLVER_DAEMON_RUNTIME_DIR": str(root / f"{name}-run"),
-        "EVOLVER_DAEMON_WORKERS": str(at_once),
-        "EVOLVER_EVOLUTION_ENABLED": "false",
-        "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",  # the search hands out nothing of its own
-        "EVOLVER_EVALUATOR_BACKEND": f'"{backend}"',
-        "EVOLVER_EVALUATOR_IN_FLIGHT": str(at_once),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "EVOLVER_MODEL_NAME": "scripted/" + str(script.absolute()),
+            "EVOLVER_DAEMON_DATA_DIR": str(data_dir),
+            "EVOLVER_DAEMON_RUNTIME_DIR": str(root / f"{name}-run"),
+            "EVOLVER_DAEMON_WORKERS": str(at_once),
+            "EVOLVER_EVOLUTION_ENABLED": "false",
+            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",  # the search hands out nothing of its own
+            "EVOLVER_EVALUATOR_BACKEND": f'"{backend}"',
+            "EVOLVER_EVALUATOR_IN_FLIGHT": str(at_once),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     warm, measured = seed(data_dir, env, warmup, evaluations)
     log_path = root / f"{name}.log"
     started = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "evolver", "up", "--foreground"], cwd=str(REPO), env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "evolver", "up", "--foreground"],
+            cwd=str(REPO),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
     try:
         rows = wait_for_tasks(data_dir / "evolver.db", warm + measured, proc, log_path, started + timeout_s)
     finally:
@@ -133,7 +148,10 @@ def run_backend(root: Path, *, backend: str, at_once: int, warmup: int, evaluati
     latency = [(rows[t]["finished_at"] - rows[t]["started_at"]) * 1000 for t in measured]
     span = max(rows[t]["finished_at"] for t in measured) - min(rows[t]["started_at"] for t in measured)
     figures = {
-        "evaluations": len(measured), "ended": ended, "at_once": at_once, "latency_ms": spread(latency),
+        "evaluations": len(measured),
+        "ended": ended,
+        "at_once": at_once,
+        "latency_ms": spread(latency),
         "evaluations_per_s": round(len(measured) / span, 2) if span > 0 else None,
         "warmup_latency_ms": [round((rows[t]["finished_at"] - rows[t]["started_at"]) * 1000, 1) for t in warm],
     }
@@ -153,8 +171,12 @@ def run_backend(root: Path, *, backend: str, at_once: int, warmup: int, evaluati
 
 def spread(values_ms: list[float]) -> dict:
     ordered = sorted(values_ms)
-    return {"p50": round(statistics.median(ordered), 1), "mean": round(statistics.fmean(ordered), 1),
-            "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 1), "max": round(ordered[-1], 1)}
+    return {
+        "p50": round(statistics.median(ordered), 1),
+        "mean": round(statistics.fmean(ordered), 1),
+        "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 1),
+        "max": round(ordered[-1], 1),
+    }
 
 
 def wait_for_tasks(db: Path, ids: list[str], proc: subprocess.Popen, log_path: Path, deadline: float) -> dict:
@@ -166,8 +188,12 @@ def wait_for_tasks(db: Path, ids: list[str], proc: subprocess.Popen, log_path: P
         try:
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                 conn.row_factory = sqlite3.Row
-                rows = {r["id"]: dict(r) for r in conn.execute(
-                    f"SELECT id, status, error, started_at, finished_at FROM tasks WHERE id IN ({marks})", ids)}
+                rows = {
+                    r["id"]: dict(r)
+                    for r in conn.execute(
+                        f"SELECT id, status, error, started_at, finished_at FROM tasks WHERE id IN ({marks})", ids
+                    )
+                }
         except sqlite3.OperationalError:  # a moment of a write lock, or the file not there yet
             rows = {}
         if len(rows) == len(ids) and all(r["status"] in TERMINAL for r in rows.values()):
@@ -193,17 +219,30 @@ def main(argv: list[str] | None = None) -> int:
         print("Ray is not installed: pip install 'evolver[ray]'", file=sys.stderr)
         return 2
 
-    report: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                "ray": ray.__version__},
-                    "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    report: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ray": ray.__version__},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     with tempfile.TemporaryDirectory(prefix="eveb-", dir="/tmp") as tmp:
         try:
             for backend in ("local", "ray"):
                 report[backend] = {
-                    "one_at_a_time": run_backend(Path(tmp), backend=backend, at_once=1, warmup=args.warmup,
-                                                 evaluations=args.evaluations, timeout_s=args.timeout_s),
-                    "two_at_a_time": run_backend(Path(tmp), backend=backend, at_once=2, warmup=args.warmup,
-                                                 evaluations=args.evaluations, timeout_s=args.timeout_s),
+                    "one_at_a_time": run_backend(
+                        Path(tmp),
+                        backend=backend,
+                        at_once=1,
+                        warmup=args.warmup,
+                        evaluations=args.evaluations,
+                        timeout_s=args.timeout_s,
+                    ),
+                    "two_at_a_time": run_backend(
+                        Path(tmp),
+                        backend=backend,
+                        at_once=2,
+                        warmup=args.warmup,
+                        evaluations=args.evaluations,
+                        timeout_s=args.timeout_s,
+                    ),
                 }
         except BenchFailed as exc:
             print(str(exc), file=sys.stderr)
@@ -218,12 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         # What the daemon and Ray add around the evaluation's run on its node.
         "ray_around_node_p50": on_ray.get("around_node_ms", {}).get("p50"),
     }
-    report["evaluations_per_s"] = {backend: {k: report[backend][k]["evaluations_per_s"]
-                                             for k in ("one_at_a_time", "two_at_a_time")}
-                                   for backend in ("local", "ray")}
+    report["evaluations_per_s"] = {
+        backend: {k: report[backend][k]["evaluations_per_s"] for k in ("one_at_a_time", "two_at_a_time")}
+        for backend in ("local", "ray")
+    }
     local_2, ray_2 = report["local"]["two_at_a_time"], report["ray"]["two_at_a_time"]
-    report["ray_over_local_evaluations_per_s"] = (round(ray_2["evaluations_per_s"] / local_2["evaluations_per_s"], 2)
-                                                  if local_2["evaluations_per_s"] else None)
+    report["ray_over_local_evaluations_per_s"] = (
+        round(ray_2["evaluations_per_s"] / local_2["evaluations_per_s"], 2) if local_2["evaluations_per_s"] else None
+    )
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

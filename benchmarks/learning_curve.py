@@ -132,9 +132,9 @@ def wilson(successes: int, total: int) -> list[float] | None:
     if total == 0:
         return None
     p = successes / total
-    denom = 1 + Z95 ** 2 / total
-    center = (p + Z95 ** 2 / (2 * total)) / denom
-    half = Z95 * math.sqrt(p * (1 - p) / total + Z95 ** 2 / (4 * total ** 2)) / denom
+    denom = 1 + Z95**2 / total
+    center = (p + Z95**2 / (2 * total)) / denom
+    half = Z95 * math.sqrt(p * (1 - p) / total + Z95**2 / (4 * total**2)) / denom
     return [round(max(0.0, center - half), 4), round(min(1.0, center + half), 4)]
 
 
@@ -145,9 +145,15 @@ def paired(now: dict[str, bool], before: dict[str, bool]) -> dict:
     diffs = [int(now[i]) - int(before[i]) for i in ids]
     n = len(diffs)
     improved, worsened = diffs.count(1), diffs.count(-1)
-    out = {"tasks": n, "improved": improved, "worsened": worsened, "difference": None, "ci95": None,
-           "method": "mean of per-task paired differences, normal approximation (sample sd, n-1)",
-           "mcnemar_exact_p": _mcnemar(improved, worsened)}
+    out = {
+        "tasks": n,
+        "improved": improved,
+        "worsened": worsened,
+        "difference": None,
+        "ci95": None,
+        "method": "mean of per-task paired differences, normal approximation (sample sd, n-1)",
+        "mcnemar_exact_p": _mcnemar(improved, worsened),
+    }
     if n:
         mean = sum(diffs) / n
         out["difference"] = round(mean, 4)
@@ -163,7 +169,7 @@ def _mcnemar(b: int, c: int) -> float:
     n = b + c
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
     return round(min(1.0, 2 * tail), 4)
 
 
@@ -190,16 +196,18 @@ def split_tasks(seed: int, held_out: int, train: int, basic: int, promotion: int
             raise RuntimeError(f"HumanEval task {task.id} does not match problem {problem['task_id']}")
         problems[task.id] = problem
     if held_out + train + promotion > len(tasks):
-        raise SystemExit(f"--held-out {held_out} + --train {train} + --promotion {promotion} is more than the "
-                         f"{len(tasks)} HumanEval problems")
+        raise SystemExit(
+            f"--held-out {held_out} + --train {train} + --promotion {promotion} is more than the "
+            f"{len(tasks)} HumanEval problems"
+        )
     rng = random.Random(seed)
     order = list(tasks)
     rng.shuffle(order)
     held = [replace(t, split="test") for t in order[:held_out]]
-    trained = [replace(t, split="train") for t in order[held_out:held_out + train]]
+    trained = [replace(t, split="train") for t in order[held_out : held_out + train]]
     pool = [t for t in resolve_pack("basic") if t.split == "train"]
     trained += [replace(t, split="train") for t in rng.sample(pool, min(basic, len(pool)))]
-    promote = [replace(t, split="test") for t in order[held_out + train:held_out + train + promotion]]
+    promote = [replace(t, split="test") for t in order[held_out + train : held_out + train + promotion]]
     return held, trained, promote, problems
 
 
@@ -225,19 +233,40 @@ def scripted_model(root: Path, held, trained, problems) -> str:
         if problem is None or int(problem["task_id"].split("/")[1]) % 2:
             continue
         entry, code = problem["entry_point"], problem["prompt"] + problem["canonical_solution"]
-        direct.append({"match": rf"\AComplete the following Python function[\s\S]*def {entry}\(", "on": "task",
-                       "reply": _literal(f"```python\n{code}```")})
-        agent.append({"match": rf"\ATask:\nWrite a file solution\.py in the workspace that defines `{entry}`",
-                      "on": "task", "role": "user", "tool": "write_file",
-                      "arguments": {"path": "solution.py", "content": _literal(code)}})
-    direct.append({"match": r"\AComplete the following Python function", "on": "task",
-                   "reply": "```python\n    return None\n```"})  # a body only: it continues the prompt
+        direct.append(
+            {
+                "match": rf"\AComplete the following Python function[\s\S]*def {entry}\(",
+                "on": "task",
+                "reply": _literal(f"```python\n{code}```"),
+            }
+        )
+        agent.append(
+            {
+                "match": rf"\ATask:\nWrite a file solution\.py in the workspace that defines `{entry}`",
+                "on": "task",
+                "role": "user",
+                "tool": "write_file",
+                "arguments": {"path": "solution.py", "content": _literal(code)},
+            }
+        )
+    direct.append(
+        {"match": r"\AComplete the following Python function", "on": "task", "reply": "```python\n    return None\n```"}
+    )  # a body only: it continues the prompt
     agent += [
-        {"match": r"\ATask:\nWrite a file solution\.py in the workspace that defines `(?P<entry>\w+)`",
-         "on": "task", "role": "user", "tool": "write_file",
-         "arguments": {"path": "solution.py", "content": "def \\g<entry>(*args, **kwargs):\n    return None\n"}},
-        {"match": r"\ATask:\nWrite a file solution\.py", "on": "task", "role": "tool", "tool": "finish",
-         "arguments": {"answer": "done"}},
+        {
+            "match": r"\ATask:\nWrite a file solution\.py in the workspace that defines `(?P<entry>\w+)`",
+            "on": "task",
+            "role": "user",
+            "tool": "write_file",
+            "arguments": {"path": "solution.py", "content": "def \\g<entry>(*args, **kwargs):\n    return None\n"},
+        },
+        {
+            "match": r"\ATask:\nWrite a file solution\.py",
+            "on": "task",
+            "role": "tool",
+            "tool": "finish",
+            "arguments": {"answer": "done"},
+        },
     ]
     rules = demo_rules()
     # After the demo's reply to a reflection, whose conversation starts with the task too.
@@ -250,8 +279,7 @@ def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> P
     from evolver.agent.scaffold import default_scaffold, load_scaffold
 
     data = json.loads(default_scaffold().model_dump_json())
-    data["parameters"] |= {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts))
-                           if v is not None}
+    data["parameters"] |= {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts)) if v is not None}
     path.write_text(json.dumps(data, indent=2), encoding="utf-8")
     load_scaffold(path)
     return path
@@ -276,15 +304,37 @@ class LocalServer:
         import httpx
 
         if not (self.python and self.gguf and Path(self.python).exists() and Path(self.gguf).exists()):
-            raise RuntimeError(f'the local model needs llama-cpp-python\'s server and the GGUF ({self.variable}): run '
-                               'eval "$(scripts/real-model-setup 1.5b)" first, or name a model with --model')
+            raise RuntimeError(
+                f"the local model needs llama-cpp-python's server and the GGUF ({self.variable}): run "
+                'eval "$(scripts/real-model-setup 1.5b)" first, or name a model with --model'
+            )
         port = free_port()
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", self.alias,
-                 "--n_ctx", "8192", "--n_threads", "2", "--n_threads_batch", "2", "--host", "127.0.0.1",
-                 "--port", str(port)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [
+                    self.python,
+                    "-m",
+                    "llama_cpp.server",
+                    "--model",
+                    self.gguf,
+                    "--model_alias",
+                    self.alias,
+                    "--n_ctx",
+                    "8192",
+                    "--n_threads",
+                    "2",
+                    "--n_threads_batch",
+                    "2",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.base = f"http://127.0.0.1:{port}/v1"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -312,6 +362,7 @@ class LocalServer:
 
 
 # --- the direct reference -----------------------------------------------------------------------
+
 
 def solution_code(reply: str, problem: dict) -> str:
     """solution.py from a direct completion, read as the agent reads its draft (``draft_code``): the problem's
@@ -348,15 +399,25 @@ def direct_reference(env: dict, root: Path, held, problems) -> dict:
             os.chmod(workspace, 0o700)
             engine.sandbox.workspace_dir(workspace)
             write_text(workspace, "solution.py", solution_code(reply.content, problem))
-            verdict = verify(task.check, answer=None, sandbox=engine.sandbox, workspace=workspace,
-                             limits=sandbox_limits(config))
+            verdict = verify(
+                task.check, answer=None, sandbox=engine.sandbox, workspace=workspace, limits=sandbox_limits(config)
+            )
             per_task[task.id] = verdict.success
             if not verdict.success:
                 notes[task.id] = verdict.output[:300]
         isolated = engine.sandbox.isolated
-    return {**rate(per_task), "tokens_in": tokens_in, "tokens_out": tokens_out, "model_calls": calls,
-            "wall_s": round(time.perf_counter() - started, 1), "sandbox_isolated": isolated,
-            "prompt": DIRECT_PROMPT, "temperature": 0.0, "per_task": per_task, "failures": notes}
+    return {
+        **rate(per_task),
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "model_calls": calls,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "sandbox_isolated": isolated,
+        "prompt": DIRECT_PROMPT,
+        "temperature": 0.0,
+        "per_task": per_task,
+        "failures": notes,
+    }
 
 
 # --- the daemon ---------------------------------------------------------------------------------
@@ -366,14 +427,24 @@ def ledger(db: Path, since: float, until: float) -> dict:
     """Model calls and tokens the daemon's ledger recorded in [since, until), in all, by purpose and by model
     (the task model's and the meta model's lines)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT purpose, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) "
-                            "FROM ledger WHERE at >= ? AND at < ? GROUP BY purpose", [since, until]).fetchall()
-        models = conn.execute("SELECT model, count(*), coalesce(sum(tokens_in + tokens_out), 0) FROM ledger "
-                              "WHERE at >= ? AND at < ? GROUP BY model", [since, until]).fetchall()
+        rows = conn.execute(
+            "SELECT purpose, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) "
+            "FROM ledger WHERE at >= ? AND at < ? GROUP BY purpose",
+            [since, until],
+        ).fetchall()
+        models = conn.execute(
+            "SELECT model, count(*), coalesce(sum(tokens_in + tokens_out), 0) FROM ledger "
+            "WHERE at >= ? AND at < ? GROUP BY model",
+            [since, until],
+        ).fetchall()
     by = {p: {"model_calls": c, "tokens": i + o} for p, c, i, o in rows}
-    return {"model_calls": sum(r[1] for r in rows), "tokens_in": sum(r[2] for r in rows),
-            "tokens_out": sum(r[3] for r in rows), "by_purpose": by,
-            "by_model": {m: {"model_calls": c, "tokens": t} for m, c, t in models}}
+    return {
+        "model_calls": sum(r[1] for r in rows),
+        "tokens_in": sum(r[2] for r in rows),
+        "tokens_out": sum(r[3] for r in rows),
+        "by_purpose": by,
+        "by_model": {m: {"model_calls": c, "tokens": t} for m, c, t in models},
+    }
 
 
 def wait_idle(http, timeout_s: float) -> bool:
@@ -392,9 +463,15 @@ def run_tasks(http, tasks, timeout_s: float) -> dict:
     (its last attempt's verdict), and how the others ended."""
     ids = {}
     for t in tasks:
-        response = http.post("/v1/tasks", json={
-            "prompt": t.prompt, "check": t.check_data(), "source": "bench",
-            "metadata": {"pack_task": t.id, **t.metadata()}})
+        response = http.post(
+            "/v1/tasks",
+            json={
+                "prompt": t.prompt,
+                "check": t.check_data(),
+                "source": "bench",
+                "metadata": {"pack_task": t.id, **t.metadata()},
+            },
+        )
         response.raise_for_status()
         ids[response.json()["id"]] = t.id
     deadline = time.monotonic() + timeout_s
@@ -419,8 +496,11 @@ def run_tasks(http, tasks, timeout_s: float) -> dict:
             break
         if pending:
             time.sleep(1.0)
-    return {"per_task": {t.id: results[t.id] for t in tasks}, "failures": notes,
-            "task_ids": {pack_id: task_id for task_id, pack_id in ids.items()}}
+    return {
+        "per_task": {t.id: results[t.id] for t in tasks},
+        "failures": notes,
+        "task_ids": {pack_id: task_id for task_id, pack_id in ids.items()},
+    }
 
 
 def work_per_task(db: Path, task_ids: dict[str, str]) -> dict:
@@ -428,27 +508,40 @@ def work_per_task(db: Path, task_ids: dict[str, str]) -> dict:
     out = {}
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         for pack_id, task_id in task_ids.items():
-            rows = conn.execute("SELECT id, status, tokens_in + tokens_out, started_at, finished_at FROM trajectories "
-                                "WHERE task_id = ? ORDER BY attempt", [task_id]).fetchall()
-            turns = conn.execute("SELECT count(*) FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
-                                 "WHERE t.task_id = ? AND s.role IN ('assistant', 'plan', 'reflection')",
-                                 [task_id]).fetchone()[0]
+            rows = conn.execute(
+                "SELECT id, status, tokens_in + tokens_out, started_at, finished_at FROM trajectories "
+                "WHERE task_id = ? ORDER BY attempt",
+                [task_id],
+            ).fetchall()
+            turns = conn.execute(
+                "SELECT count(*) FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
+                "WHERE t.task_id = ? AND s.role IN ('assistant', 'plan', 'reflection')",
+                [task_id],
+            ).fetchone()[0]
             wall = sum((f or s) - s for _, _, _, s, f in rows if s)
-            out[pack_id] = {"attempts": len(rows), "turns": turns, "tokens": sum(r[2] or 0 for r in rows),
-                            "wall_s": round(wall, 1), "ended": rows[-1][1] if rows else None}
+            out[pack_id] = {
+                "attempts": len(rows),
+                "turns": turns,
+                "tokens": sum(r[2] or 0 for r in rows),
+                "wall_s": round(wall, 1),
+                "ended": rows[-1][1] if rows else None,
+            }
     return out
 
 
 def work_summary(work: dict) -> dict:
     n = len(work) or 1
     return {k: round(sum(w[k] for w in work.values()) / n, 1) for k in ("turns", "tokens", "wall_s")} | {
-        "asked": sum(w["ended"] == "asked" for w in work.values())}
+        "asked": sum(w["ended"] == "asked" for w in work.values())
+    }
 
 
 def recorded(http) -> int:
     """Evaluations the tree has recorded, training and held-out, over all nodes."""
-    return sum(n["successes"] + n["failures"] + n["held_out_successes"] + n["held_out_failures"]
-               for n in http.get("/v1/tree").json()["nodes"])
+    return sum(
+        n["successes"] + n["failures"] + n["held_out_successes"] + n["held_out_failures"]
+        for n in http.get("/v1/tree").json()["nodes"]
+    )
 
 
 def rounds_of(http, job: str) -> list[dict]:
@@ -464,12 +557,17 @@ def learned(http) -> dict:
         statuses[n["status"]] = statuses.get(n["status"], 0) + 1
     insights = http.get("/v1/insights").json()["insights"]
     tools = http.get("/v1/tools").json()["synthesized"]
-    return {"insights": [{"text": i["text"], "importance": i["importance"]} for i in insights],
-            "tools": [{"name": t["name"], "version": t["version"], "description": t["description"]}
-                      for t in tools],
-            "incumbent": {"node": node["id"], "parent": node["parent_id"], "diff": node["diff"],
-                          "rationale": node["rationale"]},
-            "tree": {"nodes": len(tree["nodes"]), "by_status": statuses}}
+    return {
+        "insights": [{"text": i["text"], "importance": i["importance"]} for i in insights],
+        "tools": [{"name": t["name"], "version": t["version"], "description": t["description"]} for t in tools],
+        "incumbent": {
+            "node": node["id"],
+            "parent": node["parent_id"],
+            "diff": node["diff"],
+            "rationale": node["rationale"],
+        },
+        "tree": {"nodes": len(tree["nodes"]), "by_status": statuses},
+    }
 
 
 def learn(http, trained, args) -> dict:
@@ -497,9 +595,15 @@ def measure(http, db: Path, held, args) -> dict:
     run = run_tasks(http, held, args.phase_timeout_s)
     wait_idle(http, 60.0)
     work = work_per_task(db, run["task_ids"])
-    return {**rate(run["per_task"]), "wall_s": round(time.perf_counter() - started, 1),
-            **ledger(db, started_at, time.time()), "per_task": run["per_task"], "failures": run["failures"],
-            "work": work, "per_task_mean": work_summary(work)}
+    return {
+        **rate(run["per_task"]),
+        "wall_s": round(time.perf_counter() - started, 1),
+        **ledger(db, started_at, time.time()),
+        "per_task": run["per_task"],
+        "failures": run["failures"],
+        "work": work,
+        "per_task_mean": work_summary(work),
+    }
 
 
 # --- the plot -----------------------------------------------------------------------------------
@@ -520,14 +624,28 @@ def plot(path: Path, report: dict) -> None:
     direct = report["direct"]
     if direct["rate"] is not None:
         ax.axhspan(*direct["ci95"], color="tab:gray", alpha=0.15, lw=0)
-        ax.axhline(direct["rate"], color="tab:gray", ls="--",
-                   label=f"the model alone, one completion ({direct['successes']}/{direct['total']}; "
-                         "shaded: 95% Wilson)")
+        ax.axhline(
+            direct["rate"],
+            color="tab:gray",
+            ls="--",
+            label=f"the model alone, one completion ({direct['successes']}/{direct['total']}; shaded: 95% Wilson)",
+        )
     seed = gens[0]["held_out"]
-    ax.axhline(seed["rate"] or 0.0, color="tab:orange", ls=":",
-               label=f"seed scaffold, agent loop ({seed['successes']}/{seed['total']})")
-    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color="tab:blue", capsize=4,
-                label="incumbent after each generation (95% Wilson)")
+    ax.axhline(
+        seed["rate"] or 0.0,
+        color="tab:orange",
+        ls=":",
+        label=f"seed scaffold, agent loop ({seed['successes']}/{seed['total']})",
+    )
+    ax.errorbar(
+        xs,
+        ys,
+        yerr=[lo, hi],
+        fmt="o-",
+        color="tab:blue",
+        capsize=4,
+        label="incumbent after each generation (95% Wilson)",
+    )
     ax.set_xticks(xs, ["seed" if x == 0 else str(x) for x in xs])
     ax.set_xlim(-0.4, max(xs) + 0.4)
     ax.set_xlabel("generation of learning")
@@ -558,46 +676,94 @@ def parse(argv: list[str] | None):
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a few tasks, one generation, the scripted model")
     size.add_argument("--full", action="store_true", help="all of HumanEval split in two, five generations")
-    parser.add_argument("--model", default=None,
-                        help='a litellm model name; default: the local llama.cpp server ("scripted" with --quick)')
+    parser.add_argument(
+        "--model",
+        default=None,
+        help='a litellm model name; default: the local llama.cpp server ("scripted" with --quick)',
+    )
     parser.add_argument("--api-base", default="", help="the model server's base URL (with --model)")
-    parser.add_argument("--local", choices=sorted(LOCAL_MODELS), default="0.5b",
-                        help="which local model the llama.cpp server runs (without --model)")
-    parser.add_argument("--meta", choices=sorted(LOCAL_MODELS), default=None,
-                        help="a local meta model on a server of its own ([meta]): distillation, tool synthesis "
-                             "and proposals go to it (default: the task model does it all)")
-    parser.add_argument("--aa", action="store_true",
-                        help="measure the seed twice (an A/A check: the noise floor of the same agent, same tasks)")
+    parser.add_argument(
+        "--local",
+        choices=sorted(LOCAL_MODELS),
+        default="0.5b",
+        help="which local model the llama.cpp server runs (without --model)",
+    )
+    parser.add_argument(
+        "--meta",
+        choices=sorted(LOCAL_MODELS),
+        default=None,
+        help="a local meta model on a server of its own ([meta]): distillation, tool synthesis "
+        "and proposals go to it (default: the task model does it all)",
+    )
+    parser.add_argument(
+        "--aa",
+        action="store_true",
+        help="measure the seed twice (an A/A check: the noise floor of the same agent, same tasks)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the seed of the task split")
     parser.add_argument("--held-out", type=int, default=None, help="held-out HumanEval tasks")
     parser.add_argument("--train", type=int, default=None, help="training HumanEval tasks")
     parser.add_argument("--basic", type=int, default=None, help="training tasks from the basic pack")
-    parser.add_argument("--promotion", type=int, default=None,
-                        help="HumanEval tasks, apart from the measured ones, on which promotion is decided")
+    parser.add_argument(
+        "--promotion",
+        type=int,
+        default=None,
+        help="HumanEval tasks, apart from the measured ones, on which promotion is decided",
+    )
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--evaluations", type=int, default=None, help="tree evaluations per generation")
     parser.add_argument("--evolve-rounds", type=int, default=None, help="most evolve rounds per generation")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="[evolution] evaluation_slots of the daemon (default: 1 with the local server, else 2)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="[daemon] workers of the daemon (default: 1 with the local server, else 2)")
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="[evolution] evaluation_slots of the daemon (default: 1 with the local server, else 2)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="[daemon] workers of the daemon (default: 1 with the local server, else 2)",
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="the seed scaffold's step limit (default: its own)")
-    parser.add_argument("--max-attempts", type=int, default=None,
-                        help="the seed scaffold's attempts per task (default: its own)")
-    parser.add_argument("--phase-timeout-s", type=float, default=4 * 3600.0,
-                        help="a batch of tasks still unfinished then is cancelled and counted as failed")
-    parser.add_argument("--no-structured", dest="structured", action="store_false",
-                        help="with the local server, leave [model] structured_output off (the grammar-constrained "
-                             "JSON the README sets for llama.cpp is on by default)")
-    parser.add_argument("--shard", type=_shard, default=None,
-                        help="K/N: measure only the K-th of N interleaved parts of the held-out tasks")
-    parser.add_argument("--merge", nargs="+", metavar="JSON", default=None,
-                        help="join the JSON of a sharded run's parts into one report (runs nothing)")
+    parser.add_argument(
+        "--max-attempts", type=int, default=None, help="the seed scaffold's attempts per task (default: its own)"
+    )
+    parser.add_argument(
+        "--phase-timeout-s",
+        type=float,
+        default=4 * 3600.0,
+        help="a batch of tasks still unfinished then is cancelled and counted as failed",
+    )
+    parser.add_argument(
+        "--no-structured",
+        dest="structured",
+        action="store_false",
+        help="with the local server, leave [model] structured_output off (the grammar-constrained "
+        "JSON the README sets for llama.cpp is on by default)",
+    )
+    parser.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        help="K/N: measure only the K-th of N interleaved parts of the held-out tasks",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        default=None,
+        help="join the JSON of a sharded run's parts into one report (runs nothing)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
     args = parser.parse_args(argv)
-    sizes = dict(zip(("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds", "promotion"),
-                     SIZES["quick" if args.quick else "full" if args.full else "default"]))
+    sizes = dict(
+        zip(
+            ("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds", "promotion"),
+            SIZES["quick" if args.quick else "full" if args.full else "default"],
+        )
+    )
     for name, value in sizes.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -615,12 +781,24 @@ def parse(argv: list[str] | None):
 def merge(reports: list[dict]) -> dict:
     """The parts of a sharded run (``--shard``) as one report, every figure recomputed over all their tasks."""
     first = reports[0]
-    keep = ("seed", "held_out", "train", "basic", "promotion", "generations", "max_steps", "max_attempts", "local",
-            "model")
+    keep = (
+        "seed",
+        "held_out",
+        "train",
+        "basic",
+        "promotion",
+        "generations",
+        "max_steps",
+        "max_attempts",
+        "local",
+        "model",
+    )
     for report in reports[1:]:
         if any(report["settings"].get(k) != first["settings"].get(k) for k in keep):
-            raise SystemExit("--merge: the parts were not run with the same settings: "
-                             + ", ".join(k for k in keep if report["settings"].get(k) != first["settings"].get(k)))
+            raise SystemExit(
+                "--merge: the parts were not run with the same settings: "
+                + ", ".join(k for k in keep if report["settings"].get(k) != first["settings"].get(k))
+            )
     shards = sorted(tuple(r["settings"].get("shard") or ()) for r in reports)
     if len(set(shards)) != len(shards):
         raise SystemExit(f"--merge: a part is given twice ({shards})")
@@ -636,29 +814,50 @@ def merge(reports: list[dict]) -> dict:
 
     directs = [r["direct"] for r in reports]
     direct = union(directs, "per_task")
-    merged = {**{k: v for k, v in first.items() if k in ("machine", "model", "selection_note")},
-              "settings": {**first["settings"], "shard": None, "merged_shards": shards},
-              "tasks": {k: [i for r in reports for i in r["tasks"][k]] for k in first["tasks"]},
-              "direct": {**rate(direct), **{k: total(directs, k) for k in ("tokens_in", "tokens_out",
-                                                                            "model_calls", "wall_s")},
-                         "prompt": first["direct"]["prompt"], "temperature": first["direct"]["temperature"],
-                         "per_task": direct, "failures": union(directs, "failures")}}
+    merged = {
+        **{k: v for k, v in first.items() if k in ("machine", "model", "selection_note")},
+        "settings": {**first["settings"], "shard": None, "merged_shards": shards},
+        "tasks": {k: [i for r in reports for i in r["tasks"][k]] for k in first["tasks"]},
+        "direct": {
+            **rate(direct),
+            **{k: total(directs, k) for k in ("tokens_in", "tokens_out", "model_calls", "wall_s")},
+            "prompt": first["direct"]["prompt"],
+            "temperature": first["direct"]["temperature"],
+            "per_task": direct,
+            "failures": union(directs, "failures"),
+        },
+    }
     generations = []
     for g in range(min(len(r["generations"]) for r in reports)):
         rows = [r["generations"][g] for r in reports]
         per_task, work = union(rows, "per_task"), union([row["measurement"] for row in rows], "work")
-        generations.append({
-            "generation": g, "held_out": rate(per_task),
-            "paired_vs_seed": paired(per_task, generations[0]["per_task"] if g else per_task),
-            "paired_vs_direct": paired(per_task, direct),
-            "measurement": {**{k: total([row["measurement"] for row in rows], k)
-                               for k in ("wall_s", "model_calls", "tokens_in", "tokens_out")},
-                            "per_task_mean": work_summary(work), "work": work},
-            "tokens": total(rows, "tokens"), "model_calls": total(rows, "model_calls"), "wall_s": total(rows, "wall_s"),
-            "learned": [row["learned"] for row in rows],  # each part's own
-            "per_task": per_task, "failures": union(rows, "failures")})
-    return merged | {"generations": generations, "finished": all(r.get("finished") for r in reports),
-                     "wall_s": total(reports, "wall_s")}
+        generations.append(
+            {
+                "generation": g,
+                "held_out": rate(per_task),
+                "paired_vs_seed": paired(per_task, generations[0]["per_task"] if g else per_task),
+                "paired_vs_direct": paired(per_task, direct),
+                "measurement": {
+                    **{
+                        k: total([row["measurement"] for row in rows], k)
+                        for k in ("wall_s", "model_calls", "tokens_in", "tokens_out")
+                    },
+                    "per_task_mean": work_summary(work),
+                    "work": work,
+                },
+                "tokens": total(rows, "tokens"),
+                "model_calls": total(rows, "model_calls"),
+                "wall_s": total(rows, "wall_s"),
+                "learned": [row["learned"] for row in rows],  # each part's own
+                "per_task": per_task,
+                "failures": union(rows, "failures"),
+            }
+        )
+    return merged | {
+        "generations": generations,
+        "finished": all(r.get("finished") for r in reports),
+        "wall_s": total(reports, "wall_s"),
+    }
 
 
 def write_report(out: Path, report: dict) -> dict:
@@ -691,51 +890,72 @@ def main(argv: list[str] | None = None) -> int:
     daemon: DaemonProcess | None = None
     log(f"output in {out}; the daemon's root is {root}")
     try:
-        held, trained, promote, problems = split_tasks(args.seed, args.held_out, args.train, args.basic,
-                                                       args.promotion)
+        held, trained, promote, problems = split_tasks(args.seed, args.held_out, args.train, args.basic, args.promotion)
         if args.shard:
             part, parts = args.shard
-            held = held[part - 1::parts]
+            held = held[part - 1 :: parts]
         pack = root / "pack.jsonl"
         write_pack(pack, [*trained, *promote])  # the measured tasks are in no pack of the daemon's
-        settings = {"EVOLVER_EVOLUTION_ENABLED": "false", "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
-                    "EVOLVER_EVOLUTION_EVALUATION_SLOTS": str(args.slots), "EVOLVER_DAEMON_WORKERS": str(args.workers),
-                    "EVOLVER_BUDGET_TOKENS_PER_DAY": "0", "EVOLVER_BUDGET_USD_PER_DAY": "0",
-                    "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor")}
+        settings = {
+            "EVOLVER_EVOLUTION_ENABLED": "false",
+            "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
+            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": str(args.slots),
+            "EVOLVER_DAEMON_WORKERS": str(args.workers),
+            "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
+            "EVOLVER_BUDGET_USD_PER_DAY": "0",
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor"),
+        }
         if args.max_steps is not None or args.max_attempts is not None:
-            settings["EVOLVER_AGENT_SEED_SCAFFOLD"] = str(short_seed(root / "seed.json", args.max_steps,
-                                                                     args.max_attempts))
+            settings["EVOLVER_AGENT_SEED_SCAFFOLD"] = str(
+                short_seed(root / "seed.json", args.max_steps, args.max_attempts)
+            )
         if args.model == "scripted":
             model = scripted_model(root, [*held, *promote], trained, problems)
         elif args.model == "local":
             log("starting the local llama.cpp server")
             model = f"openai/{server.alias}"
-            settings |= {"EVOLVER_MODEL_API_BASE": server.start(), "EVOLVER_MODEL_TIMEOUT_S": "300",
-                         "EVOLVER_MODEL_MAX_RETRIES": "1"}
+            settings |= {
+                "EVOLVER_MODEL_API_BASE": server.start(),
+                "EVOLVER_MODEL_TIMEOUT_S": "300",
+                "EVOLVER_MODEL_MAX_RETRIES": "1",
+            }
             if args.structured:  # as the README configures a llama.cpp server: its grammar makes every
                 # tool call and every meta-agent answer well-formed JSON
-                settings |= {"EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-                             "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object"}
+                settings |= {
+                    "EVOLVER_MODEL_TOOL_MODE": "text",
+                    "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+                    "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+                }
         else:
             model = args.model
             if args.api_base:
                 settings["EVOLVER_MODEL_API_BASE"] = args.api_base
         if meta_server is not None:
             log(f"starting the meta model's llama.cpp server ({meta_server.alias})")
-            settings |= {"EVOLVER_META_NAME": f"openai/{meta_server.alias}",
-                         "EVOLVER_META_API_BASE": meta_server.start(), "EVOLVER_META_TIMEOUT_S": "900"}
+            settings |= {
+                "EVOLVER_META_NAME": f"openai/{meta_server.alias}",
+                "EVOLVER_META_API_BASE": meta_server.start(),
+                "EVOLVER_META_TIMEOUT_S": "900",
+            }
         daemon = DaemonProcess(root, model=model, settings=settings, name="daemon")
         report: dict = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "model": {"name": model if args.model != "scripted" else "scripted (--quick)",
-                      "api_base": settings.get("EVOLVER_MODEL_API_BASE", "")},
-            "meta_model": {"name": settings.get("EVOLVER_META_NAME") or "the task model",
-                           "api_base": settings.get("EVOLVER_META_API_BASE", "")},
-            "tasks": {"held_out": [t.id for t in held], "train": [t.id for t in trained],
-                      "promotion": [t.id for t in promote]},
+            "model": {
+                "name": model if args.model != "scripted" else "scripted (--quick)",
+                "api_base": settings.get("EVOLVER_MODEL_API_BASE", ""),
+            },
+            "meta_model": {
+                "name": settings.get("EVOLVER_META_NAME") or "the task model",
+                "api_base": settings.get("EVOLVER_META_API_BASE", ""),
+            },
+            "tasks": {
+                "held_out": [t.id for t in held],
+                "train": [t.id for t in trained],
+                "promotion": [t.id for t in promote],
+            },
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
-                              "tasks are in no pack of the daemon's and decide nothing",
+            "tasks are in no pack of the daemon's and decide nothing",
         }
         log(f"direct completions of the {len(held)} held-out problems")
         report["direct"] = direct_reference(daemon.env, root, held, problems)
@@ -759,11 +979,14 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"generation {g}: the incumbent on the {len(held)} held-out tasks")
                 measured = measure(http, db, held, args)
                 row["held_out"] = {k: measured[k] for k in ("successes", "total", "rate", "ci95")}
-                row["paired_vs_seed"] = paired(measured["per_task"], generations[0]["per_task"] if g else
-                                               measured["per_task"])
+                row["paired_vs_seed"] = paired(
+                    measured["per_task"], generations[0]["per_task"] if g else measured["per_task"]
+                )
                 row["paired_vs_direct"] = paired(measured["per_task"], report["direct"]["per_task"])
-                row["measurement"] = {k: measured[k] for k in ("wall_s", "model_calls", "tokens_in", "tokens_out",
-                                                               "by_purpose", "per_task_mean", "work")}
+                row["measurement"] = {
+                    k: measured[k]
+                    for k in ("wall_s", "model_calls", "tokens_in", "tokens_out", "by_purpose", "per_task_mean", "work")
+                }
                 whole = ledger(db, began_at, time.time())
                 row["tokens"] = whole["tokens_in"] + whole["tokens_out"]
                 row["model_calls"] = whole["model_calls"]
@@ -771,14 +994,18 @@ def main(argv: list[str] | None = None) -> int:
                 row["learned"] = learned(http)
                 row["per_task"], row["failures"] = measured["per_task"], measured["failures"]
                 generations.append(row)
-                log(f"generation {g}: {measured['successes']}/{measured['total']} held-out, "
-                    f"incumbent {row['learned']['incumbent']['node']}")
+                log(
+                    f"generation {g}: {measured['successes']}/{measured['total']} held-out, "
+                    f"incumbent {row['learned']['incumbent']['node']}"
+                )
                 if g == 0 and args.aa:  # the same seed again, on the same tasks: the noise floor
                     log("A/A: the seed again on the held-out tasks")
                     again = measure(http, db, held, args)
-                    report["aa"] = {"held_out": {k: again[k] for k in ("successes", "total", "rate", "ci95")},
-                                    "paired_again_minus_first": paired(again["per_task"], measured["per_task"]),
-                                    "per_task": again["per_task"]}
+                    report["aa"] = {
+                        "held_out": {k: again[k] for k in ("successes", "total", "rate", "ci95")},
+                        "paired_again_minus_first": paired(again["per_task"], measured["per_task"]),
+                        "per_task": again["per_task"],
+                    }
                     log(f"A/A: {again['successes']}/{again['total']} against {measured['successes']}")
                 # what a run stopped later still leaves: the generations measured so far
                 partial = report | {"generations": generations, "finished": False}

@@ -62,8 +62,11 @@ def make_items(texts: list[str], seed: int) -> list[NewTrajectory]:
     for text in texts:
         roll = rng.random()
         success = True if roll < 0.7 else (False if roll < 0.9 else None)
-        items.append(NewTrajectory(prompt=text, final_answer=rng.choice(ANSWERS), success=success,
-                                   started_at=1.7e9 + rng.random() * 3e7))
+        items.append(
+            NewTrajectory(
+                prompt=text, final_answer=rng.choice(ANSWERS), success=success, started_at=1.7e9 + rng.random() * 3e7
+            )
+        )
     return items
 
 
@@ -116,11 +119,14 @@ def measure_keyword_pruning(store: Store, queries: list[str]) -> dict:
             continue
         expression = memory_search.match_expression(q)
         ids = sorted(set(pruned) | set(full))
-        scores = dict(store.db.execute(
-            f"""SELECT t.id, bm25(trajectories_fts) FROM trajectories_fts
+        scores = dict(
+            store.db.execute(
+                f"""SELECT t.id, bm25(trajectories_fts) FROM trajectories_fts
                 JOIN trajectories t ON t.rowid = trajectories_fts.rowid
-                WHERE trajectories_fts MATCH ? AND t.id IN ({','.join('?' * len(ids))})""",
-            [expression, *ids]).fetchall())
+                WHERE trajectories_fts MATCH ? AND t.id IN ({",".join("?" * len(ids))})""",
+                [expression, *ids],
+            ).fetchall()
+        )
         threshold = max(scores[i] for i in full)  # BM25 is negative: lower is better
         recalls.append(sum(1 for i in pruned if scores[i] <= threshold + 1e-9) / len(full))
     return {
@@ -152,7 +158,7 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
             ingest_s = floor_s = 0.0
             floor_n = 0
             for start in range(0, n, INGEST_CHUNK):
-                chunk = items[start:start + INGEST_CHUNK]
+                chunk = items[start : start + INGEST_CHUNK]
                 sample = rng.sample([it.prompt for it in chunk], min(FLOOR_SAMPLE_PER_CHUNK, len(chunk)))
                 t = time.perf_counter()
                 embedder.embed_documents(sample)
@@ -162,8 +168,10 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
                 store.ingest(chunk)
                 ingest_s += time.perf_counter() - t
                 if (start // INGEST_CHUNK) % 5 == 4 or start + len(chunk) == n:
-                    log(f"[{n}] ingested {start + len(chunk)}/{n}: {(start + len(chunk)) / ingest_s:.0f}/s "
-                        f"(embed-only {floor_n / floor_s:.0f}/s)")
+                    log(
+                        f"[{n}] ingested {start + len(chunk)}/{n}: {(start + len(chunk)) / ingest_s:.0f}/s "
+                        f"(embed-only {floor_n / floor_s:.0f}/s)"
+                    )
             ingest_rate = n / ingest_s
             embed_rate = floor_n / floor_s
 
@@ -171,8 +179,9 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
             for text in insight_texts(N_INSIGHTS, seed=n + 1):
                 store.add_insight(text, importance=rng.randint(1, 3))
             for name, description in tool_specs(N_TOOLS, seed=n + 2):
-                store.add_tool(name, description=description, code_hash=f"{rng.getrandbits(64):016x}",
-                               origin="synthesized")
+                store.add_tool(
+                    name, description=description, code_hash=f"{rng.getrandbits(64):016x}", origin="synthesized"
+                )
 
             # --- latency: full context vs the floor, alternately, same queries ---
             for q in task_texts(10, seed=QUERY_SEED - 1):  # warm-up, not measured
@@ -181,6 +190,7 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
             context_ms, floor_ms, sizes = [], [], []
             fetch = max(3 * options.candidates_per_result, 20)  # what context fetches per collection
             for i, q in enumerate(queries):
+
                 def run_floor():
                     t = time.perf_counter()
                     v = model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]

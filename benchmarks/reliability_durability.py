@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         roots.append(make_root())
         try:
-            loop = kill_loop(roots[-1], kills=args.kills, seed=args.seed, clients=args.clients, burst=args.burst,
-                             log=progress)
+            loop = kill_loop(
+                roots[-1], kills=args.kills, seed=args.seed, clients=args.clients, burst=args.burst, log=progress
+            )
         except AssertionError as exc:  # a daemon that did not start, or work that never drained
             print(str(exc), file=sys.stderr)
             return 2
@@ -100,15 +101,19 @@ def main(argv: list[str] | None = None) -> int:
         "index_repairs": loop["index_repairs"],
         "power_loss": power,
         "seconds": round(time.monotonic() - started, 1),
-        "kill_loop": {k: v for k, v in loop.items() if k not in ("kills", "acknowledged", "lost", "completed_twice",
-                                                                  "integrity", "index_repairs")},
+        "kill_loop": {
+            k: v
+            for k, v in loop.items()
+            if k not in ("kills", "acknowledged", "lost", "completed_twice", "integrity", "index_repairs")
+        },
     }
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
-    broken = loop["violations"] or (power and not power.get("skipped") and (
-        power["lost"] or power["integrity"] != "ok"))
+    broken = loop["violations"] or (
+        power and not power.get("skipped") and (power["lost"] or power["integrity"] != "ok")
+    )
     return 3 if broken else 0
 
 

@@ -106,13 +106,18 @@ def main() -> int:
     report = {
         "attacks": len(ran),
         "contained": count(ran, "passed"),
-        "not_contained": [{"test": k, "outcome": v["outcome"], "reason": v["reason"]}
-                          for k, v in ran.items() if v["outcome"] != "passed"],
+        "not_contained": [
+            {"test": k, "outcome": v["outcome"], "reason": v["reason"]}
+            for k, v in ran.items()
+            if v["outcome"] != "passed"
+        ],
         "skipped": [{"test": k, "reason": v["reason"]} for k, v in attacks.items() if v["outcome"] == "skipped"],
         "seconds": seconds,
         "per_file": {
-            path: {outcome: count({k: v for k, v in attacks.items() if k.startswith(path + "::")}, outcome)
-                   for outcome in ("passed", "xfailed", "failed", "error", "xpassed", "skipped")}
+            path: {
+                outcome: count({k: v for k, v in attacks.items() if k.startswith(path + "::")}, outcome)
+                for outcome in ("passed", "xfailed", "failed", "error", "xpassed", "skipped")
+            }
             for path in (ISOLATION, SANDBOX)
         },
         "other_tests": {outcome: count(others, outcome) for outcome in ("passed", "failed", "error", "skipped")},

@@ -77,11 +77,18 @@ def load_rules(steps: int, sleep_s: float) -> list[dict]:
     Each tick appends to a file in the task's workspace and prints the count, so the finishing rule reads
     only the latest tool output (a pattern counting ticks across the whole conversation backtracks
     exponentially while it fails, and the scripted model would hold the daemon's GIL meanwhile)."""
-    code = (f"import time; time.sleep({sleep_s!r}); f = open('ticks', 'a'); f.write('.'); f.close(); "
-            "print('LOAD-TICK', len(open('ticks').read()))")
+    code = (
+        f"import time; time.sleep({sleep_s!r}); f = open('ticks', 'a'); f.write('.'); f.close(); "
+        "print('LOAD-TICK', len(open('ticks').read()))"
+    )
     return [
-        {"match": r"\b%s %d\b" % (TICK, steps), "on": "last", "role": "tool", "tool": "finish",
-         "arguments": {"answer": "ticked"}},
+        {
+            "match": r"\b%s %d\b" % (TICK, steps),
+            "on": "last",
+            "role": "tool",
+            "tool": "finish",
+            "arguments": {"answer": "ticked"},
+        },
         {"match": r"\ATask:\nLONG", "on": "task", "tool": "run_python", "arguments": {"code": code}},
         {"match": "", "tool": "finish", "arguments": {"answer": "ok"}},
     ]
@@ -148,8 +155,16 @@ def submitter_main(args) -> int:
     return 0
 
 
-def run_submitters(socket_path: str | os.PathLike, *, run: str, processes: int, count: int, connections: int,
-                   kind: str = "submit", timeout_s: float = 300.0) -> dict:
+def run_submitters(
+    socket_path: str | os.PathLike,
+    *,
+    run: str,
+    processes: int,
+    count: int,
+    connections: int,
+    kind: str = "submit",
+    timeout_s: float = 300.0,
+) -> dict:
     """``processes`` submitter processes share ``count`` requests (by index), all started together.
 
     Returns {"results": [[marker, status, id, ms, error], ...], "seconds": wall from "go" to the last answer,
@@ -160,11 +175,36 @@ def run_submitters(socket_path: str | os.PathLike, *, run: str, processes: int, 
     files = [Path(tmp.name) / f"{p}.json" for p in range(processes)]
     try:
         for p, share in enumerate(shares):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(THIS), "--submitter", "--socket", str(socket_path), "--run", run,
-                 "--index", str(p), "--count", str(share), "--connections", str(connections), "--kind", kind,
-                 "--timeout-s", str(timeout_s), "--results", str(files[p])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO)))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(THIS),
+                        "--submitter",
+                        "--socket",
+                        str(socket_path),
+                        "--run",
+                        run,
+                        "--index",
+                        str(p),
+                        "--count",
+                        str(share),
+                        "--connections",
+                        str(connections),
+                        "--kind",
+                        kind,
+                        "--timeout-s",
+                        str(timeout_s),
+                        "--results",
+                        str(files[p]),
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd=str(REPO),
+                )
+            )
         for proc in procs:
             line = proc.stdout.readline()
             if line.strip() != "ready":
@@ -186,8 +226,13 @@ def run_submitters(socket_path: str | os.PathLike, *, run: str, processes: int, 
                 proc.kill()
                 proc.wait(10)
         tmp.cleanup()
-    return {"results": [r for rep in reports for r in rep["results"]], "seconds": done - go, "go": go, "done": done,
-            "processes": [round(rep["seconds"], 3) for rep in reports]}
+    return {
+        "results": [r for rep in reports for r in rep["results"]],
+        "seconds": done - go,
+        "go": go,
+        "done": done,
+        "processes": [round(rep["seconds"], 3) for rep in reports],
+    }
 
 
 # --- the long event stream -----------------------------------------------------------------------
@@ -210,8 +255,9 @@ class StreamReader(threading.Thread):
         from evolver.cli.client import server_events
 
         try:
-            with httpx.Client(transport=httpx.HTTPTransport(uds=self.socket_path), base_url="http://evolver",
-                              timeout=self.timeout_s) as http:
+            with httpx.Client(
+                transport=httpx.HTTPTransport(uds=self.socket_path), base_url="http://evolver", timeout=self.timeout_s
+            ) as http:
                 with http.stream("GET", f"/v1/tasks/{self.task_id}/events") as response:
                     self.status = response.status_code
                     for event in server_events(response):
@@ -233,11 +279,16 @@ def stream_gaps(events: list[tuple[str, int | None, dict]], stored: list[tuple[i
     position = {step: n for n, step in enumerate(stored)}
     seen = [position[s] for s in got if s in position]
     end = events[-1] if events and events[-1][0] == "end" else None
-    return {"steps": len(steps), "gaps": len(set(stored) - set(got)), "repeated": len(got) - len(set(got)),
-            "unknown": len([s for s in got if s not in position]),
-            "in_order": all(b > a for a, b in zip(seen, seen[1:])),
-            "ids_increasing": None not in ids and all(b > a for a, b in zip(ids, ids[1:])),
-            "ended": end is not None, "end_status": end[2].get("status") if end else None}
+    return {
+        "steps": len(steps),
+        "gaps": len(set(stored) - set(got)),
+        "repeated": len(got) - len(set(got)),
+        "unknown": len([s for s in got if s not in position]),
+        "in_order": all(b > a for a, b in zip(seen, seen[1:])),
+        "ids_increasing": None not in ids and all(b > a for a, b in zip(ids, ids[1:])),
+        "ended": end is not None,
+        "end_status": end[2].get("status") if end else None,
+    }
 
 
 def stored_steps(task: dict) -> list[tuple[int, int]]:
@@ -258,9 +309,14 @@ def rss_mb(pid: int) -> float:
 
 
 def latency_summary(ms: list[float], seconds: float) -> dict:
-    return {"requests": len(ms), "p50_ms": pct(ms, 0.50), "p99_ms": pct(ms, 0.99),
-            "max_ms": round(max(ms), 3) if ms else None, "seconds": round(seconds, 3),
-            "per_s": round(len(ms) / seconds, 1) if seconds > 0 else None}
+    return {
+        "requests": len(ms),
+        "p50_ms": pct(ms, 0.50),
+        "p99_ms": pct(ms, 0.99),
+        "max_ms": round(max(ms), 3) if ms else None,
+        "seconds": round(seconds, 3),
+        "per_s": round(len(ms) / seconds, 1) if seconds > 0 else None,
+    }
 
 
 async def _verify(socket_path: str, acked: dict[str, str], others: set[str], replays: int) -> dict:
@@ -282,11 +338,17 @@ async def _verify(socket_path: str, acked: dict[str, str], others: set[str], rep
         same = 0
         for marker, tid in sample:
             r = await client.request("POST", "/v1/tasks", submit_body(marker), {"Idempotency-Key": marker})
-            same += (r.status == 200 and r.headers.get("idempotent-replayed") == "true"
-                     and r.json().get("id") == tid)
+            same += r.status == 200 and r.headers.get("idempotent-replayed") == "true" and r.json().get("id") == tid
         after = await list_all(client)
-        return {"listed": len(listed), "lost": lost, "duplicated": duplicated, "unexpected": unexpected,
-                "replayed": len(sample), "replay_same_task": same, "listed_after_replay": len(after)}
+        return {
+            "listed": len(listed),
+            "lost": lost,
+            "duplicated": duplicated,
+            "unexpected": unexpected,
+            "replayed": len(sample),
+            "replay_same_task": same,
+            "listed_after_replay": len(after),
+        }
     finally:
         await client.close()
 
@@ -325,12 +387,14 @@ def run_benchmark(args, root: Path) -> dict:
     daemon = Daemon(root, workers=args.workers, name="load")
     script = root / "load_script.json"
     script.write_text(json.dumps({"rules": load_rules(args.sse_steps, args.step_sleep_s)}), encoding="utf-8")
-    daemon.env.update({
-        "EVOLVER_MODEL_NAME": "scripted/" + str(script),
-        "EVOLVER_AGENT_SEED_SCAFFOLD": str(write_long_scaffold(root / "scaffold.json", args.sse_steps + 10)),
-        # Idle, the tree search would submit evaluation tasks of its own; this run counts every task.
-        "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",
-    })
+    daemon.env.update(
+        {
+            "EVOLVER_MODEL_NAME": "scripted/" + str(script),
+            "EVOLVER_AGENT_SEED_SCAFFOLD": str(write_long_scaffold(root / "scaffold.json", args.sse_steps + 10)),
+            # Idle, the tree search would submit evaluation tasks of its own; this run counts every task.
+            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",
+        }
+    )
     report: dict = {}
     daemon.start()
     try:
@@ -338,24 +402,33 @@ def run_benchmark(args, root: Path) -> dict:
         pid = daemon.proc.pid
         t_start = time.perf_counter()
         long_task = run_loop(_submit_one(sock, {"prompt": long_prompt(run), "priority": 100}))[0]
-        _wait(lambda: run_loop(_get(sock, f"/v1/tasks/{long_task['id']}"))[0]["status"] != "queued", 120,
-              "the long task to start")
+        _wait(
+            lambda: run_loop(_get(sock, f"/v1/tasks/{long_task['id']}"))[0]["status"] != "queued",
+            120,
+            "the long task to start",
+        )
         reader = StreamReader(sock, long_task["id"], timeout_s=120.0)
         reader.start()
         _wait(lambda: reader.events or reader.error, 120, "the first step event")
 
-        warm = run_submitters(sock, run=run + "w", processes=1, count=args.connections * 2,
-                              connections=args.connections)
+        warm = run_submitters(
+            sock, run=run + "w", processes=1, count=args.connections * 2, connections=args.connections
+        )
         run_loop(_get(sock, "/v1/tasks?limit=1000"))
         time.sleep(0.5)
         rss_before = rss_mb(pid)
 
-        floor = run_submitters(sock, run=run + "h", processes=args.processes, count=args.submits,
-                               connections=args.connections, kind="health")
+        floor = run_submitters(
+            sock,
+            run=run + "h",
+            processes=args.processes,
+            count=args.submits,
+            connections=args.connections,
+            kind="health",
+        )
         health_ms = [r[3] for r in floor["results"] if r[1] == 200]
 
-        load = run_submitters(sock, run=run, processes=args.processes, count=args.submits,
-                              connections=args.connections)
+        load = run_submitters(sock, run=run, processes=args.processes, count=args.submits, connections=args.connections)
         acked = {r[0]: r[2] for r in load["results"] if r[1] == 201}
         refused = [r for r in load["results"] if r[1] != 201]
         ack_ms = [r[3] for r in load["results"] if r[1] == 201]
@@ -372,42 +445,49 @@ def run_benchmark(args, root: Path) -> dict:
     finally:
         daemon.stop()
 
-    report.update({
-        "submits": args.submits,
-        "acknowledged": len(acked),
-        "lost": len(verify["lost"]),
-        "duplicated": verify["duplicated"],
-        "unexpected_tasks": verify["unexpected"],
-        "refused": len(refused),
-        "processes": args.processes,
-        "connections_per_process": args.connections,
-        "workers": args.workers,
-        "ack_p50_ms": pct(ack_ms, 0.50),
-        "ack_p99_ms": pct(ack_ms, 0.99),
-        "ack_max_ms": round(max(ack_ms), 3) if ack_ms else None,
-        "submits_per_s": round(len(ack_ms) / load["seconds"], 1) if load["seconds"] > 0 else None,
-        "health_floor": latency_summary(health_ms, floor["seconds"]),
-        "ack_p50_over_health_p50": (round(pct(ack_ms, 0.5) / pct(health_ms, 0.5), 2)
-                                    if ack_ms and health_ms else None),
-        "replays": {"sent": verify["replayed"], "same_task_200_replayed": verify["replay_same_task"],
-                    "tasks_listed_before": verify["listed"], "tasks_listed_after": verify["listed_after_replay"]},
-        "rss_before_mb": round(rss_before, 1),
-        "rss_after_mb": round(rss_after, 1),
-        "rss_growth_mb": round(rss_after - rss_before, 1),
-        "sse_events": len(reader.events),
-        "sse_steps": sse["steps"],
-        "sse_gaps": sse["gaps"],
-        "sse_repeated": sse["repeated"],
-        "sse_in_order": sse["in_order"],
-        "sse_ids_increasing": sse["ids_increasing"],
-        "sse_end_status": sse["end_status"],
-        "sse_error": repr(reader.error) if reader.error else None,
-        "sse_steps_during_load": sum(load["go"] <= t <= load["done"] for t in reader.received),
-        "long_task_running_after_load": bool(reader.received) and reader.received[-1] > load["done"],
-        "load_seconds": round(load["seconds"], 3),
-        "seconds": round(seconds, 3),
-        "daemon_start_s": round(daemon.start_s or 0.0, 1),
-    })
+    report.update(
+        {
+            "submits": args.submits,
+            "acknowledged": len(acked),
+            "lost": len(verify["lost"]),
+            "duplicated": verify["duplicated"],
+            "unexpected_tasks": verify["unexpected"],
+            "refused": len(refused),
+            "processes": args.processes,
+            "connections_per_process": args.connections,
+            "workers": args.workers,
+            "ack_p50_ms": pct(ack_ms, 0.50),
+            "ack_p99_ms": pct(ack_ms, 0.99),
+            "ack_max_ms": round(max(ack_ms), 3) if ack_ms else None,
+            "submits_per_s": round(len(ack_ms) / load["seconds"], 1) if load["seconds"] > 0 else None,
+            "health_floor": latency_summary(health_ms, floor["seconds"]),
+            "ack_p50_over_health_p50": (
+                round(pct(ack_ms, 0.5) / pct(health_ms, 0.5), 2) if ack_ms and health_ms else None
+            ),
+            "replays": {
+                "sent": verify["replayed"],
+                "same_task_200_replayed": verify["replay_same_task"],
+                "tasks_listed_before": verify["listed"],
+                "tasks_listed_after": verify["listed_after_replay"],
+            },
+            "rss_before_mb": round(rss_before, 1),
+            "rss_after_mb": round(rss_after, 1),
+            "rss_growth_mb": round(rss_after - rss_before, 1),
+            "sse_events": len(reader.events),
+            "sse_steps": sse["steps"],
+            "sse_gaps": sse["gaps"],
+            "sse_repeated": sse["repeated"],
+            "sse_in_order": sse["in_order"],
+            "sse_ids_increasing": sse["ids_increasing"],
+            "sse_end_status": sse["end_status"],
+            "sse_error": repr(reader.error) if reader.error else None,
+            "sse_steps_during_load": sum(load["go"] <= t <= load["done"] for t in reader.received),
+            "long_task_running_after_load": bool(reader.received) and reader.received[-1] > load["done"],
+            "load_seconds": round(load["seconds"], 3),
+            "seconds": round(seconds, 3),
+            "daemon_start_s": round(daemon.start_s or 0.0, 1),
+        }
+    )
     if refused:
         report["first_refused"] = refused[:5]
     if verify["lost"]:
@@ -420,8 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--submits", type=int, default=500, help="submits in the load burst, all processes together")
     parser.add_argument("--processes", type=int, default=5, help="submitter processes")
     parser.add_argument("--connections", type=int, default=20, help="keep-alive connections per process")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="the daemon's workers (1: the long task holds it, the submits wait in the queue)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="the daemon's workers (1: the long task holds it, the submits wait in the queue)",
+    )
     parser.add_argument("--sse-steps", type=int, default=100, help="tool steps the long task takes")
     parser.add_argument("--step-sleep-s", type=float, default=0.2, help="how long each of its tool calls sleeps")
     parser.add_argument("--replays", type=int, default=20, help="submits sent again with the same key")
@@ -447,18 +531,31 @@ def main(argv: list[str] | None = None) -> int:
         except DaemonFailed as exc:
             print(str(exc), file=sys.stderr)
             return 2
-    report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "load_avg_1m": round(os.getloadavg()[0], 2)}, **body}
+    report = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        },
+        **body,
+    }
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
-    failed = (report["acknowledged"] != report["submits"] or report["lost"] or report["duplicated"]
-              or report["unexpected_tasks"]
-              or report["sse_gaps"] or report["sse_repeated"] or not report["sse_in_order"]
-              or not report["sse_ids_increasing"] or report["sse_end_status"] is None
-              or report["replays"]["same_task_200_replayed"] != report["replays"]["sent"]
-              or report["replays"]["tasks_listed_after"] != report["replays"]["tasks_listed_before"])
+    failed = (
+        report["acknowledged"] != report["submits"]
+        or report["lost"]
+        or report["duplicated"]
+        or report["unexpected_tasks"]
+        or report["sse_gaps"]
+        or report["sse_repeated"]
+        or not report["sse_in_order"]
+        or not report["sse_ids_increasing"]
+        or report["sse_end_status"] is None
+        or report["replays"]["same_task_200_replayed"] != report["replays"]["sent"]
+        or report["replays"]["tasks_listed_after"] != report["replays"]["tasks_listed_before"]
+    )
     return 3 if failed else 0
 
 

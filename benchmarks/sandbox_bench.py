@@ -73,8 +73,9 @@ def main() -> None:
         variants = {"default": [], "isolated_nosite": ["-I", "-S"]}
 
         def plain(flags):
-            return lambda: run_process([python, *flags, "-c", "pass"], cwd=plain_ws, env=env,
-                                       stdin=None, limits=limits, isolated=False)
+            return lambda: run_process(
+                [python, *flags, "-c", "pass"], cwd=plain_ws, env=env, stdin=None, limits=limits, isolated=False
+            )
 
         def boxed(flags):
             return lambda: sandbox.run([python, *flags, "-c", "pass"], workspace=box_ws, limits=limits)
@@ -104,8 +105,9 @@ def main() -> None:
         "benchmark": "sandbox",
         "sandbox": type(sandbox).__name__,
         "isolated": sandbox.isolated,
-        "runs_as": ("root, dropped to uid %d inside the sandbox" % sandbox.uid) if sandbox.as_root
-                    else f"uid {sandbox.uid} (unprivileged bubblewrap)",
+        "runs_as": ("root, dropped to uid %d inside the sandbox" % sandbox.uid)
+        if sandbox.as_root
+        else f"uid {sandbox.uid} (unprivileged bubblewrap)",
         "python": python,
         "flags": {name: " ".join([*flags, "-c", "pass"]) for name, flags in variants.items()},
         "rounds": args.runs,
@@ -120,8 +122,11 @@ def main() -> None:
             **{f"fresh_{name}": ratio <= TARGET_FRESH_RATIO for name, ratio in ratios.items()},
             "worker_call": medians["worker_call"] <= TARGET_WORKER_MS,
         },
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_avg_1m": round(os.getloadavg()[0], 2)},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        },
     }
     text = json.dumps(report, indent=2)
     print(text)

@@ -35,24 +35,31 @@ def seeds(max_steps: int | None, max_attempts: int | None) -> dict:
     limits = {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts)) if v is not None}
     now = default_scaffold()
     before = {"action_format": "tools", "example_rounds": 0, "last_answer_turn": False}
-    return {name: now.model_copy(update={"parameters": now.parameters.model_copy(update={**limits, **extra})})
-            for name, extra in (("now", {}), ("before", before))}
+    return {
+        name: now.model_copy(update={"parameters": now.parameters.model_copy(update={**limits, **extra})})
+        for name, extra in (("now", {}), ("before", before))
+    }
 
 
 def run(engine, scaffold, tasks) -> dict:
     per_task, work = {}, {}
     for pack_task in tasks:
-        task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), source="bench",
-                                        metadata={"pack_task": pack_task.id, **pack_task.metadata()})
+        task, _ = engine.store.add_task(
+            pack_task.prompt,
+            check=pack_task.check_data(),
+            source="bench",
+            metadata={"pack_task": pack_task.id, **pack_task.metadata()},
+        )
         started = time.perf_counter()
         result = engine.agent(scaffold).run_task(task, purpose="evaluate")
         steps = [s for tid in result.trajectory_ids for s in engine.store.steps(tid)]
         per_task[pack_task.id] = bool(result.success)
-        work[pack_task.id] = {"turns": sum(s.role in ("assistant", "answer", "reflection", "plan") for s in steps),
-                              "tokens": sum(s.tokens_in + s.tokens_out for s in steps),
-                              "wall_s": round(time.perf_counter() - started, 1),
-                              "ended": engine.store.get_trajectory(result.trajectory_ids[-1]).status
-                              if result.trajectory_ids else None}
+        work[pack_task.id] = {
+            "turns": sum(s.role in ("assistant", "answer", "reflection", "plan") for s in steps),
+            "tokens": sum(s.tokens_in + s.tokens_out for s in steps),
+            "wall_s": round(time.perf_counter() - started, 1),
+            "ended": engine.store.get_trajectory(result.trajectory_ids[-1]).status if result.trajectory_ids else None,
+        }
         log(f"{pack_task.id}: {'solved' if result.success else 'failed'} ({work[pack_task.id]})")
     n = len(tasks) or 1
     mean = {k: round(sum(w[k] for w in work.values()) / n, 1) for k in ("turns", "tokens", "wall_s")}
@@ -78,13 +85,24 @@ def main() -> int:
         server = LocalServer(Path(tmp), args.local)
         try:
             base = server.start()
-            env = {"EVOLVER_MODEL_NAME": f"openai/{server.alias}", "EVOLVER_MODEL_API_BASE": base,
-                   "EVOLVER_MODEL_TIMEOUT_S": "300", "EVOLVER_MODEL_MAX_RETRIES": "1",
-                   "EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-                   "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object", "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
-                   "EVOLVER_BUDGET_USD_PER_DAY": "0"}
-            report: dict = {"model": server.alias, "pack": args.pack, "split": args.split,
-                            "tasks": [t.id for t in tasks], "settings": {k: str(v) for k, v in vars(args).items()}}
+            env = {
+                "EVOLVER_MODEL_NAME": f"openai/{server.alias}",
+                "EVOLVER_MODEL_API_BASE": base,
+                "EVOLVER_MODEL_TIMEOUT_S": "300",
+                "EVOLVER_MODEL_MAX_RETRIES": "1",
+                "EVOLVER_MODEL_TOOL_MODE": "text",
+                "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+                "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+                "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
+                "EVOLVER_BUDGET_USD_PER_DAY": "0",
+            }
+            report: dict = {
+                "model": server.alias,
+                "pack": args.pack,
+                "split": args.split,
+                "tasks": [t.id for t in tasks],
+                "settings": {k: str(v) for k, v in vars(args).items()},
+            }
             with Engine.open(load_config(env=env), data_dir=Path(tmp) / "data") as engine:
                 for name, scaffold in seeds(args.max_steps, args.max_attempts).items():
                     log(f"{name}: {len(tasks)} tasks of {args.pack} ({args.split})")

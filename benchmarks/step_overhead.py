@@ -86,30 +86,45 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     steps = args.steps
-    scripted.register_script("bench-steps", {"rules": [
-        {"match": "", "role": "tool", "tool": "run_python", "arguments": {"code": "1"}, "times": steps - 1},
-        {"match": "", "role": "tool", "tool": "finish", "arguments": {"answer": "done"}},
-        {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "1"}},
-    ]})
-    config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/bench-steps", "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
-                              "EVOLVER_BUDGET_TOKENS_PER_TASK": "0"})
+    scripted.register_script(
+        "bench-steps",
+        {
+            "rules": [
+                {"match": "", "role": "tool", "tool": "run_python", "arguments": {"code": "1"}, "times": steps - 1},
+                {"match": "", "role": "tool", "tool": "finish", "arguments": {"answer": "done"}},
+                {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "1"}},
+            ]
+        },
+    )
+    config = load_config(
+        env={
+            "EVOLVER_MODEL_NAME": "scripted/bench-steps",
+            "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
+            "EVOLVER_BUDGET_TOKENS_PER_TASK": "0",
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="evolver-steps-") as tmp, Engine.open(config, data_dir=Path(tmp)) as engine:
         store = engine.store
         texts = task_texts(args.store_size + args.tasks, seed=11)
         started = time.perf_counter()
         for start in range(0, args.store_size, 2000):
-            store.ingest([NewTrajectory(prompt=t, final_answer="ok", success=i % 3 != 0)
-                          for i, t in enumerate(texts[start:min(start + 2000, args.store_size)])])
+            store.ingest(
+                [
+                    NewTrajectory(prompt=t, final_answer="ok", success=i % 3 != 0)
+                    for i, t in enumerate(texts[start : min(start + 2000, args.store_size)])
+                ]
+            )
         build_s = time.perf_counter() - started
-        queries = texts[args.store_size:]
+        queries = texts[args.store_size :]
 
         agent: Agent = engine.agent()
         params = agent.scaffold.parameters
         context_ms, render_ms = [], []
         for query in queries:
             t0 = time.perf_counter()
-            context = store.context(query, trajectories=params.similar_trajectories, insights=params.insights,
-                                    tools=params.tools)
+            context = store.context(
+                query, trajectories=params.similar_trajectories, insights=params.insights, tools=params.tools
+            )
             t1 = time.perf_counter()
             render_context(context, params.context_tokens)
             t2 = time.perf_counter()
@@ -133,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         Agent._step = timed_step
         agent.scaffold = agent.scaffold.model_copy(
             # repeat_limit 0: its steps are one trivial call made again on purpose, not a loop to stop
-            update={"parameters": params.model_copy(update={"max_steps": steps + 5, "repeat_limit": 0})})
+            update={"parameters": params.model_copy(update={"max_steps": steps + 5, "repeat_limit": 0})}
+        )
         task, _ = store.add_task("Run a trivial computation many times, then finish.")
         result = agent.run_task(task)
         Agent._step = original_step
@@ -144,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             "store_build_s": round(build_s, 1),
             "task_status": result.status,
             "steps": len(framework_ms),
-            "step_framework_ms": {"p50": pct(framework_ms[1:], 0.5), "p95": pct(framework_ms[1:], 0.95),
-                                  "max": round(max(framework_ms), 3)},
+            "step_framework_ms": {
+                "p50": pct(framework_ms[1:], 0.5),
+                "p95": pct(framework_ms[1:], 0.95),
+                "max": round(max(framework_ms), 3),
+            },
             "step_1_ms": round(first, 3),
             "step_last_ms": round(last, 3),
             "early_vs_late_p50_ms": [pct(framework_ms[1:11], 0.5), pct(framework_ms[-10:], 0.5)],

@@ -182,8 +182,9 @@ class Search:
     def finish(self, i: int, j: int) -> None:
         win = self.landscape.outcome(self.paths[i], j)
         n = self.stats[i]
-        self.stats[i] = dataclasses.replace(n, successes=n.successes + win, failures=n.failures + (not win),
-                                            in_flight=n.in_flight - 1)
+        self.stats[i] = dataclasses.replace(
+            n, successes=n.successes + win, failures=n.failures + (not win), in_flight=n.in_flight - 1
+        )
 
     def true_rate(self, i: int) -> float:
         return self.landscape.rate[self.paths[i]]
@@ -212,9 +213,9 @@ class DGM(Greedy):
         scored = [i for i, n in enumerate(search.stats) if n.evaluations]
         if not scored:  # parallel workers, nothing back yet: build on the root
             return 0
-        weights = np.array([
-            1 / (1 + math.exp(-10 * (_empirical(search.stats[i]) - 0.5))) / (1 + search.children[i]) for i in scored
-        ])
+        weights = np.array(
+            [1 / (1 + math.exp(-10 * (_empirical(search.stats[i]) - 0.5))) / (1 + search.children[i]) for i in scored]
+        )
         return scored[int(rng.choice(len(scored), p=weights / weights.sum()))]
 
 
@@ -235,8 +236,9 @@ class HGM:
         return int(choose_evaluee(stats, rng))
 
     def pick(self, search):
-        return max(range(len(search.stats)),
-                   key=lambda i: (1 + search.stats[i].successes) / (2 + search.stats[i].evaluations))
+        return max(
+            range(len(search.stats)), key=lambda i: (1 + search.stats[i].successes) / (2 + search.stats[i].evaluations)
+        )
 
 
 class Evolver:
@@ -263,8 +265,9 @@ class Evolver:
 RUNNERS = {"greedy": Greedy(), "dgm": DGM(), "hgm": HGM(), "evolver": Evolver()}
 
 
-def run(policy: str, landscape: Landscape, budget: int, rng: np.random.Generator, workers: int,
-        expand_cost: int = 0) -> Search:
+def run(
+    policy: str, landscape: Landscape, budget: int, rng: np.random.Generator, workers: int, expand_cost: int = 0
+) -> Search:
     """Spend ``budget``, ``workers`` evaluations at a time, expanding on the policy's schedule.
 
     An evaluation costs 1 of the budget and an expansion ``expand_cost``; an expansion that would
@@ -291,8 +294,14 @@ def run(policy: str, landscape: Landscape, budget: int, rng: np.random.Generator
     return search
 
 
-def simulate(landscapes: int, budgets: list[int], seeds: list[int], workers: int, expand_cost: int = 0,
-             policies: tuple[str, ...] = POLICIES) -> tuple[dict, dict]:
+def simulate(
+    landscapes: int,
+    budgets: list[int],
+    seeds: list[int],
+    workers: int,
+    expand_cost: int = 0,
+    policies: tuple[str, ...] = POLICIES,
+) -> tuple[dict, dict]:
     """Return the report and, per budget, the evolver-minus-hgm difference of final true rates (mean, s.e.).
 
     ``landscapes`` landscapes per seed; the figures are means over all of them.
@@ -339,11 +348,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", default="50,100,200,400", help="comma-separated budgets, in evaluations")
     parser.add_argument("--seeds", "--seed", default="0", help="comma-separated landscape seeds")
     parser.add_argument("--workers", type=int, default=1, help="evaluations started together (parallel workers)")
-    parser.add_argument("--expand-cost", type=int, default=0,
-                        help="evaluations of budget one expansion (a proposer call) costs")
-    parser.add_argument("--race-start", type=float, default=RACE_START,
-                        help="share of the budget after which evolver races (1: no race)")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(POLICIES))
+    parser.add_argument(
+        "--expand-cost", type=int, default=0, help="evaluations of budget one expansion (a proposer call) costs"
+    )
+    parser.add_argument(
+        "--race-start",
+        type=float,
+        default=RACE_START,
+        help="share of the budget after which evolver races (1: no race)",
+    )
+    parser.add_argument(
+        "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ", ".join(POLICIES)
+    )
     args = parser.parse_args(argv)
     budgets, seeds = _ints(args.budgets), _ints(args.seeds)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
@@ -358,13 +374,28 @@ def main(argv: list[str] | None = None) -> None:
     RUNNERS["evolver"] = Evolver(args.race_start)
     began = time.perf_counter()
     report, paired = simulate(args.landscapes, budgets, seeds, args.workers, args.expand_cost, policies)
-    report["run"] = {"seeds": seeds, "landscapes_per_seed": args.landscapes, "expand_cost": args.expand_cost,
-                     "race_start": args.race_start, "workers": args.workers}
+    report["run"] = {
+        "seeds": seeds,
+        "landscapes_per_seed": args.landscapes,
+        "expand_cost": args.expand_cost,
+        "race_start": args.race_start,
+        "workers": args.workers,
+    }
     print(json.dumps(report, indent=2))
-    print(json.dumps({"landscapes": args.landscapes, "budgets": budgets, "seeds": seeds,
-                      "expand_cost": args.expand_cost, "workers": args.workers,
-                      "seconds": round(time.perf_counter() - began, 1),
-                      "evolver_minus_hgm_mean_se": paired}), file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "landscapes": args.landscapes,
+                "budgets": budgets,
+                "seeds": seeds,
+                "expand_cost": args.expand_cost,
+                "workers": args.workers,
+                "seconds": round(time.perf_counter() - began, 1),
+                "evolver_minus_hgm_mean_se": paired,
+            }
+        ),
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,9 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True,
-                              validate_default=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, use_attribute_docstrings=True, validate_default=True, frozen=True
+    )
 
 
 class ModelSettings(_Section):
@@ -130,9 +131,14 @@ class ModelSettings(_Section):
 
     def max_tokens_for(self, purpose: str) -> int:
         """The output cap of a call made for ``purpose``."""
-        return {"task": self.max_tokens_step, "evaluate": self.max_tokens_step, "reflect": self.max_tokens_reflect,
-                "distill": self.max_tokens_distill,
-                "propose": self.max_tokens_propose, "synthesize": self.max_tokens_synthesize}[purpose]
+        return {
+            "task": self.max_tokens_step,
+            "evaluate": self.max_tokens_step,
+            "reflect": self.max_tokens_reflect,
+            "distill": self.max_tokens_distill,
+            "propose": self.max_tokens_propose,
+            "synthesize": self.max_tokens_synthesize,
+        }[purpose]
 
 
 class MetaSettings(_Section):
@@ -161,8 +167,15 @@ class MetaSettings(_Section):
         timeout (no fallbacks); [model]'s own when no meta model is set."""
         if not self.name:
             return model
-        return model.model_copy(update={"name": self.name, "api_base": self.api_base, "fallbacks": [],
-                                        "api_key_env": self.api_key_env, "timeout_s": self.timeout_s})
+        return model.model_copy(
+            update={
+                "name": self.name,
+                "api_base": self.api_base,
+                "fallbacks": [],
+                "api_key_env": self.api_key_env,
+                "timeout_s": self.timeout_s,
+            }
+        )
 
 
 class AgentSettings(_Section):
@@ -521,8 +534,9 @@ class Config(BaseModel):
 
     @property
     def data_dir(self) -> Path:
-        return Path(self.daemon.data_dir).expanduser() if self.daemon.data_dir else Path(
-            platformdirs.user_data_dir(APP))
+        return (
+            Path(self.daemon.data_dir).expanduser() if self.daemon.data_dir else Path(platformdirs.user_data_dir(APP))
+        )
 
     @property
     def runtime_dir(self) -> Path:
@@ -549,8 +563,13 @@ def _parse_env_value(raw: str) -> Any:
         return raw
 
 
-_KINDS = {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
-          list[str]: "a list of strings"}
+_KINDS = {
+    int: "a whole number",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    list[str]: "a list of strings",
+}
 
 
 def _allowed(section: str, key: str) -> str:
@@ -592,12 +611,20 @@ def _not_a_setting(name: str, section: str, key: str) -> None:
     keys = list(SECTIONS[section].model_fields)
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.8)
     if close:
-        log.warning("environment variable %s is not a setting and is ignored: [%s] has no key %r "
-                    "(did you mean %s%s_%s?)", name, section, key, ENV_PREFIX, section.upper(), close[0].upper())
+        log.warning(
+            "environment variable %s is not a setting and is ignored: [%s] has no key %r (did you mean %s%s_%s?)",
+            name,
+            section,
+            key,
+            ENV_PREFIX,
+            section.upper(),
+            close[0].upper(),
+        )
 
 
-def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None = None,
-                secret_variables: Collection[str] = ()) -> Config:
+def load_config(
+    path: Path | str | None = None, *, env: Mapping[str, str] | None = None, secret_variables: Collection[str] = ()
+) -> Config:
     """Read the settings. Raises ``ConfigError`` with a readable message, never a traceback.
     ``secret_variables``: variables the command was told hold a secret (``--token-env``), never read as settings."""
     env = os.environ if env is None else env
@@ -618,7 +645,8 @@ def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None
             if section not in SECTIONS:
                 raise ConfigError(
                     f"{file}: unknown section [{section}]; the sections are "
-                    + ", ".join(f"[{s}]" for s in SECTIONS) + "."
+                    + ", ".join(f"[{s}]" for s in SECTIONS)
+                    + "."
                 )
             if not isinstance(values, dict):
                 raise ConfigError(f"{file}: {section} must be a [{section}] table, not a single value.")
@@ -632,7 +660,7 @@ def load_config(path: Path | str | None = None, *, env: Mapping[str, str] | None
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name == "EVOLVER_CONFIG" or name in secrets:
             continue
-        section, _, key = name[len(ENV_PREFIX):].lower().partition("_")
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
         if section not in SECTIONS:
             continue  # another program's variable (EVOLVER_TCP_TOKEN): not ours to refuse
         if key not in SECTIONS[section].model_fields:
@@ -663,8 +691,10 @@ def _explain(exc: ValidationError, origin: dict[tuple[str, str], str], file: Pat
             allowed = ", ".join(SECTIONS[section].model_fields)
             lines.append(f"{where}: unknown key {key!r} in [{section}]; the keys of [{section}] are: {allowed}.")
         elif key and section in SECTIONS and key in SECTIONS[section].model_fields:
-            lines.append(f"{where}: [{section}] {key} = {error.get('input')!r} is refused: "
-                         f"{error['msg']} (allowed: {_allowed(section, key)}).")
+            lines.append(
+                f"{where}: [{section}] {key} = {error.get('input')!r} is refused: "
+                f"{error['msg']} (allowed: {_allowed(section, key)})."
+            )
         else:
             message = error["msg"].removeprefix("Value error, ")
             lines.append(f"{where}: [{section}] {message}.")

@@ -40,12 +40,17 @@ class Loopback:
         headers: dict[bytes, bytes] = {}
         for name, value in raw:
             if name in headers and name in SINGLE:
-                raise Refused(400, "duplicate_header", f"the request has two {name.decode().title()} headers; "
-                                                       "one is allowed")
+                raise Refused(
+                    400, "duplicate_header", f"the request has two {name.decode().title()} headers; one is allowed"
+                )
             headers[name] = value
         if headers.get(b"host") not in self.hosts:
-            raise Refused(403, "wrong_host", "this server answers only at the address it printed (Host "
-                                             f"{' or '.join(sorted(h.decode() for h in self.hosts))})")
+            raise Refused(
+                403,
+                "wrong_host",
+                "this server answers only at the address it printed (Host "
+                f"{' or '.join(sorted(h.decode() for h in self.hosts))})",
+            )
         return headers
 
     def same_origin(self, headers: dict[bytes, bytes]) -> bool:

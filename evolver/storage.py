@@ -28,8 +28,15 @@ def embedder_for(config: Config) -> Embedder:
     return Embedder(fast_queries=m.fast_queries, batch_size=m.embed_batch_size, threads=m.embed_threads)
 
 
-def open_store(config: Config, *, data_dir: Path | None = None, readonly: bool = False,
-               rebuild_index: bool = False, embedder: Embedder | None = None, index_owner: bool = True) -> Store:
+def open_store(
+    config: Config,
+    *,
+    data_dir: Path | None = None,
+    readonly: bool = False,
+    rebuild_index: bool = False,
+    embedder: Embedder | None = None,
+    index_owner: bool = True,
+) -> Store:
     """The store under the configured data dir (reconciled with its index when writable). With
     ``index_owner=False``: SQLite only, for a worker process beside the daemon that owns the index."""
     return Store.open(

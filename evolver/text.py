@@ -42,5 +42,7 @@ def control_character(text: str) -> str | None:
     if "\n" not in text:
         return f"control character \\x{ord(found.group()):02x} at character {where + 1}"
     line_start = text.rfind("\n", 0, where) + 1
-    return (f"control character \\x{ord(found.group()):02x} at line {text.count(chr(10), 0, where) + 1}, "
-            f"column {where - line_start + 1}")
+    return (
+        f"control character \\x{ord(found.group()):02x} at line {text.count(chr(10), 0, where) + 1}, "
+        f"column {where - line_start + 1}"
+    )

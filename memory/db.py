@@ -33,7 +33,9 @@ def connect(path: Path, *, busy_timeout_ms: int, readonly: bool = False) -> sqli
         if readonly:
             # as_uri() percent-encodes the path: a '?', '#' or '%' in it must not end the file name.
             conn = sqlite3.connect(
-                f"{path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                f"{path.absolute().as_uri()}?mode=ro",
+                uri=True,
+                check_same_thread=False,
                 timeout=busy_timeout_ms / 1000,
             )
         else:
@@ -268,9 +270,7 @@ def _initial(db: sqlite_utils.Database) -> None:
     ]
     for sql in triggers:
         db.execute(sql)
-    db["trajectories"].enable_fts(
-        ["prompt", "final_answer"], create_triggers=True, tokenize="porter unicode61"
-    )
+    db["trajectories"].enable_fts(["prompt", "final_answer"], create_triggers=True, tokenize="porter unicode61")
     db["insights"].enable_fts(["text"], create_triggers=True, tokenize="porter unicode61")
     db["tools"].enable_fts(["name", "description"], create_triggers=True, tokenize="porter unicode61")
 

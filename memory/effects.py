@@ -92,10 +92,16 @@ class Effect:
 
     def as_dict(self) -> dict:
         low, high = self.interval
-        return {"exposures": self.exposures, "helped": self.helped, "hurt": self.hurt,
-                "control": self.control_successes + self.control_failures, "compared": self.compared,
-                "matched": self.matched,
-                "difference": round(self.difference, 3), "interval": [round(low, 3), round(high, 3)]}
+        return {
+            "exposures": self.exposures,
+            "helped": self.helped,
+            "hurt": self.hurt,
+            "control": self.control_successes + self.control_failures,
+            "compared": self.compared,
+            "matched": self.matched,
+            "difference": round(self.difference, 3),
+            "interval": [round(low, 3), round(high, 3)],
+        }
 
 
 def _two_sided(group: Group) -> bool:
@@ -123,8 +129,9 @@ class Exposures:
 
     def exposures_of(self, trajectory_id: str) -> dict[str, list[str]]:
         """What one attempt was shown: ``{"insight": [...], "tool": [...]}``."""
-        rows = self._all("SELECT kind, item FROM exposures WHERE trajectory_id = ? ORDER BY kind, item",
-                         [trajectory_id])
+        rows = self._all(
+            "SELECT kind, item FROM exposures WHERE trajectory_id = ? ORDER BY kind, item", [trajectory_id]
+        )
         out: dict[str, list[str]] = {}
         for row in rows:
             out.setdefault(row["kind"], []).append(row["item"])
@@ -139,17 +146,21 @@ class Exposures:
         if not since:
             return {}
         first = min(since.values())
-        over = (PROMOTION_SQL if promotion else learnable_sql("t"))
+        over = PROMOTION_SQL if promotion else learnable_sql("t")
         # A task's text, by a key short enough to group on (its start, its length): the tree's
         # evaluations and a person's repeated tasks share it.
         attempts = self._all(
             "SELECT t.id, t.started_at, o.success, substr(k.prompt, 1, 200) || '#' || length(k.prompt) AS task "
             "FROM trajectories t JOIN outcomes o ON o.trajectory_id = t.id JOIN tasks k ON k.id = t.task_id "
-            f"WHERE o.success IS NOT NULL AND t.started_at >= ? AND {over}", [first])
+            f"WHERE o.success IS NOT NULL AND t.started_at >= ? AND {over}",
+            [first],
+        )
         shown: dict[str, set[str]] = {}
         for row in self._all(
-                "SELECT x.item, x.trajectory_id FROM exposures x JOIN trajectories t ON t.id = x.trajectory_id "
-                "WHERE x.kind = ? AND t.started_at >= ?", [kind, first]):
+            "SELECT x.item, x.trajectory_id FROM exposures x JOIN trajectories t ON t.id = x.trajectory_id "
+            "WHERE x.kind = ? AND t.started_at >= ?",
+            [kind, first],
+        ):
             shown.setdefault(row["item"], set()).add(row["trajectory_id"])
         out: dict[str, Effect] = {}
         for item, created in since.items():

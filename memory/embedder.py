@@ -109,9 +109,14 @@ class Embedder:
                 try:
                     from .onnx_query import OnnxQueryEncoder
 
-                    query_model = OnnxQueryEncoder(transformer, copy.deepcopy(model.tokenizer), self.model_path,
-                                                   self.cache_dir,
-                                                   threads=self.threads, max_length=self.max_length)
+                    query_model = OnnxQueryEncoder(
+                        transformer,
+                        copy.deepcopy(model.tokenizer),
+                        self.model_path,
+                        self.cache_dir,
+                        threads=self.threads,
+                        max_length=self.max_length,
+                    )
                 except Exception as exc:  # no onnxruntime, an export failure: PyTorch still works
                     log.warning("fast query path unavailable (%s); embedding queries with PyTorch", exc)
             self._query_model = query_model
@@ -143,9 +148,7 @@ class Embedder:
         if self._query_model is not None and not full_precision:
             return self._query_model(text)
         with self._batch_lock, torch.inference_mode():
-            encoded = model.tokenizer(
-                [text], return_tensors="pt", truncation=True, max_length=self.max_length
-            )
+            encoded = model.tokenizer([text], return_tensors="pt", truncation=True, max_length=self.max_length)
             hidden = model[0].auto_model(**encoded).last_hidden_state
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)

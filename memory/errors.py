@@ -120,8 +120,7 @@ def translate_sqlite_error(exc: sqlite3.Error, path: Path) -> StoreError:
         )
     if kind == "full":
         return StoreFull(
-            f"{path}: the disk is full ({text}). Nothing already stored was lost; "
-            "free some space and try again."
+            f"{path}: the disk is full ({text}). Nothing already stored was lost; free some space and try again."
         )
     return StoreError(f"{path}: {text}")
 

@@ -36,9 +36,15 @@ class Lease:
 class Inbox:
     """The part of ``Store`` that hands out work (a mixin over the store's connection)."""
 
-    def claim_task(self, owner: str, *, lease_s: float, max_attempts: int,
-                   sources: tuple[str, ...] | None = None,
-                   exclude_sources: tuple[str, ...] = ()) -> Lease | None:
+    def claim_task(
+        self,
+        owner: str,
+        *,
+        lease_s: float,
+        max_attempts: int,
+        sources: tuple[str, ...] | None = None,
+        exclude_sources: tuple[str, ...] = (),
+    ) -> Lease | None:
         """The most urgent claimable task, now leased to ``owner``; None when there is none.
 
         Queued tasks and running tasks whose lease expired are claimable, highest
@@ -58,24 +64,31 @@ class Inbox:
             while True:
                 row = db.execute(
                     f"SELECT id, attempts, status FROM tasks WHERE {where} "
-                    "ORDER BY priority DESC, created_at, id LIMIT 1", params,
+                    "ORDER BY priority DESC, created_at, id LIMIT 1",
+                    params,
                 ).fetchone()
                 if row is None:
                     return None
                 task_id, attempts, status = row
                 if attempts >= max_attempts:
-                    reason = (f"dead-lettered after {attempts} attempts: the last worker's lease expired "
-                              "without a result" if status == "running" else
-                              f"dead-lettered: {attempts} attempts used, the limit is {max_attempts}")
+                    reason = (
+                        f"dead-lettered after {attempts} attempts: the last worker's lease expired without a result"
+                        if status == "running"
+                        else f"dead-lettered: {attempts} attempts used, the limit is {max_attempts}"
+                    )
                     db.execute(
                         "UPDATE tasks SET status = 'dead', error = ?, lease_owner = NULL, lease_expires_at = NULL, "
-                        "updated_at = ?, finished_at = ? WHERE id = ?", [reason, now, now, task_id])
+                        "updated_at = ?, finished_at = ? WHERE id = ?",
+                        [reason, now, now, task_id],
+                    )
                     continue
                 expires = now + lease_s
                 db.execute(
                     "UPDATE tasks SET status = 'running', attempts = attempts + 1, lease_owner = ?, "
                     "lease_token = lease_token + 1, lease_expires_at = ?, started_at = coalesce(started_at, ?), "
-                    "updated_at = ? WHERE id = ?", [owner, expires, now, now, task_id])
+                    "updated_at = ? WHERE id = ?",
+                    [owner, expires, now, now, task_id],
+                )
                 task = self.get_task(task_id)
                 return Lease(task=task, owner=owner, token=task.lease_token, expires_at=expires)
 
@@ -85,13 +98,15 @@ class Inbox:
         with self._write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
-                [expires, lease.task.id, lease.token])
+                [expires, lease.task.id, lease.token],
+            )
         if cursor.rowcount == 0:
             return None
         return Lease(task=lease.task, owner=lease.owner, token=lease.token, expires_at=expires)
 
-    def complete_task(self, lease: Lease, status: str, *, error: str | None = None,
-                      ending: Ending | None = None) -> bool:
+    def complete_task(
+        self, lease: Lease, status: str, *, error: str | None = None, ending: Ending | None = None
+    ) -> bool:
         """Record how the leased run ended. False (and nothing written) if the lease was lost."""
         if status not in TERMINAL:
             raise ValueError(f"a task ends as one of {TERMINAL}, not {status!r}")
@@ -100,8 +115,8 @@ class Inbox:
             cursor = db.execute(
                 "UPDATE tasks SET status = ?, error = ?, ending = ?, lease_owner = NULL, lease_expires_at = NULL, "
                 "updated_at = ?, finished_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
-                [status, error, None if ending is None else Ending(ending).value, now, now, lease.task.id,
-                 lease.token])
+                [status, error, None if ending is None else Ending(ending).value, now, now, lease.task.id, lease.token],
+            )
         return cursor.rowcount == 1
 
     def release_task(self, lease: Lease) -> bool:
@@ -110,7 +125,8 @@ class Inbox:
             cursor = db.execute(
                 "UPDATE tasks SET status = 'queued', attempts = max(attempts - 1, 0), lease_owner = NULL, "
                 "lease_expires_at = NULL, updated_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
-                [time.time(), lease.task.id, lease.token])
+                [time.time(), lease.task.id, lease.token],
+            )
         return cursor.rowcount == 1
 
     def expire_leases(self, *, except_owner_prefix: str) -> int:
@@ -123,7 +139,9 @@ class Inbox:
         with self._write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET lease_expires_at = 0 WHERE status = 'running' AND lease_owner IS NOT NULL "
-                "AND substr(lease_owner, 1, ?) != ?", [len(except_owner_prefix), except_owner_prefix])
+                "AND substr(lease_owner, 1, ?) != ?",
+                [len(except_owner_prefix), except_owner_prefix],
+            )
         return cursor.rowcount
 
     def abandon_lease(self, lease: Lease) -> bool:
@@ -154,7 +172,8 @@ class Inbox:
             cursor = db.execute(
                 "UPDATE tasks SET status = 'failed', error = ?, ending = ?, updated_at = ?, finished_at = ? "
                 "WHERE id = ? AND status = 'running' AND lease_owner IS NULL",
-                [error, Ending.INTERRUPTED.value, now, now, task_id])
+                [error, Ending.INTERRUPTED.value, now, now, task_id],
+            )
             if cursor.rowcount:
                 interrupt_trajectories(db, task_id)
         return cursor.rowcount == 1
@@ -167,8 +186,11 @@ class Inbox:
             if row is None:
                 raise NotFound(f"No task with id {task_id!r}.")
             if row[0] == "queued":
-                db.execute("UPDATE tasks SET status = 'cancelled', error = 'cancelled', cancel_requested = 1, "
-                           "updated_at = ?, finished_at = ? WHERE id = ?", [now, now, task_id])
+                db.execute(
+                    "UPDATE tasks SET status = 'cancelled', error = 'cancelled', cancel_requested = 1, "
+                    "updated_at = ?, finished_at = ? WHERE id = ?",
+                    [now, now, task_id],
+                )
             elif row[0] == "running":
                 db.execute("UPDATE tasks SET cancel_requested = 1, updated_at = ? WHERE id = ?", [now, task_id])
         return self.get_task(task_id)
@@ -193,4 +215,5 @@ def interrupt_trajectories(db, task_id: str | None = None) -> int:
     return db.execute(
         "UPDATE trajectories SET status = 'interrupted', finished_at = coalesce((SELECT max(s.created_at) "
         f"FROM steps s WHERE s.trajectory_id = trajectories.id), started_at) WHERE status = 'running' {where}",
-        params).rowcount
+        params,
+    ).rowcount

@@ -96,12 +96,17 @@ class VectorIndex:
                 self._prefix = f"ev-{self._namespace(path)}-"
                 try:
                     self._client = chromadb.HttpClient(
-                        host=url.hostname, port=url.port or (443 if url.scheme == "https" else 8000),
-                        ssl=url.scheme == "https", settings=settings)
+                        host=url.hostname,
+                        port=url.port or (443 if url.scheme == "https" else 8000),
+                        ssl=url.scheme == "https",
+                        settings=settings,
+                    )
                 except Exception as exc:
-                    raise StoreError(f"The Chroma server at {server} ([memory] index_server) could not be reached "
-                                     f"({exc}); start it, or empty index_server to keep the index in the data "
-                                     "dir.") from exc
+                    raise StoreError(
+                        f"The Chroma server at {server} ([memory] index_server) could not be reached "
+                        f"({exc}); start it, or empty index_server to keep the index in the data "
+                        "dir."
+                    ) from exc
             else:
                 self._prefix = ""
                 self._client = chromadb.PersistentClient(path=str(path / "chroma"), settings=settings)
@@ -193,8 +198,10 @@ class VectorIndex:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(f"The vector index at {self.where} could not be opened ({exc}). "
-                             "Run `evolver memory reindex` to rebuild it from the database.") from exc
+            raise StoreError(
+                f"The vector index at {self.where} could not be opened ({exc}). "
+                "Run `evolver memory reindex` to rebuild it from the database."
+            ) from exc
 
     def reset(self, name: str) -> None:
         """Drop one collection and create it empty, for the current model."""
@@ -227,16 +234,14 @@ class VectorIndex:
         """The stored metadata of those ids that the collection has."""
         found: dict[str, dict] = {}
         for start in range(0, len(ids), PAGE):
-            got = self._collections[name].get(ids=ids[start:start + PAGE], include=["metadatas"])
+            got = self._collections[name].get(ids=ids[start : start + PAGE], include=["metadatas"])
             found.update(zip(got["ids"], got["metadatas"]))
         return found
 
     def query(self, name: str, vector, n: int, where: dict | None = None) -> list[tuple[str, float]]:
         """The ``n`` nearest ids with their cosine similarity, best first."""
         collection = self._collections[name]
-        result = collection.query(
-            query_embeddings=[vector], n_results=n, where=where or None, include=["distances"]
-        )
+        result = collection.query(query_embeddings=[vector], n_results=n, where=where or None, include=["distances"])
         return [(i, 1.0 - d) for i, d in zip(result["ids"][0], result["distances"][0])]
 
     def count(self, name: str) -> int:

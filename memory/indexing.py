@@ -33,15 +33,23 @@ class IndexMaintenance:
         if collection == "trajectories":
             for r in self._all(
                 f"""SELECT t.id, t.prompt, t.node_id, t.started_at, o.success FROM trajectories t
-                    LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""", ids):
+                    LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
+                ids,
+            ):
                 success = -1 if r["success"] is None else int(r["success"])
-                docs[r["id"]] = (r["prompt"], {"success": success, "started_at": r["started_at"],
-                                               "node_id": r["node_id"] or ""})
+                docs[r["id"]] = (
+                    r["prompt"],
+                    {"success": success, "started_at": r["started_at"], "node_id": r["node_id"] or ""},
+                )
         elif collection == "insights":
-            for r in self._all(f"SELECT id, text FROM insights WHERE status IN ('active', 'probation') AND id IN ({marks})", ids):
+            for r in self._all(
+                f"SELECT id, text FROM insights WHERE status IN ('active', 'probation') AND id IN ({marks})", ids
+            ):
                 docs[str(r["id"])] = (r["text"], {})
         else:
-            for r in self._all(f"SELECT id, name, description FROM tools WHERE status = 'active' AND id IN ({marks})", ids):
+            for r in self._all(
+                f"SELECT id, name, description FROM tools WHERE status = 'active' AND id IN ({marks})", ids
+            ):
                 docs[str(r["id"])] = (f"{r['name']}: {r['description']}", {})
         for text, metadata in docs.values():
             metadata["text_hash"] = _text_hash(text)
@@ -84,8 +92,10 @@ class IndexMaintenance:
                 except StoreError:
                     raise
                 except Exception as exc:
-                    raise StoreError(f"Writing the vector index at {self.index.where} failed ({exc}); "
-                                     "the changes stay queued and are retried on the next write or start.") from exc
+                    raise StoreError(
+                        f"Writing the vector index at {self.index.where} failed ({exc}); "
+                        "the changes stay queued and are retried on the next write or start."
+                    ) from exc
                 with self._write() as db:
                     db.conn.executemany(
                         "DELETE FROM index_outbox WHERE collection = ? AND item_id = ? AND generation = ?",
@@ -115,8 +125,9 @@ class IndexMaintenance:
             present = self.index.all_ids(collection)
             # Rows another process (a worker process) wrote since the sync above wait in the outbox:
             # they are on their way, not drift.
-            pending = {r["item_id"] for r in self._all("SELECT item_id FROM index_outbox WHERE collection = ?",
-                                                        [collection])}
+            pending = {
+                r["item_id"] for r in self._all("SELECT item_id FROM index_outbox WHERE collection = ?", [collection])
+            }
             stale = sorted(((present - truth) | (truth - present)) - pending)
             if not stale:
                 continue
@@ -143,5 +154,7 @@ class IndexMaintenance:
         for collection in INDEXED_COLLECTIONS:
             self.index.reset(collection)
         with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('embedding_model', ?)", [self.embedder.model_id])
+            db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('embedding_model', ?)", [self.embedder.model_id]
+            )
         return self.sync_index(progress=(lambda n: progress(n, total)) if progress else None)

@@ -35,8 +35,16 @@ class InsightLog:
                     cursor = db.execute(
                         "INSERT INTO insights (text, importance, status, provenance, node_id, created_at, updated_at) "
                         "VALUES (?,?,?,?,?,?,?)",
-                        [change["text"], change.get("importance", 2), change.get("status", "active"),
-                         json.dumps(change.get("provenance") or []), change.get("node_id"), now, now])
+                        [
+                            change["text"],
+                            change.get("importance", 2),
+                            change.get("status", "active"),
+                            json.dumps(change.get("provenance") or []),
+                            change.get("node_id"),
+                            now,
+                            now,
+                        ],
+                    )
                     insight_id, before = cursor.lastrowid, None
                 else:
                     insight_id = change["id"]
@@ -46,25 +54,53 @@ class InsightLog:
                     current = Insight.from_row(row)
                     before = _snapshot(current)
                     values = {f: change.get(f, getattr(current, f)) for f in _FIELDS}
-                    db.execute("UPDATE insights SET text = ?, importance = ?, status = ?, provenance = ?, "
-                               "updated_at = ? WHERE id = ?",
-                               [values["text"], values["importance"], values["status"],
-                                json.dumps(values["provenance"]), now, insight_id])
+                    db.execute(
+                        "UPDATE insights SET text = ?, importance = ?, status = ?, provenance = ?, "
+                        "updated_at = ? WHERE id = ?",
+                        [
+                            values["text"],
+                            values["importance"],
+                            values["status"],
+                            json.dumps(values["provenance"]),
+                            now,
+                            insight_id,
+                        ],
+                    )
                 after = Insight.from_row(self._one("SELECT * FROM insights WHERE id = ?", [insight_id]))
-                db.execute("INSERT INTO insight_history (insight_id, op, before, after, event_id, at) "
-                           "VALUES (?,?,?,?,?,?)", [insight_id, change["op"], before, _snapshot(after), event_id, now])
+                db.execute(
+                    "INSERT INTO insight_history (insight_id, op, before, after, event_id, at) VALUES (?,?,?,?,?,?)",
+                    [insight_id, change["op"], before, _snapshot(after), event_id, now],
+                )
                 touched.append(insight_id)
         self.sync_index()
         return [self.get_insight(i) for i in touched]
 
-    def record_insight_changes(self, kind: str, what: str, changes: list[dict], *, why: str = "",
-                               evidence: list | None = None, cost_usd: float = 0.0, node_id: str | None = None,
-                               payload: dict | None = None, reverts: int | None = None) -> Event:
+    def record_insight_changes(
+        self,
+        kind: str,
+        what: str,
+        changes: list[dict],
+        *,
+        why: str = "",
+        evidence: list | None = None,
+        cost_usd: float = 0.0,
+        node_id: str | None = None,
+        payload: dict | None = None,
+        reverts: int | None = None,
+    ) -> Event:
         """Record one event and apply its insight changes (``apply_insight_changes``, under the event's id)
         in one transaction: a revert whose changes fail leaves no revert event to refuse a retry."""
         with self.transaction():
-            event = self.append_event(kind, what, why=why, evidence=evidence, cost_usd=cost_usd, node_id=node_id,
-                                      payload=payload, reverts=reverts)
+            event = self.append_event(
+                kind,
+                what,
+                why=why,
+                evidence=evidence,
+                cost_usd=cost_usd,
+                node_id=node_id,
+                payload=payload,
+                reverts=reverts,
+            )
             self.apply_insight_changes(changes, event_id=event.id)
         return event
 

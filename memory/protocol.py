@@ -66,7 +66,12 @@ class ExperienceStore(Protocol):
     ) -> Task: ...
     def task_steps(self, task_id: str, *, after_id: int = 0, limit: int = 500) -> list[tuple[int, int, Step]]: ...
     def claim_task(
-        self, owner: str, *, lease_s: float, max_attempts: int, sources: tuple[str, ...] | None = None,
+        self,
+        owner: str,
+        *,
+        lease_s: float,
+        max_attempts: int,
+        sources: tuple[str, ...] | None = None,
         exclude_sources: tuple[str, ...] = (),
     ) -> Lease | None: ...
     def renew_lease(self, lease: Lease, *, lease_s: float) -> Lease | None: ...
@@ -97,9 +102,7 @@ class ExperienceStore(Protocol):
         cost_usd: float = 0.0,
         duration_ms: float = 0.0,
     ) -> Step: ...
-    def finish_trajectory(
-        self, trajectory_id: str, *, status: str, final_answer: str | None = None
-    ) -> Trajectory: ...
+    def finish_trajectory(self, trajectory_id: str, *, status: str, final_answer: str | None = None) -> Trajectory: ...
     def close_interrupted_trajectories(self) -> int: ...
     def resolve_id(self, short: str) -> tuple[str, str]: ...
     def short_ids(self, ids: list[str]) -> dict[str, str]: ...
@@ -130,7 +133,13 @@ class ExperienceStore(Protocol):
 
     # --- retrieval ---------------------------------------------------------------------------------------
     def context(
-        self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5, successful_only: bool = True,
+        self,
+        query: str,
+        *,
+        trajectories: int = 3,
+        insights: int = 5,
+        tools: int = 5,
+        successful_only: bool = True,
         probation: bool = False,
     ) -> Context: ...
     def search_trajectories(

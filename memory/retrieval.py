@@ -70,14 +70,20 @@ class Retrieval:
             return set()
         where, params = filters.sql("t")
         marks = ",".join("?" * len(ids))
-        rows = self._reader().execute(
-            f"SELECT t.id FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
-            f"WHERE t.id IN ({marks}) AND {where}", [*ids, *params],
-        ).fetchall()
+        rows = (
+            self._reader()
+            .execute(
+                f"SELECT t.id FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+                f"WHERE t.id IN ({marks}) AND {where}",
+                [*ids, *params],
+            )
+            .fetchall()
+        )
         return {r[0] for r in rows}
 
-    def search_trajectories(self, query: str, *, k: int = 5, filters: Filters | None = None,
-                            vector=None) -> list[TrajectoryHit]:
+    def search_trajectories(
+        self, query: str, *, k: int = 5, filters: Filters | None = None, vector=None
+    ) -> list[TrajectoryHit]:
         vector = self._query_vector(query, vector)
         fetch = max(k * self.options.candidates_per_result, 20)
         with self._sqlite_errors():
@@ -101,25 +107,36 @@ class Retrieval:
             if not fused:
                 return []
             marks = ",".join("?" * len(fused))
-            rows = {r["id"]: r for r in self._all(
-                f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success,
+            rows = {
+                r["id"]: r
+                for r in self._all(
+                    f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success,
                            (SELECT s.content FROM steps s WHERE s.trajectory_id = t.id AND s.role = 'work'
                             ORDER BY s.seq DESC LIMIT 1) AS work
                     FROM trajectories t
                     LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
-                [f[0] for f in fused])}
+                    [f[0] for f in fused],
+                )
+            }
         return [
             TrajectoryHit(
-                trajectory_id=i, task_id=rows[i]["task_id"], prompt=rows[i]["prompt"],
+                trajectory_id=i,
+                task_id=rows[i]["task_id"],
+                prompt=rows[i]["prompt"],
                 final_answer=rows[i]["final_answer"],
                 success=None if rows[i]["success"] is None else bool(rows[i]["success"]),
-                score=score, similarity=similarity, keyword_rank=rank, work=rows[i]["work"],
+                score=score,
+                similarity=similarity,
+                keyword_rank=rank,
+                work=rows[i]["work"],
             )
-            for i, score, similarity, rank in fused if i in rows
+            for i, score, similarity, rank in fused
+            if i in rows
         ]
 
-    def _fuse(self, vector_hits: list[tuple[str, float]], keyword_ids: list[str],
-              k: int) -> list[tuple[str, float, float | None, int | None]]:
+    def _fuse(
+        self, vector_hits: list[tuple[str, float]], keyword_ids: list[str], k: int
+    ) -> list[tuple[str, float, float | None, int | None]]:
         """The best ``k`` of both rankings by reciprocal rank fusion: (id, fused score, similarity,
         keyword rank), best first."""
         similarity = dict(vector_hits)
@@ -133,22 +150,28 @@ class Retrieval:
             return self.embedder.embed_query(query)
         return vector
 
-    def _search_small(self, collection: str, query: str, k: int, vector, columns: str,
-                      statuses: tuple[str, ...] = ("active",)) -> list[tuple[dict, float, float | None, int | None]]:
+    def _search_small(
+        self, collection: str, query: str, k: int, vector, columns: str, statuses: tuple[str, ...] = ("active",)
+    ) -> list[tuple[dict, float, float | None, int | None]]:
         """Insights or tools in ``statuses`` for a query: (row, fused score, similarity, keyword rank), best
         first."""
         fetch = max(k * self.options.candidates_per_result, 20)
         vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
         allowed = ",".join("?" * len(statuses))
-        keyword_ids = keyword_search(self._reader(), collection, query, fetch, where=f"t.status IN ({allowed})",
-                                     params=list(statuses))
+        keyword_ids = keyword_search(
+            self._reader(), collection, query, fetch, where=f"t.status IN ({allowed})", params=list(statuses)
+        )
         fused = self._fuse(vector_hits, keyword_ids, k)
         if not fused:
             return []
         marks = ",".join("?" * len(fused))
-        rows = {str(r["id"]): r for r in self._all(
-            f"SELECT {columns} FROM {collection} WHERE status IN ({allowed}) AND id IN ({marks})",
-            [*statuses, *(int(f[0]) for f in fused)])}
+        rows = {
+            str(r["id"]): r
+            for r in self._all(
+                f"SELECT {columns} FROM {collection} WHERE status IN ({allowed}) AND id IN ({marks})",
+                [*statuses, *(int(f[0]) for f in fused)],
+            )
+        }
         return [(rows[i], score, similarity, rank) for i, score, similarity, rank in fused if i in rows]
 
     def search_insights(self, query: str, *, k: int = 5, vector=None, probation: bool = False) -> list[InsightHit]:
@@ -158,20 +181,45 @@ class Retrieval:
         statuses = ("active", "probation") if probation else ("active",)
         with self._sqlite_errors():
             found = self._search_small("insights", query, k, vector, "id, text, importance", statuses)
-        return [InsightHit(insight_id=row["id"], text=row["text"], importance=row["importance"],
-                           score=score, similarity=similarity, keyword_rank=rank)
-                for row, score, similarity, rank in found]
+        return [
+            InsightHit(
+                insight_id=row["id"],
+                text=row["text"],
+                importance=row["importance"],
+                score=score,
+                similarity=similarity,
+                keyword_rank=rank,
+            )
+            for row, score, similarity, rank in found
+        ]
 
     def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]:
         vector = self._query_vector(query, vector)
         with self._sqlite_errors():
             found = self._search_small("tools", query, k, vector, "id, name, version, description")
-        return [ToolHit(tool_id=row["id"], name=row["name"], version=row["version"],
-                        description=row["description"], score=score, similarity=similarity, keyword_rank=rank)
-                for row, score, similarity, rank in found]
+        return [
+            ToolHit(
+                tool_id=row["id"],
+                name=row["name"],
+                version=row["version"],
+                description=row["description"],
+                score=score,
+                similarity=similarity,
+                keyword_rank=rank,
+            )
+            for row, score, similarity, rank in found
+        ]
 
-    def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
-                successful_only: bool = True, probation: bool = False) -> Context:
+    def context(
+        self,
+        query: str,
+        *,
+        trajectories: int = 3,
+        insights: int = 5,
+        tools: int = 5,
+        successful_only: bool = True,
+        probation: bool = False,
+    ) -> Context:
         """One task's full context from memory, for one query embedding.
 
         The trajectories' keyword search runs on another thread while the query
@@ -186,8 +234,9 @@ class Retrieval:
 
         # Held-out attempts are never shown, to any task (``learnable_sql``).
         filters = Filters(success=True if successful_only else None, learnable=True)
-        hits = self.search_trajectories(query, k=trajectories, filters=filters,
-                                        vector=embed if self.index is not None else None)
+        hits = self.search_trajectories(
+            query, k=trajectories, filters=filters, vector=embed if self.index is not None else None
+        )
         vector = embedded[0] if embedded else None
         return Context(
             trajectories=hits,

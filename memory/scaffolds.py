@@ -19,8 +19,10 @@ class Snapshots:
     def put_scaffold(self, scaffold_hash: str, body: str) -> None:
         """Keep a snapshot; storing the same hash again changes nothing."""
         with self._write() as db:
-            db.execute("INSERT OR IGNORE INTO scaffolds (hash, body, created_at) VALUES (?,?,?)",
-                       [scaffold_hash, body, time.time()])
+            db.execute(
+                "INSERT OR IGNORE INTO scaffolds (hash, body, created_at) VALUES (?,?,?)",
+                [scaffold_hash, body, time.time()],
+            )
 
     def get_scaffold(self, scaffold_hash: str) -> str:
         row = self._one("SELECT body FROM scaffolds WHERE hash = ?", [scaffold_hash])

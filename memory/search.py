@@ -33,8 +33,11 @@ def learnable_sql(alias: str = "t") -> str:
     task's metadata on each query (12.6 ms against 0.07 ms for 40 candidates
     among 100k tasks), and retrieval runs it for every task the agent solves.
     """
-    return (f"NOT EXISTS (SELECT 1 FROM tasks held WHERE held.id = {alias}.task_id "
-            "AND json_extract(held.metadata, '$.split') = 'test')")
+    return (
+        f"NOT EXISTS (SELECT 1 FROM tasks held WHERE held.id = {alias}.task_id "
+        "AND json_extract(held.metadata, '$.split') = 'test')"
+    )
+
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 # Words so common in task texts that matching them says nothing; dropping them
@@ -69,8 +72,13 @@ class Filters:
     learnable: bool = False  # only what a learner may see (``learnable_sql``); Chroma cannot filter on it
 
     def is_empty(self) -> bool:
-        return (self.success is None and self.since is None and self.until is None and self.node_id is None
-                and not self.learnable)
+        return (
+            self.success is None
+            and self.since is None
+            and self.until is None
+            and self.node_id is None
+            and not self.learnable
+        )
 
     def chroma_where(self) -> dict | None:
         clauses: list[dict] = []
@@ -217,8 +225,7 @@ def _count_rows(db: sqlite_utils.Database, table: str, stems: list[str]) -> dict
 _TERM_STATISTICS = _TermStatistics()
 
 
-def informative_terms(db: sqlite_utils.Database, table: str, words: list[str],
-                      budget: int | None = None) -> list[str]:
+def informative_terms(db: sqlite_utils.Database, table: str, words: list[str], budget: int | None = None) -> list[str]:
     """The words worth matching: all of them, unless together they would touch
     more than ``budget`` (default ``POSTINGS_BUDGET``) rows, in which case the
     rarest that fit (at least one)."""
@@ -244,8 +251,14 @@ def informative_terms(db: sqlite_utils.Database, table: str, words: list[str],
 
 
 def keyword_search(
-    db: sqlite_utils.Database, table: str, query: str, limit: int,
-    *, where: str = "1", params: list | None = None, join: str = "",
+    db: sqlite_utils.Database,
+    table: str,
+    query: str,
+    limit: int,
+    *,
+    where: str = "1",
+    params: list | None = None,
+    join: str = "",
 ) -> list[str]:
     """Ids of ``table`` rows matching the query's words, best BM25 first."""
     words = _words(query)
@@ -256,9 +269,12 @@ def keyword_search(
     # join and the filter then touch only the best candidates, not every match.
     filtered = where.strip() != "1"
     inner = limit * FILTER_OVERFETCH if filtered else limit
-    ranked = [r[0] for r in db.execute(
-        f"SELECT rowid FROM {table}_fts WHERE {table}_fts MATCH ? ORDER BY rank LIMIT ?", [expression, inner]
-    ).fetchall()]
+    ranked = [
+        r[0]
+        for r in db.execute(
+            f"SELECT rowid FROM {table}_fts WHERE {table}_fts MATCH ? ORDER BY rank LIMIT ?", [expression, inner]
+        ).fetchall()
+    ]
     if not ranked:
         return []
     position = {rowid: n for n, rowid in enumerate(ranked)}

@@ -200,8 +200,10 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         with self._sqlite_errors():
             pending = MIGRATIONS.pending(self.db)
         if pending:
-            raise StoreError(f"{self.db_path} is not at this version's schema ({len(pending)} migrations pending); "
-                             "only the store's owner (the daemon) migrates it.")
+            raise StoreError(
+                f"{self.db_path} is not at this version's schema ({len(pending)} migrations pending); "
+                "only the store's owner (the daemon) migrates it."
+            )
 
     def _migrate(self) -> None:
         with self._sqlite_errors():
@@ -352,16 +354,34 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     # --- tasks ---------------------------------------------------------------
 
     def add_task(
-        self, prompt: str, *, check: dict | None = None, priority: int = 0, source: str = "inbox",
-        metadata: dict | None = None, idempotency_key: str | None = None, status: str = "queued",
+        self,
+        prompt: str,
+        *,
+        check: dict | None = None,
+        priority: int = 0,
+        source: str = "inbox",
+        metadata: dict | None = None,
+        idempotency_key: str | None = None,
+        status: str = "queued",
     ) -> tuple[Task, bool]:
         """Commit a task durably. Returns the task and whether it is new.
 
         With an idempotency key already used, the earlier task comes back
         unchanged: a client retrying after a lost reply never makes a duplicate.
         """
-        return self.add_tasks([dict(prompt=prompt, check=check, priority=priority, source=source,
-                                    metadata=metadata, idempotency_key=idempotency_key, status=status)])[0]
+        return self.add_tasks(
+            [
+                dict(
+                    prompt=prompt,
+                    check=check,
+                    priority=priority,
+                    source=source,
+                    metadata=metadata,
+                    idempotency_key=idempotency_key,
+                    status=status,
+                )
+            ]
+        )[0]
 
     def add_tasks(self, items: list[dict]) -> list[tuple[Task, bool]]:
         """Commit several tasks in one transaction (one fsync): ``add_task`` for each item's arguments.
@@ -381,15 +401,33 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                     if row is not None:
                         results.append((Task.from_row(row), False))
                         continue
-                task = Task(id=item.get("id") or new_id("task"), prompt=item["prompt"], status=item.get("status", "queued"),
-                            created_at=now, updated_at=now, check=item.get("check"),
-                            priority=item.get("priority", 0), source=item.get("source", "inbox"),
-                            metadata=item.get("metadata") or {}, idempotency_key=key)
+                task = Task(
+                    id=item.get("id") or new_id("task"),
+                    prompt=item["prompt"],
+                    status=item.get("status", "queued"),
+                    created_at=now,
+                    updated_at=now,
+                    check=item.get("check"),
+                    priority=item.get("priority", 0),
+                    source=item.get("source", "inbox"),
+                    metadata=item.get("metadata") or {},
+                    idempotency_key=key,
+                )
                 db.execute(
                     """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
                        idempotency_key, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
-                    [task.id, task.prompt, _json(task.check), task.status, task.priority, task.source,
-                     _json(task.metadata), key, now, now],
+                    [
+                        task.id,
+                        task.prompt,
+                        _json(task.check),
+                        task.status,
+                        task.priority,
+                        task.source,
+                        _json(task.metadata),
+                        key,
+                        now,
+                        now,
+                    ],
                 )
                 results.append((task, True))
         return results
@@ -397,16 +435,18 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def get_task(self, task_id: str) -> Task:
         return Task.from_row(self._require(self._one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id))
 
-    def list_tasks(self, *, status: str | None = None, source: str | None = None, limit: int = 50,
-                   offset: int = 0) -> list[Task]:
+    def list_tasks(
+        self, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Task]:
         clauses, params = [], []
         if status:
             clauses, params = clauses + ["status = ?"], params + [status]
         if source:
             clauses, params = clauses + ["source = ?"], params + [source]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._all(f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
-                         [*params, limit, offset])
+        rows = self._all(
+            f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", [*params, limit, offset]
+        )
         return [Task.from_row(r) for r in rows]
 
     def task_steps(self, task_id: str, *, after_id: int = 0, limit: int = 500) -> list[tuple[int, int, Step]]:
@@ -418,11 +458,13 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         rows = self._all(
             "SELECT s.rowid AS event_id, t.attempt AS attempt, s.* FROM steps s JOIN trajectories t "
             "ON t.id = s.trajectory_id WHERE t.task_id = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?",
-            [task_id, after_id, limit])
+            [task_id, after_id, limit],
+        )
         return [(r.pop("event_id"), r.pop("attempt"), Step.from_row(r)) for r in rows]
 
-    def set_task_status(self, task_id: str, status: str, *, error: str | None = None,
-                        ending: Ending | None = None) -> Task:
+    def set_task_status(
+        self, task_id: str, status: str, *, error: str | None = None, ending: Ending | None = None
+    ) -> Task:
         now = time.time()
         finished = now if status in ("done", "failed", "cancelled", "dead") else None
         with self._write() as db:
@@ -448,9 +490,17 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return self.get_trajectory(trajectory_id)
 
     def add_step(
-        self, trajectory_id: str, *, role: str, content: str, tool_calls: list | None = None,
-        tool_results: list | None = None, tokens_in: int = 0, tokens_out: int = 0,
-        cost_usd: float = 0.0, duration_ms: float = 0.0,
+        self,
+        trajectory_id: str,
+        *,
+        role: str,
+        content: str,
+        tool_calls: list | None = None,
+        tool_results: list | None = None,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost_usd: float = 0.0,
+        duration_ms: float = 0.0,
     ) -> Step:
         """Append one step durably; its sequence number follows the last one."""
         now = time.time()
@@ -462,8 +512,19 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 db.execute(
                     """INSERT INTO steps (trajectory_id, seq, role, content, tool_calls, tool_results,
                        tokens_in, tokens_out, cost_usd, duration_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
-                    [trajectory_id, seq, role, content, _json(tool_calls), _json(tool_results),
-                     tokens_in, tokens_out, cost_usd, duration_ms, now],
+                    [
+                        trajectory_id,
+                        seq,
+                        role,
+                        content,
+                        _json(tool_calls),
+                        _json(tool_results),
+                        tokens_in,
+                        tokens_out,
+                        cost_usd,
+                        duration_ms,
+                        now,
+                    ],
                 )
             except sqlite3.IntegrityError as exc:
                 if "FOREIGN KEY" not in str(exc):
@@ -473,9 +534,19 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 "UPDATE trajectories SET tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, cost_usd = cost_usd + ? WHERE id = ?",
                 [tokens_in, tokens_out, cost_usd, trajectory_id],
             )
-        return Step(trajectory_id=trajectory_id, seq=seq, role=role, content=content, created_at=now,
-                    tool_calls=tool_calls, tool_results=tool_results, tokens_in=tokens_in,
-                    tokens_out=tokens_out, cost_usd=cost_usd, duration_ms=duration_ms)
+        return Step(
+            trajectory_id=trajectory_id,
+            seq=seq,
+            role=role,
+            content=content,
+            created_at=now,
+            tool_calls=tool_calls,
+            tool_results=tool_results,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=cost_usd,
+            duration_ms=duration_ms,
+        )
 
     def finish_trajectory(self, trajectory_id: str, *, status: str, final_answer: str | None = None) -> Trajectory:
         with self._write() as db:
@@ -505,8 +576,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             raise NotFound(f"{short!r} is not an id: ids start with task_, traj_ or node_")
         kind, table = kind_table
         # A range on the primary key ('~' sorts after every digit and letter of an id).
-        rows = self._all(f"SELECT id FROM {table} WHERE id >= ? AND id < ? ORDER BY id LIMIT 4",
-                         [short, short + "~"])
+        rows = self._all(f"SELECT id FROM {table} WHERE id >= ? AND id < ? ORDER BY id LIMIT 4", [short, short + "~"])
         ids = [r["id"] for r in rows]
         if short in ids or len(ids) == 1:
             return kind, short if short in ids else ids[0]
@@ -529,7 +599,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             before = self._one(f"SELECT max(id) AS id FROM {table} WHERE id < ?", [full])["id"] or ""
             after = self._one(f"SELECT min(id) AS id FROM {table} WHERE id > ?", [full])["id"] or ""
             shared = max(len(os.path.commonprefix([full, before])), len(os.path.commonprefix([full, after])))
-            out[full] = full[:max(13, shared + 1)]
+            out[full] = full[: max(13, shared + 1)]
         return out
 
     def get_trajectory(self, trajectory_id: str) -> Trajectory:
@@ -546,19 +616,25 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """How many attempts (trajectories) each of ``task_ids`` has had; 0 for one that never ran."""
         counts = dict.fromkeys(task_ids, 0)
         for start in range(0, len(task_ids), 500):  # SQLite's variable limit
-            chunk = task_ids[start:start + 500]
-            rows = self._all(f"SELECT task_id, count(*) AS n FROM trajectories WHERE task_id IN "
-                             f"({','.join('?' * len(chunk))}) GROUP BY task_id", chunk)
+            chunk = task_ids[start : start + 500]
+            rows = self._all(
+                f"SELECT task_id, count(*) AS n FROM trajectories WHERE task_id IN "
+                f"({','.join('?' * len(chunk))}) GROUP BY task_id",
+                chunk,
+            )
             counts.update((r["task_id"], r["n"]) for r in rows)
         return counts
 
     def last_trajectory(self, task_id: str) -> Trajectory | None:
         """The task's newest attempt (see ``trajectories_of``), or None before its first."""
-        row = self._one("SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at DESC, rowid DESC LIMIT 1",
-                        [task_id])
+        row = self._one(
+            "SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at DESC, rowid DESC LIMIT 1", [task_id]
+        )
         return None if row is None else Trajectory.from_row(row)
 
-    def finished_since(self, mark: tuple[float, str] | None, *, limit: int = 100) -> list[tuple[Trajectory, bool | None]]:
+    def finished_since(
+        self, mark: tuple[float, str] | None, *, limit: int = 100
+    ) -> list[tuple[Trajectory, bool | None]]:
         """Trajectories finished after ``mark`` (finished_at, id), oldest first, with their success.
 
         A background job keeps the last one it processed as its watermark, so it
@@ -570,7 +646,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         rows = self._all(
             "SELECT t.*, o.success AS outcome_success FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
             "WHERE t.finished_at IS NOT NULL AND (t.finished_at > ? OR (t.finished_at = ? AND t.id > ?)) "
-            f"AND {learnable_sql('t')} ORDER BY t.finished_at, t.id LIMIT ?", [at, at, last_id, limit])
+            f"AND {learnable_sql('t')} ORDER BY t.finished_at, t.id LIMIT ?",
+            [at, at, last_id, limit],
+        )
         out = []
         for row in rows:
             success = row.pop("outcome_success")
@@ -593,16 +671,21 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         rows = self._all(
             "SELECT t.id FROM trajectories t WHERE t.finished_at IS NOT NULL "
             "AND (t.finished_at < ? OR (t.finished_at = ? AND t.id <= ?)) "
-            f"AND {learnable_sql('t')} ORDER BY t.finished_at DESC, t.id DESC LIMIT ?", [at, at, last_id, limit])
+            f"AND {learnable_sql('t')} ORDER BY t.finished_at DESC, t.id DESC LIMIT ?",
+            [at, at, last_id, limit],
+        )
         return [r["id"] for r in rows]
 
     def learnable(self, trajectory_ids: list[str]) -> set[str]:
         """Those of ``trajectory_ids`` a learner may see (``memory.search.learnable_sql``)."""
         found: set[str] = set()
         for start in range(0, len(trajectory_ids), 500):  # SQLite's variable limit
-            chunk = trajectory_ids[start:start + 500]
-            rows = self._all(f"SELECT t.id FROM trajectories t WHERE t.id IN ({','.join('?' * len(chunk))}) "
-                             f"AND {learnable_sql('t')}", chunk)
+            chunk = trajectory_ids[start : start + 500]
+            rows = self._all(
+                f"SELECT t.id FROM trajectories t WHERE t.id IN ({','.join('?' * len(chunk))}) "
+                f"AND {learnable_sql('t')}",
+                chunk,
+            )
             found.update(r["id"] for r in rows)
         return found
 
@@ -614,8 +697,13 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return [Step.from_row(r) for r in rows]
 
     def record_outcome(
-        self, trajectory_id: str, *, success: bool | None, score: float | None = None,
-        verifier: str | None = None, verifier_output: str | None = None,
+        self,
+        trajectory_id: str,
+        *,
+        success: bool | None,
+        score: float | None = None,
+        verifier: str | None = None,
+        verifier_output: str | None = None,
     ) -> Outcome:
         self.get_trajectory(trajectory_id)
         with self._write() as db:
@@ -625,7 +713,14 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                    ON CONFLICT (trajectory_id) DO UPDATE SET success = excluded.success, score = excluded.score,
                    verifier = excluded.verifier, verifier_output = excluded.verifier_output,
                    decided_at = excluded.decided_at""",
-                [trajectory_id, None if success is None else int(success), score, verifier, verifier_output, time.time()],
+                [
+                    trajectory_id,
+                    None if success is None else int(success),
+                    score,
+                    verifier,
+                    verifier_output,
+                    time.time(),
+                ],
             )
         self.sync_index()
         return self.outcome(trajectory_id)
@@ -666,21 +761,41 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                     [task_id, item.prompt, _json(item.check), "done", item.source, "{}", started, started, started],
                 )
                 # A step's accounting is kept as add_step keeps it, and summed on the trajectory.
-                totals = [sum(step.get(key) or 0 for step in item.steps) for key in ("tokens_in", "tokens_out", "cost_usd")]
+                totals = [
+                    sum(step.get(key) or 0 for step in item.steps) for key in ("tokens_in", "tokens_out", "cost_usd")
+                ]
                 db.execute(
                     """INSERT INTO trajectories (id, task_id, node_id, prompt, status, final_answer, started_at, finished_at,
                        tokens_in, tokens_out, cost_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
-                    [trajectory_id, task_id, item.node_id, item.prompt, item.status, item.final_answer, started, started,
-                     *totals],
+                    [
+                        trajectory_id,
+                        task_id,
+                        item.node_id,
+                        item.prompt,
+                        item.status,
+                        item.final_answer,
+                        started,
+                        started,
+                        *totals,
+                    ],
                 )
                 for seq, step in enumerate(item.steps, start=1):
                     db.execute(
                         """INSERT INTO steps (trajectory_id, seq, role, content, tool_calls, tool_results,
                            tokens_in, tokens_out, cost_usd, duration_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
-                        [trajectory_id, seq, step.get("role", "assistant"), step.get("content", ""),
-                         _json(step.get("tool_calls")), _json(step.get("tool_results")),
-                         step.get("tokens_in") or 0, step.get("tokens_out") or 0, step.get("cost_usd") or 0.0,
-                         step.get("duration_ms") or 0.0, started],
+                        [
+                            trajectory_id,
+                            seq,
+                            step.get("role", "assistant"),
+                            step.get("content", ""),
+                            _json(step.get("tool_calls")),
+                            _json(step.get("tool_results")),
+                            step.get("tokens_in") or 0,
+                            step.get("tokens_out") or 0,
+                            step.get("cost_usd") or 0.0,
+                            step.get("duration_ms") or 0.0,
+                            started,
+                        ],
                     )
                 if item.success is not None:
                     db.execute(
@@ -694,8 +809,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
     # --- insights --------------------------------------------------------------
 
-    def add_insight(self, text: str, *, importance: int = 2, provenance: list | None = None,
-                    node_id: str | None = None) -> Insight:
+    def add_insight(
+        self, text: str, *, importance: int = 2, provenance: list | None = None, node_id: str | None = None
+    ) -> Insight:
         if not text.strip():
             raise ValueError("An insight needs text.")
         now = time.time()
@@ -708,17 +824,27 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         self.sync_index()
         return self.get_insight(insight_id)
 
-    def update_insight(self, insight_id: int, *, text: str | None = None, importance: int | None = None,
-                       status: str | None = None, provenance: list | None = None) -> Insight:
+    def update_insight(
+        self,
+        insight_id: int,
+        *,
+        text: str | None = None,
+        importance: int | None = None,
+        status: str | None = None,
+        provenance: list | None = None,
+    ) -> Insight:
         current = self.get_insight(insight_id)
         with self._write() as db:
             db.execute(
                 "UPDATE insights SET text = ?, importance = ?, status = ?, provenance = ?, updated_at = ? WHERE id = ?",
-                [text if text is not None else current.text,
-                 importance if importance is not None else current.importance,
-                 status or current.status,
-                 _json(provenance if provenance is not None else current.provenance),
-                 time.time(), insight_id],
+                [
+                    text if text is not None else current.text,
+                    importance if importance is not None else current.importance,
+                    status or current.status,
+                    _json(provenance if provenance is not None else current.provenance),
+                    time.time(),
+                    insight_id,
+                ],
             )
         self.sync_index()
         return self.get_insight(insight_id)
@@ -736,12 +862,24 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
     # --- tools -----------------------------------------------------------------
 
-    def add_tool(self, name: str, *, description: str, code_hash: str, origin: str, status: str = "active",
-                 version: int | None = None, node_id: str | None = None, event_id: int | None = None) -> ToolRecord:
+    def add_tool(
+        self,
+        name: str,
+        *,
+        description: str,
+        code_hash: str,
+        origin: str,
+        status: str = "active",
+        version: int | None = None,
+        node_id: str | None = None,
+        event_id: int | None = None,
+    ) -> ToolRecord:
         now = time.time()
         with self._write() as db:
             if version is None:
-                version = db.execute("SELECT coalesce(max(version), 0) + 1 FROM tools WHERE name = ?", [name]).fetchone()[0]
+                version = db.execute(
+                    "SELECT coalesce(max(version), 0) + 1 FROM tools WHERE name = ?", [name]
+                ).fetchone()[0]
             cursor = db.execute(
                 """INSERT INTO tools (name, version, description, code_hash, status, origin, node_id, event_id,
                    created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
@@ -753,7 +891,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
     def set_tool_status(self, tool_id: int, status: str) -> ToolRecord:
         with self._write() as db:
-            cursor = db.execute("UPDATE tools SET status = ?, updated_at = ? WHERE id = ?", [status, time.time(), tool_id])
+            cursor = db.execute(
+                "UPDATE tools SET status = ?, updated_at = ? WHERE id = ?", [status, time.time(), tool_id]
+            )
             if cursor.rowcount == 0:
                 raise NotFound(f"No tool with id {tool_id!r}.")
         self.sync_index()
@@ -770,17 +910,30 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return self.get_tool(tool_id)
 
     def get_tool(self, tool_id: int) -> ToolRecord:
-        return ToolRecord.from_row(self._require(self._one("SELECT * FROM tools WHERE id = ?", [tool_id]), "tool", tool_id))
+        return ToolRecord.from_row(
+            self._require(self._one("SELECT * FROM tools WHERE id = ?", [tool_id]), "tool", tool_id)
+        )
 
     def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]:
         where, params = ("WHERE status = ?", [status]) if status else ("", [])
-        return [ToolRecord.from_row(r) for r in self._all(f"SELECT * FROM tools {where} ORDER BY name, version", params)]
+        return [
+            ToolRecord.from_row(r) for r in self._all(f"SELECT * FROM tools {where} ORDER BY name, version", params)
+        ]
 
     # --- scaffold nodes and evaluations ---------------------------------------
 
-    def add_node(self, scaffold_hash: str, *, parent_id: str | None = None, status: str = "proposed",
-                 diff: str = "", rationale: str = "", cost_usd: float = 0.0, tokens: int = 0,
-                 node_id: str | None = None) -> Node:
+    def add_node(
+        self,
+        scaffold_hash: str,
+        *,
+        parent_id: str | None = None,
+        status: str = "proposed",
+        diff: str = "",
+        rationale: str = "",
+        cost_usd: float = 0.0,
+        tokens: int = 0,
+        node_id: str | None = None,
+    ) -> Node:
         node_id = node_id or new_id("node")
         with self._write() as db:
             db.execute(
@@ -792,8 +945,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
     def set_node_status(self, node_id: str, status: str, *, reason: str | None = None) -> Node:
         with self._write() as db:
-            cursor = db.execute("UPDATE nodes SET status = ?, reason = coalesce(?, reason) WHERE id = ?",
-                                [status, reason, node_id])
+            cursor = db.execute(
+                "UPDATE nodes SET status = ?, reason = coalesce(?, reason) WHERE id = ?", [status, reason, node_id]
+            )
             if cursor.rowcount == 0:
                 raise NotFound(f"No node with id {node_id!r}.")
         return self.get_node(node_id)
@@ -804,8 +958,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def list_nodes(self) -> list[Node]:
         return [Node.from_row(r) for r in self._all("SELECT * FROM nodes ORDER BY created_at, id")]
 
-    def start_evaluation(self, node_id: str, task_ref: str, *, split: str = "train",
-                         task: dict | None = None) -> Evaluation:
+    def start_evaluation(
+        self, node_id: str, task_ref: str, *, split: str = "train", task: dict | None = None
+    ) -> Evaluation:
         """Record an evaluation in flight; with ``task`` (``add_task``'s arguments) also queue the
         inbox task that runs it, in the same transaction, so neither exists without the other."""
         with self._write() as db:
@@ -815,9 +970,13 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             )
             evaluation_id = cursor.lastrowid
             if task is not None:
-                metadata = {**(task.get("metadata") or {}), "evaluation": evaluation_id, "node": node_id,
-                            "split": split}
-                (queued, _), = self.add_tasks([{**task, "metadata": metadata, "source": "evaluation"}])
+                metadata = {
+                    **(task.get("metadata") or {}),
+                    "evaluation": evaluation_id,
+                    "node": node_id,
+                    "split": split,
+                }
+                ((queued, _),) = self.add_tasks([{**task, "metadata": metadata, "source": "evaluation"}])
                 db.execute("UPDATE evaluations SET task_id = ? WHERE id = ?", [queued.id, evaluation_id])
         return self.get_evaluation(evaluation_id)
 
@@ -830,7 +989,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             # Only a running one: a result that arrives twice (a task re-run after a crash) counts once.
             db.execute(
                 "UPDATE evaluations SET status = 'done', success = ?, trajectory_id = ?, finished_at = ? "
-                "WHERE id = ? AND status = 'running'", [int(success), trajectory_id, time.time(), evaluation_id],
+                "WHERE id = ? AND status = 'running'",
+                [int(success), trajectory_id, time.time(), evaluation_id],
             )
         return self.get_evaluation(evaluation_id)
 
@@ -841,16 +1001,21 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def evaluation_counts(self, *, split: str | None = None) -> list[dict]:
         """Per node, its own evaluations: successes ``s``, failures ``f``, and ``running`` (in flight)."""
         where, params = ("WHERE split = ?", [split]) if split else ("", [])
-        return self._all("SELECT node_id, coalesce(sum(status = 'done' AND success = 1), 0) AS s, "
-                         "coalesce(sum(status = 'done' AND success = 0), 0) AS f, "
-                         f"coalesce(sum(status = 'running'), 0) AS running FROM evaluations {where} "
-                         "GROUP BY node_id", params)
+        return self._all(
+            "SELECT node_id, coalesce(sum(status = 'done' AND success = 1), 0) AS s, "
+            "coalesce(sum(status = 'done' AND success = 0), 0) AS f, "
+            f"coalesce(sum(status = 'running'), 0) AS running FROM evaluations {where} "
+            "GROUP BY node_id",
+            params,
+        )
 
     def abandon_evaluation(self, evaluation_id: int) -> Evaluation:
         """An evaluation whose task ended without a verdict (cancelled, dead): it counts for nothing."""
         with self._write() as db:
-            db.execute("UPDATE evaluations SET status = 'abandoned', finished_at = ? WHERE id = ? AND "
-                       "status = 'running'", [time.time(), evaluation_id])
+            db.execute(
+                "UPDATE evaluations SET status = 'abandoned', finished_at = ? WHERE id = ? AND status = 'running'",
+                [time.time(), evaluation_id],
+            )
         return self.get_evaluation(evaluation_id)
 
     def evaluations_of(self, node_id: str) -> list[Evaluation]:
@@ -865,9 +1030,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             "SUM(json_extract(s.tool_results, '$[0].changed')) AS changed, "
             "SUM(json_extract(s.tool_results, '$[0].error') IS NOT NULL) AS failed "
             "FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
-            "WHERE t.node_id = ? AND s.role = 'hook' GROUP BY point ORDER BY point", [node_id])
-        return {r["point"] or "load": {"changed": int(r["changed"] or 0), "failed": int(r["failed"] or 0)}
-                for r in rows}
+            "WHERE t.node_id = ? AND s.role = 'hook' GROUP BY point ORDER BY point",
+            [node_id],
+        )
+        return {
+            r["point"] or "load": {"changed": int(r["changed"] or 0), "failed": int(r["failed"] or 0)} for r in rows
+        }
 
     def tool_calls(self, names: list[str]) -> dict[str, dict[str, int]]:
         """How often each named tool was called in any task, and how many calls went well (from the
@@ -878,14 +1046,25 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             "SELECT json_extract(tool_results, '$[0].name') AS name, count(*) AS calls, "
             "SUM(json_extract(tool_results, '$[0].ok')) AS ok FROM steps WHERE role = 'tool' "
             f"AND json_extract(tool_results, '$[0].name') IN ({','.join('?' * len(names))}) GROUP BY name",
-            list(names))
+            list(names),
+        )
         found = {r["name"]: {"uses": int(r["calls"]), "successes": int(r["ok"] or 0)} for r in rows}
         return {n: found.get(n, {"uses": 0, "successes": 0}) for n in names}
 
     # --- budget ledger and evolution events -------------------------------------
 
-    def record_call(self, *, model: str, purpose: str, tokens_in: int, tokens_out: int, cost_usd: float,
-                    latency_ms: float, task_id: str | None = None, node_id: str | None = None) -> LedgerEntry:
+    def record_call(
+        self,
+        *,
+        model: str,
+        purpose: str,
+        tokens_in: int,
+        tokens_out: int,
+        cost_usd: float,
+        latency_ms: float,
+        task_id: str | None = None,
+        node_id: str | None = None,
+    ) -> LedgerEntry:
         with self._write() as db:
             cursor = db.execute(
                 """INSERT INTO ledger (at, model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id, node_id)
@@ -895,8 +1074,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             entry_id = cursor.lastrowid
         return LedgerEntry.from_row(self._one("SELECT * FROM ledger WHERE id = ?", [entry_id]))
 
-    def spent(self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None,
-              task_id: str | None = None) -> tuple[int, float]:
+    def spent(
+        self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None, task_id: str | None = None
+    ) -> tuple[int, float]:
         """Tokens (in + out) and USD spent since a time, optionally for some purposes or one task."""
         sql = "SELECT coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_usd), 0) FROM ledger WHERE at >= ?"
         params: list = [since]
@@ -913,9 +1093,15 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def spent_by_model(self, *, since: float = 0.0) -> dict[str, tuple[int, float]]:
         """By model (the ledger's, a fallback its own), tokens (in + out) and USD spent since a time."""
         with self._sqlite_errors():
-            rows = self._reader().execute(
-                "SELECT model, coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_usd), 0) FROM ledger "
-                "WHERE at >= ? GROUP BY model ORDER BY model", [since]).fetchall()
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT model, coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_usd), 0) FROM ledger "
+                    "WHERE at >= ? GROUP BY model ORDER BY model",
+                    [since],
+                )
+                .fetchall()
+            )
         return {model: (int(tokens), float(usd)) for model, tokens, usd in rows}
 
     def task_results(self, *, since: float) -> dict[str, dict[str, int]]:
@@ -934,11 +1120,13 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             "WHERE t.finished_at >= ? AND NOT EXISTS (SELECT 1 FROM trajectories later "
             "WHERE later.task_id = t.task_id AND later.attempt > t.attempt) "
             "GROUP BY period, k.source, o.success ORDER BY period",
-            ([] if period_s == float("inf") else [since, period_s]) + [since])
+            ([] if period_s == float("inf") else [since, period_s]) + [since],
+        )
         out: dict[int, dict[str, dict[str, int]]] = {}
         for row in rows:
-            counts = out.setdefault(row["period"], {}).setdefault(row["source"],
-                                                                   {"succeeded": 0, "failed": 0, "unjudged": 0})
+            counts = out.setdefault(row["period"], {}).setdefault(
+                row["source"], {"succeeded": 0, "failed": 0, "unjudged": 0}
+            )
             key = "unjudged" if row["success"] is None else "succeeded" if row["success"] else "failed"
             counts[key] += row["n"]
         return sorted(out.items())
@@ -952,12 +1140,22 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             " AND coalesce(json_extract(before, '$.status'), '') != 'retired') AS insights_retired, "
             "(SELECT count(*) FROM tools WHERE created_at >= ? AND status IN ('active', 'retired')) AS tools_added, "
             "(SELECT count(*) FROM tools WHERE updated_at >= ? AND status = 'retired') AS tools_retired",
-            [since] * 4)
+            [since] * 4,
+        )
         return {key: int(row[key]) for key in ("insights_added", "insights_retired", "tools_added", "tools_retired")}
 
-    def append_event(self, kind: str, what: str, *, why: str = "", evidence: list | None = None,
-                     cost_usd: float = 0.0, node_id: str | None = None, payload: dict | None = None,
-                     reverts: int | None = None) -> Event:
+    def append_event(
+        self,
+        kind: str,
+        what: str,
+        *,
+        why: str = "",
+        evidence: list | None = None,
+        cost_usd: float = 0.0,
+        node_id: str | None = None,
+        payload: dict | None = None,
+        reverts: int | None = None,
+    ) -> Event:
         with self._write() as db:
             cursor = db.execute(
                 """INSERT INTO events (at, kind, what, why, evidence, cost_usd, node_id, payload, reverts)
@@ -968,8 +1166,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return Event.from_row(self._one("SELECT * FROM events WHERE id = ?", [event_id]))
 
     def get_event(self, event_id: int) -> Event:
-        return Event.from_row(self._require(self._one("SELECT * FROM events WHERE id = ?", [event_id]), "event",
-                                            event_id))
+        return Event.from_row(
+            self._require(self._one("SELECT * FROM events WHERE id = ?", [event_id]), "event", event_id)
+        )
 
     def list_events(self, *, kind: str | None = None, since: float = 0.0, limit: int = 100) -> list[Event]:
         sql, params = "SELECT * FROM events WHERE at >= ?", [since]

@@ -47,10 +47,21 @@ class RecordedCall:
 class ToolLog:
     """The part of ``Store`` that records tool changes and reads real tool calls (a mixin)."""
 
-    def apply_tool_changes(self, kind: str, what: str, *, why: str, evidence: list | None = None,
-                           cost_usd: float = 0.0, node_id: str | None = None, payload: dict | None = None,
-                           new: NewTool | list[NewTool] | None = None, status: dict[int, str] | None = None,
-                           reverts: int | None = None, meta: dict[str, str] | None = None) -> Event:
+    def apply_tool_changes(
+        self,
+        kind: str,
+        what: str,
+        *,
+        why: str,
+        evidence: list | None = None,
+        cost_usd: float = 0.0,
+        node_id: str | None = None,
+        payload: dict | None = None,
+        new: NewTool | list[NewTool] | None = None,
+        status: dict[int, str] | None = None,
+        reverts: int | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> Event:
         """Record one event and apply its tool changes (and ``meta`` values) in one transaction.
 
         ``new`` is a new row (or several: an imported pack's tools, one event).
@@ -70,17 +81,31 @@ class ToolLog:
             new_ids = []
             for tool in [] if new is None else [new] if isinstance(new, NewTool) else new:
                 # the row first, so the event (append-only) can name it
-                new_ids.append(db.execute(
-                    "INSERT INTO tools (name, version, description, code_hash, status, origin, node_id, "
-                    "created_at, updated_at) VALUES (?,?,?,?,'active','synthesized',?,?,?)",
-                    [tool.name, tool.version, tool.description, tool.code_hash, tool.node_id, now, now]).lastrowid)
-                changes.append({"id": new_ids[-1], "name": tool.name, "version": tool.version, "before": None,
-                                "after": "active"})
+                new_ids.append(
+                    db.execute(
+                        "INSERT INTO tools (name, version, description, code_hash, status, origin, node_id, "
+                        "created_at, updated_at) VALUES (?,?,?,?,'active','synthesized',?,?,?)",
+                        [tool.name, tool.version, tool.description, tool.code_hash, tool.node_id, now, now],
+                    ).lastrowid
+                )
+                changes.append(
+                    {"id": new_ids[-1], "name": tool.name, "version": tool.version, "before": None, "after": "active"}
+                )
             event_id = db.execute(
                 "INSERT INTO events (at, kind, what, why, evidence, cost_usd, node_id, payload, reverts) "
                 "VALUES (?,?,?,?,?,?,?,?,?)",
-                [now, kind, what, why, json.dumps(evidence or []), cost_usd, node_id,
-                 json.dumps({**(payload or {}), "tool_changes": changes}), reverts]).lastrowid
+                [
+                    now,
+                    kind,
+                    what,
+                    why,
+                    json.dumps(evidence or []),
+                    cost_usd,
+                    node_id,
+                    json.dumps({**(payload or {}), "tool_changes": changes}),
+                    reverts,
+                ],
+            ).lastrowid
             for new_id in new_ids:
                 db.execute("UPDATE tools SET event_id = ? WHERE id = ?", [event_id, new_id])
             for key, value in (meta or {}).items():
@@ -89,8 +114,9 @@ class ToolLog:
         return self.get_event(event_id)
 
     def active_tool(self, name: str) -> ToolRecord | None:
-        row = self._one("SELECT * FROM tools WHERE name = ? AND status = 'active' ORDER BY version DESC LIMIT 1",
-                        [name])
+        row = self._one(
+            "SELECT * FROM tools WHERE name = ? AND status = 'active' ORDER BY version DESC LIMIT 1", [name]
+        )
         return None if row is None else ToolRecord.from_row(row)
 
     def next_tool_version(self, name: str) -> int:
@@ -98,8 +124,11 @@ class ToolLog:
 
     def tool_events(self, tool_id: int) -> list[Event]:
         """Events that changed this tool, oldest first."""
-        rows = self._all("SELECT e.* FROM events e, json_each(e.payload, '$.tool_changes') c "
-                         "WHERE json_extract(c.value, '$.id') = ? ORDER BY e.id", [tool_id])
+        rows = self._all(
+            "SELECT e.* FROM events e, json_each(e.payload, '$.tool_changes') c "
+            "WHERE json_extract(c.value, '$.id') = ? ORDER BY e.id",
+            [tool_id],
+        )
         return [Event.from_row(r) for r in rows]
 
     def recorded_calls(self, trajectory_ids: list[str], *, tool: str | None = None) -> list[RecordedCall]:
@@ -112,7 +141,8 @@ class ToolLog:
             f"t.finished_at, o.success FROM steps s JOIN trajectories t ON t.id = s.trajectory_id LEFT JOIN outcomes o "
             f"ON o.trajectory_id = s.trajectory_id WHERE s.trajectory_id IN ({marks}) "
             f"AND (s.tool_calls IS NOT NULL OR s.tool_results IS NOT NULL) ORDER BY s.trajectory_id, s.seq",
-            list(trajectory_ids))
+            list(trajectory_ids),
+        )
         calls: list[RecordedCall] = []
         pending: dict[tuple[str, str], tuple[dict, dict]] = {}  # (trajectory, call id) -> (call, its step row)
         for row in rows:
@@ -127,11 +157,19 @@ class ToolLog:
                 if tool is not None and call.get("name") != tool:
                     continue
                 success = origin["success"]
-                calls.append(RecordedCall(
-                    trajectory_id=row["trajectory_id"], task_id=row["task_id"], seq=origin["seq"],
-                    name=call.get("name", ""), arguments=call["arguments"], output=row["content"],
-                    ok=bool(result.get("ok", True)), success=None if success is None else bool(success),
-                    finished_at=row["finished_at"]))
+                calls.append(
+                    RecordedCall(
+                        trajectory_id=row["trajectory_id"],
+                        task_id=row["task_id"],
+                        seq=origin["seq"],
+                        name=call.get("name", ""),
+                        arguments=call["arguments"],
+                        output=row["content"],
+                        ok=bool(result.get("ok", True)),
+                        success=None if success is None else bool(success),
+                        finished_at=row["finished_at"],
+                    )
+                )
         return calls
 
     def reflections(self, trajectory_ids: list[str]) -> dict[str, str]:
@@ -139,6 +177,9 @@ class ToolLog:
         if not trajectory_ids:
             return {}
         marks = ",".join("?" * len(trajectory_ids))
-        rows = self._all(f"SELECT trajectory_id, content FROM steps WHERE role = 'reflection' "
-                         f"AND trajectory_id IN ({marks}) ORDER BY seq", list(trajectory_ids))
+        rows = self._all(
+            f"SELECT trajectory_id, content FROM steps WHERE role = 'reflection' "
+            f"AND trajectory_id IN ({marks}) ORDER BY seq",
+            list(trajectory_ids),
+        )
         return {r["trajectory_id"]: r["content"] for r in rows}

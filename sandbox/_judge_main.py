@@ -44,14 +44,16 @@ def _tail(exc, chars=1500):
 
 # --- plain data across the pipe ----------------------------------------------------------------
 
+
 def encode(value, depth=0):
     if depth > _DEPTH:
         raise TypeError(f"a value nested deeper than {_DEPTH} levels")
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) \
-            else {"$": "float", "v": repr(value)}
+        return (
+            value if value == value and value not in (float("inf"), float("-inf")) else {"$": "float", "v": repr(value)}
+        )
     if isinstance(value, list):
         return [encode(v, depth + 1) for v in value]
     for kind in (tuple, set, frozenset):
@@ -63,8 +65,10 @@ def encode(value, depth=0):
         return {"$": "bytes", "v": bytes(value).hex()}
     if isinstance(value, complex):
         return {"$": "complex", "v": [value.real, value.imag]}
-    raise TypeError(f"a {type(value).__name__}, which cannot cross to the checker: give plain data "
-                    "(numbers, strings, bytes, lists, tuples, dicts, sets)")
+    raise TypeError(
+        f"a {type(value).__name__}, which cannot cross to the checker: give plain data "
+        "(numbers, strings, bytes, lists, tuples, dicts, sets)"
+    )
 
 
 def decode(data, depth=0):
@@ -99,10 +103,11 @@ def decode(data, depth=0):
 def _write_all(fd, data):
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # --- the subject: the attempt's code, in a process of its own ----------------------------------
+
 
 def subject(module_name):
     import importlib
@@ -146,6 +151,7 @@ def subject(module_name):
 
 # --- the judge ---------------------------------------------------------------------------------
 
+
 class AttemptError(Exception):
     """The attempt's code failed in a way that is not one of Python's built-in exceptions."""
 
@@ -177,9 +183,14 @@ class Subject:
     def __init__(self, module="solution"):
         self._module = module
         self._stderr = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen([sys.executable, "-c", SOURCE, "subject", module], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._stderr, close_fds=True,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", SOURCE, "subject", module],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            close_fds=True,
+            start_new_session=True,
+        )
         SUBJECTS.append(self)
         self._buffer = b""
         try:
@@ -205,8 +216,9 @@ class Subject:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 status = self._proc.wait()
-                raise AttemptError(f"{self._module}.py's process ended (exit status {status}) without "
-                                   f"answering{self._stderr_tail()}")
+                raise AttemptError(
+                    f"{self._module}.py's process ended (exit status {status}) without answering{self._stderr_tail()}"
+                )
             self._buffer += chunk
             if len(self._buffer) > _REPLY_BYTES:
                 _kill(self._proc)
@@ -226,8 +238,9 @@ class Subject:
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError):
             status = self._proc.wait()
-            raise AttemptError(f"{self._module}.py's process ended (exit status {status}){self._stderr_tail()}") \
-                from None
+            raise AttemptError(
+                f"{self._module}.py's process ended (exit status {status}){self._stderr_tail()}"
+            ) from None
         reply = self._reply()
         if "error" in reply:
             kind, message = str(reply["error"].get("type")), str(reply["error"].get("message"))
@@ -252,6 +265,7 @@ class Subject:
 
         def function(*args, **kwargs):
             return self.call(name, args, kwargs)
+
         function.__name__ = name
         return function
 
@@ -288,8 +302,14 @@ def run(argv, *, stdin=None, timeout=None):
         argv = ["/bin/sh", "-c", argv]
     limit = CLOCK.left() if timeout is None else min(timeout, CLOCK.left())
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                stdout=out, stderr=err, close_fds=True, start_new_session=True)
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            close_fds=True,
+            start_new_session=True,
+        )
         timed_out = False
         try:
             if stdin is not None:
@@ -306,6 +326,7 @@ def run(argv, *, stdin=None, timeout=None):
         def read(handle):
             handle.seek(0)
             return handle.read(_OUTPUT_BYTES).decode("utf-8", "replace")
+
         return Ran(proc.returncode, read(out), read(err), timed_out)
 
 
@@ -322,8 +343,10 @@ def run_unittest(*cases):
     if not problems:
         return False, "no tests ran"
     test, text = problems[0]
-    return False, (f"{len(problems)} of {result.testsRun} tests failed; {test.id().rsplit('.', 1)[-1]}: "
-                   f"{text.strip().splitlines()[-1][:1500]}")
+    return False, (
+        f"{len(problems)} of {result.testsRun} tests failed; {test.id().rsplit('.', 1)[-1]}: "
+        f"{text.strip().splitlines()[-1][:1500]}"
+    )
 
 
 class _NoAttemptImports:
@@ -336,13 +359,20 @@ class _NoAttemptImports:
         spec = PathFinder.find_spec(name, path)
         origin = getattr(spec, "origin", None) or ""
         if origin and os.path.realpath(origin).startswith(self.root):
-            raise ImportError(f"the checker may not import {name} from the workspace into its own process; "
-                              "call the attempt's code through solution() or run()")
+            raise ImportError(
+                f"the checker may not import {name} from the workspace into its own process; "
+                "call the attempt's code through solution() or run()"
+            )
 
 
 def _python_check(job):
-    namespace = {"__name__": "evolver_check", "solution": solution, "run": run, "run_unittest": run_unittest,
-                 "AttemptError": AttemptError}
+    namespace = {
+        "__name__": "evolver_check",
+        "solution": solution,
+        "run": run,
+        "run_unittest": run_unittest,
+        "AttemptError": AttemptError,
+    }
     exec(compile(job["code"], "<check>", "exec"), namespace)
     try:
         result = namespace["check"](job.get("answer"), os.getcwd())
@@ -417,8 +447,11 @@ def judge(nonce_fd, verdict_fd):
         sys.meta_path.insert(0, _NoAttemptImports(os.getcwd()))
         report = RUNNERS[job["kind"]](job)
     except BaseException as exc:
-        report = {"success": False, "message": "the checker failed: " + "".join(
-            traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()[-3000:]}
+        report = {
+            "success": False,
+            "message": "the checker failed: "
+            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()[-3000:],
+        }
     finally:
         for held in SUBJECTS:
             with contextlib.suppress(Exception):

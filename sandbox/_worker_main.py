@@ -75,8 +75,13 @@ def main():
         for fd in (1, 2):
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-        response = {"id": request.get("id") if isinstance(request, dict) else None,
-                    "ok": True, "value": None, "error": None, "error_type": None}
+        response = {
+            "id": request.get("id") if isinstance(request, dict) else None,
+            "ok": True,
+            "value": None,
+            "error": None,
+            "error_type": None,
+        }
         try:
             if request.get("op") == "exec":
                 cells += 1

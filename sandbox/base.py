@@ -42,15 +42,21 @@ class Sandbox(Protocol):
     python_executable: str | None
     """The interpreter sandboxed Python runs with (None when there is none the sandbox user can run)."""
 
-    def run(self, argv: Sequence[str], *, workspace: str | os.PathLike[str],
-            stdin: str | bytes | None = None, limits: Limits | None = None,
-            pass_fds: Sequence[int] = ()) -> RunResult: ...
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: str | os.PathLike[str],
+        stdin: str | bytes | None = None,
+        limits: Limits | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> RunResult: ...
 
-    def python(self, code: str, *, workspace: str | os.PathLike[str],
-               limits: Limits | None = None) -> RunResult: ...
+    def python(self, code: str, *, workspace: str | os.PathLike[str], limits: Limits | None = None) -> RunResult: ...
 
-    def worker(self, workspace: str | os.PathLike[str], limits: Limits | None = None,
-               prelude: str = "") -> PythonWorker: ...
+    def worker(
+        self, workspace: str | os.PathLike[str], limits: Limits | None = None, prelude: str = ""
+    ) -> PythonWorker: ...
 
 
 @dataclass
@@ -80,6 +86,7 @@ def base_interpreter() -> tuple[str, str]:
 
 def reachable_by(path: str, uid: int, gid: int) -> bool:
     """Whether ``uid``/``gid`` (without supplementary groups) can reach and run ``path``."""
+
     def allowed(st: os.stat_result, bits: int) -> bool:  # bits: 1 = x, 4 = r
         if st.st_uid == uid:
             return bool(st.st_mode & (bits << 6))
@@ -105,26 +112,31 @@ class ProcessSandbox:
 
     isolated: bool = False
 
-    def __init__(self, *, limits: Limits | None = None, unprivileged_uid: int = 65534,
-                 unprivileged_gid: int | None = None, task_uids: int = TASK_UIDS,
-                 task_uid_base: int = TASK_UID_BASE) -> None:
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        unprivileged_uid: int = 65534,
+        unprivileged_gid: int | None = None,
+        task_uids: int = TASK_UIDS,
+        task_uid_base: int = TASK_UID_BASE,
+    ) -> None:
         self.limits = limits or Limits()
         self.as_root = os.geteuid() == 0
         # Only root can switch users; process limits do not bind root, so it always switches:
         # to a uid of the workspace's own (``task_uids`` > 0), or to ``unprivileged_uid``.
         self.uid = unprivileged_uid if self.as_root else os.getuid()
-        self.gid = (unprivileged_gid if unprivileged_gid is not None else unprivileged_uid) \
-            if self.as_root else os.getgid()
-        self.uids = UidPool(base=task_uid_base, count=task_uids if self.as_root else 0,
-                            uid=self.uid, gid=self.gid)
+        self.gid = (
+            (unprivileged_gid if unprivileged_gid is not None else unprivileged_uid) if self.as_root else os.getgid()
+        )
+        self.uids = UidPool(base=task_uid_base, count=task_uids if self.as_root else 0, uid=self.uid, gid=self.gid)
         self.prlimit = find_tool("prlimit")
 
     # -- what subclasses provide ------------------------------------------------------------
 
     python_executable: str | None = None
 
-    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int],
-                 limits: Limits) -> Launch:
+    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int], limits: Limits) -> Launch:
         """Wrap ``argv`` to run in ``workspace``, as ``owner`` (uid, gid) when root."""
         raise NotImplementedError
 
@@ -153,9 +165,15 @@ class ProcessSandbox:
             os.close(fd)
         return path, owner
 
-    def run(self, argv: Sequence[str], *, workspace: str | os.PathLike[str],
-            stdin: str | bytes | None = None, limits: Limits | None = None,
-            pass_fds: Sequence[int] = ()) -> RunResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        workspace: str | os.PathLike[str],
+        stdin: str | bytes | None = None,
+        limits: Limits | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> RunResult:
         """Run ``argv`` in the workspace; the result is data, whatever the command does.
 
         ``pass_fds`` are handed to the command at the same numbers (a private channel,
@@ -170,27 +188,36 @@ class ProcessSandbox:
                 os.close(fd)
             raise
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        return run_process(launch.argv, cwd=launch.cwd, env=launch.env, stdin=data, limits=limits,
-                           isolated=self.isolated, preexec_fn=launch.preexec_fn,
-                           user=launch.user, group=launch.group,
-                           pass_fds=(*launch.pass_fds, *pass_fds))
+        return run_process(
+            launch.argv,
+            cwd=launch.cwd,
+            env=launch.env,
+            stdin=data,
+            limits=limits,
+            isolated=self.isolated,
+            preexec_fn=launch.preexec_fn,
+            user=launch.user,
+            group=launch.group,
+            pass_fds=(*launch.pass_fds, *pass_fds),
+        )
 
     def _python(self) -> str:
         if not self.python_executable:
             raise SandboxError(
                 f"no Python interpreter that the sandbox user (uid {self.uid}) can run was found; "
-                "pass python= to the sandbox")
+                "pass python= to the sandbox"
+            )
         return self.python_executable
 
-    def python(self, code: str, *, workspace: str | os.PathLike[str],
-               limits: Limits | None = None) -> RunResult:
+    def python(self, code: str, *, workspace: str | os.PathLike[str], limits: Limits | None = None) -> RunResult:
         """Run a Python snippet with a plain interpreter (standard library and its site-packages)."""
         if len(code.encode()) < _ARG_MAX:
             return self.run([self._python(), "-c", code], workspace=workspace, limits=limits)
         return self.run([self._python(), "-"], workspace=workspace, stdin=code, limits=limits)
 
-    def worker(self, workspace: str | os.PathLike[str], limits: Limits | None = None,
-               prelude: str = "") -> PythonWorker:
+    def worker(
+        self, workspace: str | os.PathLike[str], limits: Limits | None = None, prelude: str = ""
+    ) -> PythonWorker:
         """A persistent Python worker for one task (started on its first call); ``prelude`` runs in
         every fresh one before its first call."""
         from .worker import PythonWorker
@@ -202,6 +229,15 @@ class ProcessSandbox:
         from .worker import worker_argv
 
         launch = self._prepare(worker_argv(self._python(), limits), *self._enter(workspace), limits)
-        return spawn(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
-                     stdout=subprocess.PIPE, stderr=stderr, preexec_fn=launch.preexec_fn,
-                     user=launch.user, group=launch.group, pass_fds=launch.pass_fds)
+        return spawn(
+            launch.argv,
+            cwd=launch.cwd,
+            env=launch.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            preexec_fn=launch.preexec_fn,
+            user=launch.user,
+            group=launch.group,
+            pass_fds=launch.pass_fds,
+        )

@@ -48,22 +48,37 @@ class BubblewrapSandbox(ProcessSandbox):
 
     isolated = True
 
-    def __init__(self, *, bwrap: str = "/usr/bin/bwrap", limits: Limits | None = None,
-                 unprivileged_uid: int = 65534, unprivileged_gid: int | None = None,
-                 task_uids: int = TASK_UIDS, task_uid_base: int = TASK_UID_BASE,
-                 python: str | None = None, python_prefix: str | None = None) -> None:
-        super().__init__(limits=limits, unprivileged_uid=unprivileged_uid, unprivileged_gid=unprivileged_gid,
-                         task_uids=task_uids, task_uid_base=task_uid_base)
+    def __init__(
+        self,
+        *,
+        bwrap: str = "/usr/bin/bwrap",
+        limits: Limits | None = None,
+        unprivileged_uid: int = 65534,
+        unprivileged_gid: int | None = None,
+        task_uids: int = TASK_UIDS,
+        task_uid_base: int = TASK_UID_BASE,
+        python: str | None = None,
+        python_prefix: str | None = None,
+    ) -> None:
+        super().__init__(
+            limits=limits,
+            unprivileged_uid=unprivileged_uid,
+            unprivileged_gid=unprivileged_gid,
+            task_uids=task_uids,
+            task_uid_base=task_uid_base,
+        )
         if not (os.path.isfile(bwrap) and os.access(bwrap, os.X_OK)):
             raise SandboxUnavailable(
                 f"bubblewrap was not found at {bwrap!r}, so model-written code cannot be isolated; "
-                "install it (Debian/Ubuntu: apt install bubblewrap; Fedora: dnf install bubblewrap)")
+                "install it (Debian/Ubuntu: apt install bubblewrap; Fedora: dnf install bubblewrap)"
+            )
         self.bwrap = bwrap
         self.setpriv = find_tool("setpriv") if self.as_root else None
         if self.as_root and not self.setpriv:
             raise SandboxUnavailable(
                 "the daemon runs as root, and dropping to an unprivileged user inside the sandbox "
-                "needs setpriv from util-linux, which is not installed")
+                "needs setpriv from util-linux, which is not installed"
+            )
         default_python, default_prefix = base_interpreter()
         self.python_executable = python or default_python
         if python_prefix is None:
@@ -79,18 +94,41 @@ class BubblewrapSandbox(ProcessSandbox):
         if self.as_root:
             # Not --unshare-all: as root it adds a user namespace in which bwrap, having
             # shed its capabilities, can no longer enter a workspace owned by the sandbox uid.
-            args = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                    "--unshare-cgroup-try"]
+            args = [
+                self.bwrap,
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+            ]
         else:
             args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
         path = SYSTEM_PATH
         if self.python_prefix and not _under_usr(self.python_prefix):
             path = f"{self.python_prefix}/bin:{path}"
-        args += ["--die-with-parent", "--new-session", "--clearenv",
-                 "--setenv", "PATH", path, "--setenv", "HOME", WORKSPACE,
-                 "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
-                 "--hostname", "sandbox",
-                 "--ro-bind", "/usr", "/usr"]
+        args += [
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            path,
+            "--setenv",
+            "HOME",
+            WORKSPACE,
+            "--setenv",
+            "TMPDIR",
+            "/tmp",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for name in _SYSTEM_LINKS:
             host = f"/{name}"
             if os.path.islink(host):
@@ -118,19 +156,28 @@ class BubblewrapSandbox(ProcessSandbox):
             args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
         return args + ["--ro-bind", prefix, prefix]
 
-    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int],
-                 limits: Limits) -> Launch:
+    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int], limits: Limits) -> Launch:
         command, preexec = self._limit(list(argv), limits)
         if self.setpriv:
             uid, gid = owner
-            command = [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                       "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"] + command
+            command = [
+                self.setpriv,
+                f"--reuid={uid}",
+                f"--regid={gid}",
+                "--clear-groups",
+                "--no-new-privs",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ] + command
         # /dev/shm too: without it multiprocessing's semaphores (Pool, Queue) are refused.
-        args = (self._fixed
-                + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp"]
-                + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/dev/shm"]
-                + self._prefix
-                + ["--bind", workspace, WORKSPACE, "--chdir", WORKSPACE])
+        args = (
+            self._fixed
+            + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp"]
+            + ["--perms", "1777", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/dev/shm"]
+            + self._prefix
+            + ["--bind", workspace, WORKSPACE, "--chdir", WORKSPACE]
+        )
         pass_fds: tuple[int, ...] = ()
         if self._seccomp:  # a fresh pipe per run: bubblewrap reads the program and closes it
             pass_fds = (program_fd(self._seccomp),)
@@ -144,14 +191,16 @@ class BubblewrapSandbox(ProcessSandbox):
         with tempfile.TemporaryDirectory(prefix="evolver-sandbox-probe-") as tmp:
             result = self.run(["true"], workspace=tmp, limits=Limits(timeout_s=_PROBE_TIMEOUT_S))
             if result.ok and self.python_executable:
-                result = self.run([self.python_executable, "-c", "pass"], workspace=tmp,
-                                  limits=Limits(timeout_s=_PROBE_TIMEOUT_S))
+                result = self.run(
+                    [self.python_executable, "-c", "pass"], workspace=tmp, limits=Limits(timeout_s=_PROBE_TIMEOUT_S)
+                )
         if not result.ok:
             detail = (result.error or result.stderr or f"exit status {result.exit_code}").strip()
             raise SandboxUnavailable(
                 f"bubblewrap at {self.bwrap!r} is installed but cannot start a sandbox here: {detail}. "
                 "Unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone "
-                "or user.max_user_namespaces), or the container forbids mounts")
+                "or user.max_user_namespaces), or the container forbids mounts"
+            )
 
 
 def _under_usr(path: str) -> bool:
@@ -159,4 +208,3 @@ def _under_usr(path: str) -> bool:
 
 
 __all__ = ["BubblewrapSandbox", "WORKSPACE"]
-

@@ -27,18 +27,33 @@ class DegradedSandbox(ProcessSandbox):
 
     isolated = False
 
-    def __init__(self, *, limits: Limits | None = None, unprivileged_uid: int = 65534,
-                 unprivileged_gid: int | None = None, task_uids: int = TASK_UIDS,
-                 task_uid_base: int = TASK_UID_BASE, python: str | None = None,
-                 reason: str = "bubblewrap is not available") -> None:
-        super().__init__(limits=limits, unprivileged_uid=unprivileged_uid, unprivileged_gid=unprivileged_gid,
-                         task_uids=task_uids, task_uid_base=task_uid_base)
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        unprivileged_uid: int = 65534,
+        unprivileged_gid: int | None = None,
+        task_uids: int = TASK_UIDS,
+        task_uid_base: int = TASK_UID_BASE,
+        python: str | None = None,
+        reason: str = "bubblewrap is not available",
+    ) -> None:
+        super().__init__(
+            limits=limits,
+            unprivileged_uid=unprivileged_uid,
+            unprivileged_gid=unprivileged_gid,
+            task_uids=task_uids,
+            task_uid_base=task_uid_base,
+        )
         self.reason = reason
         self.python_executable = python or self._find_python()
         log.warning(
             "sandbox DEGRADED: %s; model-written code runs as a plain subprocess (%s) with "
             "resource limits only: it can read files that uid can read, use the network and reach "
-            "local sockets. Install bubblewrap to isolate it.", reason, self._who())
+            "local sockets. Install bubblewrap to isolate it.",
+            reason,
+            self._who(),
+        )
 
     def _who(self) -> str:
         if self.as_root and self.uids.count:
@@ -55,13 +70,11 @@ class DegradedSandbox(ProcessSandbox):
         for candidate in (own, *_FALLBACK_PYTHONS):
             if reachable_by(candidate, uid, gid):
                 if candidate != own:
-                    log.warning("sandbox uid %d cannot reach %s; degraded runs use %s instead",
-                                uid, own, candidate)
+                    log.warning("sandbox uid %d cannot reach %s; degraded runs use %s instead", uid, own, candidate)
                 return candidate
         return None
 
-    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int],
-                 limits: Limits) -> Launch:
+    def _prepare(self, argv: Sequence[str], workspace: str, owner: tuple[int, int], limits: Limits) -> Launch:
         command, preexec = self._limit(list(argv), limits)
         path = SYSTEM_PATH
         if self.python_executable:

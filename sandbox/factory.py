@@ -12,10 +12,17 @@ from .errors import SandboxUnavailable
 from .limits import Limits
 
 
-def make_sandbox(require_isolation: bool = True, unprivileged_uid: int = 65534,
-                 limits: Limits | None = None, *, bwrap: str | None = None,
-                 unprivileged_gid: int | None = None, python: str | None = None,
-                 task_uids: int = TASK_UIDS, task_uid_base: int = TASK_UID_BASE) -> Sandbox:
+def make_sandbox(
+    require_isolation: bool = True,
+    unprivileged_uid: int = 65534,
+    limits: Limits | None = None,
+    *,
+    bwrap: str | None = None,
+    unprivileged_gid: int | None = None,
+    python: str | None = None,
+    task_uids: int = TASK_UIDS,
+    task_uid_base: int = TASK_UID_BASE,
+) -> Sandbox:
     """A working sandbox for this machine.
 
     Tries bubblewrap (``bwrap``, default: the one on PATH) and proves it by starting
@@ -29,9 +36,15 @@ def make_sandbox(require_isolation: bool = True, unprivileged_uid: int = 65534,
     try:
         if not sys.platform.startswith("linux"):
             raise SandboxUnavailable(f"bubblewrap needs Linux, and this is {sys.platform}")
-        sandbox = BubblewrapSandbox(bwrap=bwrap or shutil.which("bwrap") or "/usr/bin/bwrap", limits=limits,
-                                    unprivileged_uid=unprivileged_uid, unprivileged_gid=unprivileged_gid,
-                                    task_uids=task_uids, task_uid_base=task_uid_base, python=python)
+        sandbox = BubblewrapSandbox(
+            bwrap=bwrap or shutil.which("bwrap") or "/usr/bin/bwrap",
+            limits=limits,
+            unprivileged_uid=unprivileged_uid,
+            unprivileged_gid=unprivileged_gid,
+            task_uids=task_uids,
+            task_uid_base=task_uid_base,
+            python=python,
+        )
         sandbox.probe()
         return sandbox
     except SandboxUnavailable as exc:
@@ -39,7 +52,14 @@ def make_sandbox(require_isolation: bool = True, unprivileged_uid: int = 65534,
             raise SandboxUnavailable(
                 f"{exc}. Isolation is required ([sandbox] require_isolation = true), so no model-written "
                 "code will run until bubblewrap works; install bubblewrap, or set require_isolation = "
-                "false to accept the degraded mode (a plain subprocess with limits)") from exc
-        return DegradedSandbox(limits=limits, unprivileged_uid=unprivileged_uid,
-                               unprivileged_gid=unprivileged_gid, task_uids=task_uids,
-                               task_uid_base=task_uid_base, python=python, reason=str(exc))
+                "false to accept the degraded mode (a plain subprocess with limits)"
+            ) from exc
+        return DegradedSandbox(
+            limits=limits,
+            unprivileged_uid=unprivileged_uid,
+            unprivileged_gid=unprivileged_gid,
+            task_uids=task_uids,
+            task_uid_base=task_uid_base,
+            python=python,
+            reason=str(exc),
+        )

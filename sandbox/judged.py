@@ -57,8 +57,9 @@ class _Reader(threading.Thread):
             pass
 
 
-def run_judged(sandbox: Sandbox, workspace: str | os.PathLike[str], job: dict, *, timeout_s: float,
-               limits: Limits | None = None) -> Judged:
+def run_judged(
+    sandbox: Sandbox, workspace: str | os.PathLike[str], job: dict, *, timeout_s: float, limits: Limits | None = None
+) -> Judged:
     """Run ``job`` (``kind``: python, command or tool) through the runner; never raises for the attempt."""
     python = getattr(sandbox, "python_executable", None)
     if not python:
@@ -77,8 +78,13 @@ def run_judged(sandbox: Sandbox, workspace: str | os.PathLike[str], job: dict, *
     run_limits = replace(base, timeout_s=min(base.timeout_s, budget) if base.timeout_s else budget)
     payload = json.dumps({**job, "timeout_s": timeout_s, "source": RUNNER})
     try:
-        result = sandbox.run([python, "-I", "-c", RUNNER, "judge", str(nonce_r), str(verdict_w)],
-                             workspace=workspace, stdin=payload, limits=run_limits, pass_fds=(nonce_r, verdict_w))
+        result = sandbox.run(
+            [python, "-I", "-c", RUNNER, "judge", str(nonce_r), str(verdict_w)],
+            workspace=workspace,
+            stdin=payload,
+            limits=run_limits,
+            pass_fds=(nonce_r, verdict_w),
+        )
     except SandboxError as exc:
         reader.join(timeout=5)
         os.close(verdict_r)
@@ -92,8 +98,7 @@ def run_judged(sandbox: Sandbox, workspace: str | os.PathLike[str], job: dict, *
         elif reader.too_long:
             problem = "its report was too long"
         else:
-            problem = (result.stderr.strip()[-2000:] or result.error or
-                       f"exited {result.exit_code} without a report")
+            problem = result.stderr.strip()[-2000:] or result.error or f"exited {result.exit_code} without a report"
         return Judged(None, problem, result)
     return Judged(report, "", result)
 

@@ -36,8 +36,16 @@ class Limits:
     """Bytes of stdout and of stderr kept per run; the rest is dropped and flagged as truncated."""
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_mb", "max_processes",
-                     "max_open_files", "max_file_mb", "tmp_mb", "output_bytes"):
+        for name in (
+            "timeout_s",
+            "cpu_s",
+            "memory_mb",
+            "max_processes",
+            "max_open_files",
+            "max_file_mb",
+            "tmp_mb",
+            "output_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
 

@@ -24,10 +24,19 @@ _DRAIN_S = 0.5  # how long to keep reading after exit, from children that still 
 _TEARDOWN_S = 5.0  # how long a killed sandbox may take to empty its pid namespace
 
 
-def spawn(argv: Sequence[str], *, cwd: str, env: dict[str, str], stdin: int | None,
-          stdout: int, stderr, preexec_fn: Callable[[], None] | None = None,
-          user: int | None = None, group: int | None = None,
-          pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    stdin: int | None,
+    stdout: int,
+    stderr,
+    preexec_fn: Callable[[], None] | None = None,
+    user: int | None = None,
+    group: int | None = None,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen:
     """Start ``argv`` in a new session with no inherited descriptors but 0, 1, 2 and ``pass_fds``.
 
     ``pass_fds`` (bubblewrap's seccomp program) are handed over: they are closed
@@ -38,8 +47,17 @@ def spawn(argv: Sequence[str], *, cwd: str, env: dict[str, str], stdin: int | No
         extra = {"user": user, "group": group, "extra_groups": []}
     try:
         return subprocess.Popen(
-            list(argv), cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
-            close_fds=True, pass_fds=tuple(pass_fds), start_new_session=True, preexec_fn=preexec_fn, **extra,
+            list(argv),
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+            **extra,
         )
     finally:
         for fd in pass_fds:
@@ -111,8 +129,9 @@ def has_exited(pid: int) -> bool:
     return info is not None
 
 
-def collect(proc: subprocess.Popen, *, stdin: bytes | None, limits: Limits,
-            started: float, isolated: bool) -> RunResult:
+def collect(
+    proc: subprocess.Popen, *, stdin: bytes | None, limits: Limits, started: float, isolated: bool
+) -> RunResult:
     """Feed ``stdin``, read capped output until the process ends or time runs out, clean up."""
     cap = limits.output_bytes
     deadline = started + limits.timeout_s
@@ -212,18 +231,39 @@ def _drain_ready(fd: int, buf: bytearray, cap: int, sizes: dict[str, int], name:
             buf += chunk[:room]
 
 
-def run_process(argv: Sequence[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
-                limits: Limits, isolated: bool, preexec_fn: Callable[[], None] | None = None,
-                user: int | None = None, group: int | None = None, pass_fds: Sequence[int] = ()) -> RunResult:
+def run_process(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    stdin: bytes | None,
+    limits: Limits,
+    isolated: bool,
+    preexec_fn: Callable[[], None] | None = None,
+    user: int | None = None,
+    group: int | None = None,
+    pass_fds: Sequence[int] = (),
+) -> RunResult:
     """Start ``argv``, collect its result; a command that cannot start is a result too."""
     started = time.monotonic()
     try:
-        proc = spawn(argv, cwd=cwd, env=env,
-                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                     preexec_fn=preexec_fn, user=user, group=group, pass_fds=pass_fds)
+        proc = spawn(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=preexec_fn,
+            user=user,
+            group=group,
+            pass_fds=pass_fds,
+        )
     except OSError as exc:
-        return RunResult(exit_code=None, isolated=isolated,
-                         duration_ms=round((time.monotonic() - started) * 1000, 3),
-                         error=f"could not start {argv[0]!r}: {exc}")
+        return RunResult(
+            exit_code=None,
+            isolated=isolated,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+            error=f"could not start {argv[0]!r}: {exc}",
+        )
     return collect(proc, stdin=stdin, limits=limits, started=started, isolated=isolated)

@@ -26,7 +26,6 @@ from .process import signal_name, terminate
 from .result import ExecResult
 
 
-
 class WorkerHost(Protocol):
     """What a worker needs of the sandbox that starts it (``ProcessSandbox``), named here so this
     module does not import the one that imports it."""
@@ -34,6 +33,7 @@ class WorkerHost(Protocol):
     isolated: bool
 
     def _spawn_worker(self, workspace: str | os.PathLike[str], limits: Limits, stderr) -> Any: ...
+
 
 WORKER_SOURCE = (Path(__file__).parent / "_worker_main.py").read_text(encoding="utf-8")
 _CRASH_TAIL = 2000  # characters of the worker's own stderr quoted when it dies
@@ -53,8 +53,9 @@ class PythonWorker:
     replaced on the next call like any other dead worker, with a notice.
     """
 
-    def __init__(self, sandbox: WorkerHost, workspace: str | os.PathLike[str], limits: Limits,
-                 prelude: str = "") -> None:
+    def __init__(
+        self, sandbox: WorkerHost, workspace: str | os.PathLike[str], limits: Limits, prelude: str = ""
+    ) -> None:
         self._sandbox = sandbox
         self._workspace = workspace
         self.limits = limits
@@ -107,8 +108,10 @@ class PythonWorker:
                     self._lost = self._death_reason("the worker exited between calls")
                 restarted = self._started_once
                 if restarted:
-                    notice = (f"a fresh Python worker was started because {self._lost}; "
-                              "names defined by earlier calls are gone")
+                    notice = (
+                        f"a fresh Python worker was started because {self._lost}; "
+                        "names defined by earlier calls are gone"
+                    )
                 failure = self._start()
                 if failure is not None:
                     return failure
@@ -121,25 +124,45 @@ class PythonWorker:
             if line is None:
                 self._stop()
                 self._lost = f"the previous call ran past its {timeout:g} s timeout and the worker was killed"
-                return ExecResult(ok=False, timed_out=True, killed_by="SIGKILL", duration_ms=elapsed,
-                                  error=f"the call ran past its {timeout:g} s timeout; the worker was "
-                                        "killed and its state is lost",
-                                  error_type="TimeoutError", restarted=restarted, notice=notice)
+                return ExecResult(
+                    ok=False,
+                    timed_out=True,
+                    killed_by="SIGKILL",
+                    duration_ms=elapsed,
+                    error=f"the call ran past its {timeout:g} s timeout; the worker was killed and its state is lost",
+                    error_type="TimeoutError",
+                    restarted=restarted,
+                    notice=notice,
+                )
             if not line:
                 self._lost = self._death_reason("the worker died during the previous call")
                 killed_by = self._stop()
-                return ExecResult(ok=False, killed_by=killed_by, duration_ms=elapsed,
-                                  error=f"{self._lost}; its state is lost", error_type="WorkerDied",
-                                  restarted=restarted, notice=notice)
+                return ExecResult(
+                    ok=False,
+                    killed_by=killed_by,
+                    duration_ms=elapsed,
+                    error=f"{self._lost}; its state is lost",
+                    error_type="WorkerDied",
+                    restarted=restarted,
+                    notice=notice,
+                )
             reply = json.loads(line)
             finished = reply.get("finished") is True and isinstance(reply.get("answer"), str)
             return ExecResult(
-                ok=bool(reply.get("ok")), stdout=reply.get("stdout", ""), stderr=reply.get("stderr", ""),
+                ok=bool(reply.get("ok")),
+                stdout=reply.get("stdout", ""),
+                stderr=reply.get("stderr", ""),
                 stdout_truncated=bool(reply.get("stdout_truncated")),
                 stderr_truncated=bool(reply.get("stderr_truncated")),
-                value=reply.get("value"), error=reply.get("error"), error_type=reply.get("error_type"),
-                duration_ms=elapsed, restarted=restarted, notice=notice, finished=finished,
-                answer=reply["answer"] if finished else None)
+                value=reply.get("value"),
+                error=reply.get("error"),
+                error_type=reply.get("error_type"),
+                duration_ms=elapsed,
+                restarted=restarted,
+                notice=notice,
+                finished=finished,
+                answer=reply["answer"] if finished else None,
+            )
 
     def _exchange(self, message: dict[str, Any], deadline: float) -> bytes | None:
         """Send one request under a fresh id and read its reply: a line with another id (one the code
@@ -174,19 +197,28 @@ class PythonWorker:
                 except (BrokenPipeError, OSError):
                     loaded = b""
                 if not loaded or not json.loads(loaded).get("ok"):
-                    reason = (json.loads(loaded).get("error") if loaded else None) or \
-                        self._death_reason("the worker's prelude did not run")
+                    reason = (json.loads(loaded).get("error") if loaded else None) or self._death_reason(
+                        "the worker's prelude did not run"
+                    )
                     self._stop()
-                    return ExecResult(ok=False, error=f"the session's tools could not be loaded: {reason}",
-                                      error_type="WorkerDied",
-                                      duration_ms=round((time.monotonic() - started) * 1000, 3))
+                    return ExecResult(
+                        ok=False,
+                        error=f"the session's tools could not be loaded: {reason}",
+                        error_type="WorkerDied",
+                        duration_ms=round((time.monotonic() - started) * 1000, 3),
+                    )
             self._started_once = True
             self._lost = None
             return None
         reason = self._death_reason("the Python worker did not start")
         killed_by = self._stop()
-        return ExecResult(ok=False, killed_by=killed_by, error=reason, error_type="WorkerDied",
-                          duration_ms=round((time.monotonic() - started) * 1000, 3))
+        return ExecResult(
+            ok=False,
+            killed_by=killed_by,
+            error=reason,
+            error_type="WorkerDied",
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+        )
 
     def _read_line(self, deadline: float) -> bytes | None:
         """The next line from the worker; b"" when it closed its end, None past the deadline."""

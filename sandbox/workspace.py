@@ -41,13 +41,15 @@ class Entry:
 
 def read_bytes(workspace: str | os.PathLike[str], relpath: str, max_bytes: int = 1_000_000) -> bytes:
     """The content of a regular file in the workspace, refusing files over ``max_bytes``."""
+
     def read(dir_fd: int, name: str) -> bytes:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
             st = _check_regular(fd, relpath)
             if st.st_size > max_bytes:
-                raise SandboxError(f"{relpath!r} is {st.st_size:,} bytes, over the {max_bytes:,}-byte "
-                                   "limit for reading it whole")
+                raise SandboxError(
+                    f"{relpath!r} is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit for reading it whole"
+                )
             chunks, total = [], 0
             while total <= max_bytes:
                 chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
@@ -74,15 +76,16 @@ def write_text(workspace: str | os.PathLike[str], relpath: str, text: str, *, ma
     data = text.encode("utf-8")
 
     def write(dir_fd: int, name: str) -> int:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     0o644, dir_fd=dir_fd)
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+        )
         try:
             _check_regular(fd, relpath)  # before truncating: a hard link would write elsewhere
             _give_to_owner(fd, dir_fd)
             os.ftruncate(fd, 0)
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             return len(data)
         finally:
             os.close(fd)
@@ -92,6 +95,7 @@ def write_text(workspace: str | os.PathLike[str], relpath: str, text: str, *, ma
 
 def list_dir(workspace: str | os.PathLike[str], relpath: str = ".") -> list[Entry]:
     """The entries of a workspace directory, sorted by name."""
+
     def listing(dir_fd: int, name: str) -> list[Entry]:
         fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd) if name else os.dup(dir_fd)
         try:
@@ -99,8 +103,15 @@ def list_dir(workspace: str | os.PathLike[str], relpath: str = ".") -> list[Entr
             with os.scandir(fd) as it:
                 for item in it:
                     st = item.stat(follow_symlinks=False)
-                    kind = ("symlink" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode)
-                            else "file" if stat.S_ISREG(st.st_mode) else "other")
+                    kind = (
+                        "symlink"
+                        if stat.S_ISLNK(st.st_mode)
+                        else "dir"
+                        if stat.S_ISDIR(st.st_mode)
+                        else "file"
+                        if stat.S_ISREG(st.st_mode)
+                        else "other"
+                    )
                     entries.append(Entry(item.name, kind, st.st_size))
             return sorted(entries, key=lambda e: e.name)
         finally:
@@ -111,6 +122,7 @@ def list_dir(workspace: str | os.PathLike[str], relpath: str = ".") -> list[Entr
 
 # -- walking ---------------------------------------------------------------------------------------
 
+
 def _parts(relpath: str, shown: str) -> list[str]:
     """Path components inside the workspace, or WorkspaceError for a path that leaves it."""
     if not isinstance(relpath, str) or "\x00" in relpath:
@@ -118,9 +130,11 @@ def _parts(relpath: str, shown: str) -> list[str]:
     path = relpath
     if path.startswith("/"):
         if path != SANDBOX_ROOT and not path.startswith(SANDBOX_ROOT + "/"):
-            raise WorkspaceError(f"{shown!r} is an absolute path outside the workspace "
-                                 f"(inside the sandbox the workspace is {SANDBOX_ROOT})")
-        path = path[len(SANDBOX_ROOT):].lstrip("/") or "."
+            raise WorkspaceError(
+                f"{shown!r} is an absolute path outside the workspace "
+                f"(inside the sandbox the workspace is {SANDBOX_ROOT})"
+            )
+        path = path[len(SANDBOX_ROOT) :].lstrip("/") or "."
     normal = posixpath.normpath(path)
     parts = [] if normal == "." else normal.split("/")
     if parts and parts[0] == "..":
@@ -128,8 +142,9 @@ def _parts(relpath: str, shown: str) -> list[str]:
     return parts
 
 
-def _at(workspace: str | os.PathLike[str], relpath: str, final: Callable[[int, str], T],
-        *, make_parents: bool = False) -> T:
+def _at(
+    workspace: str | os.PathLike[str], relpath: str, final: Callable[[int, str], T], *, make_parents: bool = False
+) -> T:
     """Walk to ``relpath``'s parent without following links, then run ``final(dir_fd, name)``."""
     root = os.open(os.fspath(workspace), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -161,7 +176,7 @@ def _try_walk(root: int, parts: list[str], final, make_parents: bool, shown: str
                 _give_to_owner(next_fd, dir_fd)
             except OSError as exc:
                 target = _link_target(dir_fd, part, exc)
-                return _follow(parts[:i], target, parts[i + 1:], shown), None
+                return _follow(parts[:i], target, parts[i + 1 :], shown), None
             os.close(dir_fd)
             dir_fd = next_fd
         name = parts[-1] if parts else ""
@@ -197,8 +212,9 @@ def _follow(before: list[str], target: str, after: list[str], shown: str) -> lis
     try:
         return _parts(combined, shown)
     except WorkspaceError:
-        raise WorkspaceError(f"{shown!r} goes through a symbolic link to {target!r}, "
-                             "which leads outside the workspace") from None
+        raise WorkspaceError(
+            f"{shown!r} goes through a symbolic link to {target!r}, which leads outside the workspace"
+        ) from None
 
 
 def _check_regular(fd: int, shown: str) -> os.stat_result:
@@ -206,8 +222,10 @@ def _check_regular(fd: int, shown: str) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise WorkspaceError(f"{shown!r} is not a regular file")
     if st.st_nlink > 1:
-        raise WorkspaceError(f"{shown!r} has {st.st_nlink} hard links; the file tools refuse them, "
-                             "since one may lead outside the workspace")
+        raise WorkspaceError(
+            f"{shown!r} has {st.st_nlink} hard links; the file tools refuse them, "
+            "since one may lead outside the workspace"
+        )
     return st
 
 

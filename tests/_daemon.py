@@ -31,8 +31,11 @@ PYTHON = sys.executable
 
 # One step that takes a while and never finishes: the task runs until cancelled, drained or its step limit.
 # Two different calls a step, so no call is ever repeated in a row (that would end the attempt early).
-SLOW_STEP = {"calls": [{"tool": "run_python", "arguments": {"code": f"import time; time.sleep(0.15); print({n})"}}
-                       for n in (1, 2)]}
+SLOW_STEP = {
+    "calls": [
+        {"tool": "run_python", "arguments": {"code": f"import time; time.sleep(0.15); print({n})"}} for n in (1, 2)
+    ]
+}
 
 
 def make_root() -> Path:
@@ -69,22 +72,25 @@ def wait_for(predicate: Callable[[], object], *, timeout_s: float, what: str, in
 class DaemonProcess:
     """One ``evolver up --foreground`` child on ``root/data`` with its socket under ``root/run``."""
 
-    def __init__(self, root: Path, *, model: str = "scripted/demo", settings: dict | None = None,
-                 name: str = "daemon") -> None:
+    def __init__(
+        self, root: Path, *, model: str = "scripted/demo", settings: dict | None = None, name: str = "daemon"
+    ) -> None:
         self.root = Path(root)
         self.data_dir = self.root / "data"
         self.runtime_dir = self.root / "run"
         self.log_path = self.root / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVER_")}
-        env.update({
-            "EVOLVER_MODEL_NAME": model,
-            "EVOLVER_DAEMON_DATA_DIR": str(self.data_dir),
-            "EVOLVER_DAEMON_RUNTIME_DIR": str(self.runtime_dir),
-            "PYTHONUNBUFFERED": "1",
-            # Idle, the tree search hands out evaluation tasks on its own; tests that count tasks
-            # keep it off (tests/test_daemon_tree.py turns it on).
-            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",
-        })
+        env.update(
+            {
+                "EVOLVER_MODEL_NAME": model,
+                "EVOLVER_DAEMON_DATA_DIR": str(self.data_dir),
+                "EVOLVER_DAEMON_RUNTIME_DIR": str(self.runtime_dir),
+                "PYTHONUNBUFFERED": "1",
+                # Idle, the tree search hands out evaluation tasks on its own; tests that count tasks
+                # keep it off (tests/test_daemon_tree.py turns it on).
+                "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",
+            }
+        )
         env.update({k: str(v) for k, v in (settings or {}).items()})
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -104,8 +110,14 @@ class DaemonProcess:
         """Start the child (not waiting for it)."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [PYTHON, "-m", "evolver", "up", "--foreground"], cwd=str(REPO), env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                [PYTHON, "-m", "evolver", "up", "--foreground"],
+                cwd=str(REPO),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         return self.proc
 
     def start(self, timeout_s: float = 120.0) -> "DaemonProcess":
@@ -125,8 +137,10 @@ class DaemonProcess:
         """It answers, and it has left ``starting`` (its API answers before its jobs exist)."""
         try:
             with self.client(timeout_s=5.0) as http:
-                return (http.get("/v1/health").json() == {"ok": True}
-                        and http.get("/v1/status").json().get("mood") != "starting")
+                return (
+                    http.get("/v1/health").json() == {"ok": True}
+                    and http.get("/v1/status").json().get("mood") != "starting"
+                )
         except (httpx.TransportError, ValueError):
             return False
 
@@ -180,16 +194,18 @@ class DaemonProcess:
 
     def client(self, timeout_s: float = 60.0) -> httpx.Client:
         """An httpx client over the daemon's socket (base URL http://evolver)."""
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://evolver",
-                            timeout=timeout_s)
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://evolver", timeout=timeout_s
+        )
 
     def task(self, http: httpx.Client, task_id: str) -> dict:
         response = http.get(f"/v1/tasks/{task_id}")
         assert response.status_code == 200, response.text
         return response.json()
 
-    def wait_task(self, http: httpx.Client, task_id: str, statuses: tuple[str, ...], *,
-                  timeout_s: float = 60.0) -> dict:
+    def wait_task(
+        self, http: httpx.Client, task_id: str, statuses: tuple[str, ...], *, timeout_s: float = 60.0
+    ) -> dict:
         """Poll a task until its status is one of ``statuses``; return it."""
         last: dict = {}
 
@@ -252,7 +268,9 @@ def list_tasks(http: httpx.Client) -> list[dict]:
 def assert_error(response: httpx.Response, status: int | tuple[int, ...], *words: str) -> dict:
     """A JSON error of the documented shape whose message names the problem."""
     assert response.status_code in ((status,) if isinstance(status, int) else status), (
-        response.status_code, response.text[:500])
+        response.status_code,
+        response.text[:500],
+    )
     assert response.headers["content-type"].startswith("application/json")
     error = response.json()["error"]
     assert set(error) == {"type", "message", "param"}

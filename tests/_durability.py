@@ -44,15 +44,35 @@ import httpx
 
 from tests._daemon import DaemonProcess, demo_rules, run_rounds, wait_for, write_script
 
-__all__ = ["kill_loop", "power_loss", "build_shim", "shim_env", "power_loss_image", "sync_counts", "Submitters",
-           "Invariants", "read_state", "index_check", "durable_settings", "script_rules", "PHASES", "TERMINAL"]
+__all__ = [
+    "kill_loop",
+    "power_loss",
+    "build_shim",
+    "shim_env",
+    "power_loss_image",
+    "sync_counts",
+    "Submitters",
+    "Invariants",
+    "read_state",
+    "index_check",
+    "durable_settings",
+    "script_rules",
+    "PHASES",
+    "TERMINAL",
+]
 
 PHASES = ("submits", "steps", "worker", "distill", "evolve", "synthesize")
 TERMINAL = ("done", "failed", "dead")  # how a task may end here (nobody cancels one)
 MAX_ATTEMPTS = 3  # the daemon's default, which these drills keep
 # After the phase's work has begun, the kill comes this many seconds later (uniform).
-KILL_WINDOW = {"submits": (0.0, 0.6), "steps": (0.0, 1.2), "worker": (0.0, 1.5), "distill": (0.05, 1.5), "evolve": (0.05, 2.0),
-               "synthesize": (0.05, 1.5)}
+KILL_WINDOW = {
+    "submits": (0.0, 0.6),
+    "steps": (0.0, 1.2),
+    "worker": (0.0, 1.5),
+    "distill": (0.05, 1.5),
+    "evolve": (0.05, 2.0),
+    "synthesize": (0.05, 1.5),
+}
 PERCENT_TASKS = ("What is 17.5% of 2,340?", "What is 12.5% of 80?")
 
 PACK = [
@@ -65,18 +85,25 @@ PACK = [
 
 # --- the daemon's script and settings ---------------------------------------------------------
 
+
 def _percent_tool_rule(demo_rule: dict, calls: int) -> dict:
     """The demo's percent_of answer, generalized to ``calls`` recorded calls (a task re-run after a kill
     records its call again, so a synthesis round may see more than the demo's two)."""
     head, _, _ = demo_rule["match"].partition("[\\s\\S]*Recorded call 1:")
-    one = ("[\\s\\S]*Recorded call {n}:\\n```python\\nprint\\(round\\((?P<p{n}>[\\d.]+) / 100 \\* "
-           "float\\('(?P<n{n}>[\\d.,]+)'")
-    replays = ", ".join(f'{{"call": {n}, "arguments": {{"percent": \\g<p{n}>, "value": "\\g<n{n}>"}}}}'
-                        for n in range(1, calls + 1))
+    one = (
+        "[\\s\\S]*Recorded call {n}:\\n```python\\nprint\\(round\\((?P<p{n}>[\\d.]+) / 100 \\* "
+        "float\\('(?P<n{n}>[\\d.,]+)'"
+    )
+    replays = ", ".join(
+        f'{{"call": {n}, "arguments": {{"percent": \\g<p{n}>, "value": "\\g<n{n}>"}}}}' for n in range(1, calls + 1)
+    )
     before, _, rest = demo_rule["reply"].partition('"replays": [')
     _, _, after = rest.partition("]")
-    return {**demo_rule, "match": head + "".join(one.format(n=n) for n in range(1, calls + 1)),
-            "reply": before + '"replays": [' + replays + "]" + after}
+    return {
+        **demo_rule,
+        "match": head + "".join(one.format(n=n) for n in range(1, calls + 1)),
+        "reply": before + '"replays": [' + replays + "]" + after,
+    }
 
 
 def script_rules() -> list[dict]:
@@ -84,23 +111,45 @@ def script_rules() -> list[dict]:
     a sibling repeats its twin and is invalid), percent_of for up to six recorded calls, and SLOW tasks
     that take three sandboxed steps of 0.4 s before they answer."""
     demo = demo_rules()
-    tool = next((r for r in demo if r["match"].startswith("You write one reusable tool[\\s\\S]*Recorded call 1")),
-                None)
+    tool = next((r for r in demo if r["match"].startswith("You write one reusable tool[\\s\\S]*Recorded call 1")), None)
     assert tool is not None, "the demo script's percent_of rule changed: update this"
     chain = (20, 12, 10, 8, 6, 5, 4)
-    proposers = [{"match": rf'You improve an agent by editing its scaffold[\s\S]*"max_steps": {a},', "on": "all",
-                  "reply": json.dumps({"rationale": f"{b} steps are enough", "edit": {"parameters": {"max_steps": b}}})}
-                 for a, b in zip(chain, chain[1:])]
-    proposers.append({"match": "You improve an agent by editing its scaffold", "on": "all",
-                      "reply": json.dumps({"rationale": "fewer steps", "edit": {"parameters": {"max_steps": 8}}})})
+    proposers = [
+        {
+            "match": rf'You improve an agent by editing its scaffold[\s\S]*"max_steps": {a},',
+            "on": "all",
+            "reply": json.dumps({"rationale": f"{b} steps are enough", "edit": {"parameters": {"max_steps": b}}}),
+        }
+        for a, b in zip(chain, chain[1:])
+    ]
+    proposers.append(
+        {
+            "match": "You improve an agent by editing its scaffold",
+            "on": "all",
+            "reply": json.dumps({"rationale": "fewer steps", "edit": {"parameters": {"max_steps": 8}}}),
+        }
+    )
     slow = [
-        {"match": r"\ATask:\n[^\n]*?SLOW: What is", "on": "task", "role": "user", "tool": "run_python",
-         "arguments": {"code": "import time; time.sleep(0.4); print('tick-a')"}},
-        {"match": r"^tick-a\s*$", "role": "tool", "tool": "run_python",
-         "arguments": {"code": "import time; time.sleep(0.4); print('tick-b')"}},
-        {"match": r"Task:\n[^\n]*?SLOW: What is (?P<expr>[\d\s.+*/()-]+[\d)])\s*\?[\s\S]*tick-b\s*\Z",
-         "on": "all", "role": "tool", "tool": "run_python",
-         "arguments": {"code": "import time; time.sleep(0.4); print(round(\\g<expr>, 6))"}},
+        {
+            "match": r"\ATask:\n[^\n]*?SLOW: What is",
+            "on": "task",
+            "role": "user",
+            "tool": "run_python",
+            "arguments": {"code": "import time; time.sleep(0.4); print('tick-a')"},
+        },
+        {
+            "match": r"^tick-a\s*$",
+            "role": "tool",
+            "tool": "run_python",
+            "arguments": {"code": "import time; time.sleep(0.4); print('tick-b')"},
+        },
+        {
+            "match": r"Task:\n[^\n]*?SLOW: What is (?P<expr>[\d\s.+*/()-]+[\d)])\s*\?[\s\S]*tick-b\s*\Z",
+            "on": "all",
+            "role": "tool",
+            "tool": "run_python",
+            "arguments": {"code": "import time; time.sleep(0.4); print(round(\\g<expr>, 6))"},
+        },
     ]
     return [*proposers, *[_percent_tool_rule(tool, k) for k in range(6, 2, -1)], *slow, *demo]
 
@@ -111,13 +160,20 @@ def durable_settings(root: Path) -> dict:
     evaluations ahead of the clients' tasks, so the search gets past its first evaluations between kills."""
     pack = root / "pack.jsonl"
     pack.write_text("".join(json.dumps(t) + "\n" for t in PACK))
-    return {"EVOLVER_DAEMON_WORKERS": 2, "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 3,
-            "EVOLVER_DAEMON_MAX_ATTEMPTS": MAX_ATTEMPTS, "EVOLVER_EVOLUTION_ENABLED": "false",
-            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2, "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
-            "EVOLVER_EVOLUTION_MIN_EVALUATIONS": 1, "EVOLVER_EVOLUTION_EVALUATION_PRIORITY": 10}
+    return {
+        "EVOLVER_DAEMON_WORKERS": 2,
+        "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 3,
+        "EVOLVER_DAEMON_MAX_ATTEMPTS": MAX_ATTEMPTS,
+        "EVOLVER_EVOLUTION_ENABLED": "false",
+        "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2,
+        "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
+        "EVOLVER_EVOLUTION_MIN_EVALUATIONS": 1,
+        "EVOLVER_EVOLUTION_EVALUATION_PRIORITY": 10,
+    }
 
 
 # --- clients that submit with idempotency keys, retrying across kills -------------------------
+
 
 @dataclass
 class Submission:
@@ -144,8 +200,9 @@ class Submitters:
         self.abort = threading.Event()  # stop now, retries too
         self.submissions: list[Submission] = []
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(n,), name=f"submitter-{n}", daemon=True)
-                         for n in range(clients)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(n,), name=f"submitter-{n}", daemon=True) for n in range(clients)
+        ]
 
     def start(self) -> "Submitters":
         for thread in self._threads:
@@ -240,33 +297,51 @@ class Submitters:
 
 # --- what the dead (or stopped) daemon left -----------------------------------------------------
 
+
 def read_state(data_dir: Path) -> dict:
     """Everything the checks need, read-only from the database (a daemon must not be running on it)."""
     db = sqlite3.connect(f"file:{data_dir / 'evolver.db'}?mode=ro", uri=True, timeout=30)
     try:
+
         def rows(sql: str) -> list[tuple]:
             return db.execute(sql).fetchall()
 
         state = {
             "integrity": [r[0] for r in rows("PRAGMA integrity_check")],
-            "tasks": {r[0]: {"status": r[1], "attempts": r[2], "error": r[3], "finished_at": r[4], "key": r[5],
-                             "source": r[6]}
-                      for r in rows("SELECT id, status, attempts, error, finished_at, idempotency_key, source "
-                                    "FROM tasks")},
+            "tasks": {
+                r[0]: {
+                    "status": r[1],
+                    "attempts": r[2],
+                    "error": r[3],
+                    "finished_at": r[4],
+                    "key": r[5],
+                    "source": r[6],
+                }
+                for r in rows("SELECT id, status, attempts, error, finished_at, idempotency_key, source FROM tasks")
+            },
             # per task: trajectories, steps, when its last trajectory started
-            "runs": {r[0]: (r[1], r[2], r[3]) for r in rows(
-                "SELECT t.task_id, count(DISTINCT t.id), count(s.seq), max(t.started_at) FROM trajectories t "
-                "LEFT JOIN steps s ON s.trajectory_id = t.id GROUP BY t.task_id")},
+            "runs": {
+                r[0]: (r[1], r[2], r[3])
+                for r in rows(
+                    "SELECT t.task_id, count(DISTINCT t.id), count(s.seq), max(t.started_at) FROM trajectories t "
+                    "LEFT JOIN steps s ON s.trajectory_id = t.id GROUP BY t.task_id"
+                )
+            },
             "open_trajectories": [r[0] for r in rows("SELECT id FROM trajectories WHERE status = 'running'")],
             "outbox": rows("SELECT count(*) FROM index_outbox")[0][0],
             "incumbent": (rows("SELECT value FROM meta WHERE key = 'incumbent'") or [(None,)])[0][0],
             "nodes": dict(rows("SELECT id, status FROM nodes")),
-            "served": [json.loads(r[1]).get("to") for r in rows(
-                "SELECT kind, payload FROM events WHERE kind IN ('seed', 'promote', 'rollback')")],
-            "tools": [dict(zip(("id", "name", "version", "code_hash", "status", "origin"), r)) for r in rows(
-                "SELECT id, name, version, code_hash, status, origin FROM tools")],
-            "evaluations": [dict(zip(("id", "status", "task_id"), r)) for r in rows(
-                "SELECT id, status, task_id FROM evaluations")],
+            "served": [
+                json.loads(r[1]).get("to")
+                for r in rows("SELECT kind, payload FROM events WHERE kind IN ('seed', 'promote', 'rollback')")
+            ],
+            "tools": [
+                dict(zip(("id", "name", "version", "code_hash", "status", "origin"), r))
+                for r in rows("SELECT id, name, version, code_hash, status, origin FROM tools")
+            ],
+            "evaluations": [
+                dict(zip(("id", "status", "task_id"), r)) for r in rows("SELECT id, status, task_id FROM evaluations")
+            ],
             "distilled": [json.loads(r[0]) for r in rows("SELECT evidence FROM events WHERE kind = 'distill'")],
         }
     finally:
@@ -341,8 +416,10 @@ class Invariants:
                 elif task["status"] != "done" and not task["error"]:
                     found.append(f"task {task_id} is {task['status']} without a reason")
             if state["open_trajectories"]:
-                found.append(f"{len(state['open_trajectories'])} trajectories are still 'running' after the work "
-                             f"drained: {state['open_trajectories'][:3]}")
+                found.append(
+                    f"{len(state['open_trajectories'])} trajectories are still 'running' after the work "
+                    f"drained: {state['open_trajectories'][:3]}"
+                )
             for evaluation in state["evaluations"]:
                 task = tasks.get(evaluation["task_id"]) if evaluation["task_id"] else None
                 if evaluation["task_id"] and task is None:
@@ -369,9 +446,11 @@ def index_check(data_dir: Path) -> dict:
     store = Store(data_dir)  # not Store.open, which would reconcile before we look
     try:
         repaired = store.reconcile()
-        truth_sql = {"trajectories": "SELECT id FROM trajectories",
-                     "insights": "SELECT CAST(id AS TEXT) FROM insights WHERE status = 'active'",
-                     "tools": "SELECT CAST(id AS TEXT) FROM tools WHERE status = 'active'"}
+        truth_sql = {
+            "trajectories": "SELECT id FROM trajectories",
+            "insights": "SELECT CAST(id AS TEXT) FROM insights WHERE status = 'active'",
+            "tools": "SELECT CAST(id AS TEXT) FROM tools WHERE status = 'active'",
+        }
         differences = {}
         for collection, sql in truth_sql.items():
             truth = {r[0] for r in store.db.execute(sql).fetchall()}
@@ -382,6 +461,7 @@ def index_check(data_dir: Path) -> dict:
 
 
 # --- the kill loop ------------------------------------------------------------------------------
+
 
 def _post_job(daemon: DaemonProcess, job: str, outcome: dict) -> None:
     try:
@@ -424,13 +504,16 @@ def _settle_the_search(daemon: DaemonProcess, timeout_s: float) -> None:
     smoke task; or finishing a node a kill left proposed)."""
     deadline = time.monotonic() + timeout_s
     with daemon.client(timeout_s=300) as http:
+
         def counts() -> tuple[int, int]:
             nodes = http.get("/v1/tree").json()["nodes"]
             return sum(n["in_flight"] for n in nodes), sum(n["successes"] + n["failures"] for n in nodes)
 
         def evaluating() -> bool:  # an evaluation ended but unrecorded (a kill) waits for the next step
-            return any(http.get("/v1/tasks", params={"source": "evaluation", "status": status}).json()["tasks"]
-                       for status in ("queued", "running"))
+            return any(
+                http.get("/v1/tasks", params={"source": "evaluation", "status": status}).json()["tasks"]
+                for status in ("queued", "running")
+            )
 
         if counts() == (0, 0):
             run_rounds(http, "evolve")  # t = 0: queues the root's first evaluations
@@ -455,13 +538,13 @@ def _wait_drained(daemon: DaemonProcess, timeout_s: float) -> None:
             if not status["queue"].get("queued") and not status["queue"].get("running") and not status["running"]:
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"the work did not drain within {timeout_s:g} s: {status['queue']}\n"
-                                     f"{daemon.log()}")
+                raise AssertionError(
+                    f"the work did not drain within {timeout_s:g} s: {status['queue']}\n{daemon.log()}"
+                )
             time.sleep(0.3)
 
 
-def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int = 1,
-              log=lambda message: None) -> dict:
+def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int = 1, log=lambda message: None) -> dict:
     """Kill -9 a daemon ``kills`` times at seeded random points of its work, restart it each time, let the
     work drain, stop it, and check; returns the report (``violations`` lists every breach)."""
     started = time.monotonic()
@@ -484,8 +567,10 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
                 percent = [submitters.submit_now({"prompt": p}, f"percent-{n}") for n, p in enumerate(PERCENT_TASKS)]
             reached, job, worker_killed = True, {}, None
             if phase in ("steps", "worker"):
-                slow = submitters.submit_now({"prompt": f"SLOW: What is {cycle} * 3?",
-                                              "check": {"type": "answer", "expected": str(cycle * 3)}}, f"slow-{cycle}")
+                slow = submitters.submit_now(
+                    {"prompt": f"SLOW: What is {cycle} * 3?", "check": {"type": "answer", "expected": str(cycle * 3)}},
+                    f"slow-{cycle}",
+                )
                 reached = _wait_stepping(daemon, slow.acked[0], timeout_s=60)
                 if phase == "worker" and reached:
                     worker_killed = _kill_worker_of(daemon, slow.acked[0])
@@ -509,8 +594,10 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
             index_left += state["outbox"]
             found = invariants.check(state, submitters.acknowledged(), final=False)
             violations += [f"after kill {cycle + 1} ({phase}): {v}" for v in found]
-            log(f"kill {cycle + 1}/{kills} during {phase} after {delay:.2f} s: {len(state['tasks'])} tasks, "
-                f"{state['outbox']} index rows left, {len(found)} violations")
+            log(
+                f"kill {cycle + 1}/{kills} during {phase} after {delay:.2f} s: {len(state['tasks'])} tasks, "
+                f"{state['outbox']} index rows left, {len(found)} violations"
+            )
 
         # The last start: finish the retries, one round of each job, then let everything drain.
         daemon.start(timeout_s=300)
@@ -519,8 +606,7 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
             outcome: dict = {}
             _post_job(daemon, job, outcome)
             jobs_done += outcome.get("rounds", [{"job": job, "ok": False, "summary": outcome.get("error")}])
-        violations += [f"the {r['job']} round after the kills failed: {r['summary']}" for r in jobs_done
-                       if not r["ok"]]
+        violations += [f"the {r['job']} round after the kills failed: {r['summary']}" for r in jobs_done if not r["ok"]]
         _wait_drained(daemon, timeout_s=600)
         code = daemon.terminate(timeout_s=120)
         if code != 0:
@@ -571,8 +657,12 @@ def build_shim(directory: Path) -> Path | None:
     if gcc is None:
         return None
     out = Path(directory) / "fsync_snapshot.so"
-    built = subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-o", str(out), str(SHIM), "-ldl", "-lpthread"],
-                           capture_output=True, text=True, timeout=120)
+    built = subprocess.run(
+        [gcc, "-shared", "-fPIC", "-O2", "-o", str(out), str(SHIM), "-ldl", "-lpthread"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if built.returncode != 0:
         raise AssertionError(f"gcc could not build {SHIM}:\n{built.stderr}")
     return out
@@ -581,8 +671,12 @@ def build_shim(directory: Path) -> Path | None:
 def shim_env(shim: Path, data_dir: Path, snapshots: Path, exclude: str = "") -> dict:
     snapshots.mkdir(parents=True, exist_ok=True)
     data_dir.mkdir(parents=True, exist_ok=True)
-    return {"LD_PRELOAD": str(shim), "DURABLE_PREFIX": str(data_dir.resolve()),
-            "DURABLE_SNAPSHOTS": str(snapshots.resolve()), "DURABLE_EXCLUDE": exclude}
+    return {
+        "LD_PRELOAD": str(shim),
+        "DURABLE_PREFIX": str(data_dir.resolve()),
+        "DURABLE_SNAPSHOTS": str(snapshots.resolve()),
+        "DURABLE_EXCLUDE": exclude,
+    }
 
 
 def power_loss_image(snapshots: Path, target: Path) -> list[str]:
@@ -609,16 +703,27 @@ def sync_counts(snapshots: Path) -> Counter:
     return Counter(line.split(" ", 1)[1] for line in lines if line.startswith("synced "))
 
 
-def power_loss(root: Path, shim: Path, *, seed: int, clients: int = 4, run_s: tuple[float, float] = (0.5, 3.0),
-               log=lambda message: None) -> dict:
+def power_loss(
+    root: Path,
+    shim: Path,
+    *,
+    seed: int,
+    clients: int = 4,
+    run_s: tuple[float, float] = (0.5, 3.0),
+    log=lambda message: None,
+) -> dict:
     """A daemon under the fsync-snapshot shim takes submits (and runs them) until a SIGKILL at a random
     moment; the data dir rebuilt from the snapshots alone must hold every acknowledged task."""
     started = time.monotonic()
     rng = random.Random(seed)
     data_dir, snapshots, image = root / "data", root / "snapshots", root / "image"
     env = shim_env(shim, data_dir, snapshots, exclude="index/")  # the vector index is rebuilt from SQLite
-    daemon = DaemonProcess(root, model=write_script(root, "script", script_rules()),
-                           settings={**durable_settings(root), **env}, name="power")
+    daemon = DaemonProcess(
+        root,
+        model=write_script(root, "script", script_rules()),
+        settings={**durable_settings(root), **env},
+        name="power",
+    )
     submitters = Submitters(daemon, clients=clients, seed=seed, slow_share=0.0)
     try:
         daemon.start(timeout_s=300)
@@ -626,8 +731,12 @@ def power_loss(root: Path, shim: Path, *, seed: int, clients: int = 4, run_s: tu
         submitters.release(100_000)  # as fast as they are answered
         began = time.monotonic()
         # Until a checkpoint has synced the database file itself (or a minute passed), then a little more.
-        wait_for(lambda: sync_counts(snapshots).get("evolver.db", 0) >= 2 or time.monotonic() - began > 60,
-                 timeout_s=120, what="a checkpoint", interval_s=0.2)
+        wait_for(
+            lambda: sync_counts(snapshots).get("evolver.db", 0) >= 2 or time.monotonic() - began > 60,
+            timeout_s=120,
+            what="a checkpoint",
+            interval_s=0.2,
+        )
         time.sleep(rng.uniform(*run_s))
         run = time.monotonic() - began
         daemon.kill()  # the power goes out: only what was fsynced is on the disk
@@ -652,7 +761,9 @@ def power_loss(root: Path, shim: Path, *, seed: int, clients: int = 4, run_s: tu
     from memory import Store
 
     with Store(image) as store:
-        readable = sum(1 for s in acknowledged if store.get_task(s.acked[0]).idempotency_key == s.key) if not lost else 0
+        readable = (
+            sum(1 for s in acknowledged if store.get_task(s.acked[0]).idempotency_key == s.key) if not lost else 0
+        )
         store_check = store.check()
     return {
         "acknowledged": len(acknowledged),

@@ -61,8 +61,27 @@ TOKEN_ENV = "FUZZ_DAEMON_TOKEN"  # not EVOLVER_*: those are read as settings
 
 # Given explicitly (no schemathesis.toml is looked for): a body over [daemon] max_body_bytes is refused
 # with 413 before anything reads it, which is how the daemon rejects invalid data that big.
-CONFIG = {"checks": {"negative_data_rejection": {"expected-statuses": [
-    "400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]}}}
+CONFIG = {
+    "checks": {
+        "negative_data_rejection": {
+            "expected-statuses": [
+                "400",
+                "401",
+                "403",
+                "404",
+                "405",
+                "406",
+                "409",
+                "413",
+                "415",
+                "422",
+                "428",
+                "429",
+                "5xx",
+            ]
+        }
+    }
+}
 
 
 def config() -> schemathesis.Config:
@@ -94,9 +113,14 @@ class FuzzReport:
         return sum(f.kind == kind for f in self.findings)
 
     def summary(self) -> dict:
-        return {"operations": self.operations, "cases": self.cases, "server_errors": self.count("server_error"),
-                "schema_violations": self.count("schema_violation"), "no_response": self.count("no_response"),
-                "seconds": round(self.seconds, 1)}
+        return {
+            "operations": self.operations,
+            "cases": self.cases,
+            "server_errors": self.count("server_error"),
+            "schema_violations": self.count("schema_violation"),
+            "no_response": self.count("no_response"),
+            "seconds": round(self.seconds, 1),
+        }
 
     def unique(self) -> list[Finding]:
         """One finding per operation, mode, kind and status (what a person needs to read)."""
@@ -114,18 +138,23 @@ def _request(case) -> str:
     text = repr(body)
     if len(text) > 300:
         text = text[:300] + "..."
-    return (f"{case.method.upper()} {case.formatted_path} query={case.query!r} headers={case.headers!r} "
-            f"body={text}")
+    return f"{case.method.upper()} {case.formatted_path} query={case.query!r} headers={case.headers!r} body={text}"
 
 
 def _kind(failure: Failure) -> str:
     return "server_error" if isinstance(failure, ServerError) else "schema_violation"
 
 
-def fuzz(schema, send: Callable, *, max_examples: int,
-         modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE),
-         known: dict[str, object] | None = None, validate_headers: dict | None = None,
-         raised: str = "no_response") -> FuzzReport:
+def fuzz(
+    schema,
+    send: Callable,
+    *,
+    max_examples: int,
+    modes: tuple[GenerationMode, ...] = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE),
+    known: dict[str, object] | None = None,
+    validate_headers: dict | None = None,
+    raised: str = "no_response",
+) -> FuzzReport:
     """Fuzz every operation of ``schema`` but the excluded ones; ``send(case)`` returns the response.
 
     An operation whose path parameters are all in ``known`` (ids that exist: see ``known_ids``) is
@@ -145,40 +174,61 @@ def fuzz(schema, send: Callable, *, max_examples: int,
         fixed = [None] + ([{n: known[n] for n in names}] if names and known and set(names) <= set(known) else [])
         for path_parameters in fixed:
             for mode in modes:
-                _fuzz_operation(operation, mode, path_parameters, send, max_examples, report, validate_headers,
-                                raised)
+                _fuzz_operation(operation, mode, path_parameters, send, max_examples, report, validate_headers, raised)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _fuzz_operation(operation, mode, path_parameters, send, max_examples, report, validate_headers,
-                    raised) -> None:
+def _fuzz_operation(operation, mode, path_parameters, send, max_examples, report, validate_headers, raised) -> None:
     checks = NEGATIVE_CHECKS if mode is GenerationMode.NEGATIVE else CHECKS
     label = mode.value + (" (known ids)" if path_parameters else "")
 
     # Findings are recorded, never raised: Hypothesis would stop there and shrink, and one
     # operation's failure would hide the rest. Shrinking is off for the same reason.
-    @hypothesis.settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-                         phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
-                         print_blob=False)
+    @hypothesis.settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode, path_parameters=path_parameters))
     def run(case) -> None:
         report.cases += 1
         try:
             response = send(case)
         except Exception as exc:  # a finding, not a crash of the fuzzer
-            report.findings.append(Finding(operation.label, label, raised, None,
-                                           f"{type(exc).__name__}: {exc}", _request(case)))
+            report.findings.append(
+                Finding(operation.label, label, raised, None, f"{type(exc).__name__}: {exc}", _request(case))
+            )
             return
         try:
             case.validate_response(response, checks=checks, headers=validate_headers)
         except FailureGroup as group:
             for failure in group.exceptions:
-                report.findings.append(Finding(operation.label, label, _kind(failure), response.status_code,
-                                               f"{failure.title}: {failure.message}"[:2000], _request(case)))
+                report.findings.append(
+                    Finding(
+                        operation.label,
+                        label,
+                        _kind(failure),
+                        response.status_code,
+                        f"{failure.title}: {failure.message}"[:2000],
+                        _request(case),
+                    )
+                )
         except Failure as failure:
-            report.findings.append(Finding(operation.label, label, _kind(failure), response.status_code,
-                                           f"{failure.title}: {failure.message}"[:2000], _request(case)))
+            report.findings.append(
+                Finding(
+                    operation.label,
+                    label,
+                    _kind(failure),
+                    response.status_code,
+                    f"{failure.title}: {failure.message}"[:2000],
+                    _request(case),
+                )
+            )
 
     try:
         run()
@@ -194,8 +244,12 @@ def known_ids(http, *, timeout_s: float = 120.0) -> dict[str, object]:
     task = http.post("/v1/tasks", json={"prompt": "What is (12 + 30) * 2?"})
     assert task.status_code == 201, task.text
     task_id = task.json()["id"]
-    wait_for(lambda: http.get(f"/v1/tasks/{task_id}").json()["status"] in ("done", "failed", "dead"),
-             timeout_s=timeout_s, what=f"task {task_id} to finish", interval_s=0.3)
+    wait_for(
+        lambda: http.get(f"/v1/tasks/{task_id}").json()["status"] in ("done", "failed", "dead"),
+        timeout_s=timeout_s,
+        what=f"task {task_id} to finish",
+        interval_s=0.3,
+    )
     events = http.get("/v1/history", params={"limit": 1000}).json()["events"]
     return {"task_id": task_id, "node_id": http.get("/v1/tree").json()["incumbent"], "event_id": events[-1]["id"]}
 
@@ -206,8 +260,12 @@ def known_ids(http, *, timeout_s: float = 120.0) -> dict[str, object]:
 # A daemon under fuzzing: one worker, no background evolution. With evolution off and no evaluation
 # slots, ``POST /v1/evolve`` and the jobs stay bounded bookkeeping (no tree search hands out evaluation
 # tasks); fuzzed tasks still run on the worker with the offline model.
-SETTINGS = {"EVOLVER_DAEMON_WORKERS": "1", "EVOLVER_EVOLUTION_ENABLED": "false",
-            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0", "EVOLVER_DAEMON_TCP_TOKEN_ENV": TOKEN_ENV}
+SETTINGS = {
+    "EVOLVER_DAEMON_WORKERS": "1",
+    "EVOLVER_EVOLUTION_ENABLED": "false",
+    "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",
+    "EVOLVER_DAEMON_TCP_TOKEN_ENV": TOKEN_ENV,
+}
 
 
 class InProcessDaemon:
@@ -223,8 +281,12 @@ class InProcessDaemon:
         self.root = Path(tempfile.mkdtemp(prefix="evf-", dir="/tmp"))  # short: socket paths are limited
         self.token = token
         self.headers = {"Authorization": f"Bearer {token}"}
-        env = {**SETTINGS, "EVOLVER_MODEL_NAME": "scripted/demo",
-               "EVOLVER_DAEMON_DATA_DIR": str(self.root / "data"), "EVOLVER_DAEMON_RUNTIME_DIR": str(self.root / "run")}
+        env = {
+            **SETTINGS,
+            "EVOLVER_MODEL_NAME": "scripted/demo",
+            "EVOLVER_DAEMON_DATA_DIR": str(self.root / "data"),
+            "EVOLVER_DAEMON_RUNTIME_DIR": str(self.root / "run"),
+        }
         self.daemon = Daemon(load_config(env=env))
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="fuzzed-daemon", daemon=True)
@@ -271,8 +333,14 @@ class InProcessDaemon:
     def fuzz(self, *, max_examples: int) -> FuzzReport:
         with self.client() as http:
             known = known_ids(http)
-        return fuzz(self.schema(), self.send, max_examples=max_examples, known=known, validate_headers=self.headers,
-                    raised="server_error")
+        return fuzz(
+            self.schema(),
+            self.send,
+            max_examples=max_examples,
+            known=known,
+            validate_headers=self.headers,
+            raised="server_error",
+        )
 
     def close(self) -> None:
         self.daemon.request_stop("the fuzzing is over")
@@ -289,8 +357,9 @@ def tcp_settings(port: int, token: str) -> dict:
 def black_box(base_url: str, token: str, *, timeout_s: float = 60.0):
     """The schema of a daemon over its TCP listener, and a ``send`` that calls it with the token."""
     headers = {"Authorization": f"Bearer {token}"}
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json", config=config(), headers=headers,
-                                          timeout=timeout_s)
+    schema = schemathesis.openapi.from_url(
+        f"{base_url}/openapi.json", config=config(), headers=headers, timeout=timeout_s
+    )
 
     def send(case):
         return case.call(base_url=base_url, headers=headers, timeout=timeout_s)

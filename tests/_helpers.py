@@ -23,19 +23,32 @@ def without_bubblewrap(reason: object) -> NoReturn:
     """Skip a test that needs the real sandbox where bubblewrap cannot start; on CI (``CI=true``) fail it
     instead, so a CI machine without a working sandbox can never pass by skipping them all."""
     if os.environ.get("CI", "").strip().lower() == "true":
-        pytest.fail(f"bubblewrap cannot run on this CI machine (CI=true), and the sandbox's tests need it: "
-                    f"{reason}", pytrace=False)
+        pytest.fail(
+            f"bubblewrap cannot run on this CI machine (CI=true), and the sandbox's tests need it: {reason}",
+            pytrace=False,
+        )
     pytest.skip(f"bubblewrap cannot run here: {reason}")
 
 
-def run_python(code: str, *args: str, prefix: list[str] | None = None, env: dict | None = None,
-               timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
+def run_python(
+    code: str,
+    *args: str,
+    prefix: list[str] | None = None,
+    env: dict | None = None,
+    timeout: float = 120,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter of this venv (optionally under ``prefix``, e.g. unshare)."""
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run(
         [*(prefix or []), PYTHON, "-c", code, *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, input=input, cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        input=input,
+        cwd=str(REPO),
     )
 
 

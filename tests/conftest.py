@@ -81,9 +81,23 @@ def box(sandbox):
 TIERS = ("daemon", "drill", "external", "slow")
 MODULE_TIERS = {
     # a daemon (or the CLI against one) in a child process
-    **dict.fromkeys(["test_bad_input", "test_chat_queue", "test_chat_repl", "test_chat_stream", "test_cli_daemon",
-                     "test_daemon", "test_daemon_lifecycle", "test_daemon_tcp", "test_daemon_tree", "test_held_out",
-                     "test_mcp", "test_worker_processes"], "daemon"),
+    **dict.fromkeys(
+        [
+            "test_bad_input",
+            "test_chat_queue",
+            "test_chat_repl",
+            "test_chat_stream",
+            "test_cli_daemon",
+            "test_daemon",
+            "test_daemon_lifecycle",
+            "test_daemon_tcp",
+            "test_daemon_tree",
+            "test_held_out",
+            "test_mcp",
+            "test_worker_processes",
+        ],
+        "daemon",
+    ),
     **dict.fromkeys(["test_durability", "test_fuzz_api", "test_load"], "drill"),
     # llama.cpp's server, Ray, Chromium, `chroma run`
     **dict.fromkeys(["test_real_model", "test_ray_evaluator", "test_dashboard", "test_index_server"], "external"),
@@ -93,8 +107,12 @@ MODULE_TIERS = {
 
 
 def pytest_addoption(parser):
-    parser.addoption("--all", action="store_true", default=False,
-                     help="run every tier: the daemon, drill, external and slow tests too (as .ci/run does)")
+    parser.addoption(
+        "--all",
+        action="store_true",
+        default=False,
+        help="run every tier: the daemon, drill, external and slow tests too (as .ci/run does)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -116,5 +134,6 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter, config):
     left = getattr(config, "_evolver_left_out", 0)
     if left:
-        terminalreporter.write_line(f"{left} tests of the daemon, drill, external and slow tiers were left out; "
-                                    "`pytest --all` runs every tier")
+        terminalreporter.write_line(
+            f"{left} tests of the daemon, drill, external and slow tiers were left out; `pytest --all` runs every tier"
+        )

@@ -15,8 +15,12 @@ from memory import Ending, NewTrajectory
 from tools import ToolFiles
 
 ADD = [
-    {"match": r"What is (\d+) \+ (\d+)\?", "role": "user", "tool": "run_python",
-     "arguments": {"code": r"print(\1 + \2)"}},
+    {
+        "match": r"What is (\d+) \+ (\d+)\?",
+        "role": "user",
+        "tool": "run_python",
+        "arguments": {"code": r"print(\1 + \2)"},
+    },
     {"match": r"^(?P<out>-?\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<out>"}},
 ]
 
@@ -27,8 +31,9 @@ def engine_for(open_store, sandbox, tmp_path):
 
     def make(script: dict, name: str, **env) -> Engine:
         scripted.register_script(name, script)
-        config = load_config(env={"EVOLVER_MODEL_NAME": f"scripted/{name}",
-                                  **{f"EVOLVER_{k.upper()}": str(v) for k, v in env.items()}})
+        config = load_config(
+            env={"EVOLVER_MODEL_NAME": f"scripted/{name}", **{f"EVOLVER_{k.upper()}": str(v) for k, v in env.items()}}
+        )
         store = open_store(tmp_path / name)
         engine = Engine.open(config, data_dir=tmp_path / name, store=store, sandbox=sandbox)
         engines.append(engine)
@@ -61,11 +66,13 @@ def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_f
 
 
 def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
-    script = {"rules": [
-        {"match": "wrote 41", "on": "all", "role": "user", "tool": "finish", "arguments": {"answer": "42"}},
-        {"match": "previous attempt at this task failed", "role": "user", "reply": "I wrote 41 by mistake."},
-        {"match": "What is", "role": "user", "tool": "finish", "arguments": {"answer": "41"}},
-    ]}
+    script = {
+        "rules": [
+            {"match": "wrote 41", "on": "all", "role": "user", "tool": "finish", "arguments": {"answer": "42"}},
+            {"match": "previous attempt at this task failed", "role": "user", "reply": "I wrote 41 by mistake."},
+            {"match": "What is", "role": "user", "tool": "finish", "arguments": {"answer": "41"}},
+        ]
+    }
     engine = engine_for(script, "a-retry")
     task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
@@ -76,6 +83,7 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     assert (second.attempt, first.attempt) == (2, 1)
     # Run here, not leased by a worker: the task views still count its two attempts.
     from evolver.api import views
+
     (listed,) = views.task_list(engine.store)["tasks"]
     assert listed["attempts"] == views.task_detail(engine.store, task.id)["attempts"] == 2
     assert listed["claims"] == 0  # no worker ever leased it
@@ -105,8 +113,7 @@ def test_the_step_limit_ends_an_attempt(engine_for):
 def test_a_call_repeated_is_answered_from_before_and_too_many_repeats_end_the_attempt(engine_for):
     # A small model repeated one identical call for 20 steps: after repeat_limit identical calls in a row
     # it is told what it already has, and after twice that many the attempt ends.
-    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "print(7)"}}]},
-                        "a-repeat")
+    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "print(7)"}}]}, "a-repeat")
     task, _ = engine.store.add_task("Loop forever")
     result = engine.agent(scaffold_with(max_steps=20, repeat_limit=2)).run_task(task)
     assert result.status == "failed" and result.error == "no answer (repeating)"
@@ -120,8 +127,11 @@ def test_a_call_repeated_is_answered_from_before_and_too_many_repeats_end_the_at
 
 
 def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
-    engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-budget",
-                        budget_tokens_per_task=400)
+    engine = engine_for(
+        {"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]},
+        "a-budget",
+        budget_tokens_per_task=400,
+    )
     task, _ = engine.store.add_task("Spend everything")
     result = engine.agent(scaffold_with(max_steps=50, repeat_limit=0)).run_task(task)  # the same call, on and on
     assert result.status == "failed" and "per-task token cap of 400 tokens" in result.error
@@ -146,13 +156,23 @@ def test_cancellation_stops_at_the_next_step(engine_for):
 
 
 def test_malformed_tool_calls_become_observations_and_the_task_goes_on(engine_for):
-    script = {"rules": [
-        {"match": "Tool call refused: unknown tool 'teleport'", "role": "tool", "tool": "read_file",
-         "arguments": {"name": "x"}},
-        {"match": "Tool call refused: missing required argument 'path'", "role": "tool", "tool": "finish",
-         "arguments": {"answer": "recovered"}},
-        {"match": "", "role": "user", "tool": "teleport", "arguments": {}},
-    ]}
+    script = {
+        "rules": [
+            {
+                "match": "Tool call refused: unknown tool 'teleport'",
+                "role": "tool",
+                "tool": "read_file",
+                "arguments": {"name": "x"},
+            },
+            {
+                "match": "Tool call refused: missing required argument 'path'",
+                "role": "tool",
+                "tool": "finish",
+                "arguments": {"answer": "recovered"},
+            },
+            {"match": "", "role": "user", "tool": "teleport", "arguments": {}},
+        ]
+    }
     engine = engine_for(script, "a-malformed")
     task, _ = engine.store.add_task("Do something odd")
     result = engine.agent().run_task(task)
@@ -162,12 +182,23 @@ def test_malformed_tool_calls_become_observations_and_the_task_goes_on(engine_fo
 
 
 def test_a_model_without_native_tools_works_through_json_in_text(engine_for):
-    script = {"native_tools": False, "rules": [
-        {"match": r"Result of run_python:\n(?P<out>\d+)", "role": "user", "tool": "finish",
-         "arguments": {"answer": r"\g<out>"}},
-        {"match": r"What is (\d+) \+ (\d+)\?", "role": "user", "tool": "run_python",
-         "arguments": {"code": r"print(\1 + \2)"}},
-    ]}
+    script = {
+        "native_tools": False,
+        "rules": [
+            {
+                "match": r"Result of run_python:\n(?P<out>\d+)",
+                "role": "user",
+                "tool": "finish",
+                "arguments": {"answer": r"\g<out>"},
+            },
+            {
+                "match": r"What is (\d+) \+ (\d+)\?",
+                "role": "user",
+                "tool": "run_python",
+                "arguments": {"code": r"print(\1 + \2)"},
+            },
+        ],
+    }
     engine = engine_for(script, "a-text")
     task, _ = engine.store.add_task("What is 2 + 2?", check={"type": "answer", "expected": "4"})
     result = engine.agent(scaffold_with(action_format="tools")).run_task(task)
@@ -182,42 +213,60 @@ def test_a_plain_text_answer_said_twice_is_taken(engine_for):
 
 
 def test_retrieved_experience_reaches_the_prompt(engine_for):
-    script = {"rules": [
-        {"match": "Similar tasks solved before:.*Sum the amount column of sales.csv.*Lessons from experience:"
-                  ".*Strip currency symbols", "on": "all", "role": "user", "tool": "finish",
-         "arguments": {"answer": "used memory"}},
-        {"match": "", "role": "user", "tool": "finish", "arguments": {"answer": "no memory"}},
-    ]}
+    script = {
+        "rules": [
+            {
+                "match": "Similar tasks solved before:.*Sum the amount column of sales.csv.*Lessons from experience:"
+                ".*Strip currency symbols",
+                "on": "all",
+                "role": "user",
+                "tool": "finish",
+                "arguments": {"answer": "used memory"},
+            },
+            {"match": "", "role": "user", "tool": "finish", "arguments": {"answer": "no memory"}},
+        ]
+    }
     engine = engine_for(script, "a-memory")
-    engine.store.ingest([NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200",
-                                       success=True)])
+    engine.store.ingest([NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True)])
     engine.store.add_insight("Strip currency symbols before converting money to float.")
     task, _ = engine.store.add_task("Add up the price column of invoices.csv")
     assert engine.agent().run_task(task).answer == "used memory"
 
 
 def test_only_offered_tools_can_be_called(engine_for):
-    script = {"rules": [
-        {"match": "is not available for this task", "role": "tool", "tool": "finish", "arguments": {"answer": "no"}},
-        {"match": r"^9$", "role": "tool", "tool": "finish", "arguments": {"answer": "yes"}},
-        {"match": "", "role": "user", "tool": "triple", "arguments": {"x": 3}},
-    ]}
+    script = {
+        "rules": [
+            {
+                "match": "is not available for this task",
+                "role": "tool",
+                "tool": "finish",
+                "arguments": {"answer": "no"},
+            },
+            {"match": r"^9$", "role": "tool", "tool": "finish", "arguments": {"answer": "yes"}},
+            {"match": "", "role": "user", "tool": "triple", "arguments": {"x": 3}},
+        ]
+    }
     engine = engine_for(script, "a-offered")
     code = 'def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n    return 3 * x\n'
     task, _ = engine.store.add_task("Triple three")
     assert engine.agent().run_task(task).answer == "no"  # not a tool the agent has
-    digest = ToolFiles(engine.data_dir / "tools").write("triple", 1, code, "def test_it():\n    assert triple(1) == 3\n")
-    engine.store.add_tool("triple", description="Multiply a whole number by three", code_hash=digest,
-                          origin="synthesized")
+    digest = ToolFiles(engine.data_dir / "tools").write(
+        "triple", 1, code, "def test_it():\n    assert triple(1) == 3\n"
+    )
+    engine.store.add_tool(
+        "triple", description="Multiply a whole number by three", code_hash=digest, origin="synthesized"
+    )
     task, _ = engine.store.add_task("Multiply a whole number by three: 3")
     assert engine.agent().run_task(task).answer == "yes"  # registered: loaded and retrieved as relevant
 
 
 def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):
-    script = {"rules": [
-        {"match": "^1$", "role": "tool", "error": "bad_request"},
-        {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(1)"}},
-    ]}
+    script = {
+        "rules": [
+            {"match": "^1$", "role": "tool", "error": "bad_request"},
+            {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(1)"}},
+        ]
+    }
     engine = engine_for(script, "a-crash")
     task, _ = engine.store.add_task("Start, then break")
     result = engine.agent().run_task(task)
@@ -230,24 +279,36 @@ def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):
 
 
 def test_pack_files_are_put_in_the_workspace(engine_for):
-    script = {"rules": [
-        {"match": r"^(?P<n>\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<n>"}},
-        {"match": "", "role": "user", "tool": "run_shell", "arguments": {"command": "wc -l < data.txt"}},
-    ]}
+    script = {
+        "rules": [
+            {"match": r"^(?P<n>\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<n>"}},
+            {"match": "", "role": "user", "tool": "run_shell", "arguments": {"command": "wc -l < data.txt"}},
+        ]
+    }
     engine = engine_for(script, "a-files")
-    task, _ = engine.store.add_task("How many lines in data.txt?", check={"type": "answer", "expected": "3"},
-                                    metadata={"files": {"data.txt": "a\nb\nc\n"}})
+    task, _ = engine.store.add_task(
+        "How many lines in data.txt?",
+        check={"type": "answer", "expected": "3"},
+        metadata={"files": {"data.txt": "a\nb\nc\n"}},
+    )
     result = engine.agent().run_task(task)
     assert (result.answer, result.success) == ("3", True)
 
 
 def test_plan_first_asks_for_a_plan_before_acting(engine_for):
-    script = {"rules": [
-        {"match": "write a short numbered plan", "role": "user", "reply": "1. add the numbers 2. finish"},
-        {"match": r"What is (\d+) \+ (\d+)\?.*add the numbers.*carry out the plan", "on": "all", "role": "user",
-         "tool": "run_python", "arguments": {"code": r"print(\1 + \2)"}},
-        ADD[1],
-    ]}
+    script = {
+        "rules": [
+            {"match": "write a short numbered plan", "role": "user", "reply": "1. add the numbers 2. finish"},
+            {
+                "match": r"What is (\d+) \+ (\d+)\?.*add the numbers.*carry out the plan",
+                "on": "all",
+                "role": "user",
+                "tool": "run_python",
+                "arguments": {"code": r"print(\1 + \2)"},
+            },
+            ADD[1],
+        ]
+    }
     engine = engine_for(script, "a-plan")
     task, _ = engine.store.add_task("What is 1 + 2?", check={"type": "answer", "expected": "3"})
     result = engine.agent(scaffold_with(plan_first=True)).run_task(task)
@@ -274,8 +335,7 @@ def test_a_chat_turn_without_an_answer_says_so_and_why(engine_for):
     from evolver.api.chat import reply_text
 
     # A weak model that never finishes: it lists the files again and again until the step limit.
-    engine = engine_for({"rules": [{"match": "", "tool": "list_files", "arguments": {"path": "."}}]},
-                        "a-chat-loop")
+    engine = engine_for({"rules": [{"match": "", "tool": "list_files", "arguments": {"path": "."}}]}, "a-chat-loop")
     task, _ = engine.store.add_task("Hello, who are you?", source="chat", status="running")
     result = engine.agent(scaffold_with(max_steps=4)).run_task(task)
     text = reply_text(engine.store, result)
@@ -295,15 +355,23 @@ def test_text_tool_calls_send_one_system_message_then_strictly_alternating_roles
     # Two calls in one reply give two tool results; chat templates (Qwen's, Llama's) want one system
     # message and user/assistant turns that alternate.
     record = tmp_path / "sent.jsonl"
-    script = {"native_tools": False, "record": str(record), "rules": [
-        {"match": r"Result of list_files", "role": "user", "tool": "finish", "arguments": {"answer": "done"}},
-        {"match": "Tidy up", "role": "user", "calls": [{"tool": "list_files", "arguments": {}},
-                                                       {"tool": "list_files", "arguments": {}}]},
-    ]}
+    script = {
+        "native_tools": False,
+        "record": str(record),
+        "rules": [
+            {"match": r"Result of list_files", "role": "user", "tool": "finish", "arguments": {"answer": "done"}},
+            {
+                "match": "Tidy up",
+                "role": "user",
+                "calls": [{"tool": "list_files", "arguments": {}}, {"tool": "list_files", "arguments": {}}],
+            },
+        ],
+    }
     engine = engine_for(script, "a-roles")
     task, _ = engine.store.add_task("Tidy up")
     assert engine.agent(scaffold_with(action_format="tools")).run_task(task).status == "done"
     import json
+
     for line in record.read_text().splitlines():
         roles = [m["role"] for m in json.loads(line)["messages"]]
         assert roles[0] == "system" and "system" not in roles[1:], roles
@@ -319,10 +387,13 @@ def test_an_unreadable_text_tool_call_is_refused_with_the_expected_shape_and_sho
     from evolver.cli.tasks import _print_event_step
 
     sent = "```json\n{'tool': 'finish', 'arguments': {'answer': 'it's 4'}}\n```"  # ambiguous: not repaired
-    script = {"native_tools": False, "rules": [
-        {"match": "Tool call refused", "role": "user", "tool": "finish", "arguments": {"answer": "4"}},
-        {"match": "", "role": "user", "reply": sent},
-    ]}
+    script = {
+        "native_tools": False,
+        "rules": [
+            {"match": "Tool call refused", "role": "user", "tool": "finish", "arguments": {"answer": "4"}},
+            {"match": "", "role": "user", "reply": sent},
+        ],
+    }
     engine = engine_for(script, "a-unreadable")
     task, _ = engine.store.add_task("What is 2 + 2?")
     result = engine.agent(scaffold_with(action_format="tools")).run_task(task)

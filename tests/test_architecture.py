@@ -28,8 +28,14 @@ LINT = Path(sys.executable).with_name("lint-imports")
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -47,14 +53,17 @@ def test_the_import_contracts_hold():
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("module, back_import, broken", [
-    ("evolver/judge/verify.py", "from evolver.agent import loop", "the judge imports nothing"),
-    ("evolver/meta/distill.py", "from evolver.service import daemon", "never reach into the service"),
-    ("evolver/api/views.py", "from evolver.service import daemon", "only through a protocol"),
-    ("memory/records.py", "import evolver.config", "memory, the experience store"),
-    ("evolver/agent/scaffold.py", "from evolver.tree import incumbent", "each imports only those below it"),
-    ("sandbox/limits.py", "from sandbox import worker", "no import cycles"),
-])
+@pytest.mark.parametrize(
+    "module, back_import, broken",
+    [
+        ("evolver/judge/verify.py", "from evolver.agent import loop", "the judge imports nothing"),
+        ("evolver/meta/distill.py", "from evolver.service import daemon", "never reach into the service"),
+        ("evolver/api/views.py", "from evolver.service import daemon", "only through a protocol"),
+        ("memory/records.py", "import evolver.config", "memory, the experience store"),
+        ("evolver/agent/scaffold.py", "from evolver.tree import incumbent", "each imports only those below it"),
+        ("sandbox/limits.py", "from sandbox import worker", "no import cycles"),
+    ],
+)
 def test_a_back_import_breaks_a_contract(tmp_path, module, back_import, broken):
     """Each contract fails CI when an arrow is drawn backwards (in a copy of the packages)."""
     root = _copy(tmp_path)
@@ -66,17 +75,32 @@ def test_a_back_import_breaks_a_contract(tmp_path, module, back_import, broken):
     assert any(broken in line for line in broken_lines), result.stdout
 
 
-@pytest.mark.parametrize("package", [
-    "evolver", "evolver.llm", "evolver.agent", "evolver.judge", "evolver.meta", "evolver.tree", "evolver.service",
-    "evolver.api", "evolver.cli", "memory", "tools", "sandbox"])
+@pytest.mark.parametrize(
+    "package",
+    [
+        "evolver",
+        "evolver.llm",
+        "evolver.agent",
+        "evolver.judge",
+        "evolver.meta",
+        "evolver.tree",
+        "evolver.service",
+        "evolver.api",
+        "evolver.cli",
+        "memory",
+        "tools",
+        "sandbox",
+    ],
+)
 def test_every_package_says_what_lives_there_and_exports_only_what_it_names(package):
     module = importlib.import_module(package)
     doc = (module.__doc__ or "").lower()
     assert "import" in doc or "depend" in doc, f"{package}'s docstring says what it may import"
     assert isinstance(module.__all__, list) and module.__all__
     for name in module.__all__:
-        assert hasattr(module, name) or importlib.util.find_spec(f"{package}.{name}") is not None, \
+        assert hasattr(module, name) or importlib.util.find_spec(f"{package}.{name}") is not None, (
             f"{package}.__all__ names {name!r}, which it does not have"
+        )
 
 
 def _keeps(implementation: type, protocol: type) -> list[str]:
@@ -92,8 +116,10 @@ def _keeps(implementation: type, protocol: type) -> list[str]:
         want = [(p.name, p.kind, p.default) for p in inspect.signature(member).parameters.values()]
         have = [(p.name, p.kind, p.default) for p in inspect.signature(theirs).parameters.values()]
         if want != have:
-            problems.append(f"{implementation.__name__}.{name}{inspect.signature(theirs)} is not "
-                            f"{protocol.__name__}.{name}{inspect.signature(member)}")
+            problems.append(
+                f"{implementation.__name__}.{name}{inspect.signature(theirs)} is not "
+                f"{protocol.__name__}.{name}{inspect.signature(member)}"
+            )
     return problems
 
 
@@ -123,8 +149,10 @@ def test_the_recording_store_keeps_the_store_protocol_in_every_method_it_stands_
 def test_only_storage_names_the_sqlite_store_and_only_the_engine_the_litellm_client():
     """The engine depends on ExperienceStore and Model; opening the concrete parts happens in one place each,
     so another store or model client is a new class, not a rewrite."""
-    allowed = {"Store": {"evolver/storage.py"}, "ModelClient": {"evolver/agent/engine.py", "evolver/llm/__init__.py",
-                                                                "evolver/llm/client.py"}}
+    allowed = {
+        "Store": {"evolver/storage.py"},
+        "ModelClient": {"evolver/agent/engine.py", "evolver/llm/__init__.py", "evolver/llm/client.py"},
+    }
     found = []
     for path in sorted((REPO / "evolver").rglob("*.py")):
         where = str(path.relative_to(REPO))

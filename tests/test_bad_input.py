@@ -38,19 +38,33 @@ def run(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess
 # --- the settings file ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (b"[agent]\nmax_stepz = 3\n", ["unknown key 'max_stepz' in [agent]", "observation_chars"]),
-    (b"[agnet]\nobservation_chars = 900\n", ["unknown section [agnet]", "[agent]"]),
-    (b"[agent]\nobservation_chars = 'lots'\n", ["[agent] observation_chars = 'lots'", "whole number"]),
-    (b"[agent]\nobservation_chars = [1, 2]\n", ["[agent] observation_chars", "whole number"]),
-    (b"[daemon]\nworkers = 0\n", ["[daemon] workers = 0"]),
-    (b"[sandbox]\nrequire_isolation = 'no'\n", ["require_isolation", "true or false"]),
-    (b"[agent]\nobservation_chars = \n", ["not valid TOML", "line 2"]),
-    (b"[agent\nobservation_chars = 900\n", ["not valid TOML", "line 1"]),
-    (b"model = 'gpt'\n", ["must be a [model] table"]),
-    (b"[agent]\n# caf\xe9 in Latin-1\nobservation_chars = 900\n", ["cannot be read", "utf-8"]),
-], ids=["unknown-key", "unknown-section", "string-for-int", "list-for-int", "out-of-range", "string-for-bool",
-        "no-value", "unclosed-table", "value-for-table", "not-utf8"])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"[agent]\nmax_stepz = 3\n", ["unknown key 'max_stepz' in [agent]", "observation_chars"]),
+        (b"[agnet]\nobservation_chars = 900\n", ["unknown section [agnet]", "[agent]"]),
+        (b"[agent]\nobservation_chars = 'lots'\n", ["[agent] observation_chars = 'lots'", "whole number"]),
+        (b"[agent]\nobservation_chars = [1, 2]\n", ["[agent] observation_chars", "whole number"]),
+        (b"[daemon]\nworkers = 0\n", ["[daemon] workers = 0"]),
+        (b"[sandbox]\nrequire_isolation = 'no'\n", ["require_isolation", "true or false"]),
+        (b"[agent]\nobservation_chars = \n", ["not valid TOML", "line 2"]),
+        (b"[agent\nobservation_chars = 900\n", ["not valid TOML", "line 1"]),
+        (b"model = 'gpt'\n", ["must be a [model] table"]),
+        (b"[agent]\n# caf\xe9 in Latin-1\nobservation_chars = 900\n", ["cannot be read", "utf-8"]),
+    ],
+    ids=[
+        "unknown-key",
+        "unknown-section",
+        "string-for-int",
+        "list-for-int",
+        "out-of-range",
+        "string-for-bool",
+        "no-value",
+        "unclosed-table",
+        "value-for-table",
+        "not-utf8",
+    ],
+)
 def test_a_bad_settings_file_is_exit_2_and_one_line_naming_the_file_and_key(tmp_path, content, words):
     path = tmp_path / "config.toml"
     path.write_bytes(content)
@@ -64,8 +78,7 @@ def test_a_bad_settings_file_is_exit_2_and_one_line_naming_the_file_and_key(tmp_
 
 
 def test_a_bad_environment_override_is_exit_2_naming_the_variable(tmp_path):
-    result = run("config", "check", env={"EVOLVER_AGENT_OBSERVATION_CHARS": "many",
-                                         "XDG_CONFIG_HOME": str(tmp_path)})
+    result = run("config", "check", env={"EVOLVER_AGENT_OBSERVATION_CHARS": "many", "XDG_CONFIG_HOME": str(tmp_path)})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "EVOLVER_AGENT_OBSERVATION_CHARS" in result.stderr and "observation_chars" in result.stderr
 
@@ -73,12 +86,21 @@ def test_a_bad_environment_override_is_exit_2_naming_the_variable(tmp_path):
 def test_a_variable_that_is_no_setting_stops_nothing_and_a_misspelt_one_is_named(tmp_path):
     # The environment is shared (a token exported for `mcp serve` is seen by every command): only a name
     # that looks like a misspelt setting is worth a word, and its value is never shown.
-    misspelt = run("config", "check", env={"EVOLVER_AGENT_OBSERVATION_CHAR": "s3cret", "EVOLVER_AGENT_MAX_STEPZ": "3",
-                                           "XDG_CONFIG_HOME": str(tmp_path)})
+    misspelt = run(
+        "config",
+        "check",
+        env={
+            "EVOLVER_AGENT_OBSERVATION_CHAR": "s3cret",
+            "EVOLVER_AGENT_MAX_STEPZ": "3",
+            "XDG_CONFIG_HOME": str(tmp_path),
+        },
+    )
     assert misspelt.returncode == 0 and "Traceback" not in misspelt.stderr
-    assert misspelt.stderr.strip() == ("environment variable EVOLVER_AGENT_OBSERVATION_CHAR is not a setting and is "
-                                       "ignored: [agent] has no key 'observation_char' (did you mean "
-                                       "EVOLVER_AGENT_OBSERVATION_CHARS?)")
+    assert misspelt.stderr.strip() == (
+        "environment variable EVOLVER_AGENT_OBSERVATION_CHAR is not a setting and is "
+        "ignored: [agent] has no key 'observation_char' (did you mean "
+        "EVOLVER_AGENT_OBSERVATION_CHARS?)"
+    )
 
 
 # --- task packs -----------------------------------------------------------------------------------
@@ -89,31 +111,45 @@ GOOD = {"id": "t-1", "prompt": "What is 2 + 2?", "check": {"type": "answer", "ex
 
 def test_a_bad_pack_is_exit_2_naming_every_bad_line_and_nothing_runs(tmp_path):
     pack = tmp_path / "pack.jsonl"
-    pack.write_text("\n".join([
-        json.dumps(GOOD),                                                      # 1: fine
-        '{"id": "t-2", "prompt": "What is 3 + 3?", "check": ',               # 2: cut off
-        json.dumps({"id": "t-3", "prompt": "What is 4 + 4?"}),               # 3: no check
-        json.dumps({**GOOD, "prompt": "What is 2 + 2, again?"}),             # 4: t-1 again
-        json.dumps({**GOOD, "id": "t-5", "check": {"type": "answer"}}),      # 5: a check without expected
-        "[1, 2, 3]",                                                           # 6: not an object
-    ]) + "\n", encoding="utf-8")
+    pack.write_text(
+        "\n".join(
+            [
+                json.dumps(GOOD),  # 1: fine
+                '{"id": "t-2", "prompt": "What is 3 + 3?", "check": ',  # 2: cut off
+                json.dumps({"id": "t-3", "prompt": "What is 4 + 4?"}),  # 3: no check
+                json.dumps({**GOOD, "prompt": "What is 2 + 2, again?"}),  # 4: t-1 again
+                json.dumps({**GOOD, "id": "t-5", "check": {"type": "answer"}}),  # 5: a check without expected
+                "[1, 2, 3]",  # 6: not an object
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     data = tmp_path / "data"
     result = run("--data-dir", str(data), "bench", str(pack))
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
-    for fragment in (f"{pack}:2: not valid JSON", f"{pack}:3: task t-3 has no check",
-                     f"{pack}:4: duplicate id 't-1' (first on line 1)", f"{pack}:5: task t-5",
-                     f"{pack}:6: a task is a JSON object"):
+    for fragment in (
+        f"{pack}:2: not valid JSON",
+        f"{pack}:3: task t-3 has no check",
+        f"{pack}:4: duplicate id 't-1' (first on line 1)",
+        f"{pack}:5: task t-5",
+        f"{pack}:6: a task is a JSON object",
+    ):
         assert fragment in result.stderr, (fragment, result.stderr)
     assert f"{pack}:1:" not in result.stderr
     assert not data.exists()  # refused whole, before anything ran or a store was made
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (b'{"id": "t-1", "prompt": "caf\xe9", "check": {"type": "answer", "expected": "4"}}\n', "cannot be read"),
-    (b"# only a comment\n\n", "the pack has no tasks"),
-    (b"\x00\x01\x02\n", "not valid JSON"),
-], ids=["not-utf8", "empty", "binary"])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b'{"id": "t-1", "prompt": "caf\xe9", "check": {"type": "answer", "expected": "4"}}\n', "cannot be read"),
+        (b"# only a comment\n\n", "the pack has no tasks"),
+        (b"\x00\x01\x02\n", "not valid JSON"),
+    ],
+    ids=["not-utf8", "empty", "binary"],
+)
 def test_a_pack_that_is_not_text_or_holds_no_task_is_refused(tmp_path, content, words):
     pack = tmp_path / "pack.jsonl"
     pack.write_bytes(content)
@@ -125,14 +161,18 @@ def test_a_pack_that_is_not_text_or_holds_no_task_is_refused(tmp_path, content, 
 # --- the scripted model's script ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (b'{"rules": [', ["Expecting value"]),
-    (b'{"rules": {"match": ""}}', ['a script is an object with a "rules" list']),
-    (b'{"rules": [{"match": "(", "reply": "x"}]}', ["rule '('", "not a valid regex"]),
-    (b'{"rules": [{"match": "", "reply": "x", "tool": "finish"}]}', ["exactly one of reply, tool, calls or error"]),
-    (b'{"rules": [{"match": "", "reply": "x", "colour": "red"}]}', ["rule 0", "colour"]),
-    (b"\xff\xfe{}", ["cannot be read", "UTF-8"]),
-], ids=["cut-off", "rules-not-a-list", "bad-regex", "two-actions", "unknown-key", "not-utf8"])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b'{"rules": [', ["Expecting value"]),
+        (b'{"rules": {"match": ""}}', ['a script is an object with a "rules" list']),
+        (b'{"rules": [{"match": "(", "reply": "x"}]}', ["rule '('", "not a valid regex"]),
+        (b'{"rules": [{"match": "", "reply": "x", "tool": "finish"}]}', ["exactly one of reply, tool, calls or error"]),
+        (b'{"rules": [{"match": "", "reply": "x", "colour": "red"}]}', ["rule 0", "colour"]),
+        (b"\xff\xfe{}", ["cannot be read", "UTF-8"]),
+    ],
+    ids=["cut-off", "rules-not-a-list", "bad-regex", "two-actions", "unknown-key", "not-utf8"],
+)
 def test_a_bad_script_file_is_refused_naming_the_file_or_rule(tmp_path, content, words):
     from evolver.llm.scripted import ScriptError, script_for
 
@@ -147,8 +187,14 @@ def test_a_bad_script_file_is_refused_naming_the_file_or_rule(tmp_path, content,
 def test_a_task_on_a_broken_script_fails_with_a_model_error_naming_the_file(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text('{"rules": [{"match": "", "reply": ', encoding="utf-8")
-    result = run("--data-dir", str(tmp_path / "data"), "run", "What is 2 + 2?", "--quiet",
-                 env={"EVOLVER_MODEL_NAME": "scripted/" + str(path)})
+    result = run(
+        "--data-dir",
+        str(tmp_path / "data"),
+        "run",
+        "What is 2 + 2?",
+        "--quiet",
+        env={"EVOLVER_MODEL_NAME": "scripted/" + str(path)},
+    )
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert result.stdout.startswith("failed: model error:"), result.stdout
     assert str(path) in result.stdout and "Expecting value" in result.stdout
@@ -204,9 +250,10 @@ def test_a_10_mb_task_text_is_413_declared_or_streamed_and_nothing_is_lost(daemo
     error = assert_error(http.post("/v1/tasks", json=huge), 413, "byte cap", "max_body_bytes")
     assert error["type"] == "body_too_large"
     body = json.dumps(huge).encode()
-    chunks = (body[i:i + 65536] for i in range(0, len(body), 65536))  # no Content-Length: read until the cap
-    assert_error(http.post("/v1/tasks", content=chunks, headers={"content-type": "application/json"}), 413,
-                 "max_body_bytes")
+    chunks = (body[i : i + 65536] for i in range(0, len(body), 65536))  # no Content-Length: read until the cap
+    assert_error(
+        http.post("/v1/tasks", content=chunks, headers={"content-type": "application/json"}), 413, "max_body_bytes"
+    )
     # Under the cap but over the prompt's own limit: refused by name.
     error = assert_error(http.post("/v1/tasks", json={"prompt": "y" * 300_000}), 422, "prompt", "200000")
     assert error["param"] == "prompt"
@@ -256,13 +303,26 @@ def test_bodies_nested_thousands_deep_are_refused_and_nothing_is_stored(daemon, 
     assert_error(post("/v1/tasks", b'{"prompt": "x", "metadata": {"a": ' + _nested(100_000) + b"}}"), 400, "body")
     # Deep enough to exhaust the stack when the stored task is turned back into JSON: refused by name.
     for depth in (40, 900):
-        error = assert_error(post("/v1/tasks", b'{"prompt": "x", "metadata": {"a": ' + _nested(depth) + b"}}"),
-                             422, "nests deeper than 32 levels")
+        error = assert_error(
+            post("/v1/tasks", b'{"prompt": "x", "metadata": {"a": ' + _nested(depth) + b"}}"),
+            422,
+            "nests deeper than 32 levels",
+        )
         assert error["param"] == "metadata"
-    assert_error(post("/v1/tasks", b'{"prompt": "x", "check": {"type": "answer", "expected": "1", "x": '
-                      + _nested(900) + b"}}"), 422, "check")
-    assert_error(post("/v1/chat/completions", b'{"model": "evolver", "messages": [{"role": "user", "content": '
-                      b'[{"type": "text", "text": "hi", "extra": ' + _nested(900) + b"}]}]}"), 422, "messages")
+    assert_error(
+        post("/v1/tasks", b'{"prompt": "x", "check": {"type": "answer", "expected": "1", "x": ' + _nested(900) + b"}}"),
+        422,
+        "check",
+    )
+    assert_error(
+        post(
+            "/v1/chat/completions",
+            b'{"model": "evolver", "messages": [{"role": "user", "content": '
+            b'[{"type": "text", "text": "hi", "extra": ' + _nested(900) + b"}]}]}",
+        ),
+        422,
+        "messages",
+    )
     assert_error(post("/v1/memory/search", b'{"text": ' + _nested(900) + b"}"), 422, "text")
     # Nesting a person would write is fine.
     ok = http.post("/v1/tasks", json={"prompt": "What is 6 * 7?", "metadata": {"a": {"b": [[1, {"c": 2}]]}}})
@@ -271,35 +331,56 @@ def test_bodies_nested_thousands_deep_are_refused_and_nothing_is_stored(daemon, 
     assert_still_serving_and_nothing_lost(daemon, http, before)
 
 
-BODY_ROUTES = ["/v1/tasks", "/v1/tasks/{task}/feedback", "/v1/chat/completions", "/v1/memory/search",
-               "/v1/promote", "/v1/rollback", "/v1/evolve", "/v1/history/1/revert"]
+BODY_ROUTES = [
+    "/v1/tasks",
+    "/v1/tasks/{task}/feedback",
+    "/v1/chat/completions",
+    "/v1/memory/search",
+    "/v1/promote",
+    "/v1/rollback",
+    "/v1/evolve",
+    "/v1/history/1/revert",
+]
 
 
 def test_bodies_that_are_not_utf8_or_hold_what_json_lacks_are_refused_everywhere(daemon, http, before):
     count = len(_listed(http))
     task_id = next(iter(before))
-    post = lambda path, body: http.post(path.format(task=task_id), content=body,  # noqa: E731
-                                        headers={"content-type": "application/json"})
+    post = lambda path, body: http.post(
+        path.format(task=task_id),
+        content=body,  # noqa: E731
+        headers={"content-type": "application/json"},
+    )
     for path in BODY_ROUTES:
         for body in (b"\xff\xfe{}", b'{"prompt": "caf\xe9"}', b"\xc3\x28", b"\x00"):
             error = assert_error(post(path, body), 400, "body")
             assert error["type"] == "invalid_json", (path, body, error)
     # JSON that Python's parser takes but no store or reply can hold: NaN, Infinity, lone surrogates.
-    for body, where in ((b'{"prompt": "x", "metadata": {"a": NaN}}', "metadata"),
-                        (b'{"prompt": "x", "metadata": {"a": [Infinity]}}', "metadata"),
-                        (b'{"prompt": "x", "check": {"type": "answer", "expected": "1", "tolerance": -Infinity}}',
-                         "check"),
-                        (b'{"prompt": "x\\ud800"}', "prompt"),
-                        (b'{"prompt": "x", "metadata": {"\\udfff": 1}}', "metadata")):
+    for body, where in (
+        (b'{"prompt": "x", "metadata": {"a": NaN}}', "metadata"),
+        (b'{"prompt": "x", "metadata": {"a": [Infinity]}}', "metadata"),
+        (b'{"prompt": "x", "check": {"type": "answer", "expected": "1", "tolerance": -Infinity}}', "check"),
+        (b'{"prompt": "x\\ud800"}', "prompt"),
+        (b'{"prompt": "x", "metadata": {"\\udfff": 1}}', "metadata"),
+    ):
         error = assert_error(post("/v1/tasks", body), 422, "not")
         assert error["param"] == where, (body, error)
     assert_error(post("/v1/memory/search", b'{"text": "x", "since_hours": Infinity}'), 422, "since_hours")
     assert_error(post("/v1/evolve", b'{"job": "\\ud800"}'), 422, "job")
     assert_error(post("/v1/rollback", b'{"node_id": "\\ud800"}'), 422, "node_id")
-    assert_error(post("/v1/chat/completions", b'{"model": "evolver", "messages": [{"role": "user", '
-                                              b'"content": "hi \\ud83d"}]}'), 422, "messages")
-    assert_error(post("/v1/chat/completions", b'{"model": "evolver", "messages": [{"role": "user", '
-                                              b'"content": [{"type": "text", "text": 5}]}]}'), 422, "text part")
+    assert_error(
+        post("/v1/chat/completions", b'{"model": "evolver", "messages": [{"role": "user", "content": "hi \\ud83d"}]}'),
+        422,
+        "messages",
+    )
+    assert_error(
+        post(
+            "/v1/chat/completions",
+            b'{"model": "evolver", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+        ),
+        422,
+        "text part",
+    )
     # Loose types are not guessed at: 0.0 is not false, 1.0 is not a priority.
     assert_error(http.post("/v1/memory/search", json={"text": "x", "success": 0.0}), 422, "success")
     assert_error(http.post("/v1/tasks", json={"prompt": "x", "priority": 1.0}), 422, "priority")

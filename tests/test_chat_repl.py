@@ -46,9 +46,15 @@ class Terminal:
         self.master, slave = pty.openpty()
         # As a shell's foreground job, whatever runs the tests: a suite started in the background (`pytest &`)
         # has SIGINT ignored, the chat would inherit that, and Python then never turns Ctrl-C into an interrupt.
-        self.proc = subprocess.Popen([EVOLVER, "chat"], stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-                                     env={**env, "TERM": "xterm", "COLUMNS": "200", "NO_COLOR": "1"},
-                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self.proc = subprocess.Popen(
+            [EVOLVER, "chat"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            close_fds=True,
+            env={**env, "TERM": "xterm", "COLUMNS": "200", "NO_COLOR": "1"},
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         os.close(slave)
         self.raw = b""
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -143,8 +149,13 @@ def test_show_follow_prints_the_steps_as_they_come_until_the_task_ends(daemon):
     with daemon.client() as http:
         task = http.post("/v1/tasks", json={"prompt": "SLOW task to follow"}).json()
         daemon.wait_task(http, task["id"], ("running",))
-    shown = subprocess.run([EVOLVER, "show", task["id"][:18], "--follow"], capture_output=True, text=True,
-                           timeout=120, env={**daemon.env, "COLUMNS": "200"})
+    shown = subprocess.run(
+        [EVOLVER, "show", task["id"][:18], "--follow"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**daemon.env, "COLUMNS": "200"},
+    )
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     following = next(i for i, line in enumerate(lines) if line.startswith(f"following {task['id']}"))

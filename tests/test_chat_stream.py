@@ -23,8 +23,16 @@ from evolver.llm.client import ModelClient
 
 # Escapes, a quote, a newline, non-ASCII and a character outside the BMP (a surrogate pair in JSON).
 ANSWER = 'The total is "409.5" \\ 100%.\nNaïve café — ok 😀. ' + "More words follow here. " * 6
-FINISH = [{"type": "function", "function": {"name": "finish", "description": "hand in the answer", "parameters": {
-    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}]
+FINISH = [
+    {
+        "type": "function",
+        "function": {
+            "name": "finish",
+            "description": "hand in the answer",
+            "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+        },
+    }
+]
 
 
 def _fed(raw: str, size: int) -> str:
@@ -33,7 +41,7 @@ def _fed(raw: str, size: int) -> str:
     stream = AnswerStream(got.append)
     tap = stream.tap()
     for start in range(0, len(raw), size):
-        tap.text(raw[start:start + size])
+        tap.text(raw[start : start + size])
     assert stream.streamed == "".join(got)
     return "".join(got)
 
@@ -51,18 +59,21 @@ def test_only_a_finish_answer_is_passed_on():
     assert _fed('{"arguments": {"answer": "before the name"}, "tool": "finish"}', 3) == ""  # unknown until the end
     assert _fed('{"tool": "finish", "arguments": {"answer": 42}}', 3) == ""  # not a string: sent whole at the end
     assert _fed("Just some prose, no call.", 3) == ""
-    calls = json.dumps({"tool": "list_files", "arguments": {}}) + "\n" + json.dumps(
-        {"tool": "finish", "arguments": {"answer": "done"}})
+    calls = (
+        json.dumps({"tool": "list_files", "arguments": {}})
+        + "\n"
+        + json.dumps({"tool": "finish", "arguments": {"answer": "done"}})
+    )
     assert _fed(calls, 4) == "done"
 
 
 def test_partial_strings_wait_for_a_cut_escape_and_stop_at_a_bad_one():
-    assert partial_json_string('ab\\') == ("ab", False)
-    assert partial_json_string('ab\\u00') == ("ab", False)
-    assert partial_json_string('ab\\ud83d') == ("ab", False)  # half a pair: wait for the other half
+    assert partial_json_string("ab\\") == ("ab", False)
+    assert partial_json_string("ab\\u00") == ("ab", False)
+    assert partial_json_string("ab\\ud83d") == ("ab", False)  # half a pair: wait for the other half
     assert partial_json_string('ab\\ud83d\\ude00c"') == ("ab😀c", True)
-    assert partial_json_string('ab\\q rest') == ("ab", True)
-    assert partial_json_string('ab\\uzzzz') == ("ab", True)
+    assert partial_json_string("ab\\q rest") == ("ab", True)
+    assert partial_json_string("ab\\uzzzz") == ("ab", True)
 
 
 def test_one_reply_only_is_passed_on():
@@ -89,10 +100,12 @@ def test_what_follows_the_streamed_text():
 @pytest.mark.parametrize("native", [True, False])
 def test_the_model_client_streams_through_litellm(store, native):
     name = f"stream-{native}"
-    scripted.register_script(name, {"native_tools": native, "rules": [
-        {"match": "", "tool": "finish", "arguments": {"answer": ANSWER}}]})
-    client = ModelClient(ModelSettings(name=f"scripted/{name}"), store=store,
-                         budget=BudgetGuard(BudgetSettings(), store))
+    scripted.register_script(
+        name, {"native_tools": native, "rules": [{"match": "", "tool": "finish", "arguments": {"answer": ANSWER}}]}
+    )
+    client = ModelClient(
+        ModelSettings(name=f"scripted/{name}"), store=store, budget=BudgetGuard(BudgetSettings(), store)
+    )
     plain = client.complete([{"role": "user", "content": "hi"}], tools=FINISH)
     got: list[str] = []
     streamed = client.complete([{"role": "user", "content": "hi"}], tools=FINISH, stream=AnswerStream(got.append).tap())
@@ -130,8 +143,11 @@ def daemon():
 
 
 def _stream(http, content: str):
-    return http.stream("POST", "/v1/chat/completions", json={
-        "model": "evolver", "messages": [{"role": "user", "content": content}], "stream": True})
+    return http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "evolver", "messages": [{"role": "user", "content": content}], "stream": True},
+    )
 
 
 def test_a_chat_reply_streams_while_the_model_writes_it(daemon):
@@ -160,6 +176,9 @@ def http_task(daemon, task_id: str) -> dict:
 
 def test_an_answer_the_agent_did_not_keep_is_followed_by_the_reply_and_says_so(daemon):
     with daemon.client() as http, _stream(http, "DRAFT, then think again") as response:
-        text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-                       for line in response.iter_lines() if line.startswith("data: {") and '"choices": []' not in line)
+        text = "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in response.iter_lines()
+            if line.startswith("data: {") and '"choices": []' not in line
+        )
     assert text == "draft" + NOT_KEPT + "the answer kept"

@@ -51,8 +51,13 @@ def test_config_check_reports_a_hosted_model_without_its_key_but_not_a_local_ser
     missing = run("--config", str(REPO / "config.toml"), "config", "check", env=env)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "openai/gpt-4o-mini: no API key: set OPENAI_API_KEY" in missing.stderr
-    local = run("--config", str(REPO / "config.toml"), "config", "check",
-                env={**env, "EVOLVER_MODEL_API_BASE": "http://127.0.0.1:8080/v1"})
+    local = run(
+        "--config",
+        str(REPO / "config.toml"),
+        "config",
+        "check",
+        env={**env, "EVOLVER_MODEL_API_BASE": "http://127.0.0.1:8080/v1"},
+    )
     assert local.returncode == 0, local.stderr
 
 
@@ -72,10 +77,12 @@ def test_memory_commands_on_a_real_store(tmp_path):
     from memory import NewTrajectory, Store
 
     with Store.open(tmp_path) as store:
-        store.ingest([
-            NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True),
-            NewTrajectory(prompt="Count ERROR lines in server.log", final_answer="37", success=False),
-        ])
+        store.ingest(
+            [
+                NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True),
+                NewTrajectory(prompt="Count ERROR lines in server.log", final_answer="37", success=False),
+            ]
+        )
     found = run("--data-dir", str(tmp_path), "memory", "search", "add up a csv column", "--json", "-k", "1")
     assert found.returncode == 0, found.stderr
     payload = json.loads(found.stdout)
@@ -101,8 +108,9 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
         result = run("demo", "--keep", env={"TMPDIR": str(runtime)})
         assert result.returncode == 0, result.stderr
         # --keep names the data dir, which the inspection commands open (it named the folder above it).
-        kept = re.search(r"kept the demo's data dir (\S+): look inside with `evolver --data-dir (\S+) tree`",
-                         result.stdout)
+        kept = re.search(
+            r"kept the demo's data dir (\S+): look inside with `evolver --data-dir (\S+) tree`", result.stdout
+        )
         assert kept and kept.group(1) == kept.group(2), result.stdout
         inspected = run("--data-dir", kept.group(1), "tree", "--json")
         assert inspected.returncode == 0 and json.loads(inspected.stdout)["incumbent"], inspected.stderr
@@ -114,8 +122,7 @@ def test_demo_runs_a_real_daemon_offline_and_leaves_nothing_behind():
     # Memory: the money-column task finds the insight about currency strings.
     assert "similar successful trajectories" in result.stdout and "Strip currency symbols" in result.stdout
     # The daemon's workers solve the pack with the scripted model, in the sandbox, checked.
-    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines()
-            if line.startswith("│ demo-")}
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│ demo-")}
     assert set(rows) == {"demo-01", "demo-02", "demo-03", "demo-04", "demo-05"}
     assert all("done" in rows[t] and "passed" in rows[t] for t in ("demo-01", "demo-02", "demo-03", "demo-04"))
     assert "failed" in rows["demo-05"]
@@ -178,23 +185,29 @@ def test_bench_runs_a_pack_file_and_refuses_a_bad_one(tmp_path):
     pack.write_text(
         '{"id": "a", "prompt": "What is 2 + 2?", "check": {"type": "answer", "expected": "4"}}\n'
         '{"id": "b", "prompt": "Name the colour of the sky.", "check": {"type": "answer", "expected": "blue"},'
-        ' "split": "test"}\n')
+        ' "split": "test"}\n'
+    )
     result = run("--data-dir", str(tmp_path / "d"), "bench", str(pack), "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert (summary["tasks"], summary["solved"]) == (2, 1)
     assert {r["id"]: r["success"] for r in summary["results"]} == {"a": True, "b": False}
-    held_out = json.loads(run("--data-dir", str(tmp_path / "d"), "bench", str(pack), "--split", "test",
-                              "--json").stdout)
+    held_out = json.loads(
+        run("--data-dir", str(tmp_path / "d"), "bench", str(pack), "--split", "test", "--json").stdout
+    )
     assert [r["id"] for r in held_out["results"]] == ["b"]
     # Stored as a benchmark's tasks, each in its pack's split (so "b" is hidden from every learner).
     listed = json.loads(run("--data-dir", str(tmp_path / "d"), "tasks", "--json", "--limit", "100").stdout)["tasks"]
     assert {(t["metadata"]["pack_task"], t["source"], t["metadata"].get("split")) for t in listed} == {
-        ("a", "bench", "train"), ("b", "bench", "test")}
+        ("a", "bench", "train"),
+        ("b", "bench", "test"),
+    }
     # A pack that labels a configured pack's held-out task "train" cannot bring it into training here either.
     relabelled = tmp_path / "relabelled.jsonl"
-    relabelled.write_text('{"id": "c", "prompt": "Name the colour of the sky.", "check": {"type": "answer", '
-                          '"expected": "blue"}, "split": "train"}\n')
+    relabelled.write_text(
+        '{"id": "c", "prompt": "Name the colour of the sky.", "check": {"type": "answer", '
+        '"expected": "blue"}, "split": "train"}\n'
+    )
     configured = {"EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)])}
     assert run("--data-dir", str(tmp_path / "d"), "bench", str(relabelled), env=configured).returncode == 0
     listed = json.loads(run("--data-dir", str(tmp_path / "d"), "tasks", "--json", "--limit", "100").stdout)["tasks"]
@@ -210,8 +223,14 @@ def test_a_daemon_that_dies_while_starting_is_one_line_with_its_own_reason(tmp_p
         data = root / "data"
         data.mkdir()
         (data / "evolver.db").write_bytes(b"this is not a SQLite database, " * 64)  # the daemon cannot open it
-        result = run("up", env={"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(data),
-                                "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run")})
+        result = run(
+            "up",
+            env={
+                "EVOLVER_MODEL_NAME": "scripted/demo",
+                "EVOLVER_DAEMON_DATA_DIR": str(data),
+                "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run"),
+            },
+        )
         assert "Traceback" not in result.stderr
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith("Error: the daemon stopped while starting: ")
@@ -225,8 +244,9 @@ def test_a_demo_whose_daemon_dies_keeps_its_log_and_says_where():
     runtime = Path(tempfile.mkdtemp(prefix="evd-", dir="/tmp"))
     try:
         (runtime / "a-file").write_text("")  # a runtime dir under a file: the daemon cannot bind its socket
-        result = run("demo", env={"TMPDIR": str(runtime),
-                                  "EVOLVER_DAEMON_RUNTIME_DIR": str(runtime / "a-file" / "run")})
+        result = run(
+            "demo", env={"TMPDIR": str(runtime), "EVOLVER_DAEMON_RUNTIME_DIR": str(runtime / "a-file" / "run")}
+        )
         assert "Traceback" not in result.stderr
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith("Error: the daemon stopped while starting: ")

@@ -25,10 +25,15 @@ ENGLISH_FAIL = "Name the capital of France, in one word."
 def env():
     # A short root: socket paths are limited to 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="evc-", dir="/tmp"))
-    values = {"EVOLVER_MODEL_NAME": "scripted/demo", "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
-              "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run"), "HOME": str(root / "home"),
-              # Distillation runs only when a test asks (`evolver evolve`), so what it adds is predictable.
-              "EVOLVER_EVOLUTION_DISTILL_AFTER": "100000", "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0"}
+    values = {
+        "EVOLVER_MODEL_NAME": "scripted/demo",
+        "EVOLVER_DAEMON_DATA_DIR": str(root / "data"),
+        "EVOLVER_DAEMON_RUNTIME_DIR": str(root / "run"),
+        "HOME": str(root / "home"),
+        # Distillation runs only when a test asks (`evolver evolve`), so what it adds is predictable.
+        "EVOLVER_EVOLUTION_DISTILL_AFTER": "100000",
+        "EVOLVER_EVOLUTION_EVALUATION_SLOTS": "0",
+    }
     up = run("up", env=values)
     assert up.returncode == 0, up.stderr
     assert re.search(r"evolver daemon \d+ is up", up.stdout)
@@ -50,7 +55,14 @@ def test_up_again_says_it_already_runs_and_status_tells_what_it_does(env):
     status = json.loads(ok("status", "--json", env=env).stdout)
     assert status["mood"] == "running" and status["workers"] >= 1 and status["incumbent"].startswith("node_")
     assert status["sandbox_isolated"] is True
-    assert sorted(j["job"] for j in status["jobs"]) == ["distill", "evolve", "prune", "reconcile", "record", "synthesize"]
+    assert sorted(j["job"] for j in status["jobs"]) == [
+        "distill",
+        "evolve",
+        "prune",
+        "reconcile",
+        "record",
+        "synthesize",
+    ]
     text = ok("status", env=env).stdout
     assert "running" in text and "incumbent node" in text and "reconcile" in text
 
@@ -77,8 +89,9 @@ def test_submit_then_list_show_cancel_and_feedback(env):
     done = ok("submit", "What is 12.5% of 80?", "--wait", env=env)
     answered = json.loads(ok("tasks", "--json", "--status", "done", "--limit", "1", env=env).stdout)["tasks"][0]
     assert "10" in done.stdout
-    assert "recorded; you said good (right)" in ok("feedback", answered["id"], "--good", "--note", "right",
-                                                    env=env).stdout
+    assert (
+        "recorded; you said good (right)" in ok("feedback", answered["id"], "--good", "--note", "right", env=env).stdout
+    )
     detail = json.loads(ok("show", answered["id"], "--json", env=env).stdout)
     assert detail["trajectories"][-1]["outcome"]["success"] is True
     assert detail["trajectories"][-1]["outcome"]["feedback"] == "right"
@@ -103,8 +116,14 @@ def test_idempotency_key_makes_a_retry_return_the_same_task(env):
 
 def test_chat_one_message_and_the_repl(env):
     assert ok("chat", "-m", "What is (12 + 30) * 2?", env=env).stdout.strip() == "84"
-    repl = subprocess.run([EVOLVER, "chat"], input="What is 17.5% of 2,340?\n/exit\n", capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **env, "COLUMNS": "200"})
+    repl = subprocess.run(
+        [EVOLVER, "chat"],
+        input="What is 17.5% of 2,340?\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env, "COLUMNS": "200"},
+    )
     assert repl.returncode == 0, repl.stderr
     assert "409.5" in repl.stdout
 
@@ -136,7 +155,8 @@ def test_evolve_promote_and_rollback(env):
     assert re.search(r"distill: ok in [\d.]+ s: 1 operations \(ADD\) from \d+ trajectories", evolved.stdout)
     insights = json.loads(ok("insights", "--json", env=env).stdout)["insights"]
     assert [i["text"] for i in insights] == [
-        "Compute arithmetic with run_python and answer with the printed result; never guess a number."]
+        "Compute arithmetic with run_python and answer with the printed result; never guess a number."
+    ]
     assert re.search(r"synthesize: ok in [\d.]+ s: ", evolved.stdout)
     (distilled,) = json.loads(ok("history", "--json", "--kind", "distill", env=env).stdout)["events"]
     # The history names the insight ("1 insight operations: ADD" did not), and one event opens whole.
@@ -172,7 +192,12 @@ def test_bench_goes_through_the_daemon_workers(env):
     benched = {t["metadata"]["pack_task"]: t for t in listed if "pack_task" in t["metadata"]}
     assert {t["source"] for t in benched.values()} == {"bench"}
     assert {n: t["metadata"].get("split") for n, t in benched.items()} == {
-        "demo-01": "train", "demo-02": "train", "demo-03": "train", "demo-04": "train", "demo-05": "test"}
+        "demo-01": "train",
+        "demo-02": "train",
+        "demo-03": "train",
+        "demo-04": "train",
+        "demo-05": "test",
+    }
 
 
 def test_bad_arguments_are_one_line_and_exit_code_2(env):
@@ -205,8 +230,9 @@ def test_a_socket_of_another_user_is_permission_denied_exit_6(env):
     else:
         runtime.chmod(0o000)  # without the search bit its owner is refused like anyone else
     try:
-        denied = subprocess.run(command, capture_output=True, text=True, timeout=120,
-                                env={**os.environ, **env, "COLUMNS": "200"})
+        denied = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, env={**os.environ, **env, "COLUMNS": "200"}
+        )
     finally:
         if as_root:
             os.chown(runtime, 0, 0)
@@ -245,12 +271,19 @@ def test_ids_can_be_shortened_and_a_trajectory_id_opens_its_task(env):
 def test_logs_prints_the_last_lines_and_follows_new_ones(env):
     log = Path(env["EVOLVER_DAEMON_DATA_DIR"]) / "daemon.log"
     last = ok("logs", "-n", "2", env=env).stdout.splitlines()
-    assert len(last) == 2 and last == log.read_text().splitlines()[-2:] and "serving" in "".join(
-        log.read_text().splitlines())
+    assert (
+        len(last) == 2
+        and last == log.read_text().splitlines()[-2:]
+        and "serving" in "".join(log.read_text().splitlines())
+    )
     # SIGINT at its default, as in a shell's foreground job, even in a suite started in the background.
-    follower = subprocess.Popen([EVOLVER, "logs", "-n", "0", "-f"], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, **env},
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    follower = subprocess.Popen(
+        [EVOLVER, "logs", "-n", "0", "-f"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in follower.stdout], daemon=True).start()
     try:
@@ -284,7 +317,8 @@ def test_status_answers_whether_it_is_learning(env):
     tasks = json.loads(ok("tasks", "--json", "--limit", "1000", env=env).stdout)["tasks"]
     assert day["person"]["succeeded"] >= 1 and day["person"]["failed"] >= 1
     assert day["person"]["succeeded"] + day["person"]["failed"] + day["person"]["unjudged"] == len(
-        [t for t in tasks if t["status"] in ("done", "failed") and t["attempts"]])
+        [t for t in tasks if t["status"] in ("done", "failed") and t["attempts"]]
+    )
     assert day["evaluations"] == {"succeeded": 0, "failed": 0, "unjudged": 0, "rate": None}
     assert day["spend"]["person"]["tokens"] > 0  # and the background's (an earlier test's distill) apart
     assert day["spend"]["person"]["tokens"] + day["spend"]["background"]["tokens"] == status["budget"]["tokens_today"]

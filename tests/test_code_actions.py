@@ -25,8 +25,9 @@ def code_scaffold(**parameters):
 def engine_for(open_store, sandbox, tmp_path):
     def make(script: dict, name: str, **env) -> Engine:
         scripted.register_script(name, script)
-        config = load_config(env={"EVOLVER_MODEL_NAME": f"scripted/{name}",
-                                  **{f"EVOLVER_{k.upper()}": str(v) for k, v in env.items()}})
+        config = load_config(
+            env={"EVOLVER_MODEL_NAME": f"scripted/{name}", **{f"EVOLVER_{k.upper()}": str(v) for k, v in env.items()}}
+        )
         return Engine.open(config, data_dir=tmp_path / name, store=open_store(tmp_path / name), sandbox=sandbox)
 
     return make
@@ -41,10 +42,15 @@ def observations(engine, result, attempt: int = 0) -> list[str]:
 
 
 def test_names_persist_between_blocks_and_finish_from_code_ends_the_attempt(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"Output of your code:\nset", "role": "user", "reply": block("finish(str(x))")},
-        {"match": r"What is 6 times 7", "role": "user", "reply": block("x = 6 * 7\nprint('set')")},
-    ]}, "c-persist")
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"Output of your code:\nset", "role": "user", "reply": block("finish(str(x))")},
+                {"match": r"What is 6 times 7", "role": "user", "reply": block("x = 6 * 7\nprint('set')")},
+            ]
+        },
+        "c-persist",
+    )
     task, _ = engine.store.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "42", True)
@@ -59,14 +65,15 @@ def test_the_seed_acts_in_code_for_a_model_without_native_tools_and_in_tool_call
     native = engine_for({"rules": [{"match": "", "reply": "Paris"}]}, "c-auto-native")
     assert default_scaffold().parameters.action_format == "auto"
     assert text.agent().acts_in_code() and not native.agent().acts_in_code()
-    assert not text.agent(default_scaffold().model_copy(update={"parameters": default_scaffold().parameters
-                                                                 .model_copy(update={"action_format": "tools"})})
-                          ).acts_in_code()
+    assert not text.agent(
+        default_scaffold().model_copy(
+            update={"parameters": default_scaffold().parameters.model_copy(update={"action_format": "tools"})}
+        )
+    ).acts_in_code()
 
 
 def test_a_reply_without_code_is_the_answer_so_a_chat_turn_always_gets_one(engine_for):
-    engine = engine_for({"native_tools": False, "rules": [{"match": "", "reply": "Hello! I am evolver."}]},
-                        "c-plain")
+    engine = engine_for({"native_tools": False, "rules": [{"match": "", "reply": "Hello! I am evolver."}]}, "c-plain")
     task, _ = engine.store.add_task("Hello, who are you?", source="chat", status="running")
     result = engine.agent().run_task(task)
     assert (result.status, result.answer) == ("done", "Hello! I am evolver.")
@@ -74,11 +81,20 @@ def test_a_reply_without_code_is_the_answer_so_a_chat_turn_always_gets_one(engin
 
 
 def test_a_shell_block_is_not_taken_for_the_answer(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"Only ```python blocks run here", "role": "user", "reply": block("print(run_shell('echo hi'))")},
-        {"match": r"exit code 0\nhi", "role": "user", "reply": "hi"},
-        {"match": r"Say hi", "role": "user", "reply": "```bash\necho hi\n```"},
-    ]}, "c-shell")
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": r"Only ```python blocks run here",
+                    "role": "user",
+                    "reply": block("print(run_shell('echo hi'))"),
+                },
+                {"match": r"exit code 0\nhi", "role": "user", "reply": "hi"},
+                {"match": r"Say hi", "role": "user", "reply": "```bash\necho hi\n```"},
+            ]
+        },
+        "c-shell",
+    )
     task, _ = engine.store.add_task("Say hi with the shell")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "hi")
@@ -86,26 +102,46 @@ def test_a_shell_block_is_not_taken_for_the_answer(engine_for):
 
 def test_the_session_offers_the_tools_as_functions_and_says_so(engine_for, tmp_path):
     record = tmp_path / "sent.jsonl"
-    engine = engine_for({"record": str(record), "rules": [
-        {"match": r"exit code 0\nhi", "role": "user", "reply": block("finish(read_file('a.txt'))")},
-        {"match": r"Write hi", "role": "user",
-         "reply": block("write_file('a.txt', 'hi')\nprint(list_files('.'))\nprint(run_shell('cat a.txt'))")},
-    ]}, "c-functions")
+    engine = engine_for(
+        {
+            "record": str(record),
+            "rules": [
+                {"match": r"exit code 0\nhi", "role": "user", "reply": block("finish(read_file('a.txt'))")},
+                {
+                    "match": r"Write hi",
+                    "role": "user",
+                    "reply": block("write_file('a.txt', 'hi')\nprint(list_files('.'))\nprint(run_shell('cat a.txt'))"),
+                },
+            ],
+        },
+        "c-functions",
+    )
     task, _ = engine.store.add_task("Write hi to a.txt and read it back")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "hi")
     assert "file\t2\ta.txt" in observations(engine, result)[0]
     system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
-    for signature in ("read_file(path: str)", "write_file(path: str, content: str)", "list_files(path: str = ...)",
-                      "run_shell(command: str)", "finish(answer: str)"):
+    for signature in (
+        "read_file(path: str)",
+        "write_file(path: str, content: str)",
+        "list_files(path: str = ...)",
+        "run_shell(command: str)",
+        "finish(answer: str)",
+    ):
         assert signature in system
 
 
 def test_a_block_that_never_ends_times_out_and_the_attempt_goes_on(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"timed out", "role": "user", "reply": block("finish('gave up waiting')")},
-        {"match": r"Spin", "role": "user", "reply": block("while True:\n    pass")},
-    ]}, "c-spin", sandbox_timeout_s=2)
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"timed out", "role": "user", "reply": block("finish('gave up waiting')")},
+                {"match": r"Spin", "role": "user", "reply": block("while True:\n    pass")},
+            ]
+        },
+        "c-spin",
+        sandbox_timeout_s=2,
+    )
     task, _ = engine.store.add_task("Spin")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "gave up waiting")
@@ -113,12 +149,21 @@ def test_a_block_that_never_ends_times_out_and_the_attempt_goes_on(engine_for):
 
 
 def test_huge_output_is_clipped_and_os_exit_restarts_the_session_with_a_notice(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"names defined by earlier calls are gone", "role": "user", "reply": block("finish('recovered')")},
-        {"match": r"more characters cut", "role": "user", "reply": block("import os\nos._exit(3)")},
-        {"match": r"Flood", "role": "user", "reply": block("print('x' * 5_000_000)")},
-        {"match": r"died", "role": "user", "reply": block("print('after the exit')")},
-    ]}, "c-flood")
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": r"names defined by earlier calls are gone",
+                    "role": "user",
+                    "reply": block("finish('recovered')"),
+                },
+                {"match": r"more characters cut", "role": "user", "reply": block("import os\nos._exit(3)")},
+                {"match": r"Flood", "role": "user", "reply": block("print('x' * 5_000_000)")},
+                {"match": r"died", "role": "user", "reply": block("print('after the exit')")},
+            ]
+        },
+        "c-flood",
+    )
     task, _ = engine.store.add_task("Flood the output")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "recovered")
@@ -129,8 +174,19 @@ def test_huge_output_is_clipped_and_os_exit_restarts_the_session_with_a_notice(e
 
 
 def test_run_python_that_calls_finish_ends_the_attempt_in_tool_calls_too(engine_for):
-    engine = engine_for({"rules": [{"match": "Compute", "role": "user", "tool": "run_python",
-                                    "arguments": {"code": "finish(str(2 ** 10))"}}]}, "c-tools-finish")
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": "Compute",
+                    "role": "user",
+                    "tool": "run_python",
+                    "arguments": {"code": "finish(str(2 ** 10))"},
+                }
+            ]
+        },
+        "c-tools-finish",
+    )
     task, _ = engine.store.add_task("Compute 2 to the 10th", check={"type": "answer", "expected": "1024"})
     result = engine.agent(code_scaffold(action_format="tools")).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "1024", True)
@@ -138,20 +194,33 @@ def test_run_python_that_calls_finish_ends_the_attempt_in_tool_calls_too(engine_
 
 # --- what a code task asks for ---------------------------------------------------------------------------
 
-DOUBLE_TASK = ("Write solution.py defining double(n) that returns twice n.\n\n"
-               "    >>> double(2)\n    4\n    >>> double(-3)\n    -6\n")
-DOUBLE_CHECK = {"type": "python", "code": "def check(answer, workspace):\n"
-                "    f = solution('solution').double\n"
-                "    return f(21) == 42 and f(0) == 0 and f(-4) == -8\n"}
+DOUBLE_TASK = (
+    "Write solution.py defining double(n) that returns twice n.\n\n"
+    "    >>> double(2)\n    4\n    >>> double(-3)\n    -6\n"
+)
+DOUBLE_CHECK = {
+    "type": "python",
+    "code": "def check(answer, workspace):\n"
+    "    f = solution('solution').double\n"
+    "    return f(21) == 42 and f(0) == 0 and f(-4) == -8\n",
+}
 DELIVER = {"deliver": {"file": "solution.py", "functions": ["double"]}}
 
 
 def test_a_function_defined_in_the_session_is_delivered_and_judged_from_the_file(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"Output of your code:\n4", "role": "user", "reply": block("finish('done')")},
-        {"match": r"defining double", "role": "user",
-         "reply": block("import math\n\ndef double(n):\n    return 2 * n\n\nprint(double(2))")},
-    ]}, "c-deliver")
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"Output of your code:\n4", "role": "user", "reply": block("finish('done')")},
+                {
+                    "match": r"defining double",
+                    "role": "user",
+                    "reply": block("import math\n\ndef double(n):\n    return 2 * n\n\nprint(double(2))"),
+                },
+            ]
+        },
+        "c-deliver",
+    )
     task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success) == ("done", True), result.verdict
@@ -162,12 +231,22 @@ def test_a_function_defined_in_the_session_is_delivered_and_judged_from_the_file
 
 
 def test_a_file_the_agent_wrote_itself_wins_over_the_session(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"Output of your code", "role": "user", "reply": block("finish('done')")},
-        {"match": r"defining double", "role": "user", "reply": block(
-            "def double(n):\n    return 2 * n\n\n"
-            "write_file('solution.py', 'def double(n):\\n    return n + n + 1\\n')")},
-    ]}, "c-own-file")
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"Output of your code", "role": "user", "reply": block("finish('done')")},
+                {
+                    "match": r"defining double",
+                    "role": "user",
+                    "reply": block(
+                        "def double(n):\n    return 2 * n\n\n"
+                        "write_file('solution.py', 'def double(n):\\n    return n + n + 1\\n')"
+                    ),
+                },
+            ]
+        },
+        "c-own-file",
+    )
     task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold(example_rounds=0, max_attempts=1)).run_task(task)
     assert result.success is False  # its own (wrong) file was judged, not the session's right function
@@ -175,11 +254,23 @@ def test_a_file_the_agent_wrote_itself_wins_over_the_session(engine_for):
 
 
 def test_the_tasks_own_examples_refuse_a_wrong_finish_and_the_model_repairs_it(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"double\(2\) returned 3, but the task says 4", "role": "user",
-         "reply": block("def double(n):\n    return n * 2\nfinish('done')")},
-        {"match": r"defining double", "role": "user", "reply": block("def double(n):\n    return n + 1\nfinish('done')")},
-    ]}, "c-examples")
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": r"double\(2\) returned 3, but the task says 4",
+                    "role": "user",
+                    "reply": block("def double(n):\n    return n * 2\nfinish('done')"),
+                },
+                {
+                    "match": r"defining double",
+                    "role": "user",
+                    "reply": block("def double(n):\n    return n + 1\nfinish('done')"),
+                },
+            ]
+        },
+        "c-examples",
+    )
     task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success, result.attempts) == ("done", True, 1), observations(engine, result)
@@ -189,10 +280,23 @@ def test_the_tasks_own_examples_refuse_a_wrong_finish_and_the_model_repairs_it(e
 
 
 def test_finishing_before_the_function_is_defined_is_refused_and_a_stub_is_no_definition(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"is not defined yet", "role": "user", "reply": block("def double(n):\n    return 2 * n\nfinish('ok')")},
-        {"match": r"defining double", "role": "user", "reply": block('def double(n):\n    """Twice n."""\nfinish("ok")')},
-    ]}, "c-stub")
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": r"is not defined yet",
+                    "role": "user",
+                    "reply": block("def double(n):\n    return 2 * n\nfinish('ok')"),
+                },
+                {
+                    "match": r"defining double",
+                    "role": "user",
+                    "reply": block('def double(n):\n    """Twice n."""\nfinish("ok")'),
+                },
+            ]
+        },
+        "c-stub",
+    )
     task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success) == ("done", True)
@@ -208,10 +312,19 @@ DRAFT = f"Complete the following Python function:\n\n```python\n{STUB}```"
 
 def test_the_draft_is_the_models_own_completion_and_is_handed_in_when_the_examples_pass(engine_for, tmp_path):
     record = tmp_path / "sent.jsonl"
-    engine = engine_for({"record": str(record), "rules": [
-        {"match": r"\AComplete the following Python function", "role": "user",
-         "reply": "```python\n    return 2 * n\n```\nThis doubles n."},  # a bare body continues the stub
-    ]}, "c-draft")
+    engine = engine_for(
+        {
+            "record": str(record),
+            "rules": [
+                {
+                    "match": r"\AComplete the following Python function",
+                    "role": "user",
+                    "reply": "```python\n    return 2 * n\n```\nThis doubles n.",
+                },  # a bare body continues the stub
+            ],
+        },
+        "c-draft",
+    )
     task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success, result.answer) == ("done", True, "solution.py defines double")
@@ -226,12 +339,23 @@ def test_the_draft_is_the_models_own_completion_and_is_handed_in_when_the_exampl
 
 
 def test_a_draft_that_fails_the_examples_is_repaired_in_code_with_the_failures_as_the_observation(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"Your draft is not handed in yet: the task's own examples fail", "role": "user",
-         "reply": block("def double(n):\n    return n * 2\nfinish('done')")},
-        {"match": r"\AComplete the following Python function", "role": "user",
-         "reply": "```python\ndef double(n):\n    return n + 2\n```"},
-    ]}, "c-draft-repair")
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": r"Your draft is not handed in yet: the task's own examples fail",
+                    "role": "user",
+                    "reply": block("def double(n):\n    return n * 2\nfinish('done')"),
+                },
+                {
+                    "match": r"\AComplete the following Python function",
+                    "role": "user",
+                    "reply": "```python\ndef double(n):\n    return n + 2\n```",
+                },
+            ]
+        },
+        "c-draft-repair",
+    )
     task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success, result.attempts) == ("done", True, 1)
@@ -239,15 +363,28 @@ def test_a_draft_that_fails_the_examples_is_repaired_in_code_with_the_failures_a
 
 
 def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(engine_for):
-    first = {"type": "python", "code": "def check(answer, workspace):\n"
-             "    return solution('solution').double(2) == 4\n"}
-    engine = engine_for({"rules": [
-        {"match": r"finish was refused", "role": "user", "reply": block("finish('done')")},
-        {"match": r"Your draft is not handed in yet", "role": "user",
-         "reply": block("def double(n):\n    return n + 1\nfinish('done')")},
-        {"match": r"\AComplete the following Python function", "role": "user",
-         "reply": "```python\ndef double(n):\n    return abs(n) * 2\n```"},  # right on 2, wrong on -3
-    ]}, "c-draft-best")
+    first = {
+        "type": "python",
+        "code": "def check(answer, workspace):\n    return solution('solution').double(2) == 4\n",
+    }
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"finish was refused", "role": "user", "reply": block("finish('done')")},
+                {
+                    "match": r"Your draft is not handed in yet",
+                    "role": "user",
+                    "reply": block("def double(n):\n    return n + 1\nfinish('done')"),
+                },
+                {
+                    "match": r"\AComplete the following Python function",
+                    "role": "user",
+                    "reply": "```python\ndef double(n):\n    return abs(n) * 2\n```",
+                },  # right on 2, wrong on -3
+            ]
+        },
+        "c-draft-best",
+    )
     task, _ = engine.store.add_task(STUB_TASK, check=first, metadata=DELIVER)
     result = engine.agent(code_scaffold(max_attempts=1)).run_task(task)
     assert result.success is True, result.verdict  # the draft (1 of 2 examples), not the repair (0 of 2)
@@ -259,10 +396,18 @@ def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(eng
 def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_needs(engine_for):
     """A table built by a call is no literal the session's rebuilt module would keep: the draft is delivered
     whole, as the model alone's completion is saved."""
-    engine = engine_for({"rules": [
-        {"match": r"\AComplete the following Python function", "role": "user",
-         "reply": "```python\nFACTOR = int('2')\n\ndef double(n):\n    return FACTOR * n\n```"},
-    ]}, "c-draft-whole")
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": r"\AComplete the following Python function",
+                    "role": "user",
+                    "reply": "```python\nFACTOR = int('2')\n\ndef double(n):\n    return FACTOR * n\n```",
+                },
+            ]
+        },
+        "c-draft-whole",
+    )
     task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert result.success is True, result.verdict
@@ -272,9 +417,15 @@ def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_need
 
 def test_without_a_stub_or_with_draft_first_off_there_is_no_draft(engine_for, tmp_path):
     record = tmp_path / "sent.jsonl"
-    engine = engine_for({"record": str(record), "rules": [
-        {"match": r"", "role": "user", "reply": block("def double(n):\n    return 2 * n\nfinish('done')")},
-    ]}, "c-no-draft")
+    engine = engine_for(
+        {
+            "record": str(record),
+            "rules": [
+                {"match": r"", "role": "user", "reply": block("def double(n):\n    return 2 * n\nfinish('done')")},
+            ],
+        },
+        "c-no-draft",
+    )
     for text, scaffold in ((DOUBLE_TASK, code_scaffold()), (STUB_TASK, code_scaffold(draft_first=False))):
         task, _ = engine.store.add_task(text, check=DOUBLE_CHECK, metadata=DELIVER)
         assert engine.agent(scaffold).run_task(task).success is True
@@ -283,10 +434,15 @@ def test_without_a_stub_or_with_draft_first_off_there_is_no_draft(engine_for, tm
 
 
 def test_an_attempt_out_of_steps_is_asked_for_its_answer_once_and_says_so(engine_for):
-    engine = engine_for({"rules": [
-        {"match": r"Reply with your final answer alone", "role": "user", "reply": "42"},
-        {"match": "", "role": "user", "reply": block("print('still thinking')")},
-    ]}, "c-asked")
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"Reply with your final answer alone", "role": "user", "reply": "42"},
+                {"match": "", "role": "user", "reply": block("print('still thinking')")},
+            ]
+        },
+        "c-asked",
+    )
     task, _ = engine.store.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
     result = engine.agent(code_scaffold(max_steps=2, repeat_limit=0)).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "42", True)
@@ -299,23 +455,43 @@ def test_an_attempt_out_of_steps_is_asked_for_its_answer_once_and_says_so(engine
 def test_a_worked_example_carries_the_code_that_passed_and_held_out_code_never_appears(engine_for, tmp_path):
     record = tmp_path / "sent.jsonl"
     secret = "HELD_OUT_MARKER = 1"
-    engine = engine_for({"record": str(record), "rules": [
-        {"match": r"Output of your code:\n(4|8)", "role": "user", "reply": block("finish('done')")},
-        {"match": r"defining triple", "role": "user", "reply": block(
-            f"{secret}\ndef triple(n):\n    return 3 * n\nprint(triple(2) - 2)")},
-        {"match": r"defining double", "role": "user", "reply": block("def double(n):\n    return n * 2\nprint(double(2))")},
-        {"match": r"defining quadruple", "role": "user", "reply": block("finish('done')")},
-    ]}, "c-worked")
-    triple_check = {"type": "python", "code": "def check(answer, workspace):\n    return solution('solution').triple(3) == 9\n"}
-    held, _ = engine.store.add_task("Write solution.py defining triple(n) that returns three times n.",
-                                    check=triple_check, metadata={"split": "test", "deliver": {
-                                        "file": "solution.py", "functions": ["triple"]}})
+    engine = engine_for(
+        {
+            "record": str(record),
+            "rules": [
+                {"match": r"Output of your code:\n(4|8)", "role": "user", "reply": block("finish('done')")},
+                {
+                    "match": r"defining triple",
+                    "role": "user",
+                    "reply": block(f"{secret}\ndef triple(n):\n    return 3 * n\nprint(triple(2) - 2)"),
+                },
+                {
+                    "match": r"defining double",
+                    "role": "user",
+                    "reply": block("def double(n):\n    return n * 2\nprint(double(2))"),
+                },
+                {"match": r"defining quadruple", "role": "user", "reply": block("finish('done')")},
+            ],
+        },
+        "c-worked",
+    )
+    triple_check = {
+        "type": "python",
+        "code": "def check(answer, workspace):\n    return solution('solution').triple(3) == 9\n",
+    }
+    held, _ = engine.store.add_task(
+        "Write solution.py defining triple(n) that returns three times n.",
+        check=triple_check,
+        metadata={"split": "test", "deliver": {"file": "solution.py", "functions": ["triple"]}},
+    )
     taught, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata={**DELIVER, "split": "train"})
     agent = engine.agent(code_scaffold())
     assert agent.run_task(held).success is True and agent.run_task(taught).success is True
     engine.store.sync_index()
-    later, _ = engine.store.add_task("Write solution.py defining quadruple(n) that returns four times n, "
-                                     "like double and triple.", metadata={"split": "train"})
+    later, _ = engine.store.add_task(
+        "Write solution.py defining quadruple(n) that returns four times n, like double and triple.",
+        metadata={"split": "train"},
+    )
     engine.agent(code_scaffold(example_rounds=0)).run_task(later)
     sent = record.read_text().splitlines()[-1]
     prompt = json.loads(sent)["messages"][1]["content"]
@@ -328,9 +504,15 @@ def test_the_code_prompt_names_the_tools_of_mcp_servers_that_a_block_cannot_call
 
     record = tmp_path / "sent.jsonl"
     engine = engine_for({"record": str(record), "rules": [{"match": "", "reply": "done"}]}, "c-mcp")
-    engine.registry.register(ToolSpec(name="files__read", description="[files] read a file", origin="mcp",
-                                      parameters={"type": "object", "properties": {"path": {"type": "string"}}},
-                                      runner=lambda arguments: (True, "the user's server answered")))
+    engine.registry.register(
+        ToolSpec(
+            name="files__read",
+            description="[files] read a file",
+            origin="mcp",
+            parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+            runner=lambda arguments: (True, "the user's server answered"),
+        )
+    )
     task, _ = engine.store.add_task("Read notes.txt from my files")
     assert engine.agent(code_scaffold()).run_task(task).answer == "done"
     system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
@@ -342,15 +524,26 @@ def test_a_synthesized_tool_is_a_function_in_the_session_and_each_call_is_counte
     from tools import ToolFiles
 
     record = tmp_path / "sent.jsonl"
-    engine = engine_for({"record": str(record), "rules": [
-        {"match": r"Output of your code:\n9\n\[error\]", "role": "user", "reply": block("finish('tripled')")},
-        {"match": r"Multiply", "role": "user", "reply": block("print(triple(3))\ntriple('x' * 10 ** 8)")},
-    ]}, "c-synth")
-    code = ('def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n'
-            '    if not isinstance(x, int):\n        raise TypeError("a whole number")\n    return 3 * x\n')
-    digest = ToolFiles(engine.data_dir / "tools").write("triple", 1, code, "def test_it():\n    assert triple(1) == 3\n")
-    tool = engine.store.add_tool("triple", description="Multiply a whole number by three", code_hash=digest,
-                                 origin="synthesized")
+    engine = engine_for(
+        {
+            "record": str(record),
+            "rules": [
+                {"match": r"Output of your code:\n9\n\[error\]", "role": "user", "reply": block("finish('tripled')")},
+                {"match": r"Multiply", "role": "user", "reply": block("print(triple(3))\ntriple('x' * 10 ** 8)")},
+            ],
+        },
+        "c-synth",
+    )
+    code = (
+        'def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n'
+        '    if not isinstance(x, int):\n        raise TypeError("a whole number")\n    return 3 * x\n'
+    )
+    digest = ToolFiles(engine.data_dir / "tools").write(
+        "triple", 1, code, "def test_it():\n    assert triple(1) == 3\n"
+    )
+    tool = engine.store.add_tool(
+        "triple", description="Multiply a whole number by three", code_hash=digest, origin="synthesized"
+    )
     task, _ = engine.store.add_task("Multiply a whole number by three: 3")
     assert engine.agent(code_scaffold()).run_task(task).answer == "tripled"
     system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]

@@ -61,8 +61,10 @@ def test_paths_follow_the_data_dir_setting(tmp_path):
     [
         ("[agent]\nmax_stepz = 2\n", ["unknown key 'max_stepz' in [agent]", "observation_chars"]),
         ("[agnt]\nmax_steps = 2\n", ["unknown section [agnt]", "[agent]"]),
-        ("[agent]\nobservation_chars = 2.5\n", ["[agent] observation_chars = 2.5", "valid integer",
-                                                  "whole number >= 200 and <= 1000000"]),
+        (
+            "[agent]\nobservation_chars = 2.5\n",
+            ["[agent] observation_chars = 2.5", "valid integer", "whole number >= 200 and <= 1000000"],
+        ),
         ("[agent]\nobservation_chars = '900'\n", ["[agent] observation_chars = '900'", "whole number"]),
         ("[agent]\nobservation_chars = 0\n", ["[agent] observation_chars = 0", "greater than or equal to 200"]),
         ("[model]\ntimeout_s = -1.0\n", ["[model] timeout_s = -1.0", "a number > 0"]),
@@ -85,7 +87,9 @@ def test_bad_values_are_refused_naming_file_key_and_what_is_allowed(tmp_path, te
 
 
 def test_bad_environment_override_names_the_variable(tmp_path):
-    with pytest.raises(ConfigError, match=r"environment variable EVOLVER_AGENT_OBSERVATION_CHARS: \[agent\] observation_chars = 0"):
+    with pytest.raises(
+        ConfigError, match=r"environment variable EVOLVER_AGENT_OBSERVATION_CHARS: \[agent\] observation_chars = 0"
+    ):
         load_config(env={"EVOLVER_AGENT_OBSERVATION_CHARS": "0"})
 
 
@@ -94,12 +98,20 @@ def test_a_variable_that_is_no_setting_never_stops_the_program(caplog):
     # the person's own token (the MCP recipe exports EVOLVER_MCP_TOKEN), left alone; one that looks like a
     # misspelt setting is named in a warning, with its value never shown.
     with caplog.at_level(logging.WARNING, logger="evolver.config"):
-        config = load_config(env={"EVOLVER_MODEL_NAMEE": "x", "EVOLVER_TCP_TOKEN": "s3cret",
-                                  "EVOLVER_MCP_TOKEN": "s3cret", "EVOLVER_NOPE_X": "1", "EVOLVER_AGENT": "2"})
+        config = load_config(
+            env={
+                "EVOLVER_MODEL_NAMEE": "x",
+                "EVOLVER_TCP_TOKEN": "s3cret",
+                "EVOLVER_MCP_TOKEN": "s3cret",
+                "EVOLVER_NOPE_X": "1",
+                "EVOLVER_AGENT": "2",
+            }
+        )
     assert config.model.name == "scripted/demo"
     assert [r.getMessage() for r in caplog.records] == [
         "environment variable EVOLVER_MODEL_NAMEE is not a setting and is ignored: [model] has no key 'namee' "
-        "(did you mean EVOLVER_MODEL_NAME?)"]
+        "(did you mean EVOLVER_MODEL_NAME?)"
+    ]
 
 
 def test_a_variable_named_as_holding_a_secret_is_never_read_as_a_setting(tmp_path, caplog):
@@ -109,8 +121,9 @@ def test_a_variable_named_as_holding_a_secret_is_never_read_as_a_setting(tmp_pat
         assert load_config(path, env={"EVOLVER_DAEMON_WORKERS": "s3cret"}).daemon.workers == 2
         from_env = load_config(env={"EVOLVER_MODEL_API_KEY_ENV": "EVOLVER_MODEL_NAME", "EVOLVER_MODEL_NAME": "k"})
         assert from_env.model.name == "scripted/demo"
-        named = load_config(env={"EVOLVER_AGENT_KEEP_WORKSPACES": "s3cret"},
-                            secret_variables={"EVOLVER_AGENT_KEEP_WORKSPACES"})
+        named = load_config(
+            env={"EVOLVER_AGENT_KEEP_WORKSPACES": "s3cret"}, secret_variables={"EVOLVER_AGENT_KEEP_WORKSPACES"}
+        )
         assert named.agent.keep_workspaces is False
     assert not caplog.records
 
@@ -128,4 +141,5 @@ def test_an_old_file_with_a_retired_key_still_loads_and_says_why_it_is_ignored(t
     assert config.model.max_tokens_step == 700 and not hasattr(config.model, "max_tokens_chat")
     assert [r.getMessage() for r in caplog.records] == [
         f"{old}: [model] max_tokens_chat is no longer a setting and is ignored: a chat turn's replies are capped "
-        "by [model] max_tokens_step, as a task's are; remove it"]
+        "by [model] max_tokens_step, as a task's are; remove it"
+    ]

@@ -17,8 +17,17 @@ import pytest
 
 from evolver.cli.client import finished_rounds
 
-from _daemon import (SLOW_STEP, DaemonProcess, assert_error, demo_rules, make_root, read_events, serving,
-                     wait_for, write_script)
+from _daemon import (
+    SLOW_STEP,
+    DaemonProcess,
+    assert_error,
+    demo_rules,
+    make_root,
+    read_events,
+    serving,
+    wait_for,
+    write_script,
+)
 
 MAX_BODY = 4096
 
@@ -28,8 +37,9 @@ def daemon():
     root = make_root()
     slow = {"match": r"\ATask:\nSLOW", "on": "task", **SLOW_STEP}
     model = write_script(root, "script", [slow, *demo_rules()])
-    proc = DaemonProcess(root, model=model, settings={
-        "EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_DAEMON_MAX_BODY_BYTES": MAX_BODY})
+    proc = DaemonProcess(
+        root, model=model, settings={"EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_DAEMON_MAX_BODY_BYTES": MAX_BODY}
+    )
     with serving(proc):
         yield proc
 
@@ -116,8 +126,9 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_same_task(daemon, htt
     listed = http.get("/v1/tasks", params={"limit": 1000}).json()["tasks"]
     assert [t["id"] for t in listed if t["idempotency_key"] == key] == [first.json()["id"]]
 
-    different = http.post("/v1/tasks", json={**body, "prompt": "What is 17.5% of 2,340?"},
-                          headers={"Idempotency-Key": key})
+    different = http.post(
+        "/v1/tasks", json={**body, "prompt": "What is 17.5% of 2,340?"}, headers={"Idempotency-Key": key}
+    )
     error = assert_error(different, 422, "Idempotency-Key")
     assert error["type"] == "idempotency_conflict" and error["param"] == "Idempotency-Key"
     assert daemon.wait_task(http, first.json()["id"], ("done", "failed", "dead"))["status"] == "done"
@@ -127,8 +138,13 @@ def test_cancel_ends_a_queued_task_at_once_and_a_running_one_at_a_step_boundary(
     slow = submit(http, "SLOW: spin until stopped")
     running = daemon.wait_task(http, slow["id"], ("running",), timeout_s=60)
     # Wait for the first step, so the cancel lands mid-run.
-    wait_for(lambda: daemon.task(http, slow["id"])["trajectories"] and
-             daemon.task(http, slow["id"])["trajectories"][0]["steps"], timeout_s=30, what="the slow task's first step")
+    wait_for(
+        lambda: (
+            daemon.task(http, slow["id"])["trajectories"] and daemon.task(http, slow["id"])["trajectories"][0]["steps"]
+        ),
+        timeout_s=30,
+        what="the slow task's first step",
+    )
     assert running["claims"] == 1
 
     # The only worker is busy: a second task stays queued, and cancelling it ends it now.
@@ -218,7 +234,8 @@ def test_the_openai_client_lists_the_model_and_chats(http, openai_client):
     assert "evolver" in [m.id for m in openai_client.models.list()]
 
     reply = openai_client.chat.completions.create(
-        model="evolver", messages=[{"role": "user", "content": "What is 17.5% of 2,340?"}])
+        model="evolver", messages=[{"role": "user", "content": "What is 17.5% of 2,340?"}]
+    )
     assert reply.choices[0].message.role == "assistant"
     assert reply.choices[0].message.content == "409.5"
     assert reply.choices[0].finish_reason == "stop"
@@ -231,7 +248,8 @@ def test_the_openai_client_lists_the_model_and_chats(http, openai_client):
 
 def test_the_openai_client_streams_a_chat(openai_client):
     stream = openai_client.chat.completions.create(
-        model="evolver", messages=[{"role": "user", "content": "What is 17.5% of 2,340?"}], stream=True)
+        model="evolver", messages=[{"role": "user", "content": "What is 17.5% of 2,340?"}], stream=True
+    )
     text, finishes = "", []
     for chunk in stream:
         for choice in chunk.choices:
@@ -243,13 +261,17 @@ def test_the_openai_client_streams_a_chat(openai_client):
 
 
 def _chat_stream(http, content: str, **extra):
-    return http.stream("POST", "/v1/chat/completions", json={
-        "model": "evolver", "messages": [{"role": "user", "content": content}], "stream": True, **extra})
+    return http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "evolver", "messages": [{"role": "user", "content": content}], "stream": True, **extra},
+    )
 
 
 def _chunks(response) -> list[dict]:
-    return [json.loads(line[6:]) for line in response.iter_lines()
-            if line.startswith("data: ") and line != "data: [DONE]"]
+    return [
+        json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"
+    ]
 
 
 def test_a_streamed_chat_has_one_id_and_its_usage_when_asked(http):
@@ -282,8 +304,11 @@ def test_a_chat_turn_stops_when_its_client_goes_away_or_it_is_cancelled(daemon, 
         first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
         task_id = first["id"].removeprefix("chatcmpl-")
         assert http.post(f"/v1/tasks/{task_id}/cancel").status_code == 200
-        said = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-                       for line in lines if line.startswith("data: {"))
+        said = "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in lines
+            if line.startswith("data: {")
+        )
     assert "without an answer" in said and "cancelled" in said
     assert http.get(f"/v1/tasks/{task_id}").json()["status"] == "cancelled"
 
@@ -298,8 +323,11 @@ def test_an_unknown_model_is_not_found(openai_client):
 
 
 def test_every_bad_request_gets_a_4xx_json_error_and_the_daemon_keeps_serving(daemon, http):
-    post = lambda path, content: http.post(path, content=content,  # noqa: E731
-                                           headers={"content-type": "application/json"})
+    post = lambda path, content: http.post(
+        path,
+        content=content,  # noqa: E731
+        headers={"content-type": "application/json"},
+    )
     assert_error(post("/v1/tasks", b'{"prompt": "x",'), 400, "not valid JSON")
     assert_error(post("/v1/tasks", b"\xff\xfe not UTF-8"), 400, "body")
     assert_error(post("/v1/tasks", b""), 422, "JSON body is required")
@@ -316,18 +344,23 @@ def test_every_bad_request_gets_a_4xx_json_error_and_the_daemon_keeps_serving(da
     assert_error(http.post("/v1/tasks", json={}), 422, "prompt")
     assert_error(http.post("/v1/tasks", json={"prompt": "x", "check": {"type": "telepathy"}}), 422, "check")
     assert_error(http.post("/v1/tasks", json={"prompt": "x", "check": {"type": "answer"}}), 422, "check")
-    assert_error(http.post("/v1/tasks", json={"prompt": "x", "check": {"type": "answer", "expected": "a",
-                                                                       "match": "numeric"}}), 422, "check")
-    assert_error(http.post("/v1/tasks", json={"prompt": "x", "metadata": {"files": {"a.txt": 3}}}), 422,
-                 "metadata.files")
+    assert_error(
+        http.post("/v1/tasks", json={"prompt": "x", "check": {"type": "answer", "expected": "a", "match": "numeric"}}),
+        422,
+        "check",
+    )
+    assert_error(
+        http.post("/v1/tasks", json={"prompt": "x", "metadata": {"files": {"a.txt": 3}}}), 422, "metadata.files"
+    )
 
     # Over [daemon] max_body_bytes: refused before any route reads it, declared or streamed.
     big = {"prompt": "What is 1 + 1? " + "x" * (MAX_BODY * 2)}
     error = assert_error(http.post("/v1/tasks", json=big), 413, f"{MAX_BODY}-byte")
     assert error["type"] == "body_too_large"
-    chunks = (json.dumps(big).encode()[i:i + 1000] for i in range(0, len(json.dumps(big)), 1000))
-    assert_error(http.post("/v1/tasks", content=chunks, headers={"content-type": "application/json"}), 413,
-                 "max_body_bytes")
+    chunks = (json.dumps(big).encode()[i : i + 1000] for i in range(0, len(json.dumps(big)), 1000))
+    assert_error(
+        http.post("/v1/tasks", content=chunks, headers={"content-type": "application/json"}), 413, "max_body_bytes"
+    )
 
     for path in ("/v1/tasks/task_nope", "/v1/tasks/task_nope/events"):
         assert_error(http.get(path), 404, "task_nope")
@@ -341,13 +374,20 @@ def test_every_bad_request_gets_a_4xx_json_error_and_the_daemon_keeps_serving(da
 
     # Chat requests that cannot be answered.
     chat = "/v1/chat/completions"
-    assert_error(http.post(chat, json={"model": "evolver", "messages": [{"role": "system", "content": "Be brief."}]}),
-                 422, "no user message")
-    assert_error(http.post(chat, json={"model": "evolver", "messages": [{"role": "user", "content": "   "}]}), 422,
-                 "no user message")
+    assert_error(
+        http.post(chat, json={"model": "evolver", "messages": [{"role": "system", "content": "Be brief."}]}),
+        422,
+        "no user message",
+    )
+    assert_error(
+        http.post(chat, json={"model": "evolver", "messages": [{"role": "user", "content": "   "}]}),
+        422,
+        "no user message",
+    )
     assert_error(http.post(chat, json={"model": "evolver", "messages": []}), 422, "messages")
-    assert_error(http.post(chat, json={"model": "evolver", "messages": [{"role": "wizard", "content": "hi"}]}), 422,
-                 "role")
+    assert_error(
+        http.post(chat, json={"model": "evolver", "messages": [{"role": "wizard", "content": "hi"}]}), 422, "role"
+    )
     assert_error(http.post(chat, json={"messages": [{"role": "user", "content": "hi"}]}), 422, "model")
     assert_error(post(chat, b"{nope"), 400, "not valid JSON")
     assert_error(http.post("/v1/memory/search", json={"text": "  "}), 422, "empty")
@@ -357,8 +397,9 @@ def test_every_bad_request_gets_a_4xx_json_error_and_the_daemon_keeps_serving(da
     assert http.get("/v1/health").json() == {"ok": True}
     task = submit(http, "What is (12 + 30) * 2?")
     assert daemon.wait_task(http, task["id"], ("done", "failed", "dead"))["status"] == "done"
-    error = assert_error(http.get(f"/v1/tasks/{task['id']}/events", headers={"Last-Event-ID": "yesterday"}), 400,
-                         "Last-Event-ID")
+    error = assert_error(
+        http.get(f"/v1/tasks/{task['id']}/events", headers={"Last-Event-ID": "yesterday"}), 400, "Last-Event-ID"
+    )
     assert error["param"] == "Last-Event-ID"
     assert http.get("/v1/health").json() == {"ok": True}
 
@@ -367,8 +408,15 @@ def test_the_openapi_schema_is_served(http):
     response = http.get("/openapi.json")
     assert response.status_code == 200
     paths = response.json()["paths"]
-    for path in ("/v1/tasks", "/v1/tasks/{task_id}", "/v1/tasks/{task_id}/events", "/v1/chat/completions",
-                 "/v1/models", "/v1/health", "/v1/status"):
+    for path in (
+        "/v1/tasks",
+        "/v1/tasks/{task_id}",
+        "/v1/tasks/{task_id}/events",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/health",
+        "/v1/status",
+    ):
         assert path in paths, path
     assert "post" in paths["/v1/tasks"] and "get" in paths["/v1/tasks"]
 

@@ -54,8 +54,9 @@ def nobody_python() -> str | None:
         if not candidate or not os.path.exists(candidate):
             continue
         try:
-            ran = subprocess.run([candidate, "-I", "-c", "pass"], user=NOBODY, group=NOBODY, cwd="/",
-                                 capture_output=True, timeout=60)
+            ran = subprocess.run(
+                [candidate, "-I", "-c", "pass"], user=NOBODY, group=NOBODY, cwd="/", capture_output=True, timeout=60
+            )
         except OSError:
             continue
         if ran.returncode == 0:
@@ -68,8 +69,15 @@ def as_nobody(path) -> dict:
     python = nobody_python()
     if python is None:
         pytest.skip(f"no Python here that uid {NOBODY} may run")
-    result = subprocess.run([python, "-I", "-c", PEER_PROBE, str(path)], user=NOBODY, group=NOBODY,
-                            cwd="/", capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [python, "-I", "-c", PEER_PROBE, str(path)],
+        user=NOBODY,
+        group=NOBODY,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -79,8 +87,9 @@ def db_task(daemon: DaemonProcess, task_id: str) -> dict:
     db = sqlite3.connect(f"file:{daemon.data_dir / 'evolver.db'}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row
     try:
-        return dict(db.execute("SELECT status, attempts, lease_owner, error FROM tasks WHERE id = ?",
-                               [task_id]).fetchone())
+        return dict(
+            db.execute("SELECT status, attempts, lease_owner, error FROM tasks WHERE id = ?", [task_id]).fetchone()
+        )
     finally:
         db.close()
 
@@ -99,15 +108,18 @@ def start_slow_task(daemon: DaemonProcess, http) -> str:
     def stepped():
         seen.update(daemon.task(http, task_id))
         if seen["status"] not in ("queued", "running"):
-            pytest.fail(f"the slow task ended before it could be stopped: {seen['status']} ({seen['error']})\n"
-                        f"{daemon.log()}")
+            pytest.fail(
+                f"the slow task ended before it could be stopped: {seen['status']} ({seen['error']})\n{daemon.log()}"
+            )
         return seen["status"] == "running" and seen["trajectories"] and seen["trajectories"][-1]["steps"]
 
     try:
         wait_for(stepped, timeout_s=60, what=f"task {task_id} to run and take a step")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; it is {seen.get('status')} with "
-                             f"{[len(t['steps']) for t in seen.get('trajectories', [])]} steps\n{daemon.log()}") from None
+        raise AssertionError(
+            f"{exc}; it is {seen.get('status')} with "
+            f"{[len(t['steps']) for t in seen.get('trajectories', [])]} steps\n{daemon.log()}"
+        ) from None
     return task_id
 
 
@@ -232,8 +244,9 @@ def test_sigterm_drains_the_running_task_back_to_the_queue_for_the_next_start():
 
 def test_the_shutdown_call_stops_the_daemon_the_same_way():
     root = make_root()
-    daemon = DaemonProcess(root, model=slow_model(root),
-                           settings={"EVOLVER_DAEMON_SHUTDOWN_GRACE_S": GRACE_S, "EVOLVER_DAEMON_WORKERS": 1})
+    daemon = DaemonProcess(
+        root, model=slow_model(root), settings={"EVOLVER_DAEMON_SHUTDOWN_GRACE_S": GRACE_S, "EVOLVER_DAEMON_WORKERS": 1}
+    )
     try:
         daemon.start()
         with daemon.client() as http:

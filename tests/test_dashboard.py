@@ -60,13 +60,23 @@ def _authorized(page: TestClient) -> TestClient:
 
 
 def test_without_its_token_nothing_is_served(page):
-    for path in ("/", "/static/app.js", "/tree.html", "/api/v1/status", "/?token=wrong",
-                 f"/api/v1/status?token={TOKEN}", f"/tree.html?token={TOKEN}"):  # the token opens the page only
+    for path in (
+        "/",
+        "/static/app.js",
+        "/tree.html",
+        "/api/v1/status",
+        "/?token=wrong",
+        f"/api/v1/status?token={TOKEN}",
+        f"/tree.html?token={TOKEN}",
+    ):  # the token opens the page only
         reply = page.get(path)
         assert reply.status_code == 401, path
         assert "URL `evolver ui` printed" in reply.json()["error"]["message"]
-    for name, value in ((cookie_name(PORT), "wrong"), (cookie_name(PORT), TOKEN),  # the token is never a session
-                        (cookie_name(PORT + 1), TOKEN)):  # another dashboard's cookie (another port)
+    for name, value in (
+        (cookie_name(PORT), "wrong"),
+        (cookie_name(PORT), TOKEN),  # the token is never a session
+        (cookie_name(PORT + 1), TOKEN),
+    ):  # another dashboard's cookie (another port)
         page.cookies.clear()
         page.cookies.set(name, value)
         assert page.get("/api/v1/status").status_code == 401, (name, value)
@@ -119,15 +129,28 @@ def test_a_page_that_rebinds_its_name_to_loopback_is_refused(page):
 def test_a_header_the_guard_reads_comes_once_and_an_origin_must_be_its_own_exactly(page):
     _authorized(page)
     ours = f"127.0.0.1:{PORT}"
-    for name, values in (("host", [ours, "evil.example"]), ("host", ["evil.example", ours]),
-                         ("origin", [f"http://{ours}", "http://evil.example"])):
+    for name, values in (
+        ("host", [ours, "evil.example"]),
+        ("host", ["evil.example", ours]),
+        ("origin", [f"http://{ours}", "http://evil.example"]),
+    ):
         reply = page.get("/api/v1/status", headers=[(name, v) for v in values])
         assert reply.status_code == 400, (name, values)
-        assert reply.json()["error"] == {"type": "duplicate_header", "param": None,
-                                         "message": f"the request has two {name.title()} headers; one is allowed"}
+        assert reply.json()["error"] == {
+            "type": "duplicate_header",
+            "param": None,
+            "message": f"the request has two {name.title()} headers; one is allowed",
+        }
     body = {"prompt": "What is 6 * 7?"}
-    for origin in (f"https://{ours}", f"http://{ours}:1", f"http://127.0.0.1:{PORT + 1}", f"ftp://{ours}",
-                   f"{ours}", f"http://evil.example/{ours}", "null"):
+    for origin in (
+        f"https://{ours}",
+        f"http://{ours}:1",
+        f"http://127.0.0.1:{PORT + 1}",
+        f"ftp://{ours}",
+        f"{ours}",
+        f"http://evil.example/{ours}",
+        "null",
+    ):
         reply = page.post("/api/v1/tasks", json=body, headers={"x-evolver-ui": "1", "origin": origin})
         assert reply.status_code == 403 and reply.json()["error"]["type"] == "forbidden", origin
     for origin in (f"http://{ours}", f"http://localhost:{PORT}"):  # its own: passed on (no daemon answers here)
@@ -140,8 +163,7 @@ def test_changes_are_taken_only_from_the_page_and_only_those_it_offers(page):
     body = {"prompt": "What is 6 * 7?"}
     refused = page.post("/api/v1/tasks", json=body)  # a form on another site cannot add the header
     assert refused.status_code == 403 and "dashboard's own page" in refused.json()["error"]["message"]
-    other_origin = page.post("/api/v1/tasks", json=body, headers={"x-evolver-ui": "1",
-                                                                    "origin": "http://evil.example"})
+    other_origin = page.post("/api/v1/tasks", json=body, headers={"x-evolver-ui": "1", "origin": "http://evil.example"})
     assert other_origin.status_code == 403
     for path in ("shutdown", "promote", "rollback", "evolve", "tasks/x/feedback", "history/1/revert/extra"):
         reply = page.post(f"/api/v1/{path}", json={}, headers={"x-evolver-ui": "1"})
@@ -199,8 +221,14 @@ def _browser():
     os.environ.setdefault("SE_AVOID_STATS", "true")  # Selenium's own usage statistics: never sent
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1900",
-                     "--no-first-run", "--disable-background-networking"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1900",
+        "--no-first-run",
+        "--disable-background-networking",
+    ):
         options.add_argument(argument)
     return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
 
@@ -216,8 +244,11 @@ def daemon():
     root = make_root()
     slow = {"match": r"\ATask:\nSLOW", "on": "task", **SLOW_STEP}
     # No task held out by chance: the one solved below must be learned from.
-    proc = DaemonProcess(root, model=write_script(root, "script", [slow, *demo_rules()]),
-                         settings={"EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0"})
+    proc = DaemonProcess(
+        root,
+        model=write_script(root, "script", [slow, *demo_rules()]),
+        settings={"EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0"},
+    )
     with serving(proc):
         yield proc
 
@@ -226,8 +257,7 @@ def daemon():
 def dashboard(daemon):
     """`evolver ui` as a person runs it (one for each test: its token opens it once); yields the URL it
     printed."""
-    proc = subprocess.Popen([EVOLVER, "ui"], env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([EVOLVER, "ui"], env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:") and "?token=" in url, proc.stderr.read()
@@ -246,14 +276,18 @@ class Page:
 
     def text(self, css: str) -> str:
         return self.browser.execute_script(
-            "const e = document.querySelector(arguments[0]); return e ? e.textContent : ''", css)
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : ''", css
+        )
 
     def count(self, css: str) -> int:
         return self.browser.execute_script("return document.querySelectorAll(arguments[0]).length", css)
 
     def shown(self, css: str) -> bool:
-        return bool(self.browser.execute_script(
-            "const e = document.querySelector(arguments[0]); return !!e && e.checkVisibility()", css))
+        return bool(
+            self.browser.execute_script(
+                "const e = document.querySelector(arguments[0]); return !!e && e.checkVisibility()", css
+            )
+        )
 
     def click(self, css: str) -> None:
         from selenium.common.exceptions import (
@@ -287,13 +321,13 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard, embedder, tmp_path):
 
     with daemon.client() as http:
         # Something learned, to be shown and reverted: a solved task, then one distill round.
-        solved = http.post("/v1/tasks", json={"prompt": "What is 6 * 7?",
-                                              "check": {"type": "answer", "expected": "42"}}).json()
+        solved = http.post(
+            "/v1/tasks", json={"prompt": "What is 6 * 7?", "check": {"type": "answer", "expected": "42"}}
+        ).json()
         daemon.wait_task(http, solved["id"], ("done",))
         rounds = http.post("/v1/evolve", json={"job": "distill"}).json()["rounds"]
         assert [r["status"] for r in finished_rounds(rounds, lambda p: http.get(p).json())] == ["done"]
-        added = [e for e in http.get("/v1/history", params={"kind": "distill"}).json()["events"]
-                 if "ADD" in e["what"]]
+        added = [e for e in http.get("/v1/history", params={"kind": "distill"}).json()["events"] if "ADD" in e["what"]]
         assert added, "the demo's distill round adds an insight"
         event_id = added[0]["id"]
         assert http.get("/v1/insights").json()["insights"]
@@ -318,8 +352,9 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard, embedder, tmp_path):
             # A task submitted on the page: its steps appear while it runs.
             browser.find_element(By.ID, "prompt").send_keys("SLOW walk through the files")
             page.click("#submit-form button")
-            wait_for(lambda: page.count("#steps li.step") >= 3, timeout_s=60,
-                     what="the submitted task's steps in the page")
+            wait_for(
+                lambda: page.count("#steps li.step") >= 3, timeout_s=60, what="the submitted task's steps in the page"
+            )
             followed = page.text("#steps-task")
             assert followed.startswith("task_")
             assert daemon.task(http, followed)["status"] == "running"  # live: seen before it ended
@@ -328,8 +363,11 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard, embedder, tmp_path):
             assert "run_python" in page.text("#steps")
             browser.save_screenshot(str(shots / "live-steps.png"))
             page.click("#cancel-task")
-            wait_for(lambda: "cancelled" in page.text("#steps-status"), timeout_s=60,
-                     what="the cancelled task's end in the page")
+            wait_for(
+                lambda: "cancelled" in page.text("#steps-status"),
+                timeout_s=60,
+                what="the cancelled task's end in the page",
+            )
             assert daemon.task(http, followed)["status"] == "cancelled"
 
             # The tree, in its frame.
@@ -349,12 +387,18 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard, embedder, tmp_path):
             assert http.get("/v1/insights").json()["insights"]
             page.click(revert)
             page.click("#revert-yes")
-            reverts = wait_for(lambda: http.get("/v1/history", params={"kind": "revert"}).json()["events"],
-                               timeout_s=30, what="the revert event")
+            reverts = wait_for(
+                lambda: http.get("/v1/history", params={"kind": "revert"}).json()["events"],
+                timeout_s=30,
+                what="the revert event",
+            )
             assert reverts[0]["reverts"] == event_id and reverts[0]["why"] == "reverted from the dashboard"
             assert not http.get("/v1/insights").json()["insights"]
-            wait_for(lambda: "reverted" in page.text(f"#history tr[data-id='{event_id}']"), timeout_s=30,
-                     what="the event shown as reverted")
+            wait_for(
+                lambda: "reverted" in page.text(f"#history tr[data-id='{event_id}']"),
+                timeout_s=30,
+                what="the event shown as reverted",
+            )
             browser.save_screenshot(str(shots / "reverted.png"))
 
             # An imported insight waits on probation, saying where it came from, until approved here.
@@ -367,8 +411,11 @@ def test_the_dashboard_in_a_real_browser(daemon, dashboard, embedder, tmp_path):
             assert f"on probation (from pack:{imported['id']}" in page.text("#insights")
             assert not http.get("/v1/insights").json()["insights"]
             page.click(approve)
-            wait_for(lambda: [i["id"] for i in http.get("/v1/insights").json()["insights"]] == [waiting["id"]],
-                     timeout_s=30, what="the approved insight active")
+            wait_for(
+                lambda: [i["id"] for i in http.get("/v1/insights").json()["insights"]] == [waiting["id"]],
+                timeout_s=30,
+                what="the approved insight active",
+            )
             wait_for(lambda: not page.count(approve), timeout_s=30, what="the approve button gone")
             assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         finally:
@@ -379,11 +426,17 @@ def test_open_keeps_the_token_off_every_command_line_and_removes_its_page_once_t
     # $BROWSER stands for the browser: it records the command line it was given and what it was asked to open.
     seen = tmp_path / "seen"
     browser = tmp_path / "browser"
-    browser.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" > {seen}.args\ncp \"${{1#file://}}\" {seen}.page\n",
-                       encoding="utf-8")
+    browser.write_text(
+        f'#!/bin/sh\nprintf \'%s\\n\' "$*" > {seen}.args\ncp "${{1#file://}}" {seen}.page\n', encoding="utf-8"
+    )
     browser.chmod(0o700)
-    proc = subprocess.Popen([EVOLVER, "ui", "--open"], env={**daemon.env, "BROWSER": str(browser)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [EVOLVER, "ui", "--open"],
+        env={**daemon.env, "BROWSER": str(browser)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         printed = proc.stdout.readline().strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", printed), printed  # no token in the scrollback

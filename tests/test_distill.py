@@ -22,8 +22,9 @@ ADD = {"operations": [{"op": "ADD", "text": "Compute with run_python before answ
 
 
 def _script(name: str, reply) -> str:
-    scripted.register_script(name, {"rules": [{"match": "", "reply": reply if isinstance(reply, str)
-                                               else json.dumps(reply)}]})
+    scripted.register_script(
+        name, {"rules": [{"match": "", "reply": reply if isinstance(reply, str) else json.dumps(reply)}]}
+    )
     return f"scripted/{name}"
 
 
@@ -36,12 +37,17 @@ def engine(open_store, sandbox, tmp_path):
         e = Engine.open(config, data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox)
         opened.append(e)
         return e
+
     yield make
 
 
 def _experience(store, n: int = 2) -> list[str]:
-    return store.ingest([NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i + (i % 2)),
-                                       success=i % 2 == 0) for i in range(n)])
+    return store.ingest(
+        [
+            NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i + (i % 2)), success=i % 2 == 0)
+            for i in range(n)
+        ]
+    )
 
 
 def _ledger_rows(store) -> int:
@@ -62,11 +68,14 @@ def test_a_round_applies_the_operations_records_evidence_and_moves_the_watermark
     assert _ledger_rows(e.store) == calls  # no model call for nothing new
 
 
-@pytest.mark.parametrize("reply, problem", [
-    ("I think the agent should compute more.", "not JSON"),
-    ({"operations": [{"op": "UPVOTE", "id": 7}]}, "id of a listed insight"),
-    ({"operations": [{"op": "REWRITE", "id": 1}]}, "op must be one of"),
-])
+@pytest.mark.parametrize(
+    "reply, problem",
+    [
+        ("I think the agent should compute more.", "not JSON"),
+        ({"operations": [{"op": "UPVOTE", "id": 7}]}, "id of a listed insight"),
+        ({"operations": [{"op": "REWRITE", "id": 1}]}, "op must be one of"),
+    ],
+)
 def test_bad_model_output_fails_the_round_and_changes_nothing(engine, reply, problem):
     e = engine(reply, f"distill-bad-{abs(hash(problem))}")
     _experience(e.store)
@@ -87,8 +96,13 @@ def test_the_watermark_survives_a_restart(engine, open_store, tmp_path):
 
 
 def test_no_budget_for_background_work_stops_the_round_cleanly(engine):
-    e = engine(ADD, "distill-broke", EVOLVER_BUDGET_TOKENS_PER_DAY="1000", EVOLVER_BUDGET_TOKENS_PER_TASK="100",
-               EVOLVER_BUDGET_BACKGROUND_SHARE="0.01")
+    e = engine(
+        ADD,
+        "distill-broke",
+        EVOLVER_BUDGET_TOKENS_PER_DAY="1000",
+        EVOLVER_BUDGET_TOKENS_PER_TASK="100",
+        EVOLVER_BUDGET_BACKGROUND_SHARE="0.01",
+    )
     _experience(e.store)
     with pytest.raises(BudgetExceeded, match="background token share"):
         distill_round(e.store, e.model, e.config)
@@ -120,8 +134,14 @@ def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
     (added,) = [i for i in e.store.list_insights() if i.id != kept.id]
     shown = numbered(e.store, limit=50)
     vote = e.store.append_event("distill", "by hand")
-    apply_ops(e.store, parse_ops({"operations": [{"op": "UPVOTE", "id": 1}]}, shown=len(shown)), shown,
-              provenance=[], cap=50, event_id=vote.id)
+    apply_ops(
+        e.store,
+        parse_ops({"operations": [{"op": "UPVOTE", "id": 1}]}, shown=len(shown)),
+        shown,
+        provenance=[],
+        cap=50,
+        event_id=vote.id,
+    )
     assert e.store.get_insight(kept.id).importance == 4
     (first,) = e.store.list_events(kind="distill", limit=2)[1:]
     with pytest.raises(RevertError, match="nothing to revert"):
@@ -172,15 +192,25 @@ def test_failing_scheduled_rounds_back_off_doubling_to_a_cap_and_a_success_reset
         if not next(outcomes):
             raise ValueError("the answer is not JSON")
         return "fine"
+
     # Due on work every 30 s (the trigger) as the "evolve" job is: a failing round must not rerun at that pace.
-    job = Job("flaky", flaky, every_min=5.0, after=1, pending=lambda host: 1, waits_for_idle=False,
-              description="a round that fails until it does not")
+    job = Job(
+        "flaky",
+        flaky,
+        every_min=5.0,
+        after=1,
+        pending=lambda host: 1,
+        waits_for_idle=False,
+        description="a round that fails until it does not",
+    )
     jobs = Jobs(daemon, [job])
     jobs.start()
     try:
+
         def delay() -> float:
             (run,) = jobs.next_runs()
             return run["next_run_at"] - time.time()
+
         waits = []
         for _ in range(7):
             jobs.run_one("flaky")  # the round that was due
@@ -206,10 +236,12 @@ def test_an_answer_with_its_final_brace_missing_is_repaired_and_applied(engine):
 
 def test_with_structured_output_the_answer_is_asked_for_with_a_json_schema(engine, tmp_path):
     record = tmp_path / "sent.jsonl"
-    scripted.register_script("distill-schema", {"record": str(record), "rules": [
-        {"match": "", "reply": json.dumps(ADD)}]})
-    config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/distill-schema",
-                              "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true"})
+    scripted.register_script(
+        "distill-schema", {"record": str(record), "rules": [{"match": "", "reply": json.dumps(ADD)}]}
+    )
+    config = load_config(
+        env={"EVOLVER_MODEL_NAME": "scripted/distill-schema", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true"}
+    )
     e = engine(ADD, "distill-schema-unused")
     _experience(e.store)
     distill_round(e.store, e.model.__class__(config.model, store=e.store, budget=e.model.budget), config)
@@ -229,39 +261,64 @@ def _stuck(prompt: str, status: str, code: str, turns: int) -> NewTrajectory:
     """An attempt that ended without an answer: the same run_python call, turn after turn."""
     steps = []
     for i in range(turns):
-        steps.append({"role": "assistant", "content": "",
-                      "tool_calls": [{"id": f"c{i}", "name": "run_python", "arguments": {"code": code}}]})
+        steps.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": f"c{i}", "name": "run_python", "arguments": {"code": code}}],
+            }
+        )
         steps.append({"role": "tool", "content": "NameError: name 'x' is not defined"})
-    steps.append({"role": "assistant", "content": "", "tool_calls": [
-        {"id": "bad", "name": "finish", "arguments": None, "error": "arguments are not JSON", "raw": "{answer:"}]})
-    return NewTrajectory(prompt=prompt, success=False, status=status, steps=steps,
-                         verifier_output="no final answer was given")
+    steps.append(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "bad", "name": "finish", "arguments": None, "error": "arguments are not JSON", "raw": "{answer:"}
+            ],
+        }
+    )
+    return NewTrajectory(
+        prompt=prompt, success=False, status=status, steps=steps, verifier_output="no final answer was given"
+    )
 
 
 def test_attempts_without_an_answer_are_distilled_with_what_the_model_kept_doing(engine, tmp_path):
     record = tmp_path / "distill-seen.jsonl"
-    scripted.register_script("distill-stuck", {"rules": [{"match": "", "reply": json.dumps(ADD)}],
-                                               "record": str(record)})
+    scripted.register_script(
+        "distill-stuck", {"rules": [{"match": "", "reply": json.dumps(ADD)}], "record": str(record)}
+    )
     e = engine(ADD, "distill-stuck-unused", EVOLVER_MODEL_NAME="scripted/distill-stuck")
-    ids = e.store.ingest([_stuck("What is x + 1?", "step_limit", "print(x + 1)", 4),
-                          _stuck("What is y * 2?", "repeating", "print(y * 2)", 6)])
+    ids = e.store.ingest(
+        [
+            _stuck("What is x + 1?", "step_limit", "print(x + 1)", 4),
+            _stuck("What is y * 2?", "repeating", "print(y * 2)", 6),
+        ]
+    )
     assert distill_round(e.store, e.model, e.config) == "1 operations (ADD) from 2 trajectories"
     (insight,) = e.store.list_insights()
     assert sorted(insight.provenance) == sorted(ids)
     prompt = json.loads(record.read_text().splitlines()[0])["messages"][-1]["content"]
-    assert ("What it did: hit the step limit after 5 model turns; calls: run_python x4; "
-            "4 identical calls in a row; 1 call that could not be read; "
-            "last result: NameError: name 'x' is not defined") in prompt
+    assert (
+        "What it did: hit the step limit after 5 model turns; calls: run_python x4; "
+        "4 identical calls in a row; 1 call that could not be read; "
+        "last result: NameError: name 'x' is not defined"
+    ) in prompt
     assert "was stopped for repeating one call after 7 model turns" in prompt
     assert prompt.count("The verifier said: no final answer was given") == 2
 
 
 def test_attempts_cut_short_by_something_else_teach_nothing_and_move_the_watermark(engine):
     e = engine(ADD, "distill-cut")
-    e.store.ingest([NewTrajectory(prompt="What is 1 + 1?", status="cancelled"),
-                    NewTrajectory(prompt="What is 2 + 2?", status="error")])
-    assert distill_round(e.store, e.model, e.config) == ("2 trajectories cut short (cancelled or an error); "
-                                                         "nothing to distill")
+    e.store.ingest(
+        [
+            NewTrajectory(prompt="What is 1 + 1?", status="cancelled"),
+            NewTrajectory(prompt="What is 2 + 2?", status="error"),
+        ]
+    )
+    assert distill_round(e.store, e.model, e.config) == (
+        "2 trajectories cut short (cancelled or an error); nothing to distill"
+    )
     assert e.store.list_insights() == [] and e.store.get_meta(WATERMARK_KEY) is not None
 
 
@@ -272,14 +329,23 @@ def real_failures() -> list[NewTrajectory]:
     """What the real 0.5B model did on training tasks of the basic pack, as recorded, where it ended
     without an answer."""
     recorded = json.loads(REAL.read_text(encoding="utf-8"))["recorded"]
-    return [NewTrajectory(prompt=r["prompt"], success=False, status=r["status"], steps=r["steps"],
-                          verifier_output=r["verifier_output"]) for r in recorded]
+    return [
+        NewTrajectory(
+            prompt=r["prompt"],
+            success=False,
+            status=r["status"],
+            steps=r["steps"],
+            verifier_output=r["verifier_output"],
+        )
+        for r in recorded
+    ]
 
 
 def test_the_real_models_attempts_without_an_answer_become_an_insight(engine, tmp_path):
     record = tmp_path / "distill-real.jsonl"
-    scripted.register_script("distill-real", {"rules": [{"match": "", "reply": json.dumps(ADD)}],
-                                              "record": str(record)})
+    scripted.register_script(
+        "distill-real", {"rules": [{"match": "", "reply": json.dumps(ADD)}], "record": str(record)}
+    )
     e = engine(ADD, "distill-real-unused", EVOLVER_MODEL_NAME="scripted/distill-real")
     attempts = real_failures()
     assert attempts and all(a.status in ("step_limit", "repeating") for a in attempts)
@@ -295,13 +361,19 @@ def test_the_real_models_attempts_without_an_answer_become_an_insight(engine, tm
 def test_one_bad_operation_of_a_weak_model_is_skipped_and_its_good_ones_applied(engine):
     """What the real 0.5B model answered for its own failures: a good ADD and an EDIT of an insight that
     is not listed. The ADD is applied; the EDIT is skipped, and the event says why."""
-    reply = {"operations": [{"op": "ADD", "text": "Call finish with the answer once the code printed it."},
-                            {"op": "EDIT", "id": 2, "text": "Use run_python."}]}
+    reply = {
+        "operations": [
+            {"op": "ADD", "text": "Call finish with the answer once the code printed it."},
+            {"op": "EDIT", "id": 2, "text": "Use run_python."},
+        ]
+    }
     e = engine(reply, "distill-partial")
     _experience(e.store)
     summary = distill_round(e.store, e.model, e.config)
-    assert summary == ("1 operations (ADD; skipped 1: operation 2: EDIT needs the id of a listed insight "
-                       "(1..0), not 2) from 2 trajectories")
+    assert summary == (
+        "1 operations (ADD; skipped 1: operation 2: EDIT needs the id of a listed insight "
+        "(1..0), not 2) from 2 trajectories"
+    )
     (insight,) = e.store.list_insights()
     assert insight.text == "Call finish with the answer once the code printed it."
     (event,) = e.store.list_events(kind="distill")
@@ -322,8 +394,11 @@ def test_a_poke_while_a_round_of_the_job_runs_is_not_lost(engine):
             first_started.set()
             assert release.wait(30)
         return f"round {len(rounds)}"
-    jobs = Jobs(SimpleNamespace(store=e.store, engine=e, config=e.config),
-                [Job("record", slow, every_min=60.0, description="a slow round", waits_for_idle=False)])
+
+    jobs = Jobs(
+        SimpleNamespace(store=e.store, engine=e, config=e.config),
+        [Job("record", slow, every_min=60.0, description="a slow round", waits_for_idle=False)],
+    )
     jobs.start(schedule=False)
     try:
         jobs.poke("record")

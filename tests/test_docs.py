@@ -35,14 +35,21 @@ def _ci_test_command() -> str:
 
 
 def test_the_reference_pages_are_what_the_code_generates(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gen-reference"), str(tmp_path)],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen-reference"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
     for name in GENERATED:
         committed = (REFERENCE / name).read_text(encoding="utf-8")
         generated = (tmp_path / name).read_text(encoding="utf-8")
-        assert committed == generated, (f"docs/reference/{name} differs from the code; run "
-                                        "`.venv/bin/python scripts/gen-reference` and commit the result")
+        assert committed == generated, (
+            f"docs/reference/{name} differs from the code; run "
+            "`.venv/bin/python scripts/gen-reference` and commit the result"
+        )
 
 
 def test_the_manual_builds_strictly(tmp_path):
@@ -52,7 +59,12 @@ def test_the_manual_builds_strictly(tmp_path):
         pytest.skip("mkdocs is not installed: pip install '.[test]'")
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "reference" / "settings" / "index.html").exists()
 

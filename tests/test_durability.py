@@ -19,8 +19,15 @@ import time
 import pytest
 
 from tests._daemon import DaemonProcess, make_root, remove_root, wait_for
-from tests._durability import (build_shim, durable_settings, kill_loop, power_loss, power_loss_image,
-                               shim_env, sync_counts)
+from tests._durability import (
+    build_shim,
+    durable_settings,
+    kill_loop,
+    power_loss,
+    power_loss_image,
+    shim_env,
+    sync_counts,
+)
 
 KILLS = 6  # one daemon start each (seconds apiece): 6 covers every phase once
 SEED = 20250307
@@ -54,8 +61,14 @@ def test_kill_nine_at_random_points_loses_no_acknowledged_task_and_reruns_no_fin
     report = kill_loop(root, kills=KILLS, seed=SEED, clients=3, burst=1)
     detail = json.dumps({k: v for k, v in report.items() if k != "kill_log"}, indent=1)
     assert report["violations"] == [], detail + "\n" + (root / "daemon.log").read_text(errors="replace")[-6000:]
-    assert report["kills"] == KILLS and set(report["phases"]) == {"submits", "steps", "worker", "distill",
-                                                                   "evolve", "synthesize"}
+    assert report["kills"] == KILLS and set(report["phases"]) == {
+        "submits",
+        "steps",
+        "worker",
+        "distill",
+        "evolve",
+        "synthesize",
+    }
     assert any(k.get("worker_killed") for k in report["kill_log"]), report["kill_log"]
     assert report["acknowledged"] >= KILLS * 3 and report["lost"] == 0 and report["completed_twice"] == 0, detail
     assert report["integrity"] == "ok" and report["tasks"].get("done", 0) > 0, detail
@@ -95,8 +108,9 @@ def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_
     config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/durability-distill"})
     store = open_store(tmp_path / "d")
     engine = Engine.open(config, data_dir=tmp_path / "d", store=store, sandbox=sandbox)
-    store.ingest([NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i), success=i % 2 == 0)
-                  for i in range(2)])
+    store.ingest(
+        [NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i), success=i % 2 == 0) for i in range(2)]
+    )
     set_meta = store.set_meta
 
     def killed_before_the_watermark(key, value):
@@ -133,8 +147,13 @@ sys.stdin.read()  # wait for the power cut
     for mode in ("NORMAL", "FULL"):
         data, snapshots, image = root / mode / "data", root / mode / "snapshots", root / mode / "image"
         env = {**os.environ, **shim_env(shim, data, snapshots)}
-        proc = subprocess.Popen([sys.executable, "-c", child, str(data.resolve()), mode], env=env, text=True,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", child, str(data.resolve()), mode],
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         try:
             acked = [int(proc.stdout.readline()) for _ in range(200)]
         finally:
@@ -165,8 +184,10 @@ def test_acknowledged_tasks_survive_a_power_cut(root, shim):
 
 def _raw_submit(path, body: dict, key: str) -> bytes:
     payload = json.dumps(body).encode()
-    return (f"POST /v1/tasks HTTP/1.1\r\nHost: evolver\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nIdempotency-Key: {key}\r\n\r\n").encode() + payload
+    return (
+        f"POST /v1/tasks HTTP/1.1\r\nHost: evolver\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nIdempotency-Key: {key}\r\n\r\n"
+    ).encode() + payload
 
 
 KILLED_CLIENT = r"""
@@ -196,8 +217,9 @@ def test_a_retry_after_a_lost_reply_gets_the_one_task_the_commit_made(root):
                         s.sendall(request)
                     # closed here without reading a byte of the reply
                 else:
-                    client = subprocess.run([sys.executable, "-c", KILLED_CLIENT, path], input=request,
-                                            capture_output=True, timeout=60)
+                    client = subprocess.run(
+                        [sys.executable, "-c", KILLED_CLIENT, path], input=request, capture_output=True, timeout=60
+                    )
                     assert client.returncode == -signal.SIGKILL, client.stderr
 
                 def committed():

@@ -82,7 +82,6 @@ def test_vectors_carry_meaning(embedder):
     assert query @ kitten > query @ stocks
 
 
-
 RACE_S = 8.0  # long enough that the unsafe build failed in every run (4 failures in 10 s on 2 cores)
 
 

@@ -12,16 +12,33 @@ import pytest
 from tests._daemon import DaemonProcess, demo_rules, make_root, remove_root, run_rounds, wait_for, write_script
 from tests.test_cli import run
 
-PACK = "\n".join(json.dumps(t) for t in [
-    {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
-    {"id": "h1", "prompt": "What is 7717 + 1?", "check": {"type": "answer", "expected": "7718"}, "split": "test"},
-]) + "\n"
-PROPOSER = {"match": "You improve an agent by editing its scaffold", "on": "all",
-            "reply": json.dumps({"rationale": "fewer steps", "edit": {"parameters": {"max_steps": 8}}})}
+PACK = (
+    "\n".join(
+        json.dumps(t)
+        for t in [
+            {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
+            {
+                "id": "h1",
+                "prompt": "What is 7717 + 1?",
+                "check": {"type": "answer", "expected": "7718"},
+                "split": "test",
+            },
+        ]
+    )
+    + "\n"
+)
+PROPOSER = {
+    "match": "You improve an agent by editing its scaffold",
+    "on": "all",
+    "reply": json.dumps({"rationale": "fewer steps", "edit": {"parameters": {"max_steps": 8}}}),
+}
 # A distiller that writes the first task it is shown into an insight, so a leak into distillation
 # would travel on into the proposer's "lessons from experience" too.
-DISTILLER = {"match": r"You maintain a short list of insights[\s\S]*?New experience:\n1\. Task: (?P<t>[^\n]*)\n",
-             "on": "all", "reply": '{"operations": [{"op": "ADD", "text": "Learned from: \\g<t>"}]}'}
+DISTILLER = {
+    "match": r"You maintain a short list of insights[\s\S]*?New experience:\n1\. Task: (?P<t>[^\n]*)\n",
+    "on": "all",
+    "reply": '{"operations": [{"op": "ADD", "text": "Learned from: \\g<t>"}]}',
+}
 SOLVED = ("done",)
 
 
@@ -30,10 +47,16 @@ def daemon():
     root = make_root()
     (root / "pack.jsonl").write_text(PACK)
     model = write_script(root, "script", [PROPOSER, DISTILLER, *demo_rules()], record=root / "sent.jsonl")
-    d = DaemonProcess(root, model=model, settings={
-        "EVOLVER_EVOLUTION_ENABLED": "false",  # rounds run only when the test asks
-        "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 1, "EVOLVER_EVOLUTION_HELD_OUT_SHARE": 0.999,
-        "EVOLVER_EVOLUTION_PACKS": json.dumps([str(root / "pack.jsonl")])})
+    d = DaemonProcess(
+        root,
+        model=model,
+        settings={
+            "EVOLVER_EVOLUTION_ENABLED": "false",  # rounds run only when the test asks
+            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 1,
+            "EVOLVER_EVOLUTION_HELD_OUT_SHARE": 0.999,
+            "EVOLVER_EVOLUTION_PACKS": json.dumps([str(root / "pack.jsonl")]),
+        },
+    )
     try:
         yield d.start()
     finally:
@@ -76,8 +99,9 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(daemon):
         held_out = ["What is 7717 + 1?"]
         for n in range(1, 4):
             prompt, answer = f"What is 88{n}8 + 1?", f"88{n}9"
-            task = http.post("/v1/tasks", json={"prompt": prompt, "check": {"type": "answer", "expected": answer}}
-                             ).json()
+            task = http.post(
+                "/v1/tasks", json={"prompt": prompt, "check": {"type": "answer", "expected": answer}}
+            ).json()
             assert task["metadata"].get("split") in ("train", "test"), task
             assert daemon.wait_task(http, task["id"], SOLVED)["status"] == "done"
             if task["metadata"]["split"] == "test":
@@ -86,8 +110,10 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(daemon):
         assert len(held_out) == 2
 
         # Its text sent as a chat message is held out too: a chat is no side door into training.
-        chat = http.post("/v1/chat/completions", json={"model": "evolver", "messages": [
-            {"role": "user", "content": "What is 7717 + 1?"}]})
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"model": "evolver", "messages": [{"role": "user", "content": "What is 7717 + 1?"}]},
+        )
         assert chat.status_code == 200, chat.text
         (chatted,) = http.get("/v1/tasks", params={"source": "chat"}).json()["tasks"]
         assert chatted["metadata"]["split"] == "test", chatted
@@ -103,12 +129,16 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(daemon):
         def recorded():
             _round(http, "record")
             return sum(n["successes"] + n["failures"] for n in http.get("/v1/tree").json()["nodes"])
+
         wait_for(recorded, timeout_s=120, what="the root's evaluation recorded")
         assert "smoke task" in _round(http, "evolve")  # an expansion: the proposer is asked
 
     sent = _sent(daemon)
-    kinds = {"distill": "You maintain a short list of insights", "synthesize": "You write one reusable tool",
-             "propose": "You improve an agent by editing its scaffold"}
+    kinds = {
+        "distill": "You maintain a short list of insights",
+        "synthesize": "You write one reusable tool",
+        "propose": "You improve an agent by editing its scaffold",
+    }
     for kind, marker in kinds.items():
         assert any(marker in m["content"] for c in sent for m in c), f"no {kind} round reached the model"
     proposer = next(c for c in sent if kinds["propose"] in c[0]["content"])

@@ -17,28 +17,37 @@ def _seed(store, *texts_and_importance):
     return numbered(store, limit=50)
 
 
-@pytest.mark.parametrize("answer, problem", [
-    ("not json", "not JSON"),
-    ('{"ops": []}', '"operations"'),
-    ('{"operations": [{"op": "DELETE", "id": 1}]}', "op must be one of"),
-    ('{"operations": [{"op": "UPVOTE", "id": 99}]}', "id of a listed insight (1..2)"),
-    ('{"operations": [{"op": "UPVOTE", "id": "1"}]}', "id of a listed insight"),
-    ('{"operations": [{"op": "UPVOTE", "id": true}]}', "id of a listed insight"),
-    ('{"operations": [{"op": "ADD", "id": 1, "text": "x"}]}', "ADD takes no id"),
-    ('{"operations": [{"op": "EDIT", "id": 1, "text": "  "}]}', "non-empty text"),
-    ('{"operations": [{"op": "UPVOTE", "id": 1, "text": "why"}]}', "takes no text"),
-    ('{"operations": [' + ",".join(['{"op": "UPVOTE", "id": 1}'] * 5) + "]}", "at most 4"),
-])
+@pytest.mark.parametrize(
+    "answer, problem",
+    [
+        ("not json", "not JSON"),
+        ('{"ops": []}', '"operations"'),
+        ('{"operations": [{"op": "DELETE", "id": 1}]}', "op must be one of"),
+        ('{"operations": [{"op": "UPVOTE", "id": 99}]}', "id of a listed insight (1..2)"),
+        ('{"operations": [{"op": "UPVOTE", "id": "1"}]}', "id of a listed insight"),
+        ('{"operations": [{"op": "UPVOTE", "id": true}]}', "id of a listed insight"),
+        ('{"operations": [{"op": "ADD", "id": 1, "text": "x"}]}', "ADD takes no id"),
+        ('{"operations": [{"op": "EDIT", "id": 1, "text": "  "}]}', "non-empty text"),
+        ('{"operations": [{"op": "UPVOTE", "id": 1, "text": "why"}]}', "takes no text"),
+        ('{"operations": [' + ",".join(['{"op": "UPVOTE", "id": 1}'] * 5) + "]}", "at most 4"),
+    ],
+)
 def test_bad_answers_are_refused_with_the_reason(answer, problem):
     with pytest.raises(InsightOpError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         parse_ops(answer, shown=2)
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("Set the title\x1b]0;pwned\x07 and go on", r"operation 1: the text has a control character \\x1b at character 14"),
-    ("Clear it \x1b[2J", r"control character \\x1b"),
-    ("a C1 CSI \x9b2J too", r"control character \\x9b"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (
+            "Set the title\x1b]0;pwned\x07 and go on",
+            r"operation 1: the text has a control character \\x1b at character 14",
+        ),
+        ("Clear it \x1b[2J", r"control character \\x1b"),
+        ("a C1 CSI \x9b2J too", r"control character \\x9b"),
+    ],
+)
 def test_an_insight_with_a_control_character_is_refused_naming_its_text(text, problem):
     # Distillation's ADD and EDIT (and a pack's insights, which go through the same ADD) refuse it.
     for op in ({"op": "ADD", "text": text}, {"op": "EDIT", "id": 1, "text": text}):
@@ -52,9 +61,16 @@ def test_an_insight_with_a_control_character_is_refused_naming_its_text(text, pr
 def test_operations_count_importance_retire_at_zero_and_keep_history(store):
     shown = _seed(store, (CSV, 3), (TESTS, 1))
     assert render(shown).splitlines() == [f"1. {CSV} (importance 3)", f"2. {TESTS} (importance 1)"]
-    ops = parse_ops({"operations": [
-        {"op": "UPVOTE", "id": 1}, {"op": "DOWNVOTE", "id": 2},
-        {"op": "ADD", "text": "Check the workspace for the input files before reading them."}]}, shown=2)
+    ops = parse_ops(
+        {
+            "operations": [
+                {"op": "UPVOTE", "id": 1},
+                {"op": "DOWNVOTE", "id": 2},
+                {"op": "ADD", "text": "Check the workspace for the input files before reading them."},
+            ]
+        },
+        shown=2,
+    )
     apply_ops(store, ops, shown, provenance=["traj_a", "traj_b"], cap=50)
     csv, tests = store.get_insight(shown[0].id), store.get_insight(shown[1].id)
     assert (csv.importance, csv.status, csv.provenance) == (4, "active", ["traj_a", "traj_b"])
@@ -106,8 +122,14 @@ def test_an_answer_that_echoes_the_instructions_example_is_refused_whole():
     from evolver.meta.distill import SYSTEM
 
     assert '"text": "..."' in SYSTEM.format(max_ops=4)  # the example this answer copies
-    echoed = {"operations": [{"op": "ADD", "text": "..."}, {"op": "EDIT", "id": 2, "text": "..."},
-                             {"op": "UPVOTE", "id": 1}, {"op": "DOWNVOTE", "id": 3}]}
+    echoed = {
+        "operations": [
+            {"op": "ADD", "text": "..."},
+            {"op": "EDIT", "id": 2, "text": "..."},
+            {"op": "UPVOTE", "id": 1},
+            {"op": "DOWNVOTE", "id": 3},
+        ]
+    }
     for answer in (echoed, {"operations": [{"op": "ADD", "text": "<text>"}, {"op": "UPVOTE", "id": 1}]}):
         with pytest.raises(InsightOpError, match="copies the example"):
             parse_ops(answer, shown=3, skipped=[])

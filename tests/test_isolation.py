@@ -78,7 +78,9 @@ def workspace(tmp_path) -> Path:
 
 @pytest.fixture
 def tools(box, workspace):
-    with TaskTools(ToolRegistry(builtin_specs()), box, workspace, limits=LIMITS, observation_chars=20_000) as task_tools:
+    with TaskTools(
+        ToolRegistry(builtin_specs()), box, workspace, limits=LIMITS, observation_chars=20_000
+    ) as task_tools:
         yield task_tools
 
 
@@ -96,8 +98,10 @@ ENV_PY = py("""
     open("env-run_python.json", "w").write(json.dumps(seen))
     print(json.dumps(seen))
 """)
-ENV_SH = ("{ env; for f in /proc/[0-9]*/environ; do echo \"== $f\"; cat \"$f\"; echo; done; } "
-          "> env-run_shell.txt 2>&1; cat env-run_shell.txt")
+ENV_SH = (
+    '{ env; for f in /proc/[0-9]*/environ; do echo "== $f"; cat "$f"; echo; done; } '
+    "> env-run_shell.txt 2>&1; cat env-run_shell.txt"
+)
 ENV_CHECK = py("""
     def check(answer, workspace):
         import json, os
@@ -159,12 +163,22 @@ def daemon_rules(data_dir: Path, socket_path: Path) -> list[dict]:
     return [
         {"match": "Your previous attempt at this task failed", "role": "user", "reply": "The test changed; again."},
         {"match": "", "role": "tool", "tool": "finish", "arguments": {"answer": "done"}},
-        {"match": TASK + "ISOLATION-ENV", "on": "task", "calls": [
-            {"tool": "run_python", "arguments": {"code": ENV_PY}},
-            {"tool": "run_shell", "arguments": {"command": ENV_SH}}]},
-        {"match": TASK + "ISOLATION-FDS", "on": "task", "calls": [
-            {"tool": "run_python", "arguments": {"code": fds_py}},
-            {"tool": "run_shell", "arguments": {"command": FDS_SH}}]},
+        {
+            "match": TASK + "ISOLATION-ENV",
+            "on": "task",
+            "calls": [
+                {"tool": "run_python", "arguments": {"code": ENV_PY}},
+                {"tool": "run_shell", "arguments": {"command": ENV_SH}},
+            ],
+        },
+        {
+            "match": TASK + "ISOLATION-FDS",
+            "on": "task",
+            "calls": [
+                {"tool": "run_python", "arguments": {"code": fds_py}},
+                {"tool": "run_shell", "arguments": {"command": FDS_SH}},
+            ],
+        },
         {"match": TASK + "ISOLATION-RACE", "on": "task", "tool": "run_python", "arguments": {"code": RACE_PY}},
         {"match": "", "tool": "finish", "arguments": {"answer": "done"}},
     ]
@@ -173,15 +187,19 @@ def daemon_rules(data_dir: Path, socket_path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def daemon():
     root = make_root()
-    proc = DaemonProcess(root, settings={
-        "OPENAI_API_KEY": SECRET,
-        "ANTHROPIC_API_KEY": SECRET,
-        "ISOLATION_TCP_TOKEN": TOKEN,
-        "EVOLVER_MODEL_API_KEY_ENV": "OPENAI_API_KEY",
-        "EVOLVER_DAEMON_TCP_TOKEN_ENV": "ISOLATION_TCP_TOKEN",  # named, but no tcp_port: no listener
-        "EVOLVER_AGENT_KEEP_WORKSPACES": "true",
-        "EVOLVER_AGENT_OBSERVATION_CHARS": "100000",
-    }, name="isolation")
+    proc = DaemonProcess(
+        root,
+        settings={
+            "OPENAI_API_KEY": SECRET,
+            "ANTHROPIC_API_KEY": SECRET,
+            "ISOLATION_TCP_TOKEN": TOKEN,
+            "EVOLVER_MODEL_API_KEY_ENV": "OPENAI_API_KEY",
+            "EVOLVER_DAEMON_TCP_TOKEN_ENV": "ISOLATION_TCP_TOKEN",  # named, but no tcp_port: no listener
+            "EVOLVER_AGENT_KEEP_WORKSPACES": "true",
+            "EVOLVER_AGENT_OBSERVATION_CHARS": "100000",
+        },
+        name="isolation",
+    )
     proc.env["EVOLVER_MODEL_NAME"] = write_script(root, "isolation", daemon_rules(proc.data_dir, proc.socket_path))
     with serving(proc):
         yield proc
@@ -199,14 +217,17 @@ def run_task(daemon: DaemonProcess, marker: str, check: dict | None = None) -> d
 
 def observations(task: dict) -> list[str]:
     """What the task's tool calls gave back, in order."""
-    return [step["content"] for trajectory in task["trajectories"] for step in trajectory["steps"]
-            if step["role"] == "tool"]
+    return [
+        step["content"] for trajectory in task["trajectories"] for step in trajectory["steps"] if step["role"] == "tool"
+    ]
 
 
 # -- who runs, and what it can see ----------------------------------------------------------------
 
-STATUS_PY = "print(' '.join(l.split(':', 1)[1].split()[0] for l in open('/proc/self/status') " \
-            "if l.split(':')[0] in ('Uid', 'CapEff', 'NoNewPrivs')))"
+STATUS_PY = (
+    "print(' '.join(l.split(':', 1)[1].split()[0] for l in open('/proc/self/status') "
+    "if l.split(':')[0] in ('Uid', 'CapEff', 'NoNewPrivs')))"
+)
 
 
 @needs_root
@@ -223,11 +244,25 @@ def test_every_entry_point_runs_as_the_unprivileged_uid(box, tools, workspace):
 
 
 def test_host_paths_are_absent_not_merely_refused(box, workspace, daemon):
-    hidden = [str(daemon.data_dir), str(daemon.data_dir / "evolver.db"), str(daemon.socket_path),
-              str(daemon.runtime_dir), str(REPO), str(REPO / "pyproject.toml"), sys.prefix, "/etc/shadow",
-              "/etc/hostname", "/root/.ssh", "/root/.bash_history", "/home", "/var/lib", "/run"]
+    hidden = [
+        str(daemon.data_dir),
+        str(daemon.data_dir / "evolver.db"),
+        str(daemon.socket_path),
+        str(daemon.runtime_dir),
+        str(REPO),
+        str(REPO / "pyproject.toml"),
+        sys.prefix,
+        "/etc/shadow",
+        "/etc/hostname",
+        "/root/.ssh",
+        "/root/.bash_history",
+        "/home",
+        "/var/lib",
+        "/run",
+    ]
     assert (daemon.data_dir / "evolver.db").exists() and daemon.socket_path.exists()  # they are there to find
-    result = box.python(py(f"""
+    result = box.python(
+        py(f"""
         import json, os
         seen = {{}}
         for path in {hidden!r}:
@@ -237,7 +272,10 @@ def test_host_paths_are_absent_not_merely_refused(box, workspace, daemon):
             except OSError as exc:
                 seen[path] = type(exc).__name__
         print(json.dumps({{"seen": seen, "root": sorted(os.listdir("/root")) if os.path.isdir("/root") else []}}))
-    """), workspace=workspace, limits=LIMITS)
+    """),
+        workspace=workspace,
+        limits=LIMITS,
+    )
     assert result.ok, result
     found = last_json(result.stdout)
     assert found["seen"] == {path: "FileNotFoundError" for path in hidden}
@@ -248,7 +286,8 @@ def test_host_paths_are_absent_not_merely_refused(box, workspace, daemon):
 
 
 def test_proc_and_namespaces_give_no_way_out(box, workspace):
-    result = box.python(py("""
+    result = box.python(
+        py("""
         import ctypes, json, os, subprocess
         libc = ctypes.CDLL(None, use_errno=True)
         out = {}
@@ -279,7 +318,10 @@ def test_proc_and_namespaces_give_no_way_out(box, workspace):
         ran = subprocess.run(["unshare", "--user", "--map-root-user", "id", "-u"], capture_output=True, text=True)
         out["unshare -Ur"] = "DONE" if ran.returncode == 0 else "REFUSED"
         print(json.dumps(out))
-    """), workspace=workspace, limits=LIMITS)
+    """),
+        workspace=workspace,
+        limits=LIMITS,
+    )
     assert result.ok, result
     out = last_json(result.stdout)
     assert [k for k, v in out.items() if v in ("READ", "WROTE", "DONE")] == [], out
@@ -289,10 +331,12 @@ def test_proc_and_namespaces_give_no_way_out(box, workspace):
 def test_host_processes_are_invisible_and_unreachable(box, workspace):
     marker = "evolver-iso-canary-" + secrets.token_hex(6)
     as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if ROOT else {}
-    canary = subprocess.Popen([sys.executable if not ROOT else "/usr/bin/python3", "-c",
-                               "import time; time.sleep(120)", marker], **as_nobody)
+    canary = subprocess.Popen(
+        [sys.executable if not ROOT else "/usr/bin/python3", "-c", "import time; time.sleep(120)", marker], **as_nobody
+    )
     try:
-        result = box.python(py(f"""
+        result = box.python(
+            py(f"""
             import json, os, signal
             pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
             cmdlines = [open(f"/proc/{{p}}/cmdline", "rb").read().decode("latin-1") for p in pids]
@@ -302,7 +346,10 @@ def test_host_processes_are_invisible_and_unreachable(box, workspace):
             except OSError as exc:
                 kill = type(exc).__name__
             print(json.dumps({{"pids": pids, "cmdlines": cmdlines, "kill": kill}}))
-        """), workspace=workspace, limits=LIMITS)
+        """),
+            workspace=workspace,
+            limits=LIMITS,
+        )
         assert result.ok, result
         seen = last_json(result.stdout)
         assert len(seen["pids"]) <= 3, seen  # bwrap's pid 1, the code, maybe a helper: nothing of the host's
@@ -320,9 +367,15 @@ def test_the_network_namespace_holds_only_loopback(box, workspace):
         listener.listen()
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        host_addresses = sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
-                                - {"127.0.0.1"}) if _resolvable() else []
-        result = box.python(py(f"""
+        host_addresses = (
+            sorted(
+                {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
+            )
+            if _resolvable()
+            else []
+        )
+        result = box.python(
+            py(f"""
             import json, socket
             out = {{"interfaces": [name for _, name in socket.if_nameindex()]}}
             for address in {host_addresses!r} + ["172.17.0.1", "10.0.2.2"]:
@@ -349,7 +402,10 @@ def test_the_network_namespace_holds_only_loopback(box, workspace):
             except OSError as exc:
                 out["dns"] = type(exc).__name__
             print(json.dumps(out))
-        """), workspace=workspace, limits=LIMITS)
+        """),
+            workspace=workspace,
+            limits=LIMITS,
+        )
         assert result.ok, result
         out = last_json(result.stdout)
         assert out.pop("interfaces") == ["lo"]
@@ -367,7 +423,8 @@ def _resolvable() -> bool:
 
 
 def test_descriptors_run_out_at_their_limit(box, workspace):
-    result = box.python(py("""
+    result = box.python(
+        py("""
         import os
         opened = []
         try:
@@ -375,7 +432,10 @@ def test_descriptors_run_out_at_their_limit(box, workspace):
                 opened.append(os.open("/dev/null", os.O_RDONLY))
         except OSError as exc:
             print(len(opened) + 3, exc.strerror)
-    """), workspace=workspace, limits=Limits(timeout_s=60, max_open_files=64))
+    """),
+        workspace=workspace,
+        limits=Limits(timeout_s=60, max_open_files=64),
+    )
     assert result.stdout.split(None, 1) == ["64", "Too many open files\n"]
 
 
@@ -387,7 +447,8 @@ def test_one_sandbox_cannot_use_up_anothers_processes(box, tmp_path):
     # 24, below the default 64 that other sandboxes on this machine run with, so they keep working.
     limits = Limits(timeout_s=60, max_processes=24)
     with box.worker(attacker_ws, limits) as worker:
-        held = worker.execute(py("""
+        held = worker.execute(
+            py("""
             import subprocess
             children = []
             while True:
@@ -396,7 +457,8 @@ def test_one_sandbox_cannot_use_up_anothers_processes(box, tmp_path):
                 except OSError:
                     break
             len(children)
-        """))
+        """)
+        )
         assert held.ok and int(held.value) > 0, held
         victim = box.run(["sh", "-c", "true & wait && echo forked"], workspace=victim_ws, limits=limits)
     assert victim.stdout == "forked\n", victim
@@ -404,9 +466,11 @@ def test_one_sandbox_cannot_use_up_anothers_processes(box, tmp_path):
 
 # -- links planted in the workspace ---------------------------------------------------------------
 
-PLANT = ("ln -s /etc/passwd passwd && ln -s {data} data && ln -s {data}/evolver.db db && "
-         "ln -s {data}/canary.txt canary && ln -s passwd hop && ln -s /workspace/../../etc etc && "
-         "mkdir sub && ln -s ../.. sub/up && echo planted")
+PLANT = (
+    "ln -s /etc/passwd passwd && ln -s {data} data && ln -s {data}/evolver.db db && "
+    "ln -s {data}/canary.txt canary && ln -s passwd hop && ln -s /workspace/../../etc etc && "
+    "mkdir sub && ln -s ../.. sub/up && echo planted"
+)
 
 
 def test_file_tools_refuse_links_that_sandboxed_code_pointed_outside(tools, workspace, daemon):
@@ -416,16 +480,19 @@ def test_file_tools_refuse_links_that_sandboxed_code_pointed_outside(tools, work
     db_before = (data / "evolver.db").read_bytes()[:16]
     planted = tools.run("run_shell", {"command": PLANT.format(data=data)})
     assert planted.ok and planted.text.endswith("planted"), planted.text
-    links = ["passwd", "/workspace/passwd", "data/evolver.db", "db", "canary", "hop", "etc/passwd",
-             "sub/up/etc/passwd"]
+    links = ["passwd", "/workspace/passwd", "data/evolver.db", "db", "canary", "hop", "etc/passwd", "sub/up/etc/passwd"]
     for path in links:
         for name, args in (("read_file", {"path": path}), ("write_file", {"path": path, "content": "PWNED"})):
             seen = tools.run(name, args)
             assert not seen.ok and seen.text.startswith("[sandbox error]"), (name, path, seen.text)
             assert "outside the workspace" in seen.text, (name, path, seen.text)
             assert "root:" not in seen.text and "the host's own file" not in seen.text
-        for helper in (read_bytes, read_text, lambda ws, p: write_text(ws, p, "PWNED"),
-                       lambda ws, p: write_text(ws, p + "/below", "PWNED")):  # the helpers, not only the tools
+        for helper in (
+            read_bytes,
+            read_text,
+            lambda ws, p: write_text(ws, p, "PWNED"),
+            lambda ws, p: write_text(ws, p + "/below", "PWNED"),
+        ):  # the helpers, not only the tools
             with pytest.raises(SandboxError, match="outside the workspace"):
                 helper(workspace, path)
     for path in ("data", "sub/up", "etc"):
@@ -448,14 +515,17 @@ def test_the_verifier_does_not_write_check_files_through_planted_links(box, work
     outside.mkdir()
     target = outside / "host_file.py"
     target.write_text("ORIGINAL = True\n")
-    planted = box.run(["sh", "-c", f"ln -s {target} test_solution.py && ln -s {outside} tests"],
-                      workspace=workspace, limits=LIMITS)
+    planted = box.run(
+        ["sh", "-c", f"ln -s {target} test_solution.py && ln -s {outside} tests"], workspace=workspace, limits=LIMITS
+    )
     assert planted.ok, planted
     for path in ("test_solution.py", "tests/test_more.py"):  # a linked file, a linked directory
         files = {path: "raise SystemExit(0)\n"}
-        check = parse_check({"type": "command", "command": f"python3 {path}", "files": files}
-                            if kind == "command" else
-                            {"type": "python", "code": "def check(answer, workspace):\n    return True", "files": files})
+        check = parse_check(
+            {"type": "command", "command": f"python3 {path}", "files": files}
+            if kind == "command"
+            else {"type": "python", "code": "def check(answer, workspace):\n    return True", "files": files}
+        )
         verdict = verify(check, answer="x", sandbox=box, workspace=workspace, limits=LIMITS)
         assert verdict.success is False, verdict
         assert "could not put the check's file" in verdict.output, verdict
@@ -465,6 +535,7 @@ def test_the_verifier_does_not_write_check_files_through_planted_links(box, work
 
 
 # -- inherited descriptors ---------------------------------------------------------------------------
+
 
 def _fds(listing: str) -> dict[int, str]:
     """The '... N -> target' lines of ``ls -l /proc/PID/fd`` as {N: target}."""
@@ -488,7 +559,10 @@ def test_no_host_descriptor_reaches_the_shell_or_the_worker(box, tools, tmp_path
         os.set_inheritable(fd, True)
     try:
         shell = tools.run("run_shell", {"command": FDS_SH})
-        worker = tools.run("run_python", {"code": py("""
+        worker = tools.run(
+            "run_python",
+            {
+                "code": py("""
             import json, os, subprocess
             fds = {}
             for name in os.listdir("/proc/self/fd"):
@@ -500,8 +574,13 @@ def test_no_host_descriptor_reaches_the_shell_or_the_worker(box, tools, tmp_path
                     pass  # the descriptor that listed the directory, closed by now
             child = subprocess.run("ls /proc/$$/fd; true", shell=True, capture_output=True, text=True).stdout.split()
             print(json.dumps({"fds": fds, "child": child}))
-        """)})
-        protocol = {os.fstat(tools.worker._proc.stdin.fileno()).st_ino, os.fstat(tools.worker._proc.stdout.fileno()).st_ino}
+        """)
+            },
+        )
+        protocol = {
+            os.fstat(tools.worker._proc.stdin.fileno()).st_ino,
+            os.fstat(tools.worker._proc.stdout.fileno()).st_ino,
+        }
     finally:
         db.close()
         listener.close()
@@ -546,14 +625,17 @@ def test_code_run_by_the_daemon_reaches_none_of_its_files_or_sockets(daemon):
 
 # -- the daemon's secrets ----------------------------------------------------------------------------------
 
+
 def test_no_secret_of_the_daemons_environment_reaches_sandboxed_code(daemon):
     environ = Path(f"/proc/{daemon.proc.pid}/environ").read_bytes().decode("latin-1")
     assert SECRET in environ and TOKEN in environ  # the daemon really holds them
     task = run_task(daemon, "ISOLATION-ENV", check={"type": "python", "code": ENV_CHECK})
     assert task["status"] == "done", task
     workspace = daemon.data_dir / "workspaces" / task["id"]
-    dumps = {name: (workspace / name).read_text() for name in
-             ("env-run_python.json", "env-run_shell.txt", "env-checker.json")}
+    dumps = {
+        name: (workspace / name).read_text()
+        for name in ("env-run_python.json", "env-run_shell.txt", "env-checker.json")
+    }
     python_dump = json.loads(dumps["env-run_python.json"])
     assert set(python_dump["environ"]) <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD", "SHLVL", "_", "LC_CTYPE"}
     assert python_dump["proc"] and "PATH=" in dumps["env-run_shell.txt"]  # they did look
@@ -566,9 +648,15 @@ def test_no_secret_of_the_daemons_environment_reaches_sandboxed_code(daemon):
 
 
 def test_code_left_running_in_the_worker_cannot_rewrite_the_checks_files(daemon):
-    task = run_task(daemon, "ISOLATION-RACE", check={
-        "type": "command", "command": "python3 test_solution.py",
-        "files": {"test_solution.py": "raise SystemExit('the real test fails')\n"}})
+    task = run_task(
+        daemon,
+        "ISOLATION-RACE",
+        check={
+            "type": "command",
+            "command": "python3 test_solution.py",
+            "files": {"test_solution.py": "raise SystemExit('the real test fails')\n"},
+        },
+    )
     assert task["status"] == "failed", task["status"]
 
 
@@ -596,17 +684,20 @@ except OSError as exc:
 print(json.dumps({"connected": True, "reply": reply.decode("latin-1"), "error": error}))
 """
 _SUBMIT = json.dumps({"prompt": "submitted by another uid"})
-SHUTDOWN_AND_SUBMIT = ("POST /v1/shutdown HTTP/1.1\r\nHost: evolver\r\nContent-Length: 0\r\n\r\n"
-                       "POST /v1/tasks HTTP/1.1\r\nHost: evolver\r\nContent-Type: application/json\r\n"
-                       f"Content-Length: {len(_SUBMIT)}\r\n\r\n{_SUBMIT}")
+SHUTDOWN_AND_SUBMIT = (
+    "POST /v1/shutdown HTTP/1.1\r\nHost: evolver\r\nContent-Length: 0\r\n\r\n"
+    "POST /v1/tasks HTTP/1.1\r\nHost: evolver\r\nContent-Type: application/json\r\n"
+    f"Content-Length: {len(_SUBMIT)}\r\n\r\n{_SUBMIT}"
+)
 
 
 @functools.cache
 def nobody_python() -> str | None:
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", sys.executable):
         try:
-            ran = subprocess.run([candidate, "-I", "-c", "pass"], user=NOBODY, group=NOBODY, cwd="/",
-                                 capture_output=True, timeout=60)
+            ran = subprocess.run(
+                [candidate, "-I", "-c", "pass"], user=NOBODY, group=NOBODY, cwd="/", capture_output=True, timeout=60
+            )
         except OSError:
             continue
         if ran.returncode == 0:
@@ -618,8 +709,16 @@ def connect_as_nobody(path: Path, payload: str) -> dict:
     python = nobody_python()
     if python is None:
         pytest.skip(f"no Python here that uid {NOBODY} may run")
-    ran = subprocess.run([python, "-I", "-c", PEER_PROBE, str(path), payload], user=NOBODY, group=NOBODY,
-                         extra_groups=[], cwd="/", capture_output=True, text=True, timeout=120)
+    ran = subprocess.run(
+        [python, "-I", "-c", PEER_PROBE, str(path), payload],
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode == 0, ran.stderr
     return last_json(ran.stdout)
 
@@ -654,8 +753,9 @@ def test_each_file_mode_alone_keeps_another_uid_out(daemon):
 @needs_root
 def test_the_peer_check_closes_even_a_pipelined_shutdown_before_a_byte(daemon):
     before = task_count(daemon)
-    seen = with_modes(daemon.socket_path, 0o755, 0o666,
-                      lambda: connect_as_nobody(daemon.socket_path, SHUTDOWN_AND_SUBMIT))
+    seen = with_modes(
+        daemon.socket_path, 0o755, 0o666, lambda: connect_as_nobody(daemon.socket_path, SHUTDOWN_AND_SUBMIT)
+    )
     assert seen["connected"] is True and seen["reply"] == "", seen
     assert seen["error"] in (None, "ConnectionResetError", "BrokenPipeError"), seen
     assert f"refused a connection from uid {NOBODY}" in daemon.log(400)
@@ -673,7 +773,7 @@ def listeners(pid: int) -> dict[str, set[str]]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     found: dict[str, set[str]] = {"tcp": set(), "udp": set(), "unix": set()}
     for table in ("tcp", "tcp6", "udp", "udp6"):
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
@@ -690,8 +790,11 @@ def listeners(pid: int) -> dict[str, set[str]]:
 def test_no_tcp_udp_or_abstract_socket_listens_by_default(daemon):
     # The reader works: it sees this process's own listeners of each kind.
     abstract = "evolver-iso-" + secrets.token_hex(6)
-    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, \
-            socket.socket(socket.AF_UNIX) as unix:
+    with (
+        socket.socket() as tcp,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+        socket.socket(socket.AF_UNIX) as unix,
+    ):
         tcp.bind(("127.0.0.1", 0))
         tcp.listen()
         udp.bind(("127.0.0.1", 0))

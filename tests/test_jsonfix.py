@@ -14,11 +14,15 @@ from evolver.llm.jsonfix import loads
 # Shaped as the real Qwen2.5-Coder-0.5B-Instruct wrote them through evolver (learning-curve run, 2026-12-05):
 # 83 of its first 101 replies on HumanEval problems carried Python's triple quotes and all 83 were refused as
 # invalid JSON, so each task spent its steps repeating one refused call; with this repair 65 of them are read.
-DOCSTRING_IN_STRING = ('```json\n{"tool": "run_python", "arguments": {"code": "def add(a, b):\\n    """Add two numbers.'
-                       '"""\\n    return a + b\\nprint(add(2, 3))"}}\n```')
-VALUE_AS_TRIPLE_STRING = ('```json\n{"tool": "run_python", "arguments": {"code": """\ndef specialFilter(nums):\n'
-                          '    """Count the numbers over 10.\n    specialFilter([15, -73, 14, -15]) => 1\n    """\n'
-                          '    return sum(1 for n in nums if n > 10)\n}}\n```')
+DOCSTRING_IN_STRING = (
+    '```json\n{"tool": "run_python", "arguments": {"code": "def add(a, b):\\n    """Add two numbers.'
+    '"""\\n    return a + b\\nprint(add(2, 3))"}}\n```'
+)
+VALUE_AS_TRIPLE_STRING = (
+    '```json\n{"tool": "run_python", "arguments": {"code": """\ndef specialFilter(nums):\n'
+    '    """Count the numbers over 10.\n    specialFilter([15, -73, 14, -15]) => 1\n    """\n'
+    "    return sum(1 for n in nums if n > 10)\n}}\n```"
+)
 
 
 def test_a_docstring_inside_a_json_string_is_escaped():
@@ -40,10 +44,13 @@ def test_a_triple_quoted_value_with_its_own_closing_quotes():
     assert repaired and data["arguments"]["code"] == "print(1)\nprint(2)"
 
 
-@pytest.mark.parametrize("text", [
-    '{"code": """print(1)""", "more": 1',  # the triple-quoted value is not the last one: where it ends is a guess
-    '{"a": "x" "y"}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"code": """print(1)""", "more": 1',  # the triple-quoted value is not the last one: where it ends is a guess
+        '{"a": "x" "y"}',
+    ],
+)
 def test_what_would_be_a_guess_stays_an_error(text):
     with pytest.raises(json.JSONDecodeError):
         loads(text)
@@ -59,6 +66,7 @@ def test_a_refusal_shows_the_text_around_the_fault_not_only_the_start():
         jsonfix.loads(text)
     reason = jsonfix.not_json("the proposer's answer", text, refused.value)
     assert refused.value.pos > 400
-    assert reason.startswith(f"the proposer's answer is not JSON (Expecting ',' delimiter at character "
-                             f"{refused.value.pos})")
+    assert reason.startswith(
+        f"the proposer's answer is not JSON (Expecting ',' delimiter at character {refused.value.pos})"
+    )
     assert 'say "hi" then' in reason  # the fault, which the start alone would not show

@@ -20,8 +20,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning_curve.py"), "--quick", "--aa",
-                          "--out", str(out)], check=False, cwd=str(REPO), capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "learning_curve.py"), "--quick", "--aa", "--out", str(out)],
+        check=False,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)
     assert json.loads((out / "learning_curve.json").read_text()) == report
@@ -94,14 +100,36 @@ def test_the_agents_draft_is_asked_and_read_exactly_as_the_model_alone_is():
 
 def _part(shard: str, direct: dict, seed: dict) -> dict:
     work = {t: {"attempts": 1, "turns": 2, "tokens": 10, "wall_s": 1.0, "ended": "finished"} for t in seed}
-    row = {"generation": 0, "per_task": seed, "failures": {}, "tokens": 10, "model_calls": 2, "wall_s": 3.0,
-           "learned": {}, "measurement": {"wall_s": 3.0, "model_calls": 2, "tokens_in": 5, "tokens_out": 5,
-                                          "work": work}}
-    return {"machine": {}, "model": {}, "selection_note": "", "finished": True, "wall_s": 5.0,
-            "settings": {"seed": 0, "held_out": 4, "shard": shard}, "tasks": {"held_out": list(seed)},
-            "direct": {"per_task": direct, "failures": {}, "tokens_in": 1, "tokens_out": 2, "model_calls": 2,
-                       "wall_s": 2.0, "prompt": "p", "temperature": 0.0},
-            "generations": [row]}
+    row = {
+        "generation": 0,
+        "per_task": seed,
+        "failures": {},
+        "tokens": 10,
+        "model_calls": 2,
+        "wall_s": 3.0,
+        "learned": {},
+        "measurement": {"wall_s": 3.0, "model_calls": 2, "tokens_in": 5, "tokens_out": 5, "work": work},
+    }
+    return {
+        "machine": {},
+        "model": {},
+        "selection_note": "",
+        "finished": True,
+        "wall_s": 5.0,
+        "settings": {"seed": 0, "held_out": 4, "shard": shard},
+        "tasks": {"held_out": list(seed)},
+        "direct": {
+            "per_task": direct,
+            "failures": {},
+            "tokens_in": 1,
+            "tokens_out": 2,
+            "model_calls": 2,
+            "wall_s": 2.0,
+            "prompt": "p",
+            "temperature": 0.0,
+        },
+        "generations": [row],
+    }
 
 
 def test_the_parts_of_a_sharded_run_merge_into_one_paired_report():

@@ -50,10 +50,12 @@ def daemon():
     root = make_root()
     model = "scripted/" + str((root / "load_script.json").absolute())
     (root / "load_script.json").write_text(
-        json.dumps({"rules": load.load_rules(LONG_STEPS, STEP_SLEEP_S)}), encoding="utf-8")
+        json.dumps({"rules": load.load_rules(LONG_STEPS, STEP_SLEEP_S)}), encoding="utf-8"
+    )
     scaffold = load.write_long_scaffold(root / "scaffold.json", LONG_STEPS + 10)
-    proc = DaemonProcess(root, model=model, settings={
-        "EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_AGENT_SEED_SCAFFOLD": str(scaffold)})
+    proc = DaemonProcess(
+        root, model=model, settings={"EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_AGENT_SEED_SCAFFOLD": str(scaffold)}
+    )
     with serving(proc):
         yield proc
 
@@ -77,14 +79,16 @@ def test_500_submits_from_five_processes_are_each_kept_once_while_a_long_stream_
     wait_for(lambda: reader.events or reader.error, timeout_s=120, what="the long task's first step event")
 
     # Warm-up: the same path at the same concurrency once, so one-time allocations are not counted as growth.
-    warm = load.run_submitters(daemon.socket_path, run="warm", processes=1, count=2 * CONNECTIONS,
-                               connections=CONNECTIONS)
+    warm = load.run_submitters(
+        daemon.socket_path, run="warm", processes=1, count=2 * CONNECTIONS, connections=CONNECTIONS
+    )
     assert all(r[1] == 201 for r in warm["results"]), [r for r in warm["results"] if r[1] != 201][:5]
     list_tasks(http)
     rss_before = load.rss_mb(pid)
 
-    burst = load.run_submitters(daemon.socket_path, run="load", processes=PROCESSES, count=SUBMITS,
-                                connections=CONNECTIONS)
+    burst = load.run_submitters(
+        daemon.socket_path, run="load", processes=PROCESSES, count=SUBMITS, connections=CONNECTIONS
+    )
     results = burst["results"]
 
     # Every submit acknowledged, each with its own task.
@@ -98,7 +102,9 @@ def test_500_submits_from_five_processes_are_each_kept_once_while_a_long_stream_
     ids = [t["id"] for t in listed]
     markers = [(t.get("metadata") or {}).get("marker") for t in listed]
     assert len(ids) == len(set(ids)), "the listing shows a task twice"
-    assert not set(acked.values()) - set(ids), f"acknowledged but not listed: {sorted(set(acked.values()) - set(ids))[:5]}"
+    assert not set(acked.values()) - set(ids), (
+        f"acknowledged but not listed: {sorted(set(acked.values()) - set(ids))[:5]}"
+    )
     for marker in acked:
         assert markers.count(marker) == 1, f"the task of submit {marker} is listed {markers.count(marker)} times"
     warm_ids = {r[2] for r in warm["results"]}
@@ -135,12 +141,15 @@ def test_500_submits_from_five_processes_are_each_kept_once_while_a_long_stream_
     rss_after = load.rss_mb(pid)
     assert rss_after - rss_before < RSS_GROWTH_BOUND_MB, (
         f"the daemon's RSS grew {rss_after - rss_before:.0f} MB over {SUBMITS} submits "
-        f"({rss_before:.0f} -> {rss_after:.0f} MB)")
+        f"({rss_before:.0f} -> {rss_after:.0f} MB)"
+    )
 
     ack_ms = [r[3] for r in results]
     with capsys.disabled():
-        print(f"\n[load] {SUBMITS} submits from {PROCESSES} processes x {CONNECTIONS} connections in "
-              f"{burst['seconds']:.2f} s ({SUBMITS / burst['seconds']:.0f}/s): ack p50 {load.pct(ack_ms, 0.5):.1f} ms, "
-              f"p99 {load.pct(ack_ms, 0.99):.1f} ms; stream {stream['steps']} steps, "
-              f"{sum(burst['go'] <= t <= burst['done'] for t in reader.received)} during the burst; "
-              f"RSS {rss_before:.0f} -> {rss_after:.0f} MB")
+        print(
+            f"\n[load] {SUBMITS} submits from {PROCESSES} processes x {CONNECTIONS} connections in "
+            f"{burst['seconds']:.2f} s ({SUBMITS / burst['seconds']:.0f}/s): ack p50 {load.pct(ack_ms, 0.5):.1f} ms, "
+            f"p99 {load.pct(ack_ms, 0.99):.1f} ms; stream {stream['steps']} steps, "
+            f"{sum(burst['go'] <= t <= burst['done'] for t in reader.received)} during the burst; "
+            f"RSS {rss_before:.0f} -> {rss_after:.0f} MB"
+        )

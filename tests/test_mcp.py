@@ -39,12 +39,15 @@ FIXED = {"memory_search", "insights", "submit_task", "task_status"}
 @pytest.fixture(scope="module")
 def daemon():
     root = make_root()
-    proc = DaemonProcess(root, model=write_script(root, "script", demo_rules()),
-                         settings={"EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0"})
+    proc = DaemonProcess(
+        root, model=write_script(root, "script", demo_rules()), settings={"EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0"}
+    )
     with serving(proc), proc.client() as http:
         for prompt, expected in (("What is 17.5% of 2,340?", "409.5"), ("What is 12.5% of 80?", "10")):
-            task = http.post("/v1/tasks", json={"prompt": prompt, "check": {"type": "answer", "expected": expected,
-                                                                              "match": "numeric"}}).json()
+            task = http.post(
+                "/v1/tasks",
+                json={"prompt": prompt, "check": {"type": "answer", "expected": expected, "match": "numeric"}},
+            ).json()
             proc.wait_task(http, task["id"], ("done",))
         rounds = http.post("/v1/evolve", json={"job": "synthesize"}).json()["rounds"]
         assert [r["status"] for r in finished_rounds(rounds, lambda p: http.get(p).json())] == ["done"]
@@ -66,11 +69,20 @@ async def _session(client: Client) -> dict:
         unknown = await client.call_tool("learned_nothing", {})
         search = await client.call_tool("memory_search", {"text": "percent of a number", "k": 3})
         insights = await client.call_tool("insights", {})
-        submitted = await client.call_tool("submit_task", {"prompt": "What is 6 * 7?", "expected_answer": "42",
-                                                           "wait_s": 60})
+        submitted = await client.call_tool(
+            "submit_task", {"prompt": "What is 6 * 7?", "expected_answer": "42", "wait_s": 60}
+        )
         status = await client.call_tool("task_status", {"task_id": json.loads(_text(submitted))["task_id"]})
-    return {"tools": tools, "learned": learned, "bad_args": bad_args, "unknown": unknown, "search": search,
-            "insights": insights, "submitted": submitted, "status": status}
+    return {
+        "tools": tools,
+        "learned": learned,
+        "bad_args": bad_args,
+        "unknown": unknown,
+        "search": search,
+        "insights": insights,
+        "submitted": submitted,
+        "status": status,
+    }
 
 
 def _check(seen: dict) -> None:
@@ -90,8 +102,7 @@ def _check(seen: dict) -> None:
 
 
 def test_mcp_serve_over_stdio_with_the_sdk_client(daemon):
-    seen = asyncio.run(_session(Client(StdioServerParameters(command=EVOLVER, args=["mcp", "serve"],
-                                                             env=daemon.env))))
+    seen = asyncio.run(_session(Client(StdioServerParameters(command=EVOLVER, args=["mcp", "serve"], env=daemon.env))))
     _check(seen)
     with daemon.client() as http:  # the learned tool ran in the daemon (outside any task), not in the host
         tool = [t for t in http.get("/v1/tools").json()["synthesized"] if t["name"] == "percent_of"][0]
@@ -99,8 +110,9 @@ def test_mcp_serve_over_stdio_with_the_sdk_client(daemon):
 
 
 def test_mcp_serve_over_http_needs_its_token_and_its_host(daemon):
-    proc = subprocess.Popen([EVOLVER, "mcp", "serve", "--http"], env=daemon.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [EVOLVER, "mcp", "serve", "--http"], env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         url = proc.stdout.readline().strip()
         token = proc.stdout.readline().strip().removeprefix("token: ")
@@ -108,9 +120,16 @@ def test_mcp_serve_over_http_needs_its_token_and_its_host(daemon):
         hello = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         assert httpx.post(url, json=hello).status_code == 401
         assert httpx.post(url, json=hello, headers={"authorization": "Bearer wrong"}).status_code == 401
-        rebound = httpx.post(url, json=hello, headers={"authorization": f"Bearer {token}",
-                                                       "host": "evil.example", "content-type": "application/json",
-                                                       "accept": "application/json, text/event-stream"})
+        rebound = httpx.post(
+            url,
+            json=hello,
+            headers={
+                "authorization": f"Bearer {token}",
+                "host": "evil.example",
+                "content-type": "application/json",
+                "accept": "application/json, text/event-stream",
+            },
+        )
         assert rebound.status_code in (403, 421), rebound.text
 
         async def over_http() -> dict:
@@ -157,11 +176,21 @@ def test_the_manuals_http_recipe_runs_as_written_and_the_sdk_client_reaches_it_w
     (root / "home").mkdir()
     (root / "run").mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVOLVER_", "XDG_"))}
-    env.update(HOME=str(root / "home"), XDG_RUNTIME_DIR=str(root / "run"), COLUMNS="200",
-               PATH=f"{Path(EVOLVER).parent}{os.pathsep}{env['PATH']}",
-               EVOLVER_EVOLUTION_ENABLED="false")  # no background jobs: this test is about reaching the server
-    shell = subprocess.Popen(["bash", "-e", "-c", recipe], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
+    env.update(
+        HOME=str(root / "home"),
+        XDG_RUNTIME_DIR=str(root / "run"),
+        COLUMNS="200",
+        PATH=f"{Path(EVOLVER).parent}{os.pathsep}{env['PATH']}",
+        EVOLVER_EVOLUTION_ENABLED="false",
+    )  # no background jobs: this test is about reaching the server
+    shell = subprocess.Popen(
+        ["bash", "-e", "-c", recipe],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         url = _first_line_matching(shell.stdout, r"http://127\.0\.0\.1:\d+/mcp", timeout_s=180)
         token_file = root / "home" / ".config" / "evolver" / "mcp-token"
@@ -201,14 +230,26 @@ def test_over_http_each_checked_header_comes_once_and_an_origin_must_be_its_own_
     ours = f"127.0.0.1:{port}"
     http = TestClient(_guarded(Manager(), "s3cret", Loopback(port)), base_url=f"http://{ours}")
     assert http.post("/mcp", headers={"authorization": bearer}).text == "reached"
-    for name, values in (("host", [ours, "evil.example"]), ("origin", [f"http://{ours}", f"http://{ours}"]),
-                         ("authorization", ["Bearer wrong", bearer]), ("authorization", [bearer, "Bearer wrong"])):
-        reply = http.post("/mcp", headers=[*([("authorization", bearer)] if name != "authorization" else []),
-                                           *[(name, v) for v in values]])
-        assert reply.status_code == 400 and reply.text == f"the request has two {name.title()} headers; one is " \
-                                                          "allowed", (name, values)
-    for origin in (f"https://{ours}", f"http://{ours}:1", f"http://127.0.0.1:{port + 1}", "http://evil.example",
-                   "null"):
+    for name, values in (
+        ("host", [ours, "evil.example"]),
+        ("origin", [f"http://{ours}", f"http://{ours}"]),
+        ("authorization", ["Bearer wrong", bearer]),
+        ("authorization", [bearer, "Bearer wrong"]),
+    ):
+        reply = http.post(
+            "/mcp",
+            headers=[*([("authorization", bearer)] if name != "authorization" else []), *[(name, v) for v in values]],
+        )
+        assert (
+            reply.status_code == 400 and reply.text == f"the request has two {name.title()} headers; one is allowed"
+        ), (name, values)
+    for origin in (
+        f"https://{ours}",
+        f"http://{ours}:1",
+        f"http://127.0.0.1:{port + 1}",
+        "http://evil.example",
+        "null",
+    ):
         reply = http.post("/mcp", headers={"authorization": bearer, "origin": origin})
         assert reply.status_code == 403 and "another origin" in reply.text, origin
     assert http.post("/mcp", headers={"authorization": bearer, "origin": f"http://localhost:{port}"}).text == "reached"
@@ -219,12 +260,14 @@ def test_a_missing_argument_of_a_tool_is_named_as_missing(tmp_path):
     # In-process, over no daemon: the arguments are checked against the tool's schema before it is asked.
     from evolver.mcp.serve import build_server
 
-    asked = [("memory_search", {}, "bad arguments: missing required argument 'text'"),
-             ("submit_task", {"wait_s": 1}, "bad arguments: missing required argument 'prompt'"),
-             ("task_status", {}, "bad arguments: missing required argument 'task_id'"),
-             ("insights", {"limit": 5, "colour": "red"}, "bad arguments: unknown argument 'colour' (known: limit)"),
-             ("memory_search", {"text": "percent", "k": "3"}, "bad arguments: argument 'k' must be integer, not str"),
-             ("task_status", {"task_id": "task_x"}, "the evolver daemon is not answering")]  # its arguments pass
+    asked = [
+        ("memory_search", {}, "bad arguments: missing required argument 'text'"),
+        ("submit_task", {"wait_s": 1}, "bad arguments: missing required argument 'prompt'"),
+        ("task_status", {}, "bad arguments: missing required argument 'task_id'"),
+        ("insights", {"limit": 5, "colour": "red"}, "bad arguments: unknown argument 'colour' (known: limit)"),
+        ("memory_search", {"text": "percent", "k": "3"}, "bad arguments: argument 'k' must be integer, not str"),
+        ("task_status", {"task_id": "task_x"}, "the evolver daemon is not answering"),
+    ]  # its arguments pass
 
     async def calls() -> list:
         async with Client(build_server(tmp_path / "no-daemon.sock")) as client:

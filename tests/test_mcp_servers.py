@@ -49,8 +49,13 @@ SERVER = textwrap.dedent('''
 ''')
 
 RULES = [
-    {"match": r"capital of (?P<c>\w+)", "on": "task", "role": "user", "tool": "capitals__lookup",
-     "arguments": {"country": r"\g<c>"}},
+    {
+        "match": r"capital of (?P<c>\w+)",
+        "on": "task",
+        "role": "user",
+        "tool": "capitals__lookup",
+        "arguments": {"country": r"\g<c>"},
+    },
     {"match": r"^(?P<city>[A-Z]\w+)$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<city>"}},
     {"match": "", "role": "tool", "tool": "finish", "arguments": {"answer": "unknown"}},
 ]
@@ -65,16 +70,22 @@ def server_file(tmp_path):
 
 def _servers(server_file, *extra: str) -> str:
     """EVOLVER_MCP_SERVERS: the capitals server, and more servers as inline TOML tables."""
-    tables = [f'{{name = "capitals", command = [{json.dumps(sys.executable)}, {json.dumps(str(server_file))}]}}',
-              *extra]
+    tables = [
+        f'{{name = "capitals", command = [{json.dumps(sys.executable)}, {json.dumps(str(server_file))}]}}',
+        *extra,
+    ]
     return "[" + ", ".join(tables) + "]"
 
 
 @pytest.fixture
 def engine(server_file, open_store, sandbox, tmp_path):
     scripted.register_script("mcp-capitals", {"rules": RULES})
-    config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/mcp-capitals", "EVOLVER_MCP_SERVERS": _servers(
-        server_file, '{name = "gone", command = ["/nonexistent/mcp-server"]}')})
+    config = load_config(
+        env={
+            "EVOLVER_MODEL_NAME": "scripted/mcp-capitals",
+            "EVOLVER_MCP_SERVERS": _servers(server_file, '{name = "gone", command = ["/nonexistent/mcp-server"]}'),
+        }
+    )
     e = Engine.open(config, data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox)
     ensure_root(e.store, e.seed_scaffold())
     yield e
@@ -94,8 +105,11 @@ def test_a_task_calls_a_tool_of_the_users_mcp_server_through_the_agent_loop(engi
     assert call.tool_calls[0]["name"] == "capitals__lookup"
     assert call.tool_calls[0]["arguments"] == {"country": "France"}
     answered = next(s for s in steps if s.role == "tool")
-    assert answered.content == "Paris" and answered.tool_results[0] == {"id": answered.tool_results[0]["id"],
-                                                                       "name": "capitals__lookup", "ok": True}
+    assert answered.content == "Paris" and answered.tool_results[0] == {
+        "id": answered.tool_results[0]["id"],
+        "name": "capitals__lookup",
+        "ok": True,
+    }
     trajectory = engine.store.trajectories_of(task.id)[0]
     assert "capitals__lookup" in engine.store.exposures_of(trajectory.id)["tool"]
 
@@ -129,14 +143,20 @@ def test_no_scaffold_can_name_a_server():
         load_scaffold(data)
 
 
-@pytest.mark.parametrize("servers, problem", [
-    ('[{name = "a"}]', "give either command or url"),
-    ('[{name = "a", command = ["x"], url = "http://h"}]', "give either command or url"),
-    ('[{name = "a", url = "file:///etc/passwd"}]', "url must start with http"),
-    ('[{name = "Bad Name", command = ["x"]}]', "[mcp] servers[0].name = 'Bad Name' is refused: String should match"),
-    ('[{name = "a", command = ["x"], shell = true}]', "[mcp] servers[0].shell = True is refused: Extra inputs"),
-    ('[{name = "a", command = ["x"]}, {name = "a", command = ["y"]}]', "two servers share a name"),
-])
+@pytest.mark.parametrize(
+    "servers, problem",
+    [
+        ('[{name = "a"}]', "give either command or url"),
+        ('[{name = "a", command = ["x"], url = "http://h"}]', "give either command or url"),
+        ('[{name = "a", url = "file:///etc/passwd"}]', "url must start with http"),
+        (
+            '[{name = "Bad Name", command = ["x"]}]',
+            "[mcp] servers[0].name = 'Bad Name' is refused: String should match",
+        ),
+        ('[{name = "a", command = ["x"], shell = true}]', "[mcp] servers[0].shell = True is refused: Extra inputs"),
+        ('[{name = "a", command = ["x"]}, {name = "a", command = ["y"]}]', "two servers share a name"),
+    ],
+)
 def test_bad_server_settings_are_refused_by_name(servers, problem):
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_config(env={"EVOLVER_MCP_SERVERS": servers})
@@ -144,8 +164,9 @@ def test_bad_server_settings_are_refused_by_name(servers, problem):
 
 def test_the_daemon_lists_its_mcp_tools_with_their_usage(server_file):
     root = make_root()
-    proc = DaemonProcess(root, model=write_script(root, "script", RULES),
-                         settings={"EVOLVER_MCP_SERVERS": _servers(server_file)})
+    proc = DaemonProcess(
+        root, model=write_script(root, "script", RULES), settings={"EVOLVER_MCP_SERVERS": _servers(server_file)}
+    )
     with serving(proc), proc.client() as http:
         task = http.post("/v1/tasks", json={"prompt": "What is the capital of Peru?"}).json()
         assert proc.wait_task(http, task["id"], ("done", "failed"))["status"] == "done"

@@ -15,8 +15,10 @@ from evolver.llm import scripted
 from evolver.meta.jobs import builtin_jobs
 from tests.test_cli import run
 
-TASK_RULES = [{"match": r"Say the word (\w+)", "on": "task", "tool": "finish", "arguments": {"answer": r"\1"}},
-              {"match": "", "reply": "a task model cannot distill"}]
+TASK_RULES = [
+    {"match": r"Say the word (\w+)", "on": "task", "tool": "finish", "arguments": {"answer": r"\1"}},
+    {"match": "", "reply": "a task model cannot distill"},
+]
 DISTILLED = "Answer with the asked word alone."
 META_RULES = [{"match": "", "reply": json.dumps({"operations": [{"op": "ADD", "text": DISTILLED}]})}]
 
@@ -25,8 +27,13 @@ META_RULES = [{"match": "", "reply": json.dumps({"operations": [{"op": "ADD", "t
 def engine(open_store, sandbox, tmp_path):
     scripted.register_script("task-side", {"rules": TASK_RULES})
     scripted.register_script("meta-side", {"rules": META_RULES})
-    config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/task-side", "EVOLVER_META_NAME": "scripted/meta-side",
-                              "EVOLVER_EVOLUTION_DISTILL_AFTER": "1"})
+    config = load_config(
+        env={
+            "EVOLVER_MODEL_NAME": "scripted/task-side",
+            "EVOLVER_META_NAME": "scripted/meta-side",
+            "EVOLVER_EVOLUTION_DISTILL_AFTER": "1",
+        }
+    )
     e = Engine.open(config, data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox)
     yield e
     e.close()
@@ -39,8 +46,9 @@ def _ledger(store) -> list[tuple[str, str]]:
 def test_a_task_step_goes_to_the_task_model_and_a_distill_answer_to_the_meta_model_each_on_its_own_line(engine):
     store = engine.store
     scaffold = default_scaffold()
-    scaffold = scaffold.model_copy(update={"parameters": scaffold.parameters.model_copy(
-        update={"reflect_retry": False, "max_attempts": 1})})
+    scaffold = scaffold.model_copy(
+        update={"parameters": scaffold.parameters.model_copy(update={"reflect_retry": False, "max_attempts": 1})}
+    )
     task, _ = store.add_task("Say the word blue.", check={"type": "answer", "expected": "blue"})
     assert engine.agent(scaffold).run_task(task).success is True
     (distill,) = [j for j in builtin_jobs(engine.config) if j.name == "distill"]
@@ -60,13 +68,25 @@ def test_without_a_meta_model_the_task_model_is_the_meta_agents(open_store, sand
 
 
 def test_the_meta_model_takes_its_own_server_key_and_timeout_and_the_rest_of_model():
-    config = load_config(env={"EVOLVER_MODEL_NAME": "openai/small", "EVOLVER_MODEL_API_BASE": "http://127.0.0.1:8080/v1",
-                              "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true", "EVOLVER_MODEL_FALLBACKS": '["openai/x"]',
-                              "EVOLVER_META_NAME": "openai/large", "EVOLVER_META_API_BASE": "http://127.0.0.1:8081/v1",
-                              "EVOLVER_META_API_KEY_ENV": "META_KEY", "META_KEY": "sk-not-a-setting"})
+    config = load_config(
+        env={
+            "EVOLVER_MODEL_NAME": "openai/small",
+            "EVOLVER_MODEL_API_BASE": "http://127.0.0.1:8080/v1",
+            "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+            "EVOLVER_MODEL_FALLBACKS": '["openai/x"]',
+            "EVOLVER_META_NAME": "openai/large",
+            "EVOLVER_META_API_BASE": "http://127.0.0.1:8081/v1",
+            "EVOLVER_META_API_KEY_ENV": "META_KEY",
+            "META_KEY": "sk-not-a-setting",
+        }
+    )
     meta = config.meta.settings(config.model)
     assert (meta.name, meta.api_base, meta.api_key_env, meta.timeout_s) == (
-        "openai/large", "http://127.0.0.1:8081/v1", "META_KEY", 300.0)
+        "openai/large",
+        "http://127.0.0.1:8081/v1",
+        "META_KEY",
+        300.0,
+    )
     assert meta.structured_output is True and meta.fallbacks == []  # [model]'s own settings, its fallbacks not
     assert config.model.name == "openai/small"
 
@@ -80,12 +100,16 @@ def test_a_misspelt_meta_key_is_refused_naming_it(tmp_path):
 
 def test_config_check_names_a_missing_meta_key_without_printing_any_key(tmp_path):
     config = tmp_path / "config.toml"
-    config.write_text('[model]\nname = "scripted/demo"\n[meta]\nname = "openai/gpt-4o-mini"\n'
-                      'api_key_env = "EVOLVER_TEST_META_KEY"\n', encoding="utf-8")
+    config.write_text(
+        '[model]\nname = "scripted/demo"\n[meta]\nname = "openai/gpt-4o-mini"\napi_key_env = "EVOLVER_TEST_META_KEY"\n',
+        encoding="utf-8",
+    )
     missing = run("--config", str(config), "config", "check")
     assert missing.returncode == 2
-    assert ("[meta] openai/gpt-4o-mini: no API key: the environment variable EVOLVER_TEST_META_KEY "
-            "([meta] api_key_env) is not set") in missing.stderr
+    assert (
+        "[meta] openai/gpt-4o-mini: no API key: the environment variable EVOLVER_TEST_META_KEY "
+        "([meta] api_key_env) is not set"
+    ) in missing.stderr
     present = run("--config", str(config), "config", "check", env={"EVOLVER_TEST_META_KEY": "sk-secret-123"})
     assert present.returncode == 0, present.stderr
     shown = run("--config", str(config), "config", "show", env={"EVOLVER_TEST_META_KEY": "sk-secret-123"})
@@ -99,12 +123,19 @@ def test_the_daemons_status_shows_each_models_spend():
     root = make_root()
     task_model, meta = write_script(root, "task-side", TASK_RULES), write_script(root, "meta-side", META_RULES)
     # No task held out by chance (a held-out attempt is never distilled): the one below must be learned from.
-    daemon = DaemonProcess(root, model=task_model, settings={"EVOLVER_META_NAME": meta,
-                                                             "EVOLVER_EVOLUTION_ENABLED": "false",
-                                                             "EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0"})
+    daemon = DaemonProcess(
+        root,
+        model=task_model,
+        settings={
+            "EVOLVER_META_NAME": meta,
+            "EVOLVER_EVOLUTION_ENABLED": "false",
+            "EVOLVER_EVOLUTION_HELD_OUT_SHARE": "0",
+        },
+    )
     with serving(daemon), daemon.client() as http:
-        task = http.post("/v1/tasks", json={"prompt": "Say the word blue.",
-                                            "check": {"type": "answer", "expected": "blue"}}).json()
+        task = http.post(
+            "/v1/tasks", json={"prompt": "Say the word blue.", "check": {"type": "answer", "expected": "blue"}}
+        ).json()
         daemon.wait_task(http, task["id"], ("done",))
         (distilled,) = run_rounds(http, "distill")
         assert distilled["ok"] and distilled["summary"].startswith("1 operations"), distilled["summary"]

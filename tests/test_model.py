@@ -13,9 +13,16 @@ from evolver.config import BudgetSettings, ModelSettings
 from evolver.llm.client import ModelClient, ModelError, parse_text_tool_calls
 from evolver.llm.scripted import ScriptError
 
-TOOLS = [{"type": "function", "function": {
-    "name": "run_python", "description": "run code",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_python",
+            "description": "run code",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    }
+]
 
 
 @pytest.fixture
@@ -23,8 +30,12 @@ def client_for(store):
     sleeps: list[float] = []
 
     def make(model: str, budget: BudgetSettings | None = None, **settings) -> ModelClient:
-        client = ModelClient(ModelSettings(name=model, **settings), store=store,
-                             budget=BudgetGuard(budget or BudgetSettings(), store), sleep=sleeps.append)
+        client = ModelClient(
+            ModelSettings(name=model, **settings),
+            store=store,
+            budget=BudgetGuard(budget or BudgetSettings(), store),
+            sleep=sleeps.append,
+        )
         client.sleeps = sleeps
         return client
 
@@ -32,11 +43,17 @@ def client_for(store):
 
 
 def test_scripted_tool_calls_go_through_litellm_and_are_ledgered(client_for, store):
-    scripted.register_script("m-tools", {"rules": [
-        {"match": r"What is (\d+) \+ (\d+)", "tool": "run_python", "arguments": {"code": r"print(\1 + \2)"}},
-    ]})
-    reply = client_for("scripted/m-tools").complete([{"role": "user", "content": "What is 2 + 3?"}], tools=TOOLS,
-                                                    task_id=None, purpose="task")
+    scripted.register_script(
+        "m-tools",
+        {
+            "rules": [
+                {"match": r"What is (\d+) \+ (\d+)", "tool": "run_python", "arguments": {"code": r"print(\1 + \2)"}},
+            ]
+        },
+    )
+    reply = client_for("scripted/m-tools").complete(
+        [{"role": "user", "content": "What is 2 + 3?"}], tools=TOOLS, task_id=None, purpose="task"
+    )
     assert reply.finish_reason == "tool_calls"
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("run_python", {"code": "print(2 + 3)"})]
     assert reply.assistant_message["tool_calls"][0]["function"]["name"] == "run_python"
@@ -47,10 +64,15 @@ def test_scripted_tool_calls_go_through_litellm_and_are_ledgered(client_for, sto
 
 
 def test_transient_errors_are_retried_with_backoff(client_for):
-    scripted.register_script("m-flaky", {"rules": [
-        {"match": "", "error": "rate_limit", "times": 2},
-        {"match": "", "reply": "fine now"},
-    ]})
+    scripted.register_script(
+        "m-flaky",
+        {
+            "rules": [
+                {"match": "", "error": "rate_limit", "times": 2},
+                {"match": "", "reply": "fine now"},
+            ]
+        },
+    )
     client = client_for("scripted/m-flaky", max_retries=3)
     assert client.complete([{"role": "user", "content": "hi"}]).content == "fine now"
     assert client.sleeps == [0.5, 1.0]
@@ -73,9 +95,15 @@ def test_a_bad_request_is_not_retried_and_names_the_error(client_for):
 
 
 def test_models_without_native_tools_get_tools_in_text_and_their_json_parsed(client_for):
-    scripted.register_script("m-text", {"native_tools": False, "rules": [
-        {"match": "You can call these tools", "on": "all", "tool": "run_python", "arguments": {"code": "1"}},
-    ]})
+    scripted.register_script(
+        "m-text",
+        {
+            "native_tools": False,
+            "rules": [
+                {"match": "You can call these tools", "on": "all", "tool": "run_python", "arguments": {"code": "1"}},
+            ],
+        },
+    )
     reply = client_for("scripted/m-text").complete([{"role": "user", "content": "go"}], tools=TOOLS)
     assert reply.finish_reason == "stop" and "```json" in reply.content
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("run_python", {"code": "1"})]
@@ -89,8 +117,10 @@ def test_a_script_with_a_record_file_appends_each_conversation_it_is_sent(client
     client.complete([{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"}])
     client.complete([{"role": "user", "content": "two"}])
     sent = [json.loads(line)["messages"] for line in record.read_text().splitlines()]
-    assert sent == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"}],
-                    [{"role": "user", "content": "two"}]]
+    assert sent == [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one"}],
+        [{"role": "user", "content": "two"}],
+    ]
 
 
 def test_text_tool_call_parser_reports_bad_json_and_ignores_prose():
@@ -100,7 +130,8 @@ def test_text_tool_call_parser_reports_bad_json_and_ignores_prose():
     assert broken[0].error.startswith("invalid JSON")
     assert parse_text_tool_calls("The answer is 4.") == []
     assert parse_text_tool_calls('```json\n{"tool": "x", "arguments": [1]}\n```')[0].error.startswith(
-        "arguments must be a JSON object")
+        "arguments must be a JSON object"
+    )
 
 
 def test_malformed_native_arguments_become_a_call_error(client_for):
@@ -139,15 +170,18 @@ def test_dollar_caps_refuse_once_reached(client_for, store):
         client.complete([{"role": "user", "content": "hi"}])
 
 
-@pytest.mark.parametrize(("script", "message"), [
-    ({"rules": "x"}, 'a script is an object with a "rules" list'),
-    ({"rules": [{"match": "(", "reply": "x"}]}, "not a valid regex"),
-    ({"rules": [{"match": "", "reply": "x", "tool": "y"}]}, "exactly one of reply, tool, calls or error"),
-    ({"rules": [{"match": "", "error": "meteor"}]}, "unknown error kind"),
-    ({"rules": [{"match": "", "reply": "x", "colour": 1}]}, "rule 0"),
-    ({"rules": [], "extra": 1}, "unknown script keys"),
-    ({"rules": [], "record": 1}, "must be a file path"),
-])
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ({"rules": "x"}, 'a script is an object with a "rules" list'),
+        ({"rules": [{"match": "(", "reply": "x"}]}, "not a valid regex"),
+        ({"rules": [{"match": "", "reply": "x", "tool": "y"}]}, "exactly one of reply, tool, calls or error"),
+        ({"rules": [{"match": "", "error": "meteor"}]}, "unknown error kind"),
+        ({"rules": [{"match": "", "reply": "x", "colour": 1}]}, "rule 0"),
+        ({"rules": [], "extra": 1}, "unknown script keys"),
+        ({"rules": [], "record": 1}, "must be a file path"),
+    ],
+)
 def test_bad_scripts_are_refused_with_the_reason(script, message):
     with pytest.raises(ScriptError, match=message):
         scripted.register_script("m-broken", script)
@@ -178,11 +212,20 @@ class _FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append({"authorization": self.headers.get("Authorization"), "body": body})
                 import time
+
                 time.sleep(server.delay_s)
-                reply = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "qwen",
-                                    "choices": [{"index": 0, "finish_reason": "stop",
-                                                 "message": {"role": "assistant", "content": "hello"}}],
-                                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+                reply = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": "qwen",
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}
+                        ],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                    }
+                )
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -259,7 +302,8 @@ def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, mo
     server = local_server()
     # litellm knows nothing of a local alias, so "auto" would describe the tools in text.
     client_for("openai/qwen", api_base=server.url, tool_mode="native").complete(
-        [{"role": "user", "content": "go"}], tools=TOOLS)
+        [{"role": "user", "content": "go"}], tools=TOOLS
+    )
     assert server.requests[0]["body"]["tools"] == TOOLS
     record = tmp_path / "sent.jsonl"
     scripted.register_script("m-native", {"record": str(record), "rules": [{"match": "", "reply": "ok"}]})
@@ -267,29 +311,35 @@ def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, mo
     assert "You can call these tools" in json.loads(record.read_text())["messages"][0]["content"]
 
 
-def test_structured_output_constrains_text_tool_calls_in_the_spelling_the_server_takes(client_for, local_server,
-                                                                                       monkeypatch):
+def test_structured_output_constrains_text_tool_calls_in_the_spelling_the_server_takes(
+    client_for, local_server, monkeypatch
+):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     server = local_server()
     for spelling in ("json_schema", "json_object"):
-        client_for("openai/qwen", api_base=server.url, tool_mode="text", structured_output=True,
-                   schema_format=spelling).complete([{"role": "user", "content": "go"}], tools=TOOLS)
+        client_for(
+            "openai/qwen", api_base=server.url, tool_mode="text", structured_output=True, schema_format=spelling
+        ).complete([{"role": "user", "content": "go"}], tools=TOOLS)
     openai_style, llama_style = (r["body"]["response_format"] for r in server.requests[-2:])
     schema = openai_style["json_schema"]["schema"]
     assert [o["properties"]["tool"]["enum"] for o in schema["anyOf"]] == [[t["function"]["name"]] for t in TOOLS]
     assert llama_style == {"type": "json_object", "schema": schema}  # llama-cpp-python's server takes only this
     client_for("openai/qwen", api_base=server.url, tool_mode="text").complete(
-        [{"role": "user", "content": "go"}], tools=TOOLS)
+        [{"role": "user", "content": "go"}], tools=TOOLS
+    )
     assert "response_format" not in server.requests[-1]["body"]  # off unless asked: a server may refuse it
 
 
-@pytest.mark.parametrize("text", [
-    '```json\n{"tool": "finish", "arguments": {"answer": "4"},}\n```',  # a trailing comma
-    '```json\n{"tool": "finish", "arguments": {"answer": "4"}\n```',  # the final brace missing
-    '```json\n{"tool": "finish", "arguments": {"answer": "4"}}',  # the closing fence missing
-    "```\n{'tool': 'finish', 'arguments': {'answer': '4'}}\n```",  # single quotes, no double ones
-    'I will finish now. {"tool": "finish", "arguments": {"answer": "4"}} That is all.',  # text around it
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '```json\n{"tool": "finish", "arguments": {"answer": "4"},}\n```',  # a trailing comma
+        '```json\n{"tool": "finish", "arguments": {"answer": "4"}\n```',  # the final brace missing
+        '```json\n{"tool": "finish", "arguments": {"answer": "4"}}',  # the closing fence missing
+        "```\n{'tool': 'finish', 'arguments': {'answer': '4'}}\n```",  # single quotes, no double ones
+        'I will finish now. {"tool": "finish", "arguments": {"answer": "4"}} That is all.',  # text around it
+    ],
+)
 def test_slightly_malformed_tool_call_json_is_repaired(text):
     calls = parse_text_tool_calls(text)
     assert [(c.name, c.arguments, c.error) for c in calls] == [("finish", {"answer": "4"}, None)]

@@ -52,8 +52,9 @@ def test_store_embeds_indexes_and_searches_with_no_network(tmp_path):
         pytest.skip("`unshare -n` (a network namespace) is not available here, e.g. without root")
     # Even a shell that asks the libraries to go online must not make them try.
     env = {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "ANONYMIZED_TELEMETRY": "True"}
-    proc = run_python(IN_A_WORLD_WITHOUT_NETWORK, str(tmp_path / "data"), prefix=["unshare", "-n"], env=env,
-                      timeout=240)
+    proc = run_python(
+        IN_A_WORLD_WITHOUT_NETWORK, str(tmp_path / "data"), prefix=["unshare", "-n"], env=env, timeout=240
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = last_json(proc)
     assert result["reachable"] is False and result["resolved"] is False
@@ -67,14 +68,25 @@ def test_store_embeds_indexes_and_searches_with_no_network(tmp_path):
 def test_importing_memory_forces_offline_settings():
     """A stray ``HF_HUB_OFFLINE=0`` in a user's shell must not let a library go online."""
     code = "import json, os, memory; print(json.dumps({k: os.environ[k] for k in %r}))" % (list(FORCED),)
-    proc = run_python(code, env={"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "ANONYMIZED_TELEMETRY": "True",
-                                 "LITELLM_LOCAL_MODEL_COST_MAP": "False"})
+    proc = run_python(
+        code,
+        env={
+            "HF_HUB_OFFLINE": "0",
+            "TRANSFORMERS_OFFLINE": "0",
+            "ANONYMIZED_TELEMETRY": "True",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "False",
+        },
+    )
     assert proc.returncode == 0, proc.stderr
     assert last_json(proc) == FORCED
 
 
-FORCED = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ANONYMIZED_TELEMETRY": "False",
-          "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+FORCED = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "ANONYMIZED_TELEMETRY": "False",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+}
 
 
 def test_chroma_never_embeds_text_itself(store):

@@ -31,20 +31,33 @@ from tests.test_synthesize import (  # the same tools, written once
 )
 from tools import code_hash
 
-INSIGHTS = ["Check the answer's format against the task before calling finish.",
-            "For arithmetic on big numbers, compute it with run_python rather than in your head."]
+INSIGHTS = [
+    "Check the answer's format against the task before calling finish.",
+    "For arithmetic on big numbers, compute it with run_python rather than in your head.",
+]
 
 
 def _python_call(code: str, output: str, n: int) -> list[dict]:
-    return [{"role": "assistant", "content": "", "tool_calls": [
-                {"id": f"c{n}", "name": "run_python", "arguments": {"code": code}, "error": None}]},
-            {"role": "tool", "content": output, "tool_results": [{"id": f"c{n}", "name": "run_python", "ok": True}]}]
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": f"c{n}", "name": "run_python", "arguments": {"code": code}, "error": None}],
+        },
+        {"role": "tool", "content": output, "tool_results": [{"id": f"c{n}", "name": "run_python", "ok": True}]},
+    ]
 
 
 def _proposal() -> str:
-    return json.dumps({"name": "reverse_text", "code": REVERSE, "tests": REVERSE_TESTS,
-                       "replays": [{"call": 1, "arguments": {"text": "hello"}}, {"call": 2, "arguments": {"text": "abc"}}],
-                       "rationale": "reversing strings came up in several tasks"})
+    return json.dumps(
+        {
+            "name": "reverse_text",
+            "code": REVERSE,
+            "tests": REVERSE_TESTS,
+            "replays": [{"call": 1, "arguments": {"text": "hello"}}, {"call": 2, "arguments": {"text": "abc"}}],
+            "rationale": "reversing strings came up in several tasks",
+        }
+    )
 
 
 @pytest.fixture
@@ -59,6 +72,7 @@ def engine(open_store, sandbox, tmp_path):
         e = Engine.open(config, data_dir=data, store=open_store(data), sandbox=sandbox)
         opened.append(e)
         return e
+
     yield make
     for e in opened:
         e.close()
@@ -66,13 +80,35 @@ def engine(open_store, sandbox, tmp_path):
 
 def learned(e: Engine) -> list[str]:
     """What a store learned: a tool synthesized and quarantined from two tasks, and two distilled insights."""
-    ids = [*e.store.ingest([NewTrajectory(prompt="Reverse the word hello", final_answer="olleh", success=True,
-                                          steps=_python_call("word = 'hello'\nprint(word[::-1])", "olleh", 1))]),
-           *e.store.ingest([NewTrajectory(prompt="Reverse the word abc", final_answer="cba", success=True,
-                                          steps=_python_call("word = 'abc'\nprint(word[::-1])", "cba", 2))])]
+    ids = [
+        *e.store.ingest(
+            [
+                NewTrajectory(
+                    prompt="Reverse the word hello",
+                    final_answer="olleh",
+                    success=True,
+                    steps=_python_call("word = 'hello'\nprint(word[::-1])", "olleh", 1),
+                )
+            ]
+        ),
+        *e.store.ingest(
+            [
+                NewTrajectory(
+                    prompt="Reverse the word abc",
+                    final_answer="cba",
+                    success=True,
+                    steps=_python_call("word = 'abc'\nprint(word[::-1])", "cba", 2),
+                )
+            ]
+        ),
+    ]
     assert synthesize_round(e).startswith("registered reverse_text v1")
-    e.store.record_insight_changes("distill", "two insights", [
-        {"op": "ADD", "text": text, "importance": 2, "provenance": ids} for text in INSIGHTS], evidence=ids)
+    e.store.record_insight_changes(
+        "distill",
+        "two insights",
+        [{"op": "ADD", "text": text, "importance": 2, "provenance": ids} for text in INSIGHTS],
+        evidence=ids,
+    )
     return ids
 
 
@@ -104,12 +140,18 @@ def forge(data: bytes, edit=None, *, files: bool = True, manifest_hash: bool = T
     if edit is not None:
         edit(manifest, contents)
     if files:
-        manifest["files"] = {n: {"sha256": hashlib.sha256(b).hexdigest(), "bytes": len(b)}
-                             for n, b in sorted(contents.items())}
+        manifest["files"] = {
+            n: {"sha256": hashlib.sha256(b).hexdigest(), "bytes": len(b)} for n, b in sorted(contents.items())
+        }
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     digest = hashlib.sha256(body).hexdigest() if manifest_hash else members(data)[packfile.MANIFEST_HASH][:64].decode()
-    return packfile._tar([(packfile.MANIFEST, body), (packfile.MANIFEST_HASH, f"{digest}  manifest.json\n".encode()),
-                       *sorted(contents.items())])
+    return packfile._tar(
+        [
+            (packfile.MANIFEST, body),
+            (packfile.MANIFEST_HASH, f"{digest}  manifest.json\n".encode()),
+            *sorted(contents.items()),
+        ]
+    )
 
 
 def with_member(data: bytes, info: tarfile.TarInfo, content: bytes = b"") -> bytes:
@@ -135,16 +177,29 @@ def _failing_shout(manifest: dict, contents: dict) -> None:
     """Add a tool whose own tests fail (its hashes all in order: not tampering, a bad tool)."""
     tests = 'def test_shout():\n    assert shout("hi") == "HI?"\n'
     contents["tools/shout/code.py"], contents["tools/shout/tests.py"] = SHOUT.encode(), tests.encode()
-    manifest["tools"].append({"name": "shout", "version": 1, "description": "shout", "code": "tools/shout/code.py",
-                              "tests": "tools/shout/tests.py", "code_hash": code_hash(SHOUT, tests),
-                              "provenance": {}})
+    manifest["tools"].append(
+        {
+            "name": "shout",
+            "version": 1,
+            "description": "shout",
+            "code": "tools/shout/code.py",
+            "tests": "tools/shout/tests.py",
+            "code_hash": code_hash(SHOUT, tests),
+            "provenance": {},
+        }
+    )
 
 
 def _state(e: Engine) -> tuple:
     """Everything an import could change."""
     tools_dir = e.data_dir / "tools"
-    return (e.store.list_events(limit=1000), e.store.list_tools(status=None), e.store.list_insights(status=None),
-            e.store.list_nodes(), sorted(p.name for p in tools_dir.rglob("*")) if tools_dir.exists() else [])
+    return (
+        e.store.list_events(limit=1000),
+        e.store.list_tools(status=None),
+        e.store.list_insights(status=None),
+        e.store.list_nodes(),
+        sorted(p.name for p in tools_dir.rglob("*")) if tools_dir.exists() else [],
+    )
 
 
 # --- the round trip -------------------------------------------------------------------------------------------
@@ -154,11 +209,22 @@ def test_a_pack_round_trips_insights_and_tools_into_a_fresh_store_and_one_revert
     source = engine("source")
     evidence = learned(source)
     data, summary = packs.export_pack(source.store, model="scripted/packs")
-    assert (summary["insights"], summary["tools"], summary["node"], summary["left_out"]) == (2, ["reverse_text"], None, [])
+    assert (summary["insights"], summary["tools"], summary["node"], summary["left_out"]) == (
+        2,
+        ["reverse_text"],
+        None,
+        [],
+    )
     assert packs.export_pack(source.store, model="scripted/packs")[0] == data  # the same items, the same bytes
     # What a person can read before importing: files, and a manifest that names each by its hash.
-    assert list(members(data)) == ["manifest.json", "manifest.sha256", "insights/0001.txt", "insights/0002.txt",
-                                   "tools/reverse_text/code.py", "tools/reverse_text/tests.py"]
+    assert list(members(data)) == [
+        "manifest.json",
+        "manifest.sha256",
+        "insights/0001.txt",
+        "insights/0002.txt",
+        "tools/reverse_text/code.py",
+        "tools/reverse_text/tests.py",
+    ]
     manifest = json.loads(members(data)["manifest.json"])
     assert hashlib.sha256(members(data)["manifest.json"]).hexdigest().startswith(summary["id"])
     assert manifest["evolver"] == "0.1.0" and manifest["model"] == "scripted/packs"
@@ -228,9 +294,17 @@ def _terminal_escapes(manifest: dict, contents: dict) -> None:
     contents["insights/0001.txt"] = "Set the title\x1b]0;pwned\x07 before calling finish.".encode()
     code = SHOUT.replace("exclamation mark.", "exclamation mark.\x1b[2J")
     contents["tools/shout/code.py"], contents["tools/shout/tests.py"] = code.encode(), SHOUT_TESTS.encode()
-    manifest["tools"].append({"name": "shout", "version": 1, "description": "shout", "code": "tools/shout/code.py",
-                              "tests": "tools/shout/tests.py", "code_hash": code_hash(code, SHOUT_TESTS),
-                              "provenance": {}})
+    manifest["tools"].append(
+        {
+            "name": "shout",
+            "version": 1,
+            "description": "shout",
+            "code": "tools/shout/code.py",
+            "tests": "tools/shout/tests.py",
+            "code_hash": code_hash(code, SHOUT_TESTS),
+            "provenance": {},
+        }
+    )
 
 
 def test_an_insight_or_a_tool_with_a_control_character_is_refused_naming_where_and_the_rest_comes_in(engine, pack):
@@ -240,7 +314,8 @@ def test_an_insight_or_a_tool_with_a_control_character_is_refused_naming_where_a
     assert refused == {
         "insight": "insight 1: the text has a control character \\x1b at character 14; an insight is plain text",
         "tool": "a control character \\x1b at line 3, column 54 in its code; a tool's code, tests and docstring "
-                "are plain text"}
+        "are plain text",
+    }
     assert report["added"] == 2 and [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
     assert [i.text for i in target.store.list_insights(status="probation")] == [INSIGHTS[1]]
 
@@ -252,6 +327,7 @@ def _new_version(breaks_old_tests: bool):
         tests = 'def test_mine():\n    assert reverse_text("ab") == "ba"\n'
         contents["tools/reverse_text/code.py"], contents["tools/reverse_text/tests.py"] = code.encode(), tests.encode()
         manifest["tools"][0]["code_hash"] = code_hash(code, tests)
+
     return edit
 
 
@@ -281,8 +357,16 @@ def test_a_tool_that_duplicates_a_local_one_or_takes_a_builtin_name_is_refused(e
             code = REVERSE.replace("reverse_text", name)
             tests = REVERSE_TESTS.replace("reverse_text", name)
             contents[f"tools/{name}/code.py"], contents[f"tools/{name}/tests.py"] = code.encode(), tests.encode()
-            manifest["tools"].append({"name": name, "version": 1, "description": "", "code": f"tools/{name}/code.py",
-                                      "tests": f"tools/{name}/tests.py", "code_hash": code_hash(code, tests)})
+            manifest["tools"].append(
+                {
+                    "name": name,
+                    "version": 1,
+                    "description": "",
+                    "code": f"tools/{name}/code.py",
+                    "tests": f"tools/{name}/tests.py",
+                    "code_hash": code_hash(code, tests),
+                }
+            )
 
     report = packs.import_pack(target, forge(pack, twins))
     reasons = {i["name"]: i["reason"] for i in report["items"] if i["status"] == "refused"}
@@ -333,40 +417,54 @@ def _elsewhere(manifest: dict, contents: dict) -> None:
     manifest["insights"][0]["file"] = "tools/reverse_text/code.py"
 
 
-@pytest.mark.parametrize("alter, problem", [
-    # one byte of the code inside, the hashes left as they were
-    (lambda p: p.replace(b"return text[::-1]", b"return text[::+1]"),
-     "member 'tools/reverse_text/code.py' does not match its hash in the manifest"),
-    # a hash in the manifest changed (and the manifest's own hash not)
-    (lambda p: p.replace(hashlib.sha256(REVERSE.encode()).hexdigest().encode(), b"0" * 64),
-     "the manifest does not match its hash"),
-    # the code changed and the manifest made to agree, but not the tool's code_hash
-    (lambda p: forge(p, _code_edited), "its code_hash"),
-    (lambda p: forge(p, _tool_hash), "its code_hash 0000000000000000 does not match"),
-    (lambda p: forge(p, _bump_version), "pack format version 2 is not supported"),
-    (lambda p: forge(p, _unlisted, files=False), "unknown member 'insights/0009.txt': the manifest does not list it"),
-    (lambda p: forge(p, _orphan), "'insights/0002.txt' is listed in the manifest but belongs to no item"),
-    (lambda p: forge(p, _two_tools_one_name), "tool 'reverse_text' appears twice"),
-    (lambda p: forge(p, _elsewhere), "insight 1 names file 'tools/reverse_text/code.py', which is not where"),
-    (lambda p: with_member(p, _member("../evil.py"), b"print('out')"), "would leave the pack"),
-    (lambda p: with_member(p, _member("tools/x/../../../evil.py"), b"x"), "would leave the pack"),
-    (lambda p: with_member(p, _member("/etc/cron.d/evil"), b"x"), "has an absolute path"),
-    (lambda p: with_member(p, _member("tools/reverse_text/code.py"), b"x"), "appears twice"),
-    (lambda p: with_member(p, _member("insights/0003.txt", tarfile.SYMTYPE, "/etc/passwd")),
-     "is a symbolic link (to '/etc/passwd')"),
-    (lambda p: with_member(p, _member("insights/0003.txt", tarfile.LNKTYPE, "manifest.json")), "is a hard link"),
-    (lambda p: with_member(p, _member("tools", tarfile.DIRTYPE)), "is a directory"),
-    (lambda p: with_member(p, _member("insights/0003.txt", tarfile.FIFOTYPE)), "is a device or other special file"),
-    # a sparse file's contents may be far bigger than the bytes it takes in the pack
-    (lambda p: with_member(p, _member("insights/0003.txt", tarfile.GNUTYPE_SPARSE), b"x" * 10),
-     "is a sparse or continued file"),
-    (lambda p: with_member(p, _member("notes.txt"), b"hello"), "unknown member 'notes.txt'"),
-    (lambda p: p + b"\0" * 512 + b"trailing", "bytes are not exactly what `evolver export` writes"),
-    (lambda p: gzip.compress(p), "not a pack"),
-    (lambda p: b"PK\x03\x04 not a tar at all" * 40, "not a pack"),
-    (lambda p: b"", "the pack is empty"),
-    (lambda p: p + b"\0" * packs.MAX_PACK_BYTES, "over the 8388608-byte cap"),
-])
+@pytest.mark.parametrize(
+    "alter, problem",
+    [
+        # one byte of the code inside, the hashes left as they were
+        (
+            lambda p: p.replace(b"return text[::-1]", b"return text[::+1]"),
+            "member 'tools/reverse_text/code.py' does not match its hash in the manifest",
+        ),
+        # a hash in the manifest changed (and the manifest's own hash not)
+        (
+            lambda p: p.replace(hashlib.sha256(REVERSE.encode()).hexdigest().encode(), b"0" * 64),
+            "the manifest does not match its hash",
+        ),
+        # the code changed and the manifest made to agree, but not the tool's code_hash
+        (lambda p: forge(p, _code_edited), "its code_hash"),
+        (lambda p: forge(p, _tool_hash), "its code_hash 0000000000000000 does not match"),
+        (lambda p: forge(p, _bump_version), "pack format version 2 is not supported"),
+        (
+            lambda p: forge(p, _unlisted, files=False),
+            "unknown member 'insights/0009.txt': the manifest does not list it",
+        ),
+        (lambda p: forge(p, _orphan), "'insights/0002.txt' is listed in the manifest but belongs to no item"),
+        (lambda p: forge(p, _two_tools_one_name), "tool 'reverse_text' appears twice"),
+        (lambda p: forge(p, _elsewhere), "insight 1 names file 'tools/reverse_text/code.py', which is not where"),
+        (lambda p: with_member(p, _member("../evil.py"), b"print('out')"), "would leave the pack"),
+        (lambda p: with_member(p, _member("tools/x/../../../evil.py"), b"x"), "would leave the pack"),
+        (lambda p: with_member(p, _member("/etc/cron.d/evil"), b"x"), "has an absolute path"),
+        (lambda p: with_member(p, _member("tools/reverse_text/code.py"), b"x"), "appears twice"),
+        (
+            lambda p: with_member(p, _member("insights/0003.txt", tarfile.SYMTYPE, "/etc/passwd")),
+            "is a symbolic link (to '/etc/passwd')",
+        ),
+        (lambda p: with_member(p, _member("insights/0003.txt", tarfile.LNKTYPE, "manifest.json")), "is a hard link"),
+        (lambda p: with_member(p, _member("tools", tarfile.DIRTYPE)), "is a directory"),
+        (lambda p: with_member(p, _member("insights/0003.txt", tarfile.FIFOTYPE)), "is a device or other special file"),
+        # a sparse file's contents may be far bigger than the bytes it takes in the pack
+        (
+            lambda p: with_member(p, _member("insights/0003.txt", tarfile.GNUTYPE_SPARSE), b"x" * 10),
+            "is a sparse or continued file",
+        ),
+        (lambda p: with_member(p, _member("notes.txt"), b"hello"), "unknown member 'notes.txt'"),
+        (lambda p: p + b"\0" * 512 + b"trailing", "bytes are not exactly what `evolver export` writes"),
+        (lambda p: gzip.compress(p), "not a pack"),
+        (lambda p: b"PK\x03\x04 not a tar at all" * 40, "not a pack"),
+        (lambda p: b"", "the pack is empty"),
+        (lambda p: p + b"\0" * packs.MAX_PACK_BYTES, "over the 8388608-byte cap"),
+    ],
+)
 def test_a_tampered_pack_is_refused_whole_naming_the_problem_and_nothing_changes(engine, pack, alter, problem):
     target = engine("target")
     before = _state(target)
@@ -405,8 +503,9 @@ def test_expect_pins_the_pack_its_author_published(pack):
 def test_a_node_travels_as_a_proposed_child_of_the_incumbent_and_a_revert_withdraws_it(engine):
     source = engine("source")
     root = ensure_root(source.store, default_scaffold())
-    child = default_scaffold().model_copy(update={"parameters": default_scaffold().parameters.model_copy(
-        update={"max_steps": 7})})
+    child = default_scaffold().model_copy(
+        update={"parameters": default_scaffold().parameters.model_copy(update={"max_steps": 7})}
+    )
     source.store.put_scaffold(child.hash, child.canonical_json())
     node = source.store.add_node(child.hash, parent_id=root.id, status="evaluated", rationale="fewer steps")
     data, summary = packs.export_pack(source.store, node=node.id)
@@ -510,8 +609,9 @@ def test_the_cli_exports_and_imports_with_the_daemon_down(engine, tmp_path):
     tampered.write_bytes(out.read_bytes().replace(b"return text[::-1]", b"return text[::+1]"))
     refused = run("--data-dir", str(fresh), "import", str(tampered))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert refused.stderr.startswith(f"error: {tampered}: pack refused: member 'tools/reverse_text/code.py' does "
-                                     "not match its hash")
+    assert refused.stderr.startswith(
+        f"error: {tampered}: pack refused: member 'tools/reverse_text/code.py' does not match its hash"
+    )
     assert len(refused.stderr.strip().splitlines()) == 1
     history = json.loads(run("--data-dir", str(fresh), "history", "--json").stdout)["events"]
     assert [e["kind"] for e in history].count("import") == 1  # the refused pack changed nothing
@@ -557,14 +657,19 @@ def test_the_cli_imports_through_a_running_daemon(engine, tmp_path):
         assert f"approved insight {waiting[0]['id']}: " in approved.stdout
         twice = run("--data-dir", str(daemon.data_dir), "insights", "approve", str(waiting[0]["id"]), env=env)
         assert twice.returncode == 7 and "not on probation" in twice.stderr
-        active = json.loads(run("--data-dir", str(daemon.data_dir), "insights", "--status", "active", "--json",
-                                env=env).stdout)["insights"]
+        active = json.loads(
+            run("--data-dir", str(daemon.data_dir), "insights", "--status", "active", "--json", env=env).stdout
+        )["insights"]
         assert [i["id"] for i in active] == [waiting[0]["id"]]
         approval = approved.stdout.split()[1].rstrip(":")
         undone = run("--data-dir", str(daemon.data_dir), "history", "revert", approval, env=env)
         assert undone.returncode == 0, undone.stderr
-        assert json.loads(run("--data-dir", str(daemon.data_dir), "insights", "--status", "active", "--json",
-                              env=env).stdout)["insights"] == []
+        assert (
+            json.loads(
+                run("--data-dir", str(daemon.data_dir), "insights", "--status", "active", "--json", env=env).stdout
+            )["insights"]
+            == []
+        )
         exported = run("--data-dir", str(daemon.data_dir), "export", "-o", str(root / "back.pack"), env=env)
         assert exported.returncode == 0, exported.stderr
         assert packs.read_pack((root / "back.pack").read_bytes()).tools[0].code == REVERSE

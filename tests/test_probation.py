@@ -26,11 +26,13 @@ def engine(open_store, sandbox, tmp_path):
     opened = []
 
     def make(name: str) -> Engine:
-        config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/probation",
-                                  "EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "4"})
+        config = load_config(
+            env={"EVOLVER_MODEL_NAME": "scripted/probation", "EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "4"}
+        )
         e = Engine.open(config, data_dir=tmp_path / name, store=open_store(tmp_path / name), sandbox=sandbox)
         opened.append(e)
         return e
+
     yield make
     for e in opened:
         e.close()
@@ -38,8 +40,11 @@ def engine(open_store, sandbox, tmp_path):
 
 def _scaffold():
     base = default_scaffold()
-    return base.model_copy(update={"parameters": base.parameters.model_copy(
-        update={"insights": 5, "reflect_retry": False, "max_attempts": 1})})
+    return base.model_copy(
+        update={
+            "parameters": base.parameters.model_copy(update={"insights": 5, "reflect_retry": False, "max_attempts": 1})
+        }
+    )
 
 
 def _imported(make) -> tuple[Engine, int]:
@@ -55,8 +60,9 @@ def _imported(make) -> tuple[Engine, int]:
 
 
 def _task(engine: Engine, n: int, **kwargs):
-    task, _ = engine.store.add_task(f"Say the word blue, please (number {n}).",
-                                    check={"type": "answer", "expected": "blue"}, **kwargs)
+    task, _ = engine.store.add_task(
+        f"Say the word blue, please (number {n}).", check={"type": "answer", "expected": "blue"}, **kwargs
+    )
     return task
 
 
@@ -74,9 +80,17 @@ def _promotion_task(engine: Engine, n: int, shown: bool):
     while True:
         probe = SimpleNamespace(id=new_id("task"), source="evaluation", metadata={"split": "test"})
         if shows_probation(probe) == shown:
-            (task, _), = engine.store.add_tasks([{"id": probe.id, "prompt": f"Say the word blue, please ({n}).",
-                                                  "check": {"type": "answer", "expected": "blue"},
-                                                  "source": "evaluation", "metadata": {"split": "test"}}])
+            ((task, _),) = engine.store.add_tasks(
+                [
+                    {
+                        "id": probe.id,
+                        "prompt": f"Say the word blue, please ({n}).",
+                        "check": {"type": "answer", "expected": "blue"},
+                        "source": "evaluation",
+                        "metadata": {"split": "test"},
+                    }
+                ]
+            )
             return task
 
 
@@ -115,8 +129,9 @@ def test_half_the_promotion_split_sees_it_and_the_measure_there_retires_it_or_le
     # having reached a person.
     (prune,) = [j for j in builtin_jobs(target.config) if j.name == "prune"]
     host = SimpleNamespace(config=target.config, engine=target, tree=None, store=store)
-    assert prune.run(host) == (f"retired insight {insight_id} on probation (hurts); "
-                               "every learned item is still helping or not yet measured")
+    assert prune.run(host) == (
+        f"retired insight {insight_id} on probation (hurts); every learned item is still helping or not yet measured"
+    )
     assert store.get_insight(insight_id).status == "retired"
     (event,) = store.list_events(kind="insight_retired")
     assert "0 of 6 attempts with it succeeded, against 6 of 6 without it" in event.why

@@ -44,14 +44,22 @@ except ImportError:
 from evolver.service.ray_evaluator import evaluate, settle, ship
 
 RAY = str(Path(sys.executable).parent / "ray")
-PACK = "\n".join(json.dumps(t) for t in [
-    {"id": "e1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
-    {"id": "e2", "prompt": "What is 10 + 4?", "check": {"type": "answer", "expected": "14"}},
-]) + "\n"
-SOLVE = {"rules": [  # one sandboxed call, then the answer it printed
-    {"match": "^42$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}},
-    {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(6 * 7)"}},
-]}
+PACK = (
+    "\n".join(
+        json.dumps(t)
+        for t in [
+            {"id": "e1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
+            {"id": "e2", "prompt": "What is 10 + 4?", "check": {"type": "answer", "expected": "14"}},
+        ]
+    )
+    + "\n"
+)
+SOLVE = {
+    "rules": [  # one sandboxed call, then the answer it printed
+        {"match": "^42$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}},
+        {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(6 * 7)"}},
+    ]
+}
 
 
 @pytest.fixture
@@ -71,13 +79,34 @@ def ray_head(root: Path) -> Iterator[tuple[str, dict]]:
     log_path = root / "ray-head.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-             "--include-dashboard=false", "--num-cpus", "2", "--disable-usage-stats", "--temp-dir", str(root / "ray")],
-            env={**os.environ, **auth}, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            [
+                RAY,
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--include-dashboard=false",
+                "--num-cpus",
+                "2",
+                "--disable-usage-stats",
+                "--temp-dir",
+                str(root / "ray"),
+            ],
+            env={**os.environ, **auth},
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
+
         def started() -> bool:
             assert proc.poll() is None, f"ray start exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
             return "Ray runtime started" in log_path.read_text(errors="replace")
+
         wait_for(started, timeout_s=90, what="the Ray head to start", interval_s=0.2)
         yield f"127.0.0.1:{port}", auth
     finally:
@@ -103,10 +132,18 @@ def _recorded(http) -> int:
 
 def _daemon(root: Path, **settings) -> DaemonProcess:
     (root / "pack.jsonl").write_text(PACK)
-    return DaemonProcess(root, model=write_script(root, "script", demo_rules()), settings={
-        "EVOLVER_DAEMON_WORKERS": 1, "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2,
-        "EVOLVER_EVOLUTION_ENABLED": "false",  # only the rounds the test asks for
-        "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]', "EVOLVER_EVALUATOR_BACKEND": "ray", **settings})
+    return DaemonProcess(
+        root,
+        model=write_script(root, "script", demo_rules()),
+        settings={
+            "EVOLVER_DAEMON_WORKERS": 1,
+            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2,
+            "EVOLVER_EVOLUTION_ENABLED": "false",  # only the rounds the test asks for
+            "EVOLVER_EVOLUTION_PACKS": f'["{root / "pack.jsonl"}"]',
+            "EVOLVER_EVALUATOR_BACKEND": "ray",
+            **settings,
+        },
+    )
 
 
 def _evaluate_through(daemon: DaemonProcess, evaluations: int) -> list[dict]:
@@ -141,8 +178,10 @@ def _evaluate_through(daemon: DaemonProcess, evaluations: int) -> list[dict]:
         assert f"evaluation task {task['id']}: done in " in log, daemon.log(80)
     assert "failed on Ray" not in log and "refused" not in log, daemon.log(80)
     with sqlite3.connect(daemon.data_dir / "evolver.db") as db:  # every model call the node made is in the ledger
-        rows = db.execute(f"SELECT purpose, count(*) FROM ledger WHERE task_id IN ({','.join('?' * len(tasks))}) "
-                          "GROUP BY purpose", [t["id"] for t in tasks]).fetchall()
+        rows = db.execute(
+            f"SELECT purpose, count(*) FROM ledger WHERE task_id IN ({','.join('?' * len(tasks))}) GROUP BY purpose",
+            [t["id"] for t in tasks],
+        ).fetchall()
     assert dict(rows) == {"evaluate": 2 * evaluations}
     return tasks
 
@@ -171,6 +210,7 @@ def test_without_an_address_the_daemon_starts_a_private_ray_of_its_own(root):
 
 # --- the parts, in this process (the sandbox is the real one) ------------------------------------------------
 
+
 @pytest.fixture
 def engine(open_store, sandbox, tmp_path):
     scripted.register_script("ray-solve", {**SOLVE, "record": str(tmp_path / "asked.jsonl")})
@@ -180,8 +220,9 @@ def engine(open_store, sandbox, tmp_path):
 
 def _claimed(engine: Engine):
     root = ensure_root(engine.store, engine.seed_scaffold())
-    engine.store.add_task("What is 6 * 7?", check={"type": "answer", "expected": "42"}, source="evaluation",
-                          metadata={"node": root.id})
+    engine.store.add_task(
+        "What is 6 * 7?", check={"type": "answer", "expected": "42"}, source="evaluation", metadata={"node": root.id}
+    )
     return engine.store.claim_task("daemon-ray", lease_s=30, max_attempts=3, sources=("evaluation",))
 
 
@@ -236,6 +277,9 @@ def test_a_replay_makes_only_the_writes_a_recording_may_hold(engine):
     with pytest.raises(ReplayError, match="writes about task other"):
         replay(engine.store, [Write("start_trajectory", {"task_id": "other"}, "recorded-1")], task_id=task_id)
     with pytest.raises(ReplayError, match="never started"):
-        replay(engine.store, [Write("add_step", {"trajectory_id": "traj_elsewhere", "role": "assistant",
-                                                 "content": "x"})], task_id=task_id)
+        replay(
+            engine.store,
+            [Write("add_step", {"trajectory_id": "traj_elsewhere", "role": "assistant", "content": "x"})],
+            task_id=task_id,
+        )
     assert engine.store.trajectories_of(task_id) == []

@@ -45,8 +45,10 @@ def _serve(tmp_path_factory, variable: str, alias: str):
     """llama.cpp's server for the GGUF that ``variable`` names, on a free port; yields its base URL."""
     python, model = os.environ.get("REAL_MODEL_PYTHON", ""), os.environ.get(variable, "")
     if not (python and model and Path(python).exists() and Path(model).exists()):
-        message = (f"the real-model tier needs llama-cpp-python's server and the model ({variable}): run "
-                   f"{SETUP} (builds and fetches both, cached; about 5 min the first time)")
+        message = (
+            f"the real-model tier needs llama-cpp-python's server and the model ({variable}): run "
+            f"{SETUP} (builds and fetches both, cached; about 5 min the first time)"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -54,9 +56,30 @@ def _serve(tmp_path_factory, variable: str, alias: str):
     log_path = tmp_path_factory.mktemp("llama") / "server.log"
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
-            [python, "-m", "llama_cpp.server", "--model", model, "--model_alias", alias, "--n_ctx", "8192",
-             "--n_threads", "2", "--n_threads_batch", "2", "--host", "127.0.0.1", "--port", str(port)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                python,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                model,
+                "--model_alias",
+                alias,
+                "--n_ctx",
+                "8192",
+                "--n_threads",
+                "2",
+                "--n_threads_batch",
+                "2",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 180
@@ -95,14 +118,19 @@ def llama_meta(tmp_path_factory):
 
 def _settings(base: str) -> dict[str, str]:
     # No API key: a local server needs none, and evolver must not ask for one.
-    return {"EVOLVER_MODEL_NAME": f"openai/{ALIAS}", "EVOLVER_MODEL_API_BASE": base,
-            "EVOLVER_MODEL_TIMEOUT_S": "300", "EVOLVER_MODEL_MAX_RETRIES": "1"}
+    return {
+        "EVOLVER_MODEL_NAME": f"openai/{ALIAS}",
+        "EVOLVER_MODEL_API_BASE": base,
+        "EVOLVER_MODEL_TIMEOUT_S": "300",
+        "EVOLVER_MODEL_MAX_RETRIES": "1",
+    }
 
 
 @pytest.fixture
 def engine(llama, open_store, sandbox, tmp_path):
-    e = Engine.open(load_config(env=_settings(llama)), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"),
-                    sandbox=sandbox)
+    e = Engine.open(
+        load_config(env=_settings(llama)), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
+    )
     ensure_root(e.store, e.seed_scaffold())
     return e
 
@@ -115,8 +143,9 @@ def _short(e: Engine, **parameters):
 
 
 def test_litellm_reaches_the_server_without_a_key(engine):
-    reply = engine.model.complete([{"role": "user", "content": "Say hello in one word."}], purpose="task",
-                                  max_tokens=16)
+    reply = engine.model.complete(
+        [{"role": "user", "content": "Say hello in one word."}], purpose="task", max_tokens=16
+    )
     assert reply.content.strip() and reply.tokens_out > 0
     tokens, _ = engine.store.spent(purpose="task")
     assert tokens > 0  # the ledger has the call
@@ -125,7 +154,8 @@ def test_litellm_reaches_the_server_without_a_key(engine):
 def test_a_task_runs_its_tool_calls_in_the_sandbox_and_ends_cleanly(engine):
     task, _ = engine.store.add_task(
         "Use the run_python tool to print the result of 17 * 23, then call finish with that number.",
-        check={"type": "answer", "expected": "391"})
+        check={"type": "answer", "expected": "391"},
+    )
     result = engine.agent(_short(engine, action_format="tools")).run_task(task)
     assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
     steps = [step for _, _, step in engine.store.task_steps(task.id)]
@@ -154,13 +184,20 @@ def test_the_seed_acts_in_code_and_a_code_task_gets_its_function_delivered(engin
 
 
 def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_store, sandbox, tmp_path):
-    settings = {**_settings(llama), "EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-                "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object"}
-    e = Engine.open(load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"),
-                    sandbox=sandbox)
+    settings = {
+        **_settings(llama),
+        "EVOLVER_MODEL_TOOL_MODE": "text",
+        "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+    }
+    e = Engine.open(
+        load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
+    )
     ensure_root(e.store, e.seed_scaffold())
-    task, _ = e.store.add_task("What is 12 * 12? Compute it with run_python, then call finish with it.",
-                               check={"type": "answer", "expected": "144"})
+    task, _ = e.store.add_task(
+        "What is 12 * 12? Compute it with run_python, then call finish with it.",
+        check={"type": "answer", "expected": "144"},
+    )
     result = e.agent(_short(e, max_steps=3, action_format="tools")).run_task(task)
     assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
     calls = [c for _, _, step in e.store.task_steps(task.id) for c in (step.tool_calls or [])]
@@ -170,17 +207,34 @@ def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_sto
 def test_a_chat_answer_streams_from_the_real_server_as_it_does_from_the_script(llama, open_store, sandbox, tmp_path):
     """The model's reply streamed (text tool calls constrained by the grammar, usage in the last chunk):
     the answer's pieces arrive as it is written and add up to the finish call's answer."""
-    settings = {**_settings(llama), "EVOLVER_MODEL_TOOL_MODE": "text", "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-                "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object"}
-    e = Engine.open(load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"),
-                    sandbox=sandbox)
-    finish = [{"type": "function", "function": {"name": "finish", "description": "Hand in your final answer.",
-                                                "parameters": {"type": "object", "required": ["answer"],
-                                                               "properties": {"answer": {"type": "string"}}}}}]
+    settings = {
+        **_settings(llama),
+        "EVOLVER_MODEL_TOOL_MODE": "text",
+        "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+    }
+    e = Engine.open(
+        load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
+    )
+    finish = [
+        {
+            "type": "function",
+            "function": {
+                "name": "finish",
+                "description": "Hand in your final answer.",
+                "parameters": {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}},
+            },
+        }
+    ]
     pieces: list[str] = []
-    reply = e.model.complete([{"role": "user", "content": "Call finish with the answer: the sky is blue."}],
-                             tools=finish, temperature=0.0, purpose="task", max_tokens=64,
-                             stream=AnswerStream(pieces.append).tap())
+    reply = e.model.complete(
+        [{"role": "user", "content": "Call finish with the answer: the sky is blue."}],
+        tools=finish,
+        temperature=0.0,
+        purpose="task",
+        max_tokens=64,
+        stream=AnswerStream(pieces.append).tap(),
+    )
     assert reply.tokens_out > 0 and reply.tool_calls and reply.tool_calls[0].error is None, reply
     assert reply.tool_calls[0].name == "finish"  # the grammar allows no other call
     answer = reply.tool_calls[0].arguments["answer"]
@@ -188,8 +242,9 @@ def test_a_chat_answer_streams_from_the_real_server_as_it_does_from_the_script(l
 
 
 def test_a_distill_and_a_propose_round_end_valid_or_in_a_clean_refusal(engine):
-    task, _ = engine.store.add_task("What is 6 * 7? Answer with the number only.",
-                                    check={"type": "answer", "expected": "42"})
+    task, _ = engine.store.add_task(
+        "What is 6 * 7? Answer with the number only.", check={"type": "answer", "expected": "42"}
+    )
     engine.agent(_short(engine, max_steps=2)).run_task(task)
     _distill_and_step(engine)
 
@@ -212,17 +267,24 @@ def _distill_and_step(engine: Engine) -> None:
     assert child.status == "proposed" or child.reason, summary
 
 
-def test_with_the_1_5b_as_meta_model_a_distill_round_and_a_tree_step_are_its_calls(llama, llama_meta, open_store,
-                                                                                    sandbox, tmp_path):
+def test_with_the_1_5b_as_meta_model_a_distill_round_and_a_tree_step_are_its_calls(
+    llama, llama_meta, open_store, sandbox, tmp_path
+):
     """The local pair: the 0.5B answers the task, the 1.5B ([meta]) the distill round and the proposer, each
     call on its own model's line of the ledger. Paths, not skill: a result or a clean refusal."""
-    settings = {**_settings(llama), "EVOLVER_META_NAME": f"openai/{META_ALIAS}",
-                "EVOLVER_META_API_BASE": llama_meta, "EVOLVER_META_TIMEOUT_S": "600"}
-    with Engine.open(load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"),
-                     sandbox=sandbox) as engine:
+    settings = {
+        **_settings(llama),
+        "EVOLVER_META_NAME": f"openai/{META_ALIAS}",
+        "EVOLVER_META_API_BASE": llama_meta,
+        "EVOLVER_META_TIMEOUT_S": "600",
+    }
+    with Engine.open(
+        load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
+    ) as engine:
         ensure_root(engine.store, engine.seed_scaffold())
-        task, _ = engine.store.add_task("What is 6 * 7? Answer with the number only.",
-                                        check={"type": "answer", "expected": "42"})
+        task, _ = engine.store.add_task(
+            "What is 6 * 7? Answer with the number only.", check={"type": "answer", "expected": "42"}
+        )
         engine.agent(_short(engine, max_steps=2)).run_task(task)
         _distill_and_step(engine)
         calls = {(r["purpose"], r["model"]) for r in engine.store._all("SELECT purpose, model FROM ledger")}
@@ -249,20 +311,28 @@ def test_the_real_models_failures_without_an_answer_are_distilled_by_the_real_mo
 
 def test_a_chat_through_the_daemon_answers(llama):
     root = make_root()
-    daemon = DaemonProcess(root, model=f"openai/{ALIAS}", settings={
-        k: v for k, v in _settings(llama).items() if k != "EVOLVER_MODEL_NAME"}).start()
+    daemon = DaemonProcess(
+        root, model=f"openai/{ALIAS}", settings={k: v for k, v in _settings(llama).items() if k != "EVOLVER_MODEL_NAME"}
+    ).start()
     try:
         with daemon.client(timeout_s=600.0) as http:
-            answer = http.post("/v1/chat/completions", json={
-                "model": "evolver", "messages": [{"role": "user", "content": "Reply with the word ready."}]})
+            answer = http.post(
+                "/v1/chat/completions",
+                json={"model": "evolver", "messages": [{"role": "user", "content": "Reply with the word ready."}]},
+            )
             assert answer.status_code == 200, answer.text
             text = answer.json()["choices"][0]["message"]["content"]
             assert text.strip()  # an answer, or the clear sentence saying the turn ended without one
-            with http.stream("POST", "/v1/chat/completions", json={  # the model's reply streamed, too
-                    "model": "evolver", "stream": True,
-                    "messages": [{"role": "user", "content": "Reply with the word ready."}]}) as response:
-                chunks = [json.loads(line[6:]) for line in response.iter_lines()
-                          if line.startswith("data: {")]
+            with http.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={  # the model's reply streamed, too
+                    "model": "evolver",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "Reply with the word ready."}],
+                },
+            ) as response:
+                chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
             assert len({c["id"] for c in chunks}) == 1 and chunks[-1]["choices"][0]["finish_reason"] == "stop"
             assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks).strip()
     finally:

@@ -80,13 +80,25 @@ def py(code: str) -> str:
 
 # -- the public surface -------------------------------------------------------------------------
 
+
 def test_public_surface_is_curated():
     assert sorted(sandbox.__all__) == sorted(set(sandbox.__all__))
     for name in sandbox.__all__:
         assert hasattr(sandbox, name), name
-    assert {"Limits", "RunResult", "Sandbox", "BubblewrapSandbox", "DegradedSandbox", "make_sandbox",
-            "PythonWorker", "SandboxError", "SandboxUnavailable", "read_text", "write_text",
-            "list_dir"} <= set(sandbox.__all__)
+    assert {
+        "Limits",
+        "RunResult",
+        "Sandbox",
+        "BubblewrapSandbox",
+        "DegradedSandbox",
+        "make_sandbox",
+        "PythonWorker",
+        "SandboxError",
+        "SandboxUnavailable",
+        "read_text",
+        "write_text",
+        "list_dir",
+    } <= set(sandbox.__all__)
 
 
 def test_package_uses_only_the_standard_library():
@@ -124,14 +136,19 @@ def test_bubblewrap_sandbox_is_a_sandbox(box):
 
 # -- ordinary runs --------------------------------------------------------------------------------
 
+
 def test_python_runs_in_the_workspace_with_the_standard_library(box, workspace):
     (workspace / "helper.py").write_text("ANSWER = 42\n")
-    result = box.python(py("""
+    result = box.python(
+        py("""
         import json, os, sys, sqlite3
         import helper
         print(json.dumps({"cwd": os.getcwd(), "answer": helper.ANSWER, "prefix": sys.prefix}))
         open("made-inside.txt", "w").write("hi")
-    """), workspace=workspace, limits=FAST)
+    """),
+        workspace=workspace,
+        limits=FAST,
+    )
     assert result.ok, result
     assert '"cwd": "/workspace"' in result.stdout and '"answer": 42' in result.stdout
     assert (workspace / "made-inside.txt").read_text() == "hi"
@@ -148,8 +165,7 @@ def test_a_missing_command_is_data_not_an_exception(box, workspace):
 
 
 def test_output_is_capped_and_flagged(box, workspace):
-    result = box.python("print('x' * 50_000)", workspace=workspace,
-                        limits=Limits(timeout_s=10, output_bytes=1000))
+    result = box.python("print('x' * 50_000)", workspace=workspace, limits=Limits(timeout_s=10, output_bytes=1000))
     assert len(result.stdout) == 1000 and result.stdout_truncated and not result.stderr_truncated
 
 
@@ -162,11 +178,15 @@ print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(),
 
 
 def test_multiprocessing_works_inside(box, workspace):
-    result = box.python(py("""
+    result = box.python(
+        py("""
         import multiprocessing
         with multiprocessing.Pool(2) as pool:
             print(pool.map(abs, [-1, -2, -3]))
-    """), workspace=workspace, limits=Limits(timeout_s=30))
+    """),
+        workspace=workspace,
+        limits=Limits(timeout_s=30),
+    )
     assert result.ok and result.stdout == "[1, 2, 3]\n", result
 
 
@@ -199,6 +219,7 @@ def test_without_task_uids_every_sandbox_runs_as_the_one_unprivileged_uid(box, t
 
 # -- containment ----------------------------------------------------------------------------------
 
+
 def test_a_secret_file_outside_the_workspace_cannot_be_read(box, degraded, workspace, outside):
     secret = outside / "secret.txt"
     secret.write_text("the-secret-value")
@@ -206,7 +227,7 @@ def test_a_secret_file_outside_the_workspace_cannot_be_read(box, degraded, works
     project = Path(__file__).resolve().parent.parent
     code = py(f"""
         import os
-        for path in [{str(secret)!r}, {str(project / 'pyproject.toml')!r}, "/etc/passwd",
+        for path in [{str(secret)!r}, {str(project / "pyproject.toml")!r}, "/etc/passwd",
                      os.path.expanduser("~root"), "/home", "/var", "/run", "/sys"]:
             try:
                 print(path, "READ", open(path).read()[:40] if os.path.isfile(path) else os.listdir(path))
@@ -229,8 +250,9 @@ def test_the_parent_environment_does_not_leak(box, workspace, monkeypatch):
     key = "sk-evolver-test-" + secrets.token_hex(8)
     monkeypatch.setenv("OPENAI_API_KEY", key)
     monkeypatch.setenv("EVOLVER_TEST_SECRET", key)
-    result = box.run(["sh", "-c", "env; cat /proc/1/environ 2>/dev/null; cat /proc/self/environ"],
-                     workspace=workspace, limits=FAST)
+    result = box.run(
+        ["sh", "-c", "env; cat /proc/1/environ 2>/dev/null; cat /proc/self/environ"], workspace=workspace, limits=FAST
+    )
     assert key not in result.stdout and "OPENAI_API_KEY" not in result.stdout
     names = {line.split("=", 1)[0] for line in result.stdout.splitlines() if "=" in line}
     assert names <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD", "SHLVL", "_"}
@@ -238,7 +260,8 @@ def test_the_parent_environment_does_not_leak(box, workspace, monkeypatch):
 
 def test_writes_outside_the_workspace_do_not_reach_the_host(box, workspace, outside):
     target = outside / "planted.txt"
-    result = box.python(py(f"""
+    result = box.python(
+        py(f"""
         for path in [{str(target)!r}, "/usr/planted.txt", "/etc/planted.txt", "/planted.txt",
                      "/tmp/planted.txt", "/workspace/ok.txt"]:
             try:
@@ -246,7 +269,10 @@ def test_writes_outside_the_workspace_do_not_reach_the_host(box, workspace, outs
                 print(path, "WROTE")
             except OSError as exc:
                 print(path, "REFUSED", type(exc).__name__)
-    """), workspace=workspace, limits=FAST)
+    """),
+        workspace=workspace,
+        limits=FAST,
+    )
     assert result.ok, result
     assert f"{target} REFUSED" in result.stdout and "/usr/planted.txt REFUSED" in result.stdout
     assert not target.exists() and not Path("/usr/planted.txt").exists()
@@ -261,7 +287,8 @@ def test_no_tcp_connection_to_a_host_listener(box, workspace):
         listener.listen()
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        result = box.python(py(f"""
+        result = box.python(
+            py(f"""
             import socket
             for host in ("127.0.0.1", "localhost", "10.0.2.2", "8.8.8.8"):
                 try:
@@ -269,7 +296,10 @@ def test_no_tcp_connection_to_a_host_listener(box, workspace):
                     print(host, "CONNECTED")
                 except OSError as exc:
                     print(host, "REFUSED", type(exc).__name__)
-        """), workspace=workspace, limits=FAST)
+        """),
+            workspace=workspace,
+            limits=FAST,
+        )
         assert result.ok, result
         assert "CONNECTED" not in result.stdout
         with pytest.raises(BlockingIOError):
@@ -287,7 +317,8 @@ def test_no_connection_to_the_parents_unix_sockets(box, workspace, outside):
         hidden.listen()
         named.setblocking(False)
         hidden.setblocking(False)
-        result = box.python(py(f"""
+        result = box.python(
+            py(f"""
             import socket
             for address in ({path!r}, {abstract!r}):
                 try:
@@ -295,7 +326,10 @@ def test_no_connection_to_the_parents_unix_sockets(box, workspace, outside):
                     print(repr(address), "CONNECTED")
                 except OSError as exc:
                     print(repr(address), "REFUSED", type(exc).__name__)
-        """), workspace=workspace, limits=FAST)
+        """),
+            workspace=workspace,
+            limits=FAST,
+        )
         assert result.ok, result
         assert "CONNECTED" not in result.stdout and result.stdout.count("REFUSED") == 2
         for listener in (named, hidden):
@@ -331,8 +365,9 @@ def test_allocating_8_gb_fails_with_memory_error(box, workspace):
 
 
 def test_an_infinite_loop_is_killed_on_time_keeping_partial_output(box, workspace):
-    result = box.python("print('started', flush=True)\nwhile True:\n    pass",
-                        workspace=workspace, limits=Limits(timeout_s=1))
+    result = box.python(
+        "print('started', flush=True)\nwhile True:\n    pass", workspace=workspace, limits=Limits(timeout_s=1)
+    )
     assert result.timed_out and result.killed_by == "SIGKILL" and not result.ok
     assert result.stdout == "started\n"
 
@@ -343,7 +378,8 @@ def test_cpu_seconds_are_limited(box, workspace):
 
 
 def test_the_private_tmp_and_file_sizes_are_capped(box, workspace):
-    result = box.python(py("""
+    result = box.python(
+        py("""
         for path, size in (("/tmp/big", 3 << 20), ("/dev/shm/big", 3 << 20), ("/workspace/big", 3 << 20)):
             try:
                 with open(path, "wb") as f:
@@ -351,7 +387,10 @@ def test_the_private_tmp_and_file_sizes_are_capped(box, workspace):
                 print(path, "WROTE")
             except OSError as exc:
                 print(path, "REFUSED", exc.strerror)
-    """), workspace=workspace, limits=Limits(timeout_s=10, tmp_mb=1, max_file_mb=2))
+    """),
+        workspace=workspace,
+        limits=Limits(timeout_s=10, tmp_mb=1, max_file_mb=2),
+    )
     assert "/tmp/big REFUSED No space left on device" in result.stdout
     assert "/dev/shm/big REFUSED No space left on device" in result.stdout
     assert "/workspace/big REFUSED File too large" in result.stdout
@@ -359,7 +398,8 @@ def test_the_private_tmp_and_file_sizes_are_capped(box, workspace):
 
 def test_background_processes_do_not_outlive_the_run(box, workspace):
     marker = "evolver-bg-" + secrets.token_hex(6)
-    result = box.python(py(f"""
+    result = box.python(
+        py(f"""
         import os, subprocess, sys, time
         sleeper = "import sys, time; open('up-' + sys.argv[1], 'w').close(); time.sleep(60)"
         for n, session in ((1, False), (2, True)):
@@ -372,7 +412,10 @@ def test_background_processes_do_not_outlive_the_run(box, workspace):
         while len([name for name in os.listdir(".") if name.startswith("up-")]) < 3:
             time.sleep(0.01)
         print("left", flush=True)
-    """), workspace=workspace, limits=FAST)
+    """),
+        workspace=workspace,
+        limits=FAST,
+    )
     assert result.ok and result.stdout == "left\n", result
     assert sorted(p.name for p in workspace.glob("up-*")) == ["up-1", "up-2", "up-3"]  # all were running
     assert processes_with(marker) == []
@@ -383,7 +426,8 @@ def test_killing_the_parent_or_everything_does_not_reach_the_host(box, workspace
     canary = subprocess.Popen(["sleep", "60"], **as_sandbox_uid)  # kill -1 would reach it without a sandbox
     parent = os.getppid()  # the tests' own parent: 1 already where the suite runs detached (nohup ... &)
     try:
-        result = box.python(py("""
+        result = box.python(
+            py("""
             import os, signal
             for target in (os.getppid(), 1, -1):
                 try:
@@ -391,7 +435,10 @@ def test_killing_the_parent_or_everything_does_not_reach_the_host(box, workspace
                     print(target, "SENT")
                 except OSError as exc:
                     print(target, "REFUSED", type(exc).__name__)
-        """), workspace=workspace, limits=FAST)
+        """),
+            workspace=workspace,
+            limits=FAST,
+        )
         assert result.exit_code is not None and not result.timed_out
         assert canary.poll() is None  # same uid, but another pid namespace: unreachable
         assert os.getppid() == parent  # a killed parent would have left this process to another
@@ -404,7 +451,8 @@ def test_only_standard_descriptors_are_inherited(box, workspace, outside):
     leaked = os.open(str(outside), os.O_RDONLY)
     os.set_inheritable(leaked, True)
     try:
-        result = box.python(py("""
+        result = box.python(
+            py("""
             import os
             open_fds = []
             for fd in range(1024):
@@ -414,13 +462,17 @@ def test_only_standard_descriptors_are_inherited(box, workspace, outside):
                 except OSError:
                     pass
             print(open_fds)
-        """), workspace=workspace, limits=FAST)
+        """),
+            workspace=workspace,
+            limits=FAST,
+        )
     finally:
         os.close(leaked)
     assert result.stdout == "[0, 1, 2]\n"
 
 
 # -- choosing the sandbox ---------------------------------------------------------------------------
+
 
 def test_isolation_demanded_without_bubblewrap_is_refused():
     with pytest.raises(SandboxUnavailable, match="(?i)install.*bubblewrap"):
@@ -433,8 +485,11 @@ def test_without_bubblewrap_the_degraded_mode_is_chosen_and_logged(caplog, works
         fallback = make_sandbox(require_isolation=False, bwrap="/nonexistent/bwrap")
     assert isinstance(fallback, DegradedSandbox) and fallback.isolated is False
     assert any("DEGRADED" in record.getMessage() for record in caplog.records)
-    result = fallback.python("import os; print(os.getcwd(), os.getuid(), 'EVOLVER_TEST_SECRET' in os.environ)",
-                             workspace=workspace, limits=FAST)
+    result = fallback.python(
+        "import os; print(os.getcwd(), os.getuid(), 'EVOLVER_TEST_SECRET' in os.environ)",
+        workspace=workspace,
+        limits=FAST,
+    )
     assert result.isolated is False
     # As root: the workspace's own uid from the pool; otherwise the daemon's user.
     assert result.stdout.split() == [str(workspace), str(workspace.stat().st_uid), "False"]
@@ -443,8 +498,9 @@ def test_without_bubblewrap_the_degraded_mode_is_chosen_and_logged(caplog, works
 
 def test_the_degraded_mode_still_times_out_the_whole_group(degraded, workspace):
     marker = "evolver-degraded-" + secrets.token_hex(6)
-    result = degraded.run(["sh", "-c", f"sleep 60 & sleep 61 & echo go; wait # {marker}"],
-                          workspace=workspace, limits=Limits(timeout_s=1))
+    result = degraded.run(
+        ["sh", "-c", f"sleep 60 & sleep 61 & echo go; wait # {marker}"], workspace=workspace, limits=Limits(timeout_s=1)
+    )
     assert result.timed_out and result.stdout == "go\n" and not result.isolated
     assert processes_with(marker) == [] and processes_with("sleep 61") == []
 

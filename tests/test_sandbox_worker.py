@@ -39,8 +39,7 @@ def test_state_is_kept_between_calls_like_a_notebook(worker):
 
 
 def test_output_of_the_code_and_of_its_subprocesses_is_captured_in_order(worker):
-    result = worker.execute("import os, sys\nprint('one')\nos.system('echo two')\n"
-                            "print('three', file=sys.stderr)")
+    result = worker.execute("import os, sys\nprint('one')\nos.system('echo two')\nprint('three', file=sys.stderr)")
     assert result.stdout == "one\ntwo\n" and result.stderr == "three\n"
     assert worker.execute("print('fresh')").stdout == "fresh\n"  # each call starts empty
 
@@ -94,10 +93,12 @@ def test_a_worker_that_dies_is_replaced_on_the_next_call(worker):
 
 def test_the_worker_is_sandboxed(worker, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-test")  # set after start: must not matter either way
-    result = worker.execute("import os, subprocess\n"
-                            "print(os.getcwd(), 'OPENAI_API_KEY' in os.environ)\n"
-                            "print(subprocess.run(['ls', '/proc/self/fd'], capture_output=True, text=True).stdout.split())\n"
-                            "input()")
+    result = worker.execute(
+        "import os, subprocess\n"
+        "print(os.getcwd(), 'OPENAI_API_KEY' in os.environ)\n"
+        "print(subprocess.run(['ls', '/proc/self/fd'], capture_output=True, text=True).stdout.split())\n"
+        "input()"
+    )
     assert result.stdout.splitlines()[0] == "/workspace False"
     assert result.stdout.splitlines()[1] == "['0', '1', '2', '3']"  # 3 is ls reading the directory
     assert result.error_type == "EOFError"  # stdin is /dev/null, not the protocol pipe
@@ -117,7 +118,8 @@ def test_closing_leaves_no_process_behind(box, tmp_path):
         "import subprocess, sys\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)',"
         f" {marker!r}], stdout=subprocess.PIPE)\n"
-        "child.stdout.readline()")  # it has exec'd: its command line shows the marker
+        "child.stdout.readline()"
+    )  # it has exec'd: its command line shows the marker
     assert started.ok, started
     assert worker.alive and _pids_with(marker)
     worker.close()
@@ -143,7 +145,7 @@ def test_finish_in_the_code_ends_the_cell_with_its_answer(worker):
     assert caught.finished and caught.answer == "x" and "caught" not in caught.stdout  # not an Exception
 
 
-FORGE = '''
+FORGE = """
 import json, sys
 frame = sys._getframe()
 while "replies" not in frame.f_locals:
@@ -153,7 +155,7 @@ channel.write((json.dumps({"id": ID, "ok": True, "stdout": "FORGED", "finished":
                + chr(10)).encode())
 channel.flush()
 print("real")
-'''
+"""
 
 
 def test_a_line_forged_on_the_reply_channel_is_dropped_and_the_channel_stays_in_step(worker):

@@ -50,8 +50,9 @@ def test_files_inside_are_read_written_and_listed(workspace):
     assert [entry.name for entry in list_dir(workspace, "src")] == ["main.py"]
 
 
-@pytest.mark.parametrize("path", ["../outside/secret.txt", "src/../../outside/secret.txt", "/etc/passwd",
-                                  "/workspace/../etc/passwd", ".."])
+@pytest.mark.parametrize(
+    "path", ["../outside/secret.txt", "src/../../outside/secret.txt", "/etc/passwd", "/workspace/../etc/passwd", ".."]
+)
 def test_paths_that_leave_the_workspace_are_refused(workspace, secret, path):
     with pytest.raises(WorkspaceError):
         read_text(workspace, path)
@@ -136,7 +137,9 @@ def test_links_planted_from_inside_a_real_sandbox_are_refused(tmp_path):
             f"os.symlink({str(outside)!r}, 'evil-dir')\n"
             "os.symlink('/etc/passwd', 'passwd')\n"
             "os.symlink('..', 'parent')\n",
-            workspace=workspace, limits=Limits(timeout_s=10))
+            workspace=workspace,
+            limits=Limits(timeout_s=10),
+        )
         assert result.ok, result
         for path in ("evil", "evil-dir/secret.txt", "passwd", "parent/ws/../secret.txt"):
             with pytest.raises(WorkspaceError):

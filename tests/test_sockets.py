@@ -95,13 +95,27 @@ def test_another_uid_cannot_connect(runtime_dir):
     bound = bind(runtime_dir / "evolver.sock")
     try:
         os.chmod(runtime_dir.parent, 0o755)  # even with the parent open, the 0700 dir and 0600 socket stop it
-        code = ("import socket, sys\n"
-                "s = socket.socket(socket.AF_UNIX)\n"
-                "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    print('refused')\n"
-                "else:\n    print('connected')\n")
-        result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                 "/usr/bin/python3", "-c", code, str(runtime_dir / "evolver.sock")],
-                                capture_output=True, text=True, timeout=30)
+        code = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    print('refused')\n"
+            "else:\n    print('connected')\n"
+        )
+        result = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-c",
+                code,
+                str(runtime_dir / "evolver.sock"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert result.stdout.strip() == "refused", result.stderr
     finally:
         bound.close()

@@ -10,7 +10,15 @@ import textwrap
 import pytest
 
 from memory import (
-    EmbeddingMismatch, IndexBusy, NotFound, Store, StoreCorrupt, StoreError, StoreFull, StoreLocked, StoreOptions,
+    EmbeddingMismatch,
+    IndexBusy,
+    NotFound,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StoreFull,
+    StoreLocked,
+    StoreOptions,
     StoreReadOnly,
 )
 
@@ -110,7 +118,17 @@ def test_database_locked_before_the_store_ever_opened(tmp_path, embedder):
         holder.execute("COMMIT")
         holder.close()
     with Store.open(data_dir, embedder=embedder) as store:
-        assert store.migrations() == ["0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict"]
+        assert store.migrations() == [
+            "0001_initial",
+            "0002_inbox_leases",
+            "0003_ledger_indexes",
+            "0004_scaffolds",
+            "0005_insight_history",
+            "0006_tree_search",
+            "0007_task_ending",
+            "0008_exposures",
+            "0009_person_verdict",
+        ]
         assert store.db.execute("SELECT x FROM someone_elses").fetchall() == [(1,)]
 
 
@@ -190,8 +208,15 @@ def test_data_dir_on_a_read_only_mount(shared_dir, embedder):
         pytest.skip("a private read-only bind mount needs root and unshare -m")
     data_dir = shared_dir / "data"
     before = make_store(data_dir, embedder, "kept safe")
-    remount_ro = ["unshare", "-m", "sh", "-ec",
-                  'mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; shift; exec "$@"', "sh", str(data_dir)]
+    remount_ro = [
+        "unshare",
+        "-m",
+        "sh",
+        "-ec",
+        'mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; shift; exec "$@"',
+        "sh",
+        str(data_dir),
+    ]
     proc = run_python(OPEN_AND_WRITE, str(data_dir), prefix=remount_ro)
     result = last_json(proc)
     assert (result["error"], result["stage"]) == ("StoreReadOnly", "open"), result
@@ -276,8 +301,15 @@ FILL_THE_DISK = textwrap.dedent("""
 def test_full_disk_on_a_tiny_tmpfs(tmp_path):
     if not IS_ROOT or not works("unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {tmp_path}"):
         pytest.skip("mounting a tiny tmpfs needs root and unshare -m")
-    on_tmpfs = ["unshare", "-m", "sh", "-ec", 'mount -t tmpfs -o size=24m tmpfs "$1"; shift; exec "$@"',
-                "sh", str(tmp_path)]
+    on_tmpfs = [
+        "unshare",
+        "-m",
+        "sh",
+        "-ec",
+        'mount -t tmpfs -o size=24m tmpfs "$1"; shift; exec "$@"',
+        "sh",
+        str(tmp_path),
+    ]
     proc = run_python(FILL_THE_DISK, str(tmp_path), prefix=on_tmpfs)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = last_json(proc)
@@ -308,22 +340,25 @@ def sqlite_error(cls, message, code=None):
     return exc
 
 
-@pytest.mark.parametrize("exc,expected", [
-    (sqlite_error(sqlite3.DatabaseError, "file is not a database", 26), StoreCorrupt),
-    (sqlite_error(sqlite3.DatabaseError, "database disk image is malformed", 11), StoreCorrupt),
-    (sqlite_error(sqlite3.OperationalError, "database is locked", 5), StoreLocked),
-    (sqlite_error(sqlite3.OperationalError, "database is locked", 5 | (3 << 8)), StoreLocked),  # BUSY_SNAPSHOT
-    (sqlite_error(sqlite3.OperationalError, "attempt to write a readonly database", 8), StoreReadOnly),
-    (sqlite_error(sqlite3.OperationalError, "unable to open database file", 14), StoreReadOnly),
-    (sqlite_error(sqlite3.OperationalError, "database or disk is full", 13), StoreFull),
-    # Words in a message are not the error: the code decides.
-    (sqlite_error(sqlite3.OperationalError, "no such column: fullname", 1), StoreError),
-    (sqlite_error(sqlite3.OperationalError, "no such table: locked_items", 1), StoreError),
-    (sqlite_error(sqlite3.IntegrityError, "the evolution event log is append-only", 19), StoreError),
-    # Without a code (raised by the sqlite3 module itself), the text is all there is.
-    (sqlite_error(sqlite3.OperationalError, "database is locked"), StoreLocked),
-    (sqlite_error(sqlite3.ProgrammingError, "Cannot operate on a closed database."), StoreError),
-])
+@pytest.mark.parametrize(
+    "exc,expected",
+    [
+        (sqlite_error(sqlite3.DatabaseError, "file is not a database", 26), StoreCorrupt),
+        (sqlite_error(sqlite3.DatabaseError, "database disk image is malformed", 11), StoreCorrupt),
+        (sqlite_error(sqlite3.OperationalError, "database is locked", 5), StoreLocked),
+        (sqlite_error(sqlite3.OperationalError, "database is locked", 5 | (3 << 8)), StoreLocked),  # BUSY_SNAPSHOT
+        (sqlite_error(sqlite3.OperationalError, "attempt to write a readonly database", 8), StoreReadOnly),
+        (sqlite_error(sqlite3.OperationalError, "unable to open database file", 14), StoreReadOnly),
+        (sqlite_error(sqlite3.OperationalError, "database or disk is full", 13), StoreFull),
+        # Words in a message are not the error: the code decides.
+        (sqlite_error(sqlite3.OperationalError, "no such column: fullname", 1), StoreError),
+        (sqlite_error(sqlite3.OperationalError, "no such table: locked_items", 1), StoreError),
+        (sqlite_error(sqlite3.IntegrityError, "the evolution event log is append-only", 19), StoreError),
+        # Without a code (raised by the sqlite3 module itself), the text is all there is.
+        (sqlite_error(sqlite3.OperationalError, "database is locked"), StoreLocked),
+        (sqlite_error(sqlite3.ProgrammingError, "Cannot operate on a closed database."), StoreError),
+    ],
+)
 def test_sqlite_errors_are_translated_by_their_code(tmp_path, exc, expected):
     from memory.errors import translate_sqlite_error
 
@@ -333,10 +368,17 @@ def test_sqlite_errors_are_translated_by_their_code(tmp_path, exc, expected):
     assert str(path) in str(translated) and str(exc) in str(translated)
 
 
-@pytest.mark.parametrize("errno_name,expected", [
-    ("EACCES", StoreReadOnly), ("EPERM", StoreReadOnly), ("EROFS", StoreReadOnly),
-    ("ENOSPC", StoreFull), ("EDQUOT", StoreFull), ("EIO", StoreError),
-])
+@pytest.mark.parametrize(
+    "errno_name,expected",
+    [
+        ("EACCES", StoreReadOnly),
+        ("EPERM", StoreReadOnly),
+        ("EROFS", StoreReadOnly),
+        ("ENOSPC", StoreFull),
+        ("EDQUOT", StoreFull),
+        ("EIO", StoreError),
+    ],
+)
 def test_os_errors_are_translated(tmp_path, errno_name, expected):
     import errno
 

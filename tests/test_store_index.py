@@ -162,10 +162,15 @@ def test_reconcile_removes_ids_sqlite_does_not_have(open_store, embedder):
     retired = store.add_insight("retired insight")
     store.update_insight(retired.id, status="retired")
     ghost = embedder.embed_documents(["a ghost trajectory"])
-    store.index.upsert("trajectories", ["traj_ghost"], ghost, [{"success": -1, "started_at": 0.0, "node_id": "",
-                                                                 "text_hash": "x"}])
-    store.index.upsert("insights", [str(retired.id), "999"], embedder.embed_documents(["a", "b"]),
-                       [{"text_hash": "x"}, {"text_hash": "y"}])
+    store.index.upsert(
+        "trajectories", ["traj_ghost"], ghost, [{"success": -1, "started_at": 0.0, "node_id": "", "text_hash": "x"}]
+    )
+    store.index.upsert(
+        "insights",
+        [str(retired.id), "999"],
+        embedder.embed_documents(["a", "b"]),
+        [{"text_hash": "x"}, {"text_hash": "y"}],
+    )
     assert "traj_ghost" in store.index.all_ids("trajectories")
 
     fixed = store.reconcile()
@@ -285,7 +290,11 @@ HOLDER_SCRIPT = textwrap.dedent("""
 def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkeypatch):
     holder = subprocess.Popen(
         [PYTHON, "-c", HOLDER_SCRIPT, str(data_dir), *PROMPTS[:2]],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
     )
     try:
         assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
@@ -305,7 +314,16 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
         monkeypatch.undo()
         with sqlite3.connect(f"file:{data_dir / 'evolver.db'}?mode=ro", uri=True) as conn:
             assert [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")] == [
-                "0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict"]
+                "0001_initial",
+                "0002_inbox_leases",
+                "0003_ledger_indexes",
+                "0004_scaffolds",
+                "0005_insight_history",
+                "0006_tree_search",
+                "0007_task_ending",
+                "0008_exposures",
+                "0009_person_verdict",
+            ]
             assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'newer'").fetchone()[0] == 0
 
         # A reader still gets keyword search, without the index.

@@ -14,23 +14,54 @@ from memory.db import MIGRATIONS
 
 def migration_rows(path):
     with sqlite3.connect(path) as conn:
-        return conn.execute(
-            "SELECT migration_set, name, applied_at FROM _sqlite_migrations ORDER BY id"
-        ).fetchall()
+        return conn.execute("SELECT migration_set, name, applied_at FROM _sqlite_migrations ORDER BY id").fetchall()
 
 
 def test_fresh_store_records_every_migration(store):
-    assert store.migrations() == ["0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict"]
+    assert store.migrations() == [
+        "0001_initial",
+        "0002_inbox_leases",
+        "0003_ledger_indexes",
+        "0004_scaffolds",
+        "0005_insight_history",
+        "0006_tree_search",
+        "0007_task_ending",
+        "0008_exposures",
+        "0009_person_verdict",
+    ]
     assert MIGRATIONS.pending(store.db) == []
     rows = store.db.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
-    assert rows == [("evolver", "0001_initial"), ("evolver", "0002_inbox_leases"), ("evolver", "0003_ledger_indexes"),
-                    ("evolver", "0004_scaffolds"), ("evolver", "0005_insight_history"), ("evolver", "0006_tree_search"),
-                    ("evolver", "0007_task_ending"), ("evolver", "0008_exposures"),
-                    ("evolver", "0009_person_verdict")]
+    assert rows == [
+        ("evolver", "0001_initial"),
+        ("evolver", "0002_inbox_leases"),
+        ("evolver", "0003_ledger_indexes"),
+        ("evolver", "0004_scaffolds"),
+        ("evolver", "0005_insight_history"),
+        ("evolver", "0006_tree_search"),
+        ("evolver", "0007_task_ending"),
+        ("evolver", "0008_exposures"),
+        ("evolver", "0009_person_verdict"),
+    ]
     tables = set(store.db.table_names())
     assert {
-        "meta", "tasks", "trajectories", "steps", "outcomes", "insights", "tools", "nodes",
-        "evaluations", "ledger", "events", "index_outbox", "trajectories_fts", "insights_fts", "tools_fts", "scaffolds", "insight_history", "exposures",
+        "meta",
+        "tasks",
+        "trajectories",
+        "steps",
+        "outcomes",
+        "insights",
+        "tools",
+        "nodes",
+        "evaluations",
+        "ledger",
+        "events",
+        "index_outbox",
+        "trajectories_fts",
+        "insights_fts",
+        "tools_fts",
+        "scaffolds",
+        "insight_history",
+        "exposures",
     } <= tables
     model = store.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
     assert model == store.embedder.model_id
@@ -42,7 +73,17 @@ def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
     task, _ = first.add_task("survive a restart")
     first.close()
     before = migration_rows(data_dir / "evolver.db")
-    assert [r[1] for r in before] == ["0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict"]
+    assert [r[1] for r in before] == [
+        "0001_initial",
+        "0002_inbox_leases",
+        "0003_ledger_indexes",
+        "0004_scaffolds",
+        "0005_insight_history",
+        "0006_tree_search",
+        "0007_task_ending",
+        "0008_exposures",
+        "0009_person_verdict",
+    ]
 
     second = open_store()
     assert migration_rows(data_dir / "evolver.db") == before  # same row, same applied_at
@@ -61,12 +102,33 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
 
     monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
     store = open_store()
-    assert store.migrations() == ["0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict", "0099_task_labels"]
+    assert store.migrations() == [
+        "0001_initial",
+        "0002_inbox_leases",
+        "0003_ledger_indexes",
+        "0004_scaffolds",
+        "0005_insight_history",
+        "0006_tree_search",
+        "0007_task_ending",
+        "0008_exposures",
+        "0009_person_verdict",
+        "0099_task_labels",
+    ]
     assert "label" in store.db["tasks"].columns_dict
     store.close()
     store = open_store()  # and not again
     assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == [
-        "0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict", "0099_task_labels"]
+        "0001_initial",
+        "0002_inbox_leases",
+        "0003_ledger_indexes",
+        "0004_scaffolds",
+        "0005_insight_history",
+        "0006_tree_search",
+        "0007_task_ending",
+        "0008_exposures",
+        "0009_person_verdict",
+        "0099_task_labels",
+    ]
 
 
 def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, monkeypatch):
@@ -85,7 +147,17 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
     with sqlite3.connect(data_dir / "evolver.db") as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert "half_done" not in names
-    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == ["0001_initial", "0002_inbox_leases", "0003_ledger_indexes", "0004_scaffolds", "0005_insight_history", "0006_tree_search", "0007_task_ending", "0008_exposures", "0009_person_verdict"]
+    assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == [
+        "0001_initial",
+        "0002_inbox_leases",
+        "0003_ledger_indexes",
+        "0004_scaffolds",
+        "0005_insight_history",
+        "0006_tree_search",
+        "0007_task_ending",
+        "0008_exposures",
+        "0009_person_verdict",
+    ]
 
 
 def test_connection_pragmas(open_store):

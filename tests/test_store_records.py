@@ -8,8 +8,19 @@ import time
 import pytest
 
 from memory import (
-    Evaluation, Event, Insight, LedgerEntry, NewTrajectory, Node, NotFound, Outcome, Step, StoreError,
-    Task, ToolRecord, Trajectory,
+    Evaluation,
+    Event,
+    Insight,
+    LedgerEntry,
+    NewTrajectory,
+    Node,
+    NotFound,
+    Outcome,
+    Step,
+    StoreError,
+    Task,
+    ToolRecord,
+    Trajectory,
 )
 
 
@@ -21,14 +32,22 @@ def test_task_round_trip(store):
     metadata = {"client": "cli", "attempts": 3, "unicode": "naïve ✓"}
     before = time.time()
     task, new = store.add_task(
-        "What is six times seven?", check=check, priority=7, source="pack", metadata=metadata,
+        "What is six times seven?",
+        check=check,
+        priority=7,
+        source="pack",
+        metadata=metadata,
         idempotency_key="req-1",
     )
     assert new is True
     assert isinstance(task, Task)
     assert task.id.startswith("task_")
     assert (task.prompt, task.check, task.priority, task.source, task.metadata) == (
-        "What is six times seven?", check, 7, "pack", metadata,
+        "What is six times seven?",
+        check,
+        7,
+        "pack",
+        metadata,
     )
     assert (task.status, task.idempotency_key, task.finished_at, task.error) == ("queued", "req-1", None, None)
     assert before <= task.created_at == task.updated_at <= time.time()
@@ -86,15 +105,28 @@ def test_trajectory_and_steps_round_trip(store):
     trajectory = store.start_trajectory(task.id, node_id=node.id, attempt=2)
     assert isinstance(trajectory, Trajectory)
     assert (trajectory.task_id, trajectory.node_id, trajectory.prompt, trajectory.status, trajectory.attempt) == (
-        task.id, node.id, "list the files", "running", 2,
+        task.id,
+        node.id,
+        "list the files",
+        "running",
+        2,
     )
     calls = [{"id": "call_1", "name": "shell", "arguments": {"cmd": "ls -la", "timeout": 5}}]
     results = [{"call_id": "call_1", "ok": True, "output": "a.txt\nb.txt", "exit": 0}]
-    s1 = store.add_step(trajectory.id, role="assistant", content="I'll look.", tool_calls=calls,
-                        tokens_in=120, tokens_out=30, cost_usd=0.0015, duration_ms=812.5)
+    s1 = store.add_step(
+        trajectory.id,
+        role="assistant",
+        content="I'll look.",
+        tool_calls=calls,
+        tokens_in=120,
+        tokens_out=30,
+        cost_usd=0.0015,
+        duration_ms=812.5,
+    )
     s2 = store.add_step(trajectory.id, role="tool", content="", tool_results=results, duration_ms=40.0)
-    s3 = store.add_step(trajectory.id, role="assistant", content="Two files.", tokens_in=200, tokens_out=8,
-                        cost_usd=0.002)
+    s3 = store.add_step(
+        trajectory.id, role="assistant", content="Two files.", tokens_in=200, tokens_out=8, cost_usd=0.002
+    )
     assert [s.seq for s in (s1, s2, s3)] == [1, 2, 3]
     stored = store.steps(trajectory.id)
     assert stored == [s1, s2, s3]
@@ -102,7 +134,10 @@ def test_trajectory_and_steps_round_trip(store):
     assert stored[0].tool_calls == calls and stored[0].tool_results is None
     assert stored[1].tool_results == results and stored[1].tool_calls is None
     assert (stored[0].tokens_in, stored[0].tokens_out, stored[0].cost_usd, stored[0].duration_ms) == (
-        120, 30, 0.0015, 812.5,
+        120,
+        30,
+        0.0015,
+        812.5,
     )
     assert store.steps(trajectory.id, after_seq=1) == [s2, s3]
     assert store.steps(trajectory.id, after_seq=1, limit=1) == [s2]
@@ -134,18 +169,36 @@ def test_step_of_unknown_trajectory_is_refused(store):
 
 def test_ingest_round_trip(store):
     node = store.add_node("hash-n")
-    [trajectory_id] = store.ingest([NewTrajectory(
-        prompt="convert celsius to fahrenheit", final_answer="F = C * 9/5 + 32", success=True,
-        node_id=node.id, started_at=1_700_000_000.0, check={"expected": "212"},
-        steps=[
-            {"role": "assistant", "content": "compute", "tool_calls": [{"name": "python", "arguments": {"code": "100*9/5+32"}}],
-             "tokens_in": 50, "tokens_out": 10, "cost_usd": 0.001, "duration_ms": 300.0},
-            {"role": "tool", "content": "212.0", "tool_results": [{"ok": True, "output": "212.0"}]},
-        ],
-    )])
+    [trajectory_id] = store.ingest(
+        [
+            NewTrajectory(
+                prompt="convert celsius to fahrenheit",
+                final_answer="F = C * 9/5 + 32",
+                success=True,
+                node_id=node.id,
+                started_at=1_700_000_000.0,
+                check={"expected": "212"},
+                steps=[
+                    {
+                        "role": "assistant",
+                        "content": "compute",
+                        "tool_calls": [{"name": "python", "arguments": {"code": "100*9/5+32"}}],
+                        "tokens_in": 50,
+                        "tokens_out": 10,
+                        "cost_usd": 0.001,
+                        "duration_ms": 300.0,
+                    },
+                    {"role": "tool", "content": "212.0", "tool_results": [{"ok": True, "output": "212.0"}]},
+                ],
+            )
+        ]
+    )
     trajectory = store.get_trajectory(trajectory_id)
     assert (trajectory.prompt, trajectory.final_answer, trajectory.node_id, trajectory.started_at) == (
-        "convert celsius to fahrenheit", "F = C * 9/5 + 32", node.id, 1_700_000_000.0,
+        "convert celsius to fahrenheit",
+        "F = C * 9/5 + 32",
+        node.id,
+        1_700_000_000.0,
     )
     task = store.get_task(trajectory.task_id)
     assert (task.status, task.source, task.check) == ("done", "import", {"expected": "212"})
@@ -170,19 +223,31 @@ def test_outcome_round_trip(store):
     task, _ = store.add_task("add 2 and 2")
     trajectory = store.start_trajectory(task.id)
     assert store.outcome(trajectory.id) is None
-    outcome = store.record_outcome(trajectory.id, success=False, score=0.25, verifier="expected_answer",
-                                   verifier_output="expected '4', got '5'")
+    outcome = store.record_outcome(
+        trajectory.id, success=False, score=0.25, verifier="expected_answer", verifier_output="expected '4', got '5'"
+    )
     assert isinstance(outcome, Outcome)
     assert (outcome.success, outcome.score, outcome.verifier, outcome.verifier_output, outcome.feedback) == (
-        False, 0.25, "expected_answer", "expected '4', got '5'", None,
+        False,
+        0.25,
+        "expected_answer",
+        "expected '4', got '5'",
+        None,
     )
     # A person's feedback is kept, but a verifier's verdict stands.
     after = store.add_feedback(trajectory.id, good=True, note="close enough for me")
     assert (after.success, after.feedback, after.verifier) == (False, "close enough for me", "expected_answer")
     assert after.person_good is True  # and the person's word is kept as they gave it, beside the verdict
     # A re-verification replaces the verdict and keeps the feedback.
-    again = store.record_outcome(trajectory.id, success=True, score=1.0, verifier="expected_answer", verifier_output="ok")
-    assert (again.success, again.score, again.verifier_output, again.feedback) == (True, 1.0, "ok", "close enough for me")
+    again = store.record_outcome(
+        trajectory.id, success=True, score=1.0, verifier="expected_answer", verifier_output="ok"
+    )
+    assert (again.success, again.score, again.verifier_output, again.feedback) == (
+        True,
+        1.0,
+        "ok",
+        "close enough for me",
+    )
     assert store.outcome(trajectory.id) == again
     with pytest.raises(NotFound):
         store.record_outcome("traj_missing", success=True)
@@ -212,14 +277,21 @@ def test_insight_round_trip_and_update(store):
     insight = store.add_insight("Run the tests before answering.", importance=3, provenance=provenance)
     assert isinstance(insight, Insight)
     assert (insight.text, insight.importance, insight.status, insight.provenance, insight.node_id) == (
-        "Run the tests before answering.", 3, "active", provenance, None,
+        "Run the tests before answering.",
+        3,
+        "active",
+        provenance,
+        None,
     )
     assert store.get_insight(insight.id) == insight
     assert store.index.all_ids("insights") == {str(insight.id)}
 
     edited = store.update_insight(insight.id, text="Run the whole test suite before answering.", importance=5)
     assert (edited.text, edited.importance, edited.status, edited.provenance) == (
-        "Run the whole test suite before answering.", 5, "active", provenance,
+        "Run the whole test suite before answering.",
+        5,
+        "active",
+        provenance,
     )
     assert edited.updated_at >= insight.updated_at and edited.created_at == insight.created_at
     more = provenance + [{"trajectory": "traj_c", "op": "EDIT"}]
@@ -243,13 +315,17 @@ def test_insight_round_trip_and_update(store):
 
 def test_tool_versions_status_and_usage(store):
     v1 = store.add_tool("csv_sum", description="Sum a column of a CSV file", code_hash="h1", origin="synthesized")
-    v2 = store.add_tool("csv_sum", description="Sum a column of a CSV file, skipping blanks", code_hash="h2",
-                        origin="synthesized")
+    v2 = store.add_tool(
+        "csv_sum", description="Sum a column of a CSV file, skipping blanks", code_hash="h2", origin="synthesized"
+    )
     other = store.add_tool("word_count", description="Count the words in a text", code_hash="h3", origin="builtin")
     assert all(isinstance(t, ToolRecord) for t in (v1, v2, other))
     assert [(t.name, t.version) for t in (v1, v2, other)] == [("csv_sum", 1), ("csv_sum", 2), ("word_count", 1)]
     assert (v2.description, v2.code_hash, v2.origin, v2.status) == (
-        "Sum a column of a CSV file, skipping blanks", "h2", "synthesized", "active",
+        "Sum a column of a CSV file, skipping blanks",
+        "h2",
+        "synthesized",
+        "active",
     )
     assert (v2.uses, v2.successes, v2.failures) == (0, 0, 0)
     assert store.get_tool(v2.id) == v2
@@ -282,12 +358,20 @@ def test_tool_versions_status_and_usage(store):
 
 def test_nodes_and_evaluations(store):
     root = store.add_node("hash-root", status="promoted", rationale="the seed scaffold", node_id="node_root")
-    child = store.add_node("hash-child", parent_id=root.id, diff="--- a\n+++ b\n", rationale="plan first",
-                           cost_usd=0.12, tokens=3400)
+    child = store.add_node(
+        "hash-child", parent_id=root.id, diff="--- a\n+++ b\n", rationale="plan first", cost_usd=0.12, tokens=3400
+    )
     assert isinstance(child, Node)
     assert (root.id, root.parent_id, root.status) == ("node_root", None, "promoted")
-    assert (child.parent_id, child.scaffold_hash, child.status, child.diff, child.rationale, child.cost_usd,
-            child.tokens) == (root.id, "hash-child", "proposed", "--- a\n+++ b\n", "plan first", 0.12, 3400)
+    assert (
+        child.parent_id,
+        child.scaffold_hash,
+        child.status,
+        child.diff,
+        child.rationale,
+        child.cost_usd,
+        child.tokens,
+    ) == (root.id, "hash-child", "proposed", "--- a\n+++ b\n", "plan first", 0.12, 3400)
     assert store.get_node(child.id) == child
     assert store.set_node_status(child.id, "evaluating").status == "evaluating"
     assert [n.id for n in store.list_nodes()] == [root.id, child.id]
@@ -302,7 +386,12 @@ def test_nodes_and_evaluations(store):
     e2 = store.start_evaluation(child.id, "pack/arith#4")
     assert isinstance(e1, Evaluation)
     assert (e1.node_id, e1.task_ref, e1.split, e1.status, e1.success, e1.finished_at) == (
-        child.id, "pack/arith#3", "heldout", "running", None, None,
+        child.id,
+        "pack/arith#3",
+        "heldout",
+        "running",
+        None,
+        None,
     )
     done = store.finish_evaluation(e1.id, success=True, trajectory_id=trajectory.id)
     assert (done.status, done.success, done.trajectory_id) == ("done", True, trajectory.id)
@@ -321,15 +410,31 @@ def test_nodes_and_evaluations(store):
 def test_ledger_and_spent(store):
     start = time.time()
     task, _ = store.add_task("t")
-    e1 = store.record_call(model="gpt-x", purpose="task", tokens_in=100, tokens_out=20, cost_usd=0.01,
-                           latency_ms=350.0, task_id=task.id)
-    store.record_call(model="gpt-x", purpose="task", tokens_in=50, tokens_out=5, cost_usd=0.005, latency_ms=100.0,
-                      task_id=task.id)
-    store.record_call(model="claude-y", purpose="distill", tokens_in=1000, tokens_out=200, cost_usd=0.2,
-                      latency_ms=900.0, node_id="node_1")
+    e1 = store.record_call(
+        model="gpt-x", purpose="task", tokens_in=100, tokens_out=20, cost_usd=0.01, latency_ms=350.0, task_id=task.id
+    )
+    store.record_call(
+        model="gpt-x", purpose="task", tokens_in=50, tokens_out=5, cost_usd=0.005, latency_ms=100.0, task_id=task.id
+    )
+    store.record_call(
+        model="claude-y",
+        purpose="distill",
+        tokens_in=1000,
+        tokens_out=200,
+        cost_usd=0.2,
+        latency_ms=900.0,
+        node_id="node_1",
+    )
     assert isinstance(e1, LedgerEntry)
     assert (e1.model, e1.purpose, e1.tokens_in, e1.tokens_out, e1.cost_usd, e1.latency_ms, e1.task_id, e1.node_id) == (
-        "gpt-x", "task", 100, 20, 0.01, 350.0, task.id, None,
+        "gpt-x",
+        "task",
+        100,
+        20,
+        0.01,
+        350.0,
+        task.id,
+        None,
     )
     assert e1.at >= start
     tokens, usd = store.spent()
@@ -342,14 +447,36 @@ def test_ledger_and_spent(store):
 
 
 def test_events_round_trip_and_append_only(store):
-    first = store.append_event("insight", "ADD insight 1", why="three failures on timeouts",
-                               evidence=["traj_a", "traj_b"], cost_usd=0.02, node_id="node_1",
-                               payload={"insight_id": 1, "op": "ADD"})
+    first = store.append_event(
+        "insight",
+        "ADD insight 1",
+        why="three failures on timeouts",
+        evidence=["traj_a", "traj_b"],
+        cost_usd=0.02,
+        node_id="node_1",
+        payload={"insight_id": 1, "op": "ADD"},
+    )
     second = store.append_event("revert", "undo insight 1", reverts=first.id)
     assert isinstance(first, Event)
-    assert (first.kind, first.what, first.why, first.evidence, first.cost_usd, first.node_id, first.payload,
-            first.reverts) == ("insight", "ADD insight 1", "three failures on timeouts", ["traj_a", "traj_b"],
-                               0.02, "node_1", {"insight_id": 1, "op": "ADD"}, None)
+    assert (
+        first.kind,
+        first.what,
+        first.why,
+        first.evidence,
+        first.cost_usd,
+        first.node_id,
+        first.payload,
+        first.reverts,
+    ) == (
+        "insight",
+        "ADD insight 1",
+        "three failures on timeouts",
+        ["traj_a", "traj_b"],
+        0.02,
+        "node_1",
+        {"insight_id": 1, "op": "ADD"},
+        None,
+    )
     assert (second.reverts, second.evidence, second.payload) == (first.id, [], {})
     assert store.list_events() == [second, first]  # newest first
     assert store.list_events(kind="insight") == [first]
@@ -404,7 +531,8 @@ def test_a_transaction_indexes_its_rows_once_committed_and_none_of_a_rolled_back
         assert store.index.count("insights") == 0, "indexed before its transaction committed"
     assert store.index.count("insights") == 1
     assert [h.text for h in store.search_insights("committed transaction", k=1)] == [
-        "Committed with the rest of the transaction."]
+        "Committed with the rest of the transaction."
+    ]
 
 
 def test_the_last_attempt_is_the_newest_even_when_a_restart_numbers_attempts_again(store):

@@ -10,19 +10,46 @@ from memory import Filters, NewTrajectory, Store
 from memory.search import MAX_TERMS, fuse, keyword_search, match_expression
 
 FILLERS = [
-    "bake a loaf of sourdough bread", "plant tomatoes in the spring garden", "book a train ticket to Vienna",
-    "compute the monthly mortgage payment", "tune the guitar to drop D", "translate a poem from French to English",
-    "write a cover letter for a job application", "plan a three day hiking trip",
-    "choose a birthday present for a child", "knit a wool scarf", "brew a cup of green tea", "train a puppy to sit",
-    "paint the bedroom walls blue", "summarize a news article about elections", "learn the rules of chess",
-    "organize a bookshelf by color", "compose a short melody on the piano", "clean the kitchen oven",
-    "budget for a family vacation", "identify a bird by its song", "sew a button onto a shirt",
-    "make a paper airplane", "grow basil on a windowsill", "write a limerick about a cat",
-    "knead pizza dough and let it rise", "make banana bread with walnuts", "bake chocolate chip cookies",
-    "cook a pot of tomato soup", "roast a chicken with lemon and thyme", "make pancakes for breakfast",
-    "bake a rye loaf in a dutch oven", "prepare a vegetable lasagna", "make fresh pasta by hand",
-    "steam dumplings in a bamboo basket", "bake cinnamon rolls", "whip cream for a strawberry cake",
-    "grill salmon fillets", "make a simple flatbread", "fry eggs sunny side up", "bake baguettes at home",
+    "bake a loaf of sourdough bread",
+    "plant tomatoes in the spring garden",
+    "book a train ticket to Vienna",
+    "compute the monthly mortgage payment",
+    "tune the guitar to drop D",
+    "translate a poem from French to English",
+    "write a cover letter for a job application",
+    "plan a three day hiking trip",
+    "choose a birthday present for a child",
+    "knit a wool scarf",
+    "brew a cup of green tea",
+    "train a puppy to sit",
+    "paint the bedroom walls blue",
+    "summarize a news article about elections",
+    "learn the rules of chess",
+    "organize a bookshelf by color",
+    "compose a short melody on the piano",
+    "clean the kitchen oven",
+    "budget for a family vacation",
+    "identify a bird by its song",
+    "sew a button onto a shirt",
+    "make a paper airplane",
+    "grow basil on a windowsill",
+    "write a limerick about a cat",
+    "knead pizza dough and let it rise",
+    "make banana bread with walnuts",
+    "bake chocolate chip cookies",
+    "cook a pot of tomato soup",
+    "roast a chicken with lemon and thyme",
+    "make pancakes for breakfast",
+    "bake a rye loaf in a dutch oven",
+    "prepare a vegetable lasagna",
+    "make fresh pasta by hand",
+    "steam dumplings in a bamboo basket",
+    "bake cinnamon rolls",
+    "whip cream for a strawberry cake",
+    "grill salmon fillets",
+    "make a simple flatbread",
+    "fry eggs sunny side up",
+    "bake baguettes at home",
 ]
 KEYWORD_ONLY = "file the quarterly zanzibar expense report"  # the only text with "zanzibar"
 VECTOR_ONLY = "my automobile won't start, fix its engine"  # near "car motor repair", sharing no word
@@ -133,17 +160,49 @@ def test_search_result_fields(corpus):
     [hit] = store.search_trajectories("zanzibar expense report", k=1)
     trajectory = store.get_trajectory(named[KEYWORD_ONLY])
     assert (hit.trajectory_id, hit.task_id, hit.prompt, hit.final_answer, hit.success) == (
-        trajectory.id, trajectory.task_id, KEYWORD_ONLY, None, None,
+        trajectory.id,
+        trajectory.task_id,
+        KEYWORD_ONLY,
+        None,
+        None,
     )
     assert len(store.search_trajectories("bread", k=3)) == 3
 
 
-@pytest.mark.parametrize("query", [
-    '"unbalanced quote', "it's", 'say "hello" to "them"', "NEAR(car engine)", "NEAR(car engine, 2)",
-    "car*", "*", "prompt:car", "final_answer:engine", "title:", "(car OR", ")", "car AND", "AND OR NOT",
-    "NOT car", "-car", "+car", "^car", "{prompt final_answer}: car", "car:engine:repair", "ca\"r", "''",
-    "\\", ";DROP TABLE trajectories;--", "   ", "", "\x00", "車のエンジン修理", "🚗 repair",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"unbalanced quote',
+        "it's",
+        'say "hello" to "them"',
+        "NEAR(car engine)",
+        "NEAR(car engine, 2)",
+        "car*",
+        "*",
+        "prompt:car",
+        "final_answer:engine",
+        "title:",
+        "(car OR",
+        ")",
+        "car AND",
+        "AND OR NOT",
+        "NOT car",
+        "-car",
+        "+car",
+        "^car",
+        "{prompt final_answer}: car",
+        "car:engine:repair",
+        'ca"r',
+        "''",
+        "\\",
+        ";DROP TABLE trajectories;--",
+        "   ",
+        "",
+        "\x00",
+        "車のエンジン修理",
+        "🚗 repair",
+    ],
+)
 def test_fts_syntax_in_a_query_is_searched_not_interpreted(corpus, query):
     store, named = corpus
     hits = store.search_trajectories(query, k=5)
@@ -170,11 +229,14 @@ def filtered(tmp_path_factory, embedder):
         ("t3", node_b.id, True, 3000.0),
         ("t4", node_b.id, None, 4000.0),
     ]
-    ids = store.ingest([
-        NewTrajectory(prompt=f"calibrate the widget sensor, batch {name}", success=success, node_id=node,
-                      started_at=started)
-        for name, node, success, started in spec
-    ])
+    ids = store.ingest(
+        [
+            NewTrajectory(
+                prompt=f"calibrate the widget sensor, batch {name}", success=success, node_id=node, started_at=started
+            )
+            for name, node, success, started in spec
+        ]
+    )
     yield store, dict(zip([s[0] for s in spec], ids)), data_dir
     store.close()
 
@@ -221,16 +283,25 @@ def test_filters_on_fused_vector_and_keyword_paths(filtered, embedder, filters, 
 def test_vector_filters_reach_beyond_the_unfiltered_candidates(store, embedder):
     """Matches that the unfiltered nearest neighbours miss are still found, from index metadata."""
     store.add_node("hx", node_id="node_x")
-    near = store.ingest([NewTrajectory(prompt=f"calibrate the widget sensor number {i}", started_at=1000.0)
-                         for i in range(30)])
-    far = store.ingest([NewTrajectory(prompt=p, node_id="node_x", started_at=5000.0)
-                        for p in ("water the tomato plants", "repot the basil seedlings")])
+    near = store.ingest(
+        [NewTrajectory(prompt=f"calibrate the widget sensor number {i}", started_at=1000.0) for i in range(30)]
+    )
+    far = store.ingest(
+        [
+            NewTrajectory(prompt=p, node_id="node_x", started_at=5000.0)
+            for p in ("water the tomato plants", "repot the basil seedlings")
+        ]
+    )
     for trajectory_id in far:  # outcomes arrive later, as metadata-only index updates
         store.record_outcome(trajectory_id, success=True)
     vector = embedder.embed_query("calibrate widget sensor")
     assert set(far).isdisjoint(vector_ranking(store, vector)[:25])
-    for filters in (Filters(success=True), Filters(node_id="node_x"), Filters(since=4000.0),
-                    Filters(success=True, since=4000.0, node_id="node_x")):
+    for filters in (
+        Filters(success=True),
+        Filters(node_id="node_x"),
+        Filters(since=4000.0),
+        Filters(success=True, since=4000.0, node_id="node_x"),
+    ):
         hits = store.search_trajectories("", k=2, filters=filters, vector=vector)
         assert {h.trajectory_id for h in hits} == set(far), filters
     assert store.search_trajectories("", k=2, filters=Filters(success=False), vector=vector) == []
@@ -243,7 +314,9 @@ def test_outcome_changes_are_seen_by_the_vector_filter(store, embedder):
     success = Filters(success=True)
     assert store.search_trajectories("", k=3, filters=success, vector=vector) == []
     store.record_outcome(trajectory_id, success=True)
-    assert [h.trajectory_id for h in store.search_trajectories("", k=3, filters=success, vector=vector)] == [trajectory_id]
+    assert [h.trajectory_id for h in store.search_trajectories("", k=3, filters=success, vector=vector)] == [
+        trajectory_id
+    ]
     store.record_outcome(trajectory_id, success=False)
     assert store.search_trajectories("", k=3, filters=success, vector=vector) == []
 
@@ -273,10 +346,12 @@ def test_insight_and_tool_search(store):
 
 
 def test_context_gathers_successful_examples_insights_and_tools(store):
-    good, bad = store.ingest([
-        NewTrajectory(prompt="resize images to thumbnails", final_answer="used PIL", success=True),
-        NewTrajectory(prompt="resize images to thumbnails quickly", final_answer="gave up", success=False),
-    ])
+    good, bad = store.ingest(
+        [
+            NewTrajectory(prompt="resize images to thumbnails", final_answer="used PIL", success=True),
+            NewTrajectory(prompt="resize images to thumbnails quickly", final_answer="gave up", success=False),
+        ]
+    )
     insight = store.add_insight("Use Pillow's thumbnail() to keep the aspect ratio")
     tool = store.add_tool("image_resize", description="Resize an image file", code_hash="h", origin="builtin")
     context = store.context("make thumbnails of these images", trajectories=3, insights=2, tools=2)

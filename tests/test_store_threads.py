@@ -39,7 +39,7 @@ def test_many_threads_submitting_and_reading_at_once(store):
     def work(n: int) -> None:
         try:
             for i in range(25):
-                (task, new), = store.add_tasks([{"prompt": f"task {n}-{i}", "idempotency_key": f"{n}-{i}"}])
+                ((task, new),) = store.add_tasks([{"prompt": f"task {n}-{i}", "idempotency_key": f"{n}-{i}"}])
                 assert new and store.get_task(task.id).prompt == f"task {n}-{i}"
                 store.list_tasks(limit=5)
                 store.queue_depth()
@@ -85,9 +85,11 @@ def test_a_writer_reads_its_own_rows_through_nested_blocks_and_others_through_it
             assert store._one("SELECT value FROM meta WHERE key = 'outer'") == {"value": "1"}
         # still inside the outer block: its rows, uncommitted, stay visible to it
         assert store._reader() is store.db
-        assert [r["key"] for r in store._all("SELECT key FROM meta WHERE key IN ('outer', 'inner') ORDER BY key")] \
-            == ["inner", "outer"]
-        (task, _), = store.add_tasks([{"prompt": "inside"}])
+        assert [r["key"] for r in store._all("SELECT key FROM meta WHERE key IN ('outer', 'inner') ORDER BY key")] == [
+            "inner",
+            "outer",
+        ]
+        ((task, _),) = store.add_tasks([{"prompt": "inside"}])
         assert store.get_task(task.id).prompt == "inside"  # add_tasks nested in this block
     assert store._reader() is not store.db
     assert store.get_meta("outer") == "1" and store.get_meta("inner") == "2"

@@ -24,13 +24,13 @@ def reverse_text(text: str) -> str:
     """
     return text[::-1]
 '''
-REVERSE_TESTS = '''
+REVERSE_TESTS = """
 def test_reverses():
     assert reverse_text("abc") == "cba"
 
 def test_empty():
     assert reverse_text("") == ""
-'''
+"""
 SHOUT = '''
 def shout(text: str) -> str:
     """Upper-case a text and add an exclamation mark.
@@ -40,10 +40,10 @@ def shout(text: str) -> str:
     """
     return text.upper() + "!"
 '''
-SHOUT_TESTS = '''
+SHOUT_TESTS = """
 def test_shout():
     assert shout("hi") == "HI!"
-'''
+"""
 
 
 def verbatim(reply: str) -> str:
@@ -51,12 +51,21 @@ def verbatim(reply: str) -> str:
     return reply.replace("\\", "\\\\")
 
 
-def proposal(code=REVERSE, tests=REVERSE_TESTS, name="reverse_text", replays=None, words=("hello", "abc"),
-             **extra) -> str:
+def proposal(
+    code=REVERSE, tests=REVERSE_TESTS, name="reverse_text", replays=None, words=("hello", "abc"), **extra
+) -> str:
     if replays is None:  # the recorded calls, new ones first
         replays = [{"call": n, "arguments": {"text": word}} for n, word in enumerate(words, start=1)]
-    return json.dumps({"name": name, "code": code, "tests": tests, "replays": replays,
-                       "rationale": "reversing strings came up in several tasks", **extra})
+    return json.dumps(
+        {
+            "name": name,
+            "code": code,
+            "tests": tests,
+            "replays": replays,
+            "rationale": "reversing strings came up in several tasks",
+            **extra,
+        }
+    )
 
 
 # A second round's window repeats the words; its look back holds the first round's calls.
@@ -64,25 +73,66 @@ AGAIN = ("hello", "abc", "hello", "abc")
 
 
 def _python_call(code: str, output: str, n: int) -> list[dict]:
-    return [{"role": "assistant", "content": "", "tool_calls": [
-                {"id": f"c{n}", "name": "run_python", "arguments": {"code": code}, "error": None}]},
-            {"role": "tool", "content": output, "tool_results": [{"id": f"c{n}", "name": "run_python", "ok": True}]}]
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": f"c{n}", "name": "run_python", "arguments": {"code": code}, "error": None}],
+        },
+        {"role": "tool", "content": output, "tool_results": [{"id": f"c{n}", "name": "run_python", "ok": True}]},
+    ]
 
 
 def reversals(store) -> list[str]:
     """Two tasks, one after the other, that each reversed a word with the same code, on other data."""
-    return [*store.ingest([NewTrajectory(prompt="Reverse the word hello", final_answer="olleh", success=True,
-                                         steps=_python_call("word = 'hello'\nprint(word[::-1])", "olleh", 1))]),
-            *store.ingest([NewTrajectory(prompt="Reverse the word abc", final_answer="cba", success=True,
-                                         steps=_python_call("word = 'abc'\nprint(word[::-1])", "cba", 2))])]
+    return [
+        *store.ingest(
+            [
+                NewTrajectory(
+                    prompt="Reverse the word hello",
+                    final_answer="olleh",
+                    success=True,
+                    steps=_python_call("word = 'hello'\nprint(word[::-1])", "olleh", 1),
+                )
+            ]
+        ),
+        *store.ingest(
+            [
+                NewTrajectory(
+                    prompt="Reverse the word abc",
+                    final_answer="cba",
+                    success=True,
+                    steps=_python_call("word = 'abc'\nprint(word[::-1])", "cba", 2),
+                )
+            ]
+        ),
+    ]
 
 
 def shouts(store) -> list[str]:
     """Two tasks, one after the other (so their calls are shown in that order), that shouted a word."""
-    return [*store.ingest([NewTrajectory(prompt="Shout hi", final_answer="HI!", success=True,
-                                         steps=_python_call("s = 'hi'\nprint(s.upper() + '!')", "HI!", 3))]),
-            *store.ingest([NewTrajectory(prompt="Shout yes", final_answer="YES!", success=True,
-                                         steps=_python_call("s = 'yes'\nprint(s.upper() + '!')", "YES!", 4))])]
+    return [
+        *store.ingest(
+            [
+                NewTrajectory(
+                    prompt="Shout hi",
+                    final_answer="HI!",
+                    success=True,
+                    steps=_python_call("s = 'hi'\nprint(s.upper() + '!')", "HI!", 3),
+                )
+            ]
+        ),
+        *store.ingest(
+            [
+                NewTrajectory(
+                    prompt="Shout yes",
+                    final_answer="YES!",
+                    success=True,
+                    steps=_python_call("s = 'yes'\nprint(s.upper() + '!')", "YES!", 4),
+                )
+            ]
+        ),
+    ]
 
 
 @pytest.fixture
@@ -96,6 +146,7 @@ def engine(open_store, sandbox, tmp_path):
         e = Engine.open(config, data_dir=data, store=open_store(data), sandbox=sandbox)
         opened.append(e)
         return e
+
     yield make
 
 
@@ -123,8 +174,9 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
     (event,) = e.store.list_events(kind="tool_registered")
     assert tool.event_id == event.id and sorted(event.evidence) == sorted(evidence)
     assert event.payload["quarantine"] == "2/2 tests passed, 2/2 recorded calls reproduced"
-    assert event.payload["tool_changes"] == [{"id": tool.id, "name": "reverse_text", "version": 1,
-                                              "before": None, "after": "active"}]
+    assert event.payload["tool_changes"] == [
+        {"id": tool.id, "name": "reverse_text", "version": 1, "before": None, "after": "active"}
+    ]
     assert (e.data_dir / "tools" / "reverse_text" / "v1.py").read_text() == REVERSE
     # Offered to the next task, and found by what it does.
     e.agent()
@@ -135,6 +187,7 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
     assert len(e.store.list_events(kind="tool_registered")) == 1
     # `evolver tools show reverse_text` and `evolver history show EVENT` (no command showed either before)
     from evolver.api import views
+
     shown = views.tool_detail(e.store, "reverse_text")
     (version,) = shown["versions"]
     assert version["code"] == REVERSE and "def test_" in version["tests"]
@@ -147,9 +200,11 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
 
 
 def test_the_registered_tool_runs_for_a_task_and_its_use_is_counted(engine):
-    rules = [{"match": "^desserts$", "role": "tool", "tool": "finish", "arguments": {"answer": "desserts"}},
-             {"match": "Reverse the word", "on": "task", "tool": "reverse_text", "arguments": {"text": "stressed"}},
-             {"match": "", "reply": proposal()}]
+    rules = [
+        {"match": "^desserts$", "role": "tool", "tool": "finish", "arguments": {"answer": "desserts"}},
+        {"match": "Reverse the word", "on": "task", "tool": "reverse_text", "arguments": {"text": "stressed"}},
+        {"match": "", "reply": proposal()},
+    ]
     e = engine(rules, "synth-use")
     reversals(e.store)
     synthesize_round(e)
@@ -160,27 +215,49 @@ def test_the_registered_tool_runs_for_a_task_and_its_use_is_counted(engine):
     assert (tool.uses, tool.successes, tool.failures) == (1, 1, 0)
 
 
-@pytest.mark.parametrize("reply, reason", [
-    (proposal(tests="def test_wrong():\n    assert reverse_text('ab') == 'ab'\n"), "1 of 1 tests failed; test_wrong"),
-    (proposal(code="def reverse_text(text: str) -> str:\n    return text[::-1\n"), "does not parse"),
-    (proposal(code=REVERSE.replace("text[::-1]", "text[::-1].upper()"),
-              tests="def test_runs():\n    assert reverse_text('a') == 'A'\n"), "recorded calls not reproduced"),
-    (proposal(replays=[{"call": 1, "arguments": {"text": "hello"}}]), "no arguments for recorded call(s) 2"),
-    (proposal(tests="x = 1\n"), "brings no tests"),
-    (proposal(code=REVERSE.replace("text: str", "text"),), "has no type annotation"),
-    (proposal(name="run_shell", code=REVERSE.replace("reverse_text", "run_shell")), "built-in tool's name"),
-    # A schema no model call could carry would break every task the tool is offered to.
-    (proposal(code=REVERSE.replace("text: str", 'text: str = b""')), "its schema is not JSON"),
-    (proposal(code=REVERSE.replace("text: str", "text: str = ...")), "its schema is not JSON"),
-    # Its texts are shown to the model and printed on people's terminals: no control character in them.
-    (verbatim(proposal(code=REVERSE.replace("by character", "by\x1b]0;pwned\x07 character"))),
-     "control character \\x1b at line 3, column 38 in its code"),
-    (verbatim(proposal(code=REVERSE.replace("by character", "by\\x1b[2J character"))),
-     "control character \\x1b at character 31 in its description"),
-    (verbatim(proposal(code=REVERSE.replace("the string", "the\\x1b[31m string"))),
-     "control character \\x1b at character 4 in its description of parameter 'text'"),
-    (verbatim(proposal(tests=REVERSE_TESTS.replace("cba", "c\x9bba"))), "control character \\x9b"),
-])
+@pytest.mark.parametrize(
+    "reply, reason",
+    [
+        (
+            proposal(tests="def test_wrong():\n    assert reverse_text('ab') == 'ab'\n"),
+            "1 of 1 tests failed; test_wrong",
+        ),
+        (proposal(code="def reverse_text(text: str) -> str:\n    return text[::-1\n"), "does not parse"),
+        (
+            proposal(
+                code=REVERSE.replace("text[::-1]", "text[::-1].upper()"),
+                tests="def test_runs():\n    assert reverse_text('a') == 'A'\n",
+            ),
+            "recorded calls not reproduced",
+        ),
+        (proposal(replays=[{"call": 1, "arguments": {"text": "hello"}}]), "no arguments for recorded call(s) 2"),
+        (proposal(tests="x = 1\n"), "brings no tests"),
+        (
+            proposal(
+                code=REVERSE.replace("text: str", "text"),
+            ),
+            "has no type annotation",
+        ),
+        (proposal(name="run_shell", code=REVERSE.replace("reverse_text", "run_shell")), "built-in tool's name"),
+        # A schema no model call could carry would break every task the tool is offered to.
+        (proposal(code=REVERSE.replace("text: str", 'text: str = b""')), "its schema is not JSON"),
+        (proposal(code=REVERSE.replace("text: str", "text: str = ...")), "its schema is not JSON"),
+        # Its texts are shown to the model and printed on people's terminals: no control character in them.
+        (
+            verbatim(proposal(code=REVERSE.replace("by character", "by\x1b]0;pwned\x07 character"))),
+            "control character \\x1b at line 3, column 38 in its code",
+        ),
+        (
+            verbatim(proposal(code=REVERSE.replace("by character", "by\\x1b[2J character"))),
+            "control character \\x1b at character 31 in its description",
+        ),
+        (
+            verbatim(proposal(code=REVERSE.replace("the string", "the\\x1b[31m string"))),
+            "control character \\x1b at character 4 in its description of parameter 'text'",
+        ),
+        (verbatim(proposal(tests=REVERSE_TESTS.replace("cba", "c\x9bba"))), "control character \\x9b"),
+    ],
+)
 def test_a_tool_that_fails_quarantine_is_rejected_with_the_reason(engine, reply, reason):
     e = engine(_only(reply), f"synth-reject-{abs(hash(reason))}")
     reversals(e.store)
@@ -194,12 +271,15 @@ def test_a_tool_that_fails_quarantine_is_rejected_with_the_reason(engine, reply,
     assert synthesize_round(e) == "no new trajectories since the last round"
 
 
-@pytest.mark.parametrize("reply, problem", [
-    ("Here is a tool: def f(): pass", "not JSON"),
-    (json.dumps({"name": "reverse_text", "code": REVERSE}), "needs 'tests'"),
-    (proposal(replays=[{"call": 9, "arguments": {}}]), "numbered 1 to 2"),
-    (proposal(extra_field=1), "unknown fields"),
-])
+@pytest.mark.parametrize(
+    "reply, problem",
+    [
+        ("Here is a tool: def f(): pass", "not JSON"),
+        (json.dumps({"name": "reverse_text", "code": REVERSE}), "needs 'tests'"),
+        (proposal(replays=[{"call": 9, "arguments": {}}]), "numbered 1 to 2"),
+        (proposal(extra_field=1), "unknown fields"),
+    ],
+)
 def test_a_malformed_answer_fails_the_round_and_changes_nothing(engine, reply, problem):
     e = engine(_only(reply), f"synth-bad-{abs(hash(problem))}")
     reversals(e.store)
@@ -219,8 +299,16 @@ def test_the_model_may_decline(engine):
 
 def test_code_seen_in_one_task_only_is_no_opportunity(engine):
     e = engine(_only(proposal()), "synth-once")
-    e.store.ingest([NewTrajectory(prompt="Reverse hello", final_answer="olleh", success=True,
-                                  steps=_python_call("print('hello'[::-1])", "olleh", 1))])
+    e.store.ingest(
+        [
+            NewTrajectory(
+                prompt="Reverse hello",
+                final_answer="olleh",
+                success=True,
+                steps=_python_call("print('hello'[::-1])", "olleh", 1),
+            )
+        ]
+    )
     assert synthesize_round(e).startswith("no opportunity")
     assert e.store._one("SELECT count(*) AS n FROM ledger")["n"] == 0  # no model call for nothing
     assert json.loads(e.store.get_meta(WATERMARK_KEY))["until"] is None
@@ -229,9 +317,16 @@ def test_code_seen_in_one_task_only_is_no_opportunity(engine):
 def test_a_failure_that_lacked_a_capability_is_an_opportunity(engine):
     tool = proposal(replays=[])
     e = engine([{"match": "failed for want of a capability", "reply": tool}], "synth-gap")
-    e.store.ingest([NewTrajectory(prompt="Reverse the letters of 'stressed'", final_answer="stressed",
-                                  success=False, steps=[{"role": "reflection", "content":
-                                                         "I could not reverse the text; I lacked a tool for it."}])])
+    e.store.ingest(
+        [
+            NewTrajectory(
+                prompt="Reverse the letters of 'stressed'",
+                final_answer="stressed",
+                success=False,
+                steps=[{"role": "reflection", "content": "I could not reverse the text; I lacked a tool for it."}],
+            )
+        ]
+    )
     assert synthesize_round(e).startswith("registered reverse_text v1")
 
 
@@ -239,11 +334,21 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     # The first answer is long (a rationale of ~10,000 tokens); after it the background share
     # (6,000 tokens) cannot pay for the second opportunity's call.
     long = "x" * 40_000
-    rules = [{"match": r"\[::-1\]", "reply": proposal(rationale=long)},
-             {"match": r"upper", "reply": json.dumps({"name": "shout", "code": SHOUT, "tests": SHOUT_TESTS,
-                                                      "replays": [{"call": 1, "arguments": {"text": "hi"}},
-                                                                  {"call": 2, "arguments": {"text": "yes"}}],
-                                                      "rationale": long})}]
+    rules = [
+        {"match": r"\[::-1\]", "reply": proposal(rationale=long)},
+        {
+            "match": r"upper",
+            "reply": json.dumps(
+                {
+                    "name": "shout",
+                    "code": SHOUT,
+                    "tests": SHOUT_TESTS,
+                    "replays": [{"call": 1, "arguments": {"text": "hi"}}, {"call": 2, "arguments": {"text": "yes"}}],
+                    "rationale": long,
+                }
+            ),
+        },
+    ]
     env = {"EVOLVER_BUDGET_TOKENS_PER_DAY": "12000", "EVOLVER_BUDGET_TOKENS_PER_TASK": "0"}
     e = engine(rules, "synth-budget", **env)
     reversals(e.store)
@@ -256,8 +361,13 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     assert len(e.store.list_events(kind="tool_registered")) == 1
     e.close()
     # More budget, a new daemon: the round picks up the other opportunity, not the first one again.
-    e2 = engine(rules, "synth-budget", data=e.data_dir, EVOLVER_BUDGET_TOKENS_PER_DAY="100000",
-                EVOLVER_BUDGET_TOKENS_PER_TASK="0")
+    e2 = engine(
+        rules,
+        "synth-budget",
+        data=e.data_dir,
+        EVOLVER_BUDGET_TOKENS_PER_DAY="100000",
+        EVOLVER_BUDGET_TOKENS_PER_TASK="0",
+    )
     summary = synthesize_round(e2)
     assert summary.startswith("registered") and first.name not in summary
     assert sorted(t.name for t in e2.store.list_tools()) == ["reverse_text", "shout"]
@@ -270,11 +380,14 @@ def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_p
     synthesize_round(e)
     e.close()
     # Version 2 documents itself better; it must still pass version 1's tests.
-    better = REVERSE.replace("Reverse a string, character by character.",
-                             "Reverse a string, character by character (Unicode code points).")
+    better = REVERSE.replace(
+        "Reverse a string, character by character.", "Reverse a string, character by character (Unicode code points)."
+    )
     e2 = engine(_only(proposal(code=better, words=AGAIN)), "synth-v2", data=e.data_dir)
     reversals(e2.store)
-    assert synthesize_round(e2).startswith("registered reverse_text v2"), e2.store.list_events(kind="tool_rejected")[0].why
+    assert synthesize_round(e2).startswith("registered reverse_text v2"), e2.store.list_events(kind="tool_rejected")[
+        0
+    ].why
     rows = {t.version: t.status for t in e2.store.list_tools(status=None)}
     assert rows == {1: "replaced", 2: "active"}
     e2.agent()
@@ -282,9 +395,15 @@ def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_p
     e2.close()
     # A "version" that breaks the old tests is refused.
     broken = REVERSE.replace("return text[::-1]", "return text[::-1] if text else 'empty'")
-    e3 = engine(_only(proposal(code=broken, tests="def test_mine():\n    assert reverse_text('ab') == 'ba'\n",
-                               words=AGAIN + ("hello",))),  # five calls are shown at most
-                "synth-v3", data=e.data_dir)
+    e3 = engine(
+        _only(
+            proposal(
+                code=broken, tests="def test_mine():\n    assert reverse_text('ab') == 'ba'\n", words=AGAIN + ("hello",)
+            )
+        ),  # five calls are shown at most
+        "synth-v3",
+        data=e.data_dir,
+    )
     reversals(e3.store)
     assert synthesize_round(e3).startswith("rejected")
     assert "test_empty" in e3.store.list_events(kind="tool_rejected")[0].payload["reason"]
@@ -297,9 +416,19 @@ def test_a_near_duplicate_under_another_name_is_refused(engine):
     synthesize_round(e)
     e.close()
     twin = REVERSE.replace("reverse_text", "reverse_string")
-    e2 = engine(_only(proposal(code=twin, name="reverse_string", words=AGAIN,
-                               tests=REVERSE_TESTS.replace("reverse_text", "reverse_string"))),
-                "synth-dup2", data=e.data_dir, EVOLVER_EVOLUTION_TOOL_DEDUP_THRESHOLD="0.8")
+    e2 = engine(
+        _only(
+            proposal(
+                code=twin,
+                name="reverse_string",
+                words=AGAIN,
+                tests=REVERSE_TESTS.replace("reverse_text", "reverse_string"),
+            )
+        ),
+        "synth-dup2",
+        data=e.data_dir,
+        EVOLVER_EVOLUTION_TOOL_DEDUP_THRESHOLD="0.8",
+    )
     reversals(e2.store)
     assert synthesize_round(e2).startswith("rejected")
     assert "duplicates tool 'reverse_text'" in e2.store.list_events(kind="tool_rejected")[0].payload["reason"]

@@ -34,7 +34,8 @@ from sandbox import Limits, write_text
 
 PACK = bundled_pack("basic")
 SOLUTIONS: dict[str, dict] = json.loads(
-    (Path(__file__).parent / "data" / "basic_solutions.json").read_text(encoding="utf-8"))
+    (Path(__file__).parent / "data" / "basic_solutions.json").read_text(encoding="utf-8")
+)
 LIMITS = Limits(timeout_s=30)
 KINDS = ("arith", "text", "files", "func")
 
@@ -45,6 +46,7 @@ def _kind(task: PackTask) -> str:
 
 
 # -- the pack as a whole ---------------------------------------------------------------------------
+
 
 def test_pack_size_ids_and_splits():
     assert len(PACK) >= 40
@@ -82,6 +84,7 @@ def test_check_files_do_not_clobber_task_files():
 
 
 # -- every task, in the real sandbox ------------------------------------------------------------
+
 
 def _workspace(box, root: Path, *file_sets: dict[str, str]) -> Path:
     """A fresh workspace owned by the sandbox user, seeded with ``file_sets`` in order."""
@@ -132,10 +135,14 @@ def test_wrong_attempt_fails(task: PackTask, box, tmp_path):
     assert verdict.output
 
 
-@pytest.mark.parametrize("task", [t for t in PACK if isinstance(t.check, AnswerCheck)],
-                         ids=_ids(t for t in PACK if isinstance(t.check, AnswerCheck)))
+@pytest.mark.parametrize(
+    "task",
+    [t for t in PACK if isinstance(t.check, AnswerCheck)],
+    ids=_ids(t for t in PACK if isinstance(t.check, AnswerCheck)),
+)
 def test_answer_tasks_refuse_no_answer_and_near_misses(task: PackTask):
     """No answer fails; nor does the right one with its last digit changed (tolerances are tight)."""
+
     def passes(answer):
         return verify(task.check, answer=answer, sandbox=None, workspace=".").success  # type: ignore[arg-type]
 
@@ -145,7 +152,7 @@ def test_answer_tasks_refuse_no_answer_and_near_misses(task: PackTask):
     digits = [i for i, c in enumerate(right) if c.isdigit()]
     if digits:
         i = digits[-1]
-        near = right[:i] + str((int(right[i]) + 1) % 10) + right[i + 1:]
+        near = right[:i] + str((int(right[i]) + 1) % 10) + right[i + 1 :]
     else:
         near = right[:-1]
     assert not passes(near), (right, near)
@@ -154,9 +161,16 @@ def test_answer_tasks_refuse_no_answer_and_near_misses(task: PackTask):
 def test_answer_tasks_accept_the_answer_in_natural_forms():
     """Numeric checks take "$11.50", "1,124.86" and "75 km/h"; checks of other kinds take stray spaces."""
     by_id = {t.id: t for t in PACK}
-    for task_id, answer in [("arith-01", "$11.50"), ("arith-05", "1,124.86"), ("arith-02", "75 km/h"),
-                            ("arith-05", "1124.864"), ("text-09", "sam okafor"), ("arith-11", " 5 / 36 "),
-                            ("text-10", "api, cache, worker"), ("arith-06", "12:35\n")]:
+    for task_id, answer in [
+        ("arith-01", "$11.50"),
+        ("arith-05", "1,124.86"),
+        ("arith-02", "75 km/h"),
+        ("arith-05", "1124.864"),
+        ("text-09", "sam okafor"),
+        ("arith-11", " 5 / 36 "),
+        ("text-10", "api, cache, worker"),
+        ("arith-06", "12:35\n"),
+    ]:
         verdict = verify(by_id[task_id].check, answer=answer, sandbox=None, workspace=".")  # type: ignore[arg-type]
         assert verdict.success, (task_id, answer, verdict.output)
 
@@ -175,7 +189,9 @@ def test_a_planted_unittest_module_does_not_pass_a_code_task(box, tmp_path):
     """The pack's test files import the standard library before the workspace joins the import path."""
     task = next(t for t in PACK if t.id == "func-01")
     fake = "import os\nclass TestCase: pass\ndef main(): os._exit(0)\n"
-    workspace = _workspace(box, tmp_path, task.files, {"unittest.py": fake, "solution.py": "def fizzbuzz(n): return []\n"})
+    workspace = _workspace(
+        box, tmp_path, task.files, {"unittest.py": fake, "solution.py": "def fizzbuzz(n): return []\n"}
+    )
     verdict = verify(task.check, answer=None, sandbox=box, workspace=workspace, limits=LIMITS)
     assert not verdict.success, verdict.output
 
@@ -199,8 +215,11 @@ def test_python_checks_do_not_trust_a_planted_json_module(box, tmp_path):
 
 # -- the loader's refusals ---------------------------------------------------------------------
 
-GOOD = {"id": "t-1", "prompt": "What is 2+2? Answer with the number only.",
-        "check": {"type": "answer", "expected": "4"}}
+GOOD = {
+    "id": "t-1",
+    "prompt": "What is 2+2? Answer with the number only.",
+    "check": {"type": "answer", "expected": "4"},
+}
 
 
 def _line(**changes) -> str:
@@ -219,33 +238,64 @@ def test_a_good_line_loads():
     assert task.id == "t-1" and task.split == "train" and task.files == {} and task.tags == ()
 
 
-@pytest.mark.parametrize("bad_line, words", [
-    ('{"id": "t-2", "prompt": "x", ', "not valid JSON"),
-    ('["a", "list"]', "a task is a JSON object"),
-    (_line(id="t-2", check=None), "has no check"),
-    (_line(id="t-2", colour="red"), "unknown keys ['colour']"),
-    (_line(id="t-2", split="dev"), "split must be one of"),
-    (_line(id="t-2", files={"../outside.txt": "x"}), "must be relative, inside the workspace"),
-    (_line(id="t-2", files={"/etc/passwd": "x"}), "must be relative, inside the workspace"),
-    (_line(id="t-2", files={"data/../../up.txt": "x"}), "must be relative, inside the workspace"),
-    (_line(id="t-2", check={"type": "command", "command": "true", "files": {"../t.py": "x"}}),
-     "must be a relative path inside the workspace"),
-    (_line(id="t-2", check={"type": "answer", "expected": "(unclosed", "match": "regex"}),
-     "expected is not a valid regex"),
-    (_line(id="t-2", check={"type": "answer", "expected": "forty-two", "match": "numeric"}),
-     "a numeric check needs a number"),
-    (_line(id="t-2", check={"type": "python", "code": "def chek(answer, workspace): return True"}),
-     "must define a top-level function check"),
-    (_line(id="t-2", check={"type": "python", "code": "def check(answer, workspace):\nreturn True"}),
-     "does not parse"),
-    (_line(id="t-2", check={"type": "shell", "command": "true"}), "check type must be"),
-    (_line(id="t-2", tags="math"), "tags must be a list of strings"),
-    (_line(id="t-2", prompt=" "), "prompt must be a non-empty string"),
-    (_line(id=""), "id must be a non-empty string"),
-    (_line(id="t-2", files={"a.txt": 3}), "files must map relative paths to text"),
-], ids=["json", "not-object", "no-check", "unknown-key", "split", "dotdot", "absolute", "dotdot-inner",
-        "check-file-escapes", "regex", "numeric", "no-check-function", "checker-syntax", "check-type", "tags",
-        "empty-prompt", "empty-id", "file-not-text"])
+@pytest.mark.parametrize(
+    "bad_line, words",
+    [
+        ('{"id": "t-2", "prompt": "x", ', "not valid JSON"),
+        ('["a", "list"]', "a task is a JSON object"),
+        (_line(id="t-2", check=None), "has no check"),
+        (_line(id="t-2", colour="red"), "unknown keys ['colour']"),
+        (_line(id="t-2", split="dev"), "split must be one of"),
+        (_line(id="t-2", files={"../outside.txt": "x"}), "must be relative, inside the workspace"),
+        (_line(id="t-2", files={"/etc/passwd": "x"}), "must be relative, inside the workspace"),
+        (_line(id="t-2", files={"data/../../up.txt": "x"}), "must be relative, inside the workspace"),
+        (
+            _line(id="t-2", check={"type": "command", "command": "true", "files": {"../t.py": "x"}}),
+            "must be a relative path inside the workspace",
+        ),
+        (
+            _line(id="t-2", check={"type": "answer", "expected": "(unclosed", "match": "regex"}),
+            "expected is not a valid regex",
+        ),
+        (
+            _line(id="t-2", check={"type": "answer", "expected": "forty-two", "match": "numeric"}),
+            "a numeric check needs a number",
+        ),
+        (
+            _line(id="t-2", check={"type": "python", "code": "def chek(answer, workspace): return True"}),
+            "must define a top-level function check",
+        ),
+        (
+            _line(id="t-2", check={"type": "python", "code": "def check(answer, workspace):\nreturn True"}),
+            "does not parse",
+        ),
+        (_line(id="t-2", check={"type": "shell", "command": "true"}), "check type must be"),
+        (_line(id="t-2", tags="math"), "tags must be a list of strings"),
+        (_line(id="t-2", prompt=" "), "prompt must be a non-empty string"),
+        (_line(id=""), "id must be a non-empty string"),
+        (_line(id="t-2", files={"a.txt": 3}), "files must map relative paths to text"),
+    ],
+    ids=[
+        "json",
+        "not-object",
+        "no-check",
+        "unknown-key",
+        "split",
+        "dotdot",
+        "absolute",
+        "dotdot-inner",
+        "check-file-escapes",
+        "regex",
+        "numeric",
+        "no-check-function",
+        "checker-syntax",
+        "check-type",
+        "tags",
+        "empty-prompt",
+        "empty-id",
+        "file-not-text",
+    ],
+)
 def test_a_bad_line_is_refused_with_file_and_line(bad_line, words):
     message = _refusal(f"# comment\n{_line()}\n\n{bad_line}\n")
     assert "bad.jsonl:4:" in message, message

@@ -48,39 +48,68 @@ def hostile(tmp_path_factory) -> dict:
         task, _ = store.add_task(f"prompt {HOSTILE}", check={"type": "answer", "expected": f"expected {HOSTILE}"})
         trajectory = store.start_trajectory(task.id)
         store.add_step(trajectory.id, role="user", content=f"user {HOSTILE}")
-        store.add_step(trajectory.id, role="assistant", content=f"thinking {HOSTILE}",
-                       tool_calls=[{"id": "c1", "name": "run_python", "arguments": {"code": f"print({HOSTILE!r})"}}])
-        store.add_step(trajectory.id, role="tool", content=f"observation {HOSTILE}",
-                       tool_results=[{"id": "c1", "name": "run_python", "ok": True}])
+        store.add_step(
+            trajectory.id,
+            role="assistant",
+            content=f"thinking {HOSTILE}",
+            tool_calls=[{"id": "c1", "name": "run_python", "arguments": {"code": f"print({HOSTILE!r})"}}],
+        )
+        store.add_step(
+            trajectory.id,
+            role="tool",
+            content=f"observation {HOSTILE}",
+            tool_results=[{"id": "c1", "name": "run_python", "ok": True}],
+        )
         store.finish_trajectory(trajectory.id, status="done", final_answer=f"answer {HOSTILE}")
         store.record_outcome(trajectory.id, success=False, verifier="answer", verifier_output=f"verdict {HOSTILE}")
         store.set_task_status(task.id, "failed", error=f"error {HOSTILE}")
-        store.record_insight_changes("distill", f"what {HOSTILE}", [
-            {"op": "ADD", "text": f"insight {HOSTILE}", "importance": 2, "provenance": [trajectory.id]}],
-            why=f"why {HOSTILE}", evidence=[trajectory.id])
+        store.record_insight_changes(
+            "distill",
+            f"what {HOSTILE}",
+            [{"op": "ADD", "text": f"insight {HOSTILE}", "importance": 2, "provenance": [trajectory.id]}],
+            why=f"why {HOSTILE}",
+            evidence=[trajectory.id],
+        )
         digest = ToolFiles(root / "data" / "tools").write("shout", 1, CODE, f"def test_shout():\n    '{HOSTILE!r}'\n")
-        tool_event = store.apply_tool_changes("synthesize", f"registered {HOSTILE}", why=f"why {HOSTILE}",
-                                              new=NewTool(name="shout", description=f"describes {HOSTILE}",
-                                                          code_hash=digest, version=1))
+        tool_event = store.apply_tool_changes(
+            "synthesize",
+            f"registered {HOSTILE}",
+            why=f"why {HOSTILE}",
+            new=NewTool(name="shout", description=f"describes {HOSTILE}", code_hash=digest, version=1),
+        )
         scaffold = default_scaffold()
         store.put_scaffold(scaffold.hash, scaffold.canonical_json())
-        node = store.add_node(scaffold.hash, status="proposed", rationale=f"rationale {HOSTILE}",
-                              diff=f"--- a\n+++ b\n+{HOSTILE}")
+        node = store.add_node(
+            scaffold.hash, status="proposed", rationale=f"rationale {HOSTILE}", diff=f"--- a\n+++ b\n+{HOSTILE}"
+        )
         events = [e.id for e in store.list_events(limit=100)]
     (root / "data" / "daemon.log").write_text(f"INFO evolver.service: task failed: {HOSTILE}\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVER_")}
-    env.update(COLUMNS="200", EVOLVER_DAEMON_DATA_DIR=str(root / "data"),
-               EVOLVER_DAEMON_RUNTIME_DIR=str(root / "run"))  # nothing answers there: the CLI reads the store
+    env.update(
+        COLUMNS="200", EVOLVER_DAEMON_DATA_DIR=str(root / "data"), EVOLVER_DAEMON_RUNTIME_DIR=str(root / "run")
+    )  # nothing answers there: the CLI reads the store
     assert tool_event.id in events
     return {"env": env, "task": task.id, "trajectory": trajectory.id, "node": node.id, "events": events}
 
 
 def _commands(ids: dict) -> list[list[str]]:
-    return [["tasks"], ["show", ids["task"]], ["show", ids["trajectory"], "--memories"], ["insights"],
-            ["insights", "--status", "all"], ["tools"], ["tools", "show", "shout"], ["history"],
-            *[["history", "show", str(e)] for e in ids["events"]], ["node", ids["node"]], ["tree"],
-            ["memory", "search", "prompt"], ["memory", "search", "insight", "--kind", "insights"],
-            ["memory", "search", "shout", "--kind", "tools"], ["logs"]]
+    return [
+        ["tasks"],
+        ["show", ids["task"]],
+        ["show", ids["trajectory"], "--memories"],
+        ["insights"],
+        ["insights", "--status", "all"],
+        ["tools"],
+        ["tools", "show", "shout"],
+        ["history"],
+        *[["history", "show", str(e)] for e in ids["events"]],
+        ["node", ids["node"]],
+        ["tree"],
+        ["memory", "search", "prompt"],
+        ["memory", "search", "insight", "--kind", "insights"],
+        ["memory", "search", "shout", "--kind", "tools"],
+        ["logs"],
+    ]
 
 
 # Listings show one item a row: a newline in a text stays inside its cell, so no line of the output can
@@ -113,6 +142,7 @@ def test_the_cli_prints_only_through_its_escaping_outputs():
             for node in ast.walk(top):
                 called = ast.unparse(node.func) if isinstance(node, ast.Call) else ""
                 if called in ("click.echo", "click.secho", "print") or called.endswith(
-                        ("stdout.write", "stderr.write", "file.write", "get_binary_stream")):
+                    ("stdout.write", "stderr.write", "file.write", "get_binary_stream")
+                ):
                     offenders.append(f"{path.name}:{node.lineno} {called}")
     assert not offenders, offenders

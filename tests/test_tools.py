@@ -36,15 +36,18 @@ def test_schema_is_derived_from_the_signature_and_docstring():
     assert spec.returns == {"type": "number"}
 
 
-@pytest.mark.parametrize(("code", "message"), [
-    ("def broken(:\n  pass", "does not parse"),
-    ("def no_doc(x: int) -> int:\n    return x", "has no docstring"),
-    ('def untyped(x):\n    """Doc."""', "has no type annotation"),
-    ('def star(*args: int):\n    """Doc."""', "cannot be described"),
-    ('def odd(x: set[int]):\n    """Doc."""', "annotation tools cannot take"),
-    ('def one(x: int):\n    """Doc."""\ndef two(y: int):\n    """Doc."""', "exactly one public function"),
-    ('def BadName(x: int):\n    """Doc."""', "lower_snake_case"),
-])
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("def broken(:\n  pass", "does not parse"),
+        ("def no_doc(x: int) -> int:\n    return x", "has no docstring"),
+        ('def untyped(x):\n    """Doc."""', "has no type annotation"),
+        ('def star(*args: int):\n    """Doc."""', "cannot be described"),
+        ('def odd(x: set[int]):\n    """Doc."""', "annotation tools cannot take"),
+        ('def one(x: int):\n    """Doc."""\ndef two(y: int):\n    """Doc."""', "exactly one public function"),
+        ('def BadName(x: int):\n    """Doc."""', "lower_snake_case"),
+    ],
+)
 def test_code_that_cannot_be_a_tool_is_refused_with_the_rule_it_breaks(code, message):
     with pytest.raises(ToolSpecError, match=message):
         spec_from_source(code)
@@ -60,7 +63,8 @@ def test_argument_checking_names_each_problem():
     ]
     assert schema_for_call(spec, ["a.csv"]) == ["arguments must be a JSON object"]
     assert schema_for_call(spec, {"path": "a", "column": "b", "skip_blank": 1}) == [
-        "argument 'skip_blank' must be boolean, not int"]
+        "argument 'skip_blank' must be boolean, not int"
+    ]
 
 
 def test_registry_refuses_a_spec_whose_schema_lies_about_its_code():
@@ -81,8 +85,10 @@ def tools(sandbox, tmp_path):
 
 
 def test_builtins_run_in_the_workspace(tools):
-    assert tools.run("write_file", {"path": "data/a.csv", "content": "x\n1.5\n2.5\n"}).text == \
-        "wrote 10 bytes to data/a.csv"
+    assert (
+        tools.run("write_file", {"path": "data/a.csv", "content": "x\n1.5\n2.5\n"}).text
+        == "wrote 10 bytes to data/a.csv"
+    )
     assert tools.run("list_files", {"path": "data"}).text == "file\t10\ta.csv"
     assert tools.run("read_file", {"path": "data/a.csv"}).text == "x\n1.5\n2.5\n"
     shell = tools.run("run_shell", {"command": "wc -l < data/a.csv; echo oops >&2; exit 4"})
@@ -105,8 +111,7 @@ def test_malformed_calls_tell_the_model_what_was_wrong(tools):
     unknown = tools.run("delete_everything", {})
     assert not unknown.ok and unknown.text.startswith("Tool call refused: unknown tool 'delete_everything'")
     bad = tools.run("read_file", {"file": "a"})
-    assert bad.text == ("Tool call refused: missing required argument 'path'; "
-                        "unknown argument 'file' (known: path)")
+    assert bad.text == ("Tool call refused: missing required argument 'path'; unknown argument 'file' (known: path)")
     escape = tools.run("read_file", {"path": "../../etc/passwd"})
     assert not escape.ok and "[sandbox error]" in escape.text
 

@@ -21,18 +21,28 @@ from evolver.tree.export import to_dot, to_html
 from evolver.service.worker import Worker
 from memory import Ending, NewTrajectory, NotFound, new_id
 
-PACK = "\n".join(json.dumps(t) for t in [
-    {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
-    {"id": "t2", "prompt": "What is 4 + 4?", "check": {"type": "answer", "expected": "8"}},
-    {"id": "h1", "prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}, "split": "test"},
-]) + "\n"
+PACK = (
+    "\n".join(
+        json.dumps(t)
+        for t in [
+            {"id": "t1", "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
+            {"id": "t2", "prompt": "What is 4 + 4?", "check": {"type": "answer", "expected": "8"}},
+            {"id": "h1", "prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}, "split": "test"},
+        ]
+    )
+    + "\n"
+)
 
 # Tasks are solved with run_python, then finish with what it printed; the proposer's answer is the
 # rule that matches its system prompt.
 SOLVER = [
     {"match": r"^(?P<out>-?\d+)\s*$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<out>"}},
-    {"match": r"What is (?P<a>\d+) \+ (?P<b>\d+)\?", "on": "task", "tool": "run_python",
-     "arguments": {"code": r"print(\g<a> + \g<b>)"}},
+    {
+        "match": r"What is (?P<a>\d+) \+ (?P<b>\d+)\?",
+        "on": "task",
+        "tool": "run_python",
+        "arguments": {"code": r"print(\g<a> + \g<b>)"},
+    },
 ]
 
 
@@ -49,13 +59,15 @@ def engine(open_store, sandbox, tmp_path):
 
     def make(rules: list[dict], name: str, data: Path | None = None, **env) -> Engine:
         scripted.register_script(name, {"rules": rules})
-        config = load_config(env={"EVOLVER_MODEL_NAME": f"scripted/{name}", "EVOLVER_EVOLUTION_PACKS": f'["{pack}"]',
-                                  **env})
+        config = load_config(
+            env={"EVOLVER_MODEL_NAME": f"scripted/{name}", "EVOLVER_EVOLUTION_PACKS": f'["{pack}"]', **env}
+        )
         data = data or tmp_path / "d"
         e = Engine.open(config, data_dir=data, store=open_store(data), sandbox=sandbox)
         ensure_root(e.store, e.seed_scaffold())
         opened.append(e)
         return e
+
     yield make
 
 
@@ -65,14 +77,21 @@ def _search(e: Engine, seed: int = 7, slots: int = 1) -> TreeSearch:
 
 def _run_queued(e: Engine, search: TreeSearch) -> int:
     """Run the queued tasks as the daemon's workers do: the search's each on its node's scaffold."""
+
     def agent_for(task):
         if "node" not in task.metadata:  # a person's task
             return e.agent()
         node = e.store.get_node(task.metadata["node"])
         return e.agent(scaffold_of(e.store, node), node_id=node.id)
 
-    worker = Worker(agent_for, owner="w", lease_s=30, max_attempts=2, store=e.store,
-                    on_end=lambda task_id: search.record(e.store.get_task(task_id)))
+    worker = Worker(
+        agent_for,
+        owner="w",
+        lease_s=30,
+        max_attempts=2,
+        store=e.store,
+        on_end=lambda task_id: search.record(e.store.get_task(task_id)),
+    )
     ran = 0
     while worker.run_once() is not None:
         ran += 1
@@ -97,33 +116,44 @@ def _validated(e: Engine, search: TreeSearch) -> str:
     return summary
 
 
-@pytest.mark.parametrize("edit, reason", [
-    ({"parameters": {"max_stepz": 30}}, "the edit does not apply: the scaffold has no parameters 'max_stepz'"),
-    ({"parameters": {"max_steps": 0}}, "the edited scaffold does not load"),
-    ({"prompts": {"task": "Do it: {task} {secret}"}}, "uses a placeholder it does not have"),
-    # Templates the loop could not render, whatever the exception: an attribute of a placeholder,
-    # a format spec or conversion that raises.
-    ({"prompts": {"task": "Do it: {task.prompt}"}}, "prompt 'task' cannot be rendered"),
-    ({"prompts": {"retry": "{task:d} again"}}, "prompt 'retry' cannot be rendered"),
-    ({"prompts": {"reflection": "{verdict!x}"}}, "prompt 'reflection' cannot be rendered"),
-    ({"prompts": {"task": "{task:>1000000000}"}}, "asks for a width or precision over 1000"),
-    ({"tools": ["finish", "teleport"]}, "its tools do not import: no tool named 'teleport'"),
-    ({"verifier": {"type": "always_pass"}}, "the edit touches 'verifier', which is not part of the scaffold"),
-    ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),
-    ({"evaluation_harness": "return True"}, "touches 'evaluation_harness'"),
-    ({"hooks": "import nonexistent_module_xyz\ndef after_tool(data):\n    return None\n"},
-     "the hooks did not load: ModuleNotFoundError"),
-    ({"hooks": "x = 1\n"}, "the hooks define none of the hook points"),
-    ({"hooks": "def before_finish(data):\n    return {'answer': 5}\n"},
-     "its hooks failed a sample call: before_finish's answer must be a string, not int"),
-    ({"hooks": "def on_failure(data):\n    return data['verdict']\n"},
-     "its hooks failed a sample call: on_failure failed: KeyError: 'verdict'"),
-    ({"hooks": "def after_tool(data):\n    while True:\n        pass\n"},
-     "its hooks failed a sample call: after_tool failed: the call ran past its 2 s timeout"),
-    # A NUL character no interpreter takes (raw in the answer: the scripted reply is a regex template).
-    ('{"rationale": "spell out the steps", "edit": {"hooks": "x = 1\x00"}}', "the hooks contain a NUL character"),
-    ({}, "the edit changes nothing"),
-])
+@pytest.mark.parametrize(
+    "edit, reason",
+    [
+        ({"parameters": {"max_stepz": 30}}, "the edit does not apply: the scaffold has no parameters 'max_stepz'"),
+        ({"parameters": {"max_steps": 0}}, "the edited scaffold does not load"),
+        ({"prompts": {"task": "Do it: {task} {secret}"}}, "uses a placeholder it does not have"),
+        # Templates the loop could not render, whatever the exception: an attribute of a placeholder,
+        # a format spec or conversion that raises.
+        ({"prompts": {"task": "Do it: {task.prompt}"}}, "prompt 'task' cannot be rendered"),
+        ({"prompts": {"retry": "{task:d} again"}}, "prompt 'retry' cannot be rendered"),
+        ({"prompts": {"reflection": "{verdict!x}"}}, "prompt 'reflection' cannot be rendered"),
+        ({"prompts": {"task": "{task:>1000000000}"}}, "asks for a width or precision over 1000"),
+        ({"tools": ["finish", "teleport"]}, "its tools do not import: no tool named 'teleport'"),
+        ({"verifier": {"type": "always_pass"}}, "the edit touches 'verifier', which is not part of the scaffold"),
+        ({"budget": {"usd_per_day": 1e9}, "prompts": {"system": "x"}}, "touches 'budget'"),
+        ({"evaluation_harness": "return True"}, "touches 'evaluation_harness'"),
+        (
+            {"hooks": "import nonexistent_module_xyz\ndef after_tool(data):\n    return None\n"},
+            "the hooks did not load: ModuleNotFoundError",
+        ),
+        ({"hooks": "x = 1\n"}, "the hooks define none of the hook points"),
+        (
+            {"hooks": "def before_finish(data):\n    return {'answer': 5}\n"},
+            "its hooks failed a sample call: before_finish's answer must be a string, not int",
+        ),
+        (
+            {"hooks": "def on_failure(data):\n    return data['verdict']\n"},
+            "its hooks failed a sample call: on_failure failed: KeyError: 'verdict'",
+        ),
+        (
+            {"hooks": "def after_tool(data):\n    while True:\n        pass\n"},
+            "its hooks failed a sample call: after_tool failed: the call ran past its 2 s timeout",
+        ),
+        # A NUL character no interpreter takes (raw in the answer: the scripted reply is a regex template).
+        ('{"rationale": "spell out the steps", "edit": {"hooks": "x = 1\x00"}}', "the hooks contain a NUL character"),
+        ({}, "the edit changes nothing"),
+    ],
+)
 def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine, edit, reason):
     e = engine([_proposer(edit), *SOLVER], f"tree-invalid-{abs(hash(reason))}")
     search = _search(e)
@@ -168,7 +198,7 @@ def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(e
     assert "valid: its tools import and a smoke task ran" in summary
     (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
     assert child.status == "evaluating" and child.reason == ""
-    assert '"max_steps": 12' in child.diff and "-  \"max_steps\": 20" in child.diff.replace(" 20,", " 20")
+    assert '"max_steps": 12' in child.diff and '-  "max_steps": 20' in child.diff.replace(" 20,", " 20")
     assert scaffold_of(e.store, child).parameters.max_steps == 12
     smoke = e.store.list_tasks(source="smoke")
     assert len(smoke) == 1 and smoke[0].status == "done"
@@ -214,13 +244,17 @@ def test_the_searchs_model_calls_and_tasks_are_charged_to_the_background_share(e
     assert _run_queued(e, search) == 1
     mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "19"})  # fails: reflects
     assert _run_queued(e, search) == 1
-    assert _purposes(e) == {"step": {"propose"}, "smoke": {"evaluate"}, "evaluation": {"evaluate"},
-                            "inbox": {"task"}}
+    assert _purposes(e) == {"step": {"propose"}, "smoke": {"evaluate"}, "evaluation": {"evaluate"}, "inbox": {"task"}}
 
 
 def test_a_spent_background_share_stops_evaluations_but_never_a_persons_task(engine):
-    e = engine([*SOLVER], "tree-share", EVOLVER_BUDGET_TOKENS_PER_DAY="100000",
-               EVOLVER_BUDGET_TOKENS_PER_TASK="1000", EVOLVER_BUDGET_BACKGROUND_SHARE="0.1")
+    e = engine(
+        [*SOLVER],
+        "tree-share",
+        EVOLVER_BUDGET_TOKENS_PER_DAY="100000",
+        EVOLVER_BUDGET_TOKENS_PER_TASK="1000",
+        EVOLVER_BUDGET_BACKGROUND_SHARE="0.1",
+    )
     search = _search(e)
     assert search.step().startswith("queued 1 evaluations")
     mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
@@ -318,8 +352,9 @@ def test_a_worse_candidate_is_not_promoted(engine):
 
 
 def test_the_approval_gate_waits_for_a_person(engine):
-    e = engine([*SOLVER], "tree-approval", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5",
-               EVOLVER_EVOLUTION_REQUIRE_APPROVAL="true")
+    e = engine(
+        [*SOLVER], "tree-approval", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5", EVOLVER_EVOLUTION_REQUIRE_APPROVAL="true"
+    )
     root, child = incumbent(e.store).id, _child(e)
     _held_out(e, child, 10, 0)
     search = _search(e)
@@ -343,6 +378,7 @@ def _failing_event(store, monkeypatch, kind: str) -> None:
         if event_kind == kind:
             raise Crash(f"the process died while recording {kind}")
         return append(event_kind, *args, **kwargs)
+
     monkeypatch.setattr(store, "append_event", append_or_fail)
 
 
@@ -352,14 +388,20 @@ def test_a_switch_that_fails_at_its_event_leaves_the_incumbent_and_node_as_they_
     root, child = incumbent(e.store).id, _child(e)
     if switch == "rollback":
         promote(e.store, child)
-    before = (incumbent(e.store).id, {n.id: n.status for n in e.store.list_nodes()},
-              len(e.store.list_events(limit=1000)))
+    before = (
+        incumbent(e.store).id,
+        {n.id: n.status for n in e.store.list_nodes()},
+        len(e.store.list_events(limit=1000)),
+    )
     _failing_event(e.store, monkeypatch, switch)
     with pytest.raises(Crash):
         promote(e.store, child) if switch == "promote" else rollback(e.store)
     monkeypatch.undo()
-    assert (incumbent(e.store).id, {n.id: n.status for n in e.store.list_nodes()},
-            len(e.store.list_events(limit=1000))) == before
+    assert (
+        incumbent(e.store).id,
+        {n.id: n.status for n in e.store.list_nodes()},
+        len(e.store.list_events(limit=1000)),
+    ) == before
     (promote(e.store, child) if switch == "promote" else rollback(e.store))  # and it can be done again
     assert incumbent(e.store).id == (child if switch == "promote" else root)
 
@@ -416,8 +458,15 @@ def test_an_evaluation_a_drain_sent_back_to_the_queue_is_not_ended_and_runs_agai
 
     drain = threading.Event()
     drain.set()  # the daemon is stopping: the run stops at its first step and goes back to the queue
-    worker = Worker(lambda t: e.agent(node_id=t.metadata["node"]), owner="w", lease_s=30, max_attempts=2,
-                    store=e.store, drain=drain, on_end=on_end)
+    worker = Worker(
+        lambda t: e.agent(node_id=t.metadata["node"]),
+        owner="w",
+        lease_s=30,
+        max_attempts=2,
+        store=e.store,
+        drain=drain,
+        on_end=on_end,
+    )
     assert worker.run_once().released
     assert ended == [] and e.store.get_task(task.id).status == "queued"
     # Even asked directly, the search records no result for a task that has not ended.
@@ -434,9 +483,15 @@ def test_an_evaluation_that_ended_unrecorded_is_recorded_by_the_next_step(engine
     search = _search(e)
     search.step()
     # The worker ran the task, but the process died before the result reached the tree.
-    worker = Worker(lambda task: e.agent(scaffold_of(e.store, e.store.get_node(task.metadata["node"])),
-                                         node_id=task.metadata["node"]),
-                    owner="w", lease_s=30, max_attempts=2, store=e.store)
+    worker = Worker(
+        lambda task: e.agent(
+            scaffold_of(e.store, e.store.get_node(task.metadata["node"])), node_id=task.metadata["node"]
+        ),
+        owner="w",
+        lease_s=30,
+        max_attempts=2,
+        store=e.store,
+    )
     worker.run_once()
     (evaluation,) = e.store.running_evaluations()
     summary = _search(e).step()
@@ -460,28 +515,83 @@ def test_held_out_tasks_go_to_a_node_that_beats_the_incumbent_in_training(engine
     assert search._split_for(root, pool) == "test"  # now it is compared on the same split
 
 
-KNOWN = {"incumbent": "node_b", "quantile": 0.05, "nodes": [
-    {"id": "node_a", "parent_id": None, "status": "promoted", "scaffold_hash": "aaaa", "rationale": "the seed",
-     "reason": "", "cost_usd": 0.0, "diff": "", "successes": 3, "failures": 1, "in_flight": 0,
-     "clade_successes": 8, "clade_failures": 2, "clade_mean": 0.75, "mean": 0.667, "held_out_successes": 0,
-     "held_out_failures": 0, "bound": 0.05},
-    {"id": "node_b", "parent_id": "node_a", "status": "promoted", "scaffold_hash": "bbbb",
-     "rationale": "plan <first>", "reason": "", "cost_usd": 0.01, "diff": "-a\n+b <i>", "successes": 5,
-     "failures": 1, "in_flight": 1, "clade_successes": 5, "clade_failures": 1, "clade_mean": 0.75,
-     "mean": 0.75, "held_out_successes": 9, "held_out_failures": 1, "bound": 0.6},
-    {"id": "node_c", "parent_id": "node_a", "status": "invalid", "scaffold_hash": "cccc", "rationale": "x",
-     "reason": "touches 'verifier'", "cost_usd": 0.0, "diff": "", "successes": 0, "failures": 0,
-     "in_flight": 0, "clade_successes": 0, "clade_failures": 0, "clade_mean": 0.5, "mean": 0.5,
-     "held_out_successes": 0, "held_out_failures": 0, "bound": 0.05},
-]}
+KNOWN = {
+    "incumbent": "node_b",
+    "quantile": 0.05,
+    "nodes": [
+        {
+            "id": "node_a",
+            "parent_id": None,
+            "status": "promoted",
+            "scaffold_hash": "aaaa",
+            "rationale": "the seed",
+            "reason": "",
+            "cost_usd": 0.0,
+            "diff": "",
+            "successes": 3,
+            "failures": 1,
+            "in_flight": 0,
+            "clade_successes": 8,
+            "clade_failures": 2,
+            "clade_mean": 0.75,
+            "mean": 0.667,
+            "held_out_successes": 0,
+            "held_out_failures": 0,
+            "bound": 0.05,
+        },
+        {
+            "id": "node_b",
+            "parent_id": "node_a",
+            "status": "promoted",
+            "scaffold_hash": "bbbb",
+            "rationale": "plan <first>",
+            "reason": "",
+            "cost_usd": 0.01,
+            "diff": "-a\n+b <i>",
+            "successes": 5,
+            "failures": 1,
+            "in_flight": 1,
+            "clade_successes": 5,
+            "clade_failures": 1,
+            "clade_mean": 0.75,
+            "mean": 0.75,
+            "held_out_successes": 9,
+            "held_out_failures": 1,
+            "bound": 0.6,
+        },
+        {
+            "id": "node_c",
+            "parent_id": "node_a",
+            "status": "invalid",
+            "scaffold_hash": "cccc",
+            "rationale": "x",
+            "reason": "touches 'verifier'",
+            "cost_usd": 0.0,
+            "diff": "",
+            "successes": 0,
+            "failures": 0,
+            "in_flight": 0,
+            "clade_successes": 0,
+            "clade_failures": 0,
+            "clade_mean": 0.5,
+            "mean": 0.5,
+            "held_out_successes": 0,
+            "held_out_failures": 0,
+            "bound": 0.05,
+        },
+    ],
+}
 
 
 def test_dot_export_of_a_known_tree():
     dot = to_dot(KNOWN)
     assert dot.startswith("digraph evolver_tree {") and dot.rstrip().endswith("}")
     assert '"node_a" -> "node_b";' in dot and '"node_a" -> "node_c";' in dot
-    assert re.search(r'"node_b" \[label="node_b\\npromoted\\nown 5/6 clade 5/6\\nmean 0.75 bound 0.60", '
-                     r'fillcolor="#[0-9a-f]{6}", tooltip="plan <first>", penwidth=3\];', dot), dot
+    assert re.search(
+        r'"node_b" \[label="node_b\\npromoted\\nown 5/6 clade 5/6\\nmean 0.75 bound 0.60", '
+        r'fillcolor="#[0-9a-f]{6}", tooltip="plan <first>", penwidth=3\];',
+        dot,
+    ), dot
     assert '"node_c" [label="node_c\\ninvalid' in dot and 'fillcolor="#d0d0d0"' in dot
     assert dot.count("->") == 2 and dot.count("penwidth") == 1
 
@@ -494,7 +604,9 @@ def test_html_export_of_a_known_tree_is_standalone():
     # Diffs coloured (they were plain text) and escaped; titles say what changed (they were only ids).
     assert '<span class="del">-a</span><span class="add">+b &lt;i&gt;</span>' in page
     assert "plan &lt;first&gt;" in page and "touches &#x27;verifier&#x27;" in page
-    assert '<span class="what">the seed scaffold</span>' in page and '<span class="what">plan &lt;first&gt;</span>' in page
+    assert (
+        '<span class="what">the seed scaffold</span>' in page and '<span class="what">plan &lt;first&gt;</span>' in page
+    )
     assert '<dl class="legend">' in page and "<dt>clade s/n</dt>" in page and "the 5% quantile" in page  # a legend
     # node_b and node_c are children of node_a: nested inside its list item.
     a, b, c = (page.index(f"<small>{n} · ") for n in ("node_a", "node_b", "node_c"))
@@ -526,8 +638,18 @@ def test_the_pool_keeps_the_split_a_persons_task_was_given_when_it_came_in(engin
 
     def person(prompt: str, *, hashes_to: str, recorded: str | None) -> str:
         task_id = next(i for i in iter(lambda: new_id("task"), None) if hashed_split(i, share) == hashes_to)
-        e.store.add_tasks([{"id": task_id, "prompt": prompt, "check": {"type": "answer", "expected": "9"},
-                            "source": "api", "status": "done", "metadata": {"split": recorded} if recorded else {}}])
+        e.store.add_tasks(
+            [
+                {
+                    "id": task_id,
+                    "prompt": prompt,
+                    "check": {"type": "answer", "expected": "9"},
+                    "source": "api",
+                    "status": "done",
+                    "metadata": {"split": recorded} if recorded else {},
+                }
+            ]
+        )
         return f"task:{task_id}"
 
     held = person("What is 4 + 5?", hashes_to="train", recorded="test")
@@ -543,8 +665,12 @@ def test_nothing_is_learned_from_the_held_out_split(engine):
     e = engine([*SOLVER], "tree-leak")
     root = incumbent(e.store).id
     for split in ("train", "test"):
-        e.store.start_evaluation(root, f"pack:x:{split}", split=split, task={
-            "prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}})
+        e.store.start_evaluation(
+            root,
+            f"pack:x:{split}",
+            split=split,
+            task={"prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}},
+        )
     search = _search(e, slots=2)
     assert _run_queued(e, search) == 2
     learnable = e.store.finished_since(None, limit=100)
@@ -561,10 +687,15 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
 
     e = engine([*SOLVER], "tree-held-out-prompts")
     root = incumbent(e.store).id
-    e.store.start_evaluation(root, "pack:x:h1", split="test", task={
-        "prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}})
-    e.store.start_evaluation(root, "pack:x:t1", split="train", task={
-        "prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}})
+    e.store.start_evaluation(
+        root, "pack:x:h1", split="test", task={"prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}}
+    )
+    e.store.start_evaluation(
+        root,
+        "pack:x:t1",
+        split="train",
+        task={"prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
+    )
     assert _run_queued(e, _search(e, slots=2)) == 2
     held_out = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "test"}
     trained = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "train"}
@@ -585,10 +716,22 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
 def test_failed_steps_count_against_the_evaluation_budget(engine):
     # A proposer the model always refuses to answer: each step fails, and the budget must still end it.
     # (An unparseable proposal is an invalid node, not a failed step.)
-    e = engine([{"match": "You improve an agent by editing its scaffold", "on": "all", "error": "bad_request",
-                 "times": 100}, *SOLVER], "tree-failing-budget", EVOLVER_EVOLUTION_EVALUATION_BUDGET="5")
+    e = engine(
+        [
+            {
+                "match": "You improve an agent by editing its scaffold",
+                "on": "all",
+                "error": "bad_request",
+                "times": 100,
+            },
+            *SOLVER,
+        ],
+        "tree-failing-budget",
+        EVOLVER_EVOLUTION_EVALUATION_BUDGET="5",
+    )
     search = _search(e)
     from evolver.llm import ModelError
+
     with pytest.raises(ModelError):
         _expanded(e, search)  # 3 evaluations spent, and this failed step
     with pytest.raises(ModelError):
@@ -601,8 +744,12 @@ def test_failed_steps_count_against_the_evaluation_budget(engine):
 def test_the_end_of_an_evaluation_budget_is_a_race_that_builds_no_more_nodes(engine, race_start, expands):
     # Three evaluations in, t^alpha calls for a child: built while the budget of 10 is short of its race,
     # not once the race has begun.
-    e = engine([_proposer({"parameters": {"max_steps": 12}}), *SOLVER], f"tree-race-{race_start}",
-               EVOLVER_EVOLUTION_EVALUATION_BUDGET="10", EVOLVER_EVOLUTION_RACE_START=race_start)
+    e = engine(
+        [_proposer({"parameters": {"max_steps": 12}}), *SOLVER],
+        f"tree-race-{race_start}",
+        EVOLVER_EVOLUTION_EVALUATION_BUDGET="10",
+        EVOLVER_EVOLUTION_RACE_START=race_start,
+    )
     summary = _expanded(e, _search(e))
     if expands:
         assert summary.startswith("proposed"), summary
@@ -623,13 +770,20 @@ def test_a_proposal_in_a_fence_with_its_last_brace_missing_is_repaired(engine):
 def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_results(engine, tmp_path):
     record = tmp_path / "proposer-seen.jsonl"
     e = engine([_proposer({"tools": ["finish", "teleport"]}), *SOLVER], "tree-tried")
-    scripted.register_script("tree-tried", {"rules": [_proposer({"tools": ["finish", "teleport"]}), *SOLVER],
-                                            "record": str(record)})
+    scripted.register_script(
+        "tree-tried", {"rules": [_proposer({"tools": ["finish", "teleport"]}), *SOLVER], "record": str(record)}
+    )
     root = incumbent(e.store)
-    steps = [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c", "name": "run_python", "arguments": {"code": "print(x)"}}]}] * 3
-    (stuck,) = e.store.ingest([NewTrajectory(prompt="What is 2 + 3?", success=False, status="step_limit",
-                                             steps=steps, node_id=root.id)])
+    steps = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "name": "run_python", "arguments": {"code": "print(x)"}}],
+        }
+    ] * 3
+    (stuck,) = e.store.ingest(
+        [NewTrajectory(prompt="What is 2 + 3?", success=False, status="step_limit", steps=steps, node_id=root.id)]
+    )
     for trajectory in (stuck, None, None):
         ev = e.store.start_evaluation(root.id, "pack:x:t1", split="train")
         e.store.finish_evaluation(ev.id, success=False, trajectory_id=trajectory)
@@ -639,8 +793,11 @@ def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_
         ev = e.store.start_evaluation(root.id, "pack:x:t2", split="train")
         e.store.finish_evaluation(ev.id, success=False)
     assert "invalid" in search.step()  # the same edit again: the proposer was shown it had been tried
-    prompts = [json.loads(line)["messages"][-1]["content"] for line in record.read_text().splitlines()
-               if "You improve an agent" in line]
+    prompts = [
+        json.loads(line)["messages"][-1]["content"]
+        for line in record.read_text().splitlines()
+        if "You improve an agent" in line
+    ]
     first, second = prompts[:2]
     assert "Failure modes in these 1 attempts: no finish 1, repeated calls 1" in first
     assert "hit the step limit after 3 model turns; calls: run_python x3; 3 identical calls in a row" in first
@@ -653,12 +810,24 @@ def test_a_child_whose_only_change_is_a_hook_is_evaluated_and_promoted_on_its_re
     """The model hands in sentences ("The answer is 5."); the proposer's only edit is a before_finish hook
     that hands in the number. The search evaluates the child like any other and promotes it on held-out
     results: hooks are a real change."""
-    hook = ("import re\ndef before_finish(data):\n    found = re.findall('[0-9]+', data['answer'] or '')\n"
-            "    return {'answer': found[-1]} if found else None\n")
-    wordy = [{"match": r"^(?P<out>-?\d+)\s*$", "role": "tool", "tool": "finish",
-              "arguments": {"answer": r"The answer is \g<out>."}}, SOLVER[1]]
-    e = engine([_proposer({"hooks": hook}, "hand in the number alone"), *wordy], "tree-hook-promote",
-               EVOLVER_EVOLUTION_MIN_EVALUATIONS="3")
+    hook = (
+        "import re\ndef before_finish(data):\n    found = re.findall('[0-9]+', data['answer'] or '')\n"
+        "    return {'answer': found[-1]} if found else None\n"
+    )
+    wordy = [
+        {
+            "match": r"^(?P<out>-?\d+)\s*$",
+            "role": "tool",
+            "tool": "finish",
+            "arguments": {"answer": r"The answer is \g<out>."},
+        },
+        SOLVER[1],
+    ]
+    e = engine(
+        [_proposer({"hooks": hook}, "hand in the number alone"), *wordy],
+        "tree-hook-promote",
+        EVOLVER_EVOLUTION_MIN_EVALUATIONS="3",
+    )
     search = _search(e, slots=2)
     root = incumbent(e.store)
     for _ in range(40):

@@ -68,12 +68,15 @@ def test_a_long_chain_counts_every_evaluation_exactly_once():
     assert counts["199"] == (1, 2)
 
 
-@pytest.mark.parametrize("nodes, named", [
-    ([node("r", None), node("a", "b"), node("b", "a")], "'a'"),
-    ([node("r", None), node("a", "r"), node("x", "nowhere")], "'x'"),
-    ([node("r", None), node("s", None)], "'s'"),
-    ([node("r", None), node("r", None)], "'r'"),
-])
+@pytest.mark.parametrize(
+    "nodes, named",
+    [
+        ([node("r", None), node("a", "b"), node("b", "a")], "'a'"),
+        ([node("r", None), node("a", "r"), node("x", "nowhere")], "'x'"),
+        ([node("r", None), node("s", None)], "'s'"),
+        ([node("r", None), node("r", None)], "'r'"),
+    ],
+)
 def test_malformed_trees_are_refused_naming_the_node(nodes, named):
     with pytest.raises(ValueError, match=named):
         clade_counts(nodes)
@@ -148,24 +151,27 @@ def test_with_nothing_expandable_there_is_no_choice():
         final_pick(nodes)
 
 
-@pytest.mark.parametrize("t, n, alpha, expand", [
-    (0, 1, 0.6, False),  # 0^0.6 = 0 < 1: the root is evaluated before anything is built on it
-    (1, 1, 0.6, True),   # 1 >= 1
-    (1, 2, 0.6, False),
-    (3, 2, 0.6, False),  # 1.93 < 2
-    (4, 2, 0.6, True),   # 2.30 >= 2
-    (100, 16, 0.6, False),  # 15.85 < 16
-    (102, 16, 0.6, True),   # 16.03 >= 16
-    (4, 2, 0.5, True),   # exactly 2 >= 2
-    (3, 2, 0.5, False),
-])
+@pytest.mark.parametrize(
+    "t, n, alpha, expand",
+    [
+        (0, 1, 0.6, False),  # 0^0.6 = 0 < 1: the root is evaluated before anything is built on it
+        (1, 1, 0.6, True),  # 1 >= 1
+        (1, 2, 0.6, False),
+        (3, 2, 0.6, False),  # 1.93 < 2
+        (4, 2, 0.6, True),  # 2.30 >= 2
+        (100, 16, 0.6, False),  # 15.85 < 16
+        (102, 16, 0.6, True),  # 16.03 >= 16
+        (4, 2, 0.5, True),  # exactly 2 >= 2
+        (3, 2, 0.5, False),
+    ],
+)
 def test_expand_when_t_to_the_alpha_reaches_the_node_count(t, n, alpha, expand):
     assert should_expand(t, n, alpha) is expand
 
 
 def test_cool_down_starts_at_one_and_sharpens_as_the_budget_runs_out():
     assert cool_down(0, 100) == 1.0
-    assert cool_down(50, 100) == pytest.approx(2 ** 0.5)
+    assert cool_down(50, 100) == pytest.approx(2**0.5)
     assert cool_down(99, 100) == pytest.approx(10.0)
     assert cool_down(150, 100) == cool_down(99, 100)  # past the budget: floored at one evaluation left
     assert cool_down(50, 100, power=1.0) == pytest.approx(2.0)
@@ -194,9 +200,14 @@ def test_the_race_is_the_last_part_of_a_finite_budget_only():
             racing(50, 100, start)
 
 
-@pytest.mark.parametrize("value, allowed", [
-    ("0", "greater than 0"), ("1.5", "less than or equal to 1"), ("half", "a valid number"),
-])
+@pytest.mark.parametrize(
+    "value, allowed",
+    [
+        ("0", "greater than 0"),
+        ("1.5", "less than or equal to 1"),
+        ("half", "a valid number"),
+    ],
+)
 def test_a_race_start_that_is_not_a_share_of_the_budget_is_refused_by_the_settings(value, allowed):
     with pytest.raises(ConfigError, match=rf"\[evolution\] race_start = .*{allowed}"):
         load_config(env={"EVOLVER_EVOLUTION_RACE_START": value})
@@ -205,8 +216,8 @@ def test_a_race_start_that_is_not_a_share_of_the_budget_is_refused_by_the_settin
 
 RACE = [
     node("r", None, 10, 40),
-    node("leader", "r", 35, 15),     # the best bound (0.59)
-    node("close", "r", 13, 7),       # fewer evaluations, an upper bound above the leader's lower
+    node("leader", "r", 35, 15),  # the best bound (0.59)
+    node("close", "r", 13, 7),  # fewer evaluations, an upper bound above the leader's lower
     node("worse", "leader", 10, 40),  # confidently below the leader
     node("retired", "r", 90, 0, expandable=False),
 ]
@@ -282,9 +293,9 @@ def test_promotion_needs_a_better_bound_and_enough_evaluations():
 def test_final_pick_prefers_tested_nodes_and_the_best_bound():
     nodes = [
         node("r", None, 20, 20),
-        node("lucky", "r", 2, 0),      # best mean, little evidence
+        node("lucky", "r", 2, 0),  # best mean, little evidence
         node("tested", "r", 30, 10),
-        node("nearly", "r", 9, 0),     # a better bound, but short of min_evaluations
+        node("nearly", "r", 9, 0),  # a better bound, but short of min_evaluations
         node("gone", "r", 100, 0, expandable=False),
     ]
     assert final_pick(nodes) == "tested"

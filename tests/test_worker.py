@@ -12,14 +12,23 @@ from evolver.config import load_config
 from evolver.agent.engine import Engine
 from evolver.service.worker import Worker
 
-LOOP = {"rules": [
-    {"match": "^42$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}},
-    {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(6 * 7)"}},
-]}
-SLOW = {"rules": [  # two different calls a step: never one call repeated in a row, which would end the attempt
-    {"match": "", "calls": [{"tool": "run_python", "arguments": {"code": f"import time; time.sleep(0.025); print({n})"}}
-                            for n in (1, 2)]},
-]}
+LOOP = {
+    "rules": [
+        {"match": "^42$", "role": "tool", "tool": "finish", "arguments": {"answer": "42"}},
+        {"match": "", "role": "user", "tool": "run_python", "arguments": {"code": "print(6 * 7)"}},
+    ]
+}
+SLOW = {
+    "rules": [  # two different calls a step: never one call repeated in a row, which would end the attempt
+        {
+            "match": "",
+            "calls": [
+                {"tool": "run_python", "arguments": {"code": f"import time; time.sleep(0.025); print({n})"}}
+                for n in (1, 2)
+            ],
+        },
+    ]
+}
 
 
 @pytest.fixture
@@ -28,6 +37,7 @@ def engine(open_store, sandbox, tmp_path):
         scripted.register_script(name, script)
         config = load_config(env={"EVOLVER_MODEL_NAME": f"scripted/{name}"})
         return Engine.open(config, data_dir=tmp_path / name, store=open_store(tmp_path / name), sandbox=sandbox)
+
     return make
 
 

@@ -26,14 +26,20 @@ from tests._durability import durable_settings, script_rules
 def daemon():
     root = make_root()
     record = root / "record.jsonl"
-    daemon = DaemonProcess(root, model=write_script(root, "script", script_rules(), record=record),
-                           settings={**durable_settings(root), "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 10,
-                                     # No evaluations: their trajectories would compete for the few
-                                     # examples a task's context shows.
-                                     "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 0,
-                                     # No held-out tasks: one in five checked tasks would be, at random
-                                     # (by the hash of its id), and a held-out attempt is never shown.
-                                     "EVOLVER_EVOLUTION_HELD_OUT_SHARE": 0})
+    daemon = DaemonProcess(
+        root,
+        model=write_script(root, "script", script_rules(), record=record),
+        settings={
+            **durable_settings(root),
+            "EVOLVER_DAEMON_SHUTDOWN_GRACE_S": 10,
+            # No evaluations: their trajectories would compete for the few
+            # examples a task's context shows.
+            "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 0,
+            # No held-out tasks: one in five checked tasks would be, at random
+            # (by the hash of its id), and a held-out attempt is never shown.
+            "EVOLVER_EVOLUTION_HELD_OUT_SHARE": 0,
+        },
+    )
     daemon.record = record
     daemon.start(timeout_s=300)
     yield daemon
@@ -95,8 +101,10 @@ def test_tasks_run_in_worker_processes_that_ask_the_daemon_for_their_context(dae
     assert re.search(rf"\[{status['pid']}-\d+-p[01]\.0\]", daemon.log(400)), daemon.log(40)
     db = sqlite3.connect(f"file:{daemon.data_dir / 'evolver.db'}?mode=ro", uri=True)
     try:
-        (steps,) = db.execute("SELECT count(*) FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
-                              "WHERE t.task_id = ?", [first["id"]]).fetchone()
+        (steps,) = db.execute(
+            "SELECT count(*) FROM steps s JOIN trajectories t ON t.id = s.trajectory_id WHERE t.task_id = ?",
+            [first["id"]],
+        ).fetchone()
     finally:
         db.close()
     assert steps >= 2
@@ -107,18 +115,29 @@ def test_tasks_run_in_worker_processes_that_ask_the_daemon_for_their_context(dae
     second = _submit(http, "What is 12.5% of 80?", check={"type": "answer", "expected": "10.0"})
     assert daemon.wait_task(http, second["id"], ("done", "failed", "dead"), timeout_s=120)["status"] == "done"
     shown = [json.loads(line) for line in daemon.record.read_text().splitlines()]
-    prompts = [m["content"] for c in shown for m in c["messages"] if m["role"] in ("system", "user")
-               and isinstance(m.get("content"), str)]
-    assert any("12.5% of 80" in p for p in prompts) and any("17.5% of 2,340" in p and "12.5% of 80" in p
-                                                            for p in prompts), [p for p in prompts if "12.5" in p]
+    prompts = [
+        m["content"]
+        for c in shown
+        for m in c["messages"]
+        if m["role"] in ("system", "user") and isinstance(m.get("content"), str)
+    ]
+    assert any("12.5% of 80" in p for p in prompts) and any(
+        "17.5% of 2,340" in p and "12.5% of 80" in p for p in prompts
+    ), [p for p in prompts if "12.5" in p]
 
 
 def test_a_killed_worker_process_loses_only_its_attempt_and_is_replaced(daemon, http):
     task = _submit(http, "SLOW: What is 7 * 3?", check={"type": "answer", "expected": "21"})
-    wait_for(lambda: any(r["task_id"] == task["id"] for r in _status(http)["running"]), timeout_s=60,
-             what="the task to be running")
-    wait_for(lambda: (daemon.task(http, task["id"])["trajectories"] or [{}])[-1].get("steps"), timeout_s=60,
-             what="the task's first step")
+    wait_for(
+        lambda: any(r["task_id"] == task["id"] for r in _status(http)["running"]),
+        timeout_s=60,
+        what="the task to be running",
+    )
+    wait_for(
+        lambda: (daemon.task(http, task["id"])["trajectories"] or [{}])[-1].get("steps"),
+        timeout_s=60,
+        what="the task's first step",
+    )
     running = next(r for r in _status(http)["running"] if r["task_id"] == task["id"])
     os.kill(running["pid"], signal.SIGKILL)
     # The API answers throughout; the task runs again from a fresh attempt and ends done.
@@ -127,15 +146,23 @@ def test_a_killed_worker_process_loses_only_its_attempt_and_is_replaced(daemon, 
     statuses = [t["status"] for t in done["trajectories"]]
     assert statuses[0] == "interrupted" and statuses[-1] == "finished", statuses
     # Another process took the dead one's place.
-    wait_for(lambda: len(_status(http)["worker_pids"]) == 2 and running["pid"] not in _status(http)["worker_pids"]
-             and all(_alive(p) for p in _status(http)["worker_pids"]), timeout_s=60,
-             what="a new worker process")
+    wait_for(
+        lambda: (
+            len(_status(http)["worker_pids"]) == 2
+            and running["pid"] not in _status(http)["worker_pids"]
+            and all(_alive(p) for p in _status(http)["worker_pids"])
+        ),
+        timeout_s=60,
+        what="a new worker process",
+    )
     assert "killed by signal 9" in daemon.log(200)
 
 
 def test_a_chat_turn_is_answered_in_a_worker_process_and_its_death_is_a_503(daemon, http):
-    reply = http.post("/v1/chat/completions", json={"model": "evolver", "messages": [
-        {"role": "user", "content": "What is 17.5% of 2,340?"}]})
+    reply = http.post(
+        "/v1/chat/completions",
+        json={"model": "evolver", "messages": [{"role": "user", "content": "What is 17.5% of 2,340?"}]},
+    )
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"].strip() == "409.5"
 
@@ -143,16 +170,24 @@ def test_a_chat_turn_is_answered_in_a_worker_process_and_its_death_is_a_503(daem
 
     def chat() -> None:
         with daemon.client() as other:
-            outcome["response"] = other.post("/v1/chat/completions", json={"model": "evolver", "messages": [
-                {"role": "user", "content": "SLOW: What is 2 * 4?"}]})
+            outcome["response"] = other.post(
+                "/v1/chat/completions",
+                json={"model": "evolver", "messages": [{"role": "user", "content": "SLOW: What is 2 * 4?"}]},
+            )
 
     thread = threading.Thread(target=chat)
     thread.start()
-    turn = wait_for(lambda: next((r for r in _status(http)["running"] if r.get("chat")), None), timeout_s=60,
-                    what="the chat turn in a worker process")
+    turn = wait_for(
+        lambda: next((r for r in _status(http)["running"] if r.get("chat")), None),
+        timeout_s=60,
+        what="the chat turn in a worker process",
+    )
     assert turn["pid"] in _status(http)["worker_pids"]
-    wait_for(lambda: (daemon.task(http, turn["task_id"])["trajectories"] or [{}])[-1].get("steps"), timeout_s=60,
-             what="the chat turn's first step")
+    wait_for(
+        lambda: (daemon.task(http, turn["task_id"])["trajectories"] or [{}])[-1].get("steps"),
+        timeout_s=60,
+        what="the chat turn's first step",
+    )
     os.kill(turn["pid"], signal.SIGKILL)
     thread.join(60)
     response = outcome["response"]
@@ -162,17 +197,25 @@ def test_a_chat_turn_is_answered_in_a_worker_process_and_its_death_is_a_503(daem
     assert task["status"] == "failed" and "worker process" in task["error"], task
     assert [t["status"] for t in task["trajectories"]] == ["interrupted"]
     # The API went on serving and the next turn is answered by the process that took its place.
-    wait_for(lambda: len(_status(http)["worker_pids"]) == 2 and turn["pid"] not in _status(http)["worker_pids"],
-             timeout_s=60, what="a new worker process")
-    again = http.post("/v1/chat/completions", json={"model": "evolver", "messages": [
-        {"role": "user", "content": "What is 12.5% of 80?"}]})
+    wait_for(
+        lambda: len(_status(http)["worker_pids"]) == 2 and turn["pid"] not in _status(http)["worker_pids"],
+        timeout_s=60,
+        what="a new worker process",
+    )
+    again = http.post(
+        "/v1/chat/completions",
+        json={"model": "evolver", "messages": [{"role": "user", "content": "What is 12.5% of 80?"}]},
+    )
     assert again.status_code == 200, again.text
 
 
 def test_sigterm_drains_the_worker_processes_and_sends_their_task_back(daemon, http):
     task = _submit(http, "SLOW: What is 5 * 5?", check={"type": "answer", "expected": "25"})
-    wait_for(lambda: (daemon.task(http, task["id"])["trajectories"] or [{}])[-1].get("steps"), timeout_s=60,
-             what="the task's first step")
+    wait_for(
+        lambda: (daemon.task(http, task["id"])["trajectories"] or [{}])[-1].get("steps"),
+        timeout_s=60,
+        what="the task's first step",
+    )
     pids = _status(http)["worker_pids"]
     assert daemon.terminate(timeout_s=60) == 0
     assert not [p for p in pids if _alive(p)], "a worker process outlived the daemon"
@@ -197,4 +240,3 @@ def test_worker_processes_die_with_a_killed_daemon(daemon, http):
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.1)
     assert not [p for p in pids if _alive(p)], "worker processes outlived a killed daemon"
-

@@ -9,7 +9,22 @@ from .session import SESSION_BUILTINS, signature
 from .spec import ToolSpec, ToolSpecError, code_hash, schema_for_call, spec_from_source
 
 __all__ = [
-    "ToolSpec", "ToolSpecError", "spec_from_source", "schema_for_call", "ToolRegistry",
-    "builtin_specs", "BUILTIN_SOURCES", "TaskTools", "Observation", "SESSION_BUILTINS", "signature",
-    "ToolFiles", "ToolFileError", "code_hash", "quarantine", "QuarantineReport", "Replay", "defined_tests",
+    "ToolSpec",
+    "ToolSpecError",
+    "spec_from_source",
+    "schema_for_call",
+    "ToolRegistry",
+    "builtin_specs",
+    "BUILTIN_SOURCES",
+    "TaskTools",
+    "Observation",
+    "SESSION_BUILTINS",
+    "signature",
+    "ToolFiles",
+    "ToolFileError",
+    "code_hash",
+    "quarantine",
+    "QuarantineReport",
+    "Replay",
+    "defined_tests",
 ]

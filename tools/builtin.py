@@ -82,8 +82,9 @@ def builtin_specs() -> list[ToolSpec]:
     for name, source in BUILTIN_SOURCES.items():
         spec = spec_from_source(source, name=name, origin="builtin")
         # Built-ins run on the host side; the stub is only where the schema comes from.
-        specs.append(ToolSpec(name=spec.name, description=spec.description, parameters=spec.parameters,
-                              origin="builtin"))
+        specs.append(
+            ToolSpec(name=spec.name, description=spec.description, parameters=spec.parameters, origin="builtin")
+        )
     return specs
 
 
@@ -124,10 +125,17 @@ def _format_exec(result) -> str:
 class TaskTools:
     """The tools of one task, bound to its workspace and sandbox."""
 
-    def __init__(self, registry: ToolRegistry, sandbox: Sandbox, workspace: str | os.PathLike[str], *,
-                 limits: Limits | None = None, observation_chars: int = 4000,
-                 allowed: list[str] | None = None,
-                 on_use: Callable[[ToolSpec, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        sandbox: Sandbox,
+        workspace: str | os.PathLike[str],
+        *,
+        limits: Limits | None = None,
+        observation_chars: int = 4000,
+        allowed: list[str] | None = None,
+        on_use: Callable[[ToolSpec, bool], None] | None = None,
+    ) -> None:
         self.registry = registry
         # Told of every call a synthesized tool carried out (its usage statistics).
         self.on_use = on_use
@@ -155,14 +163,16 @@ class TaskTools:
         """The task's persistent session: the built-ins and the task's synthesized tools are functions in
         it from its start (``tools.session``), so code can call them as the model calls tools."""
         if self._worker is None:
-            self._worker = self.sandbox.worker(self.workspace, self.limits,
-                                               prelude=session_prelude(self.synthesized()))
+            self._worker = self.sandbox.worker(self.workspace, self.limits, prelude=session_prelude(self.synthesized()))
         return self._worker
 
     def synthesized(self) -> list[ToolSpec]:
         """The task's tools that run as code in its session (not the built-ins, not an MCP server's)."""
-        return [spec for spec in self.registry.specs() if spec.origin != "builtin" and spec.runner is None
-                and (self.allowed is None or spec.name in self.allowed)]
+        return [
+            spec
+            for spec in self.registry.specs()
+            if spec.origin != "builtin" and spec.runner is None and (self.allowed is None or spec.name in self.allowed)
+        ]
 
     def run_code(self, code: str) -> Observation:
         """Run one block of the model's code in the session (a code action). It ends the attempt when it
@@ -171,11 +181,17 @@ class TaskTools:
         try:
             result, answer = self._execute(code)
         except SandboxError as exc:
-            return Observation(text=f"[sandbox error] {exc}", ok=False,
-                               duration_ms=(time.perf_counter() - started) * 1000)
+            return Observation(
+                text=f"[sandbox error] {exc}", ok=False, duration_ms=(time.perf_counter() - started) * 1000
+            )
         text = _format_exec(result) if not result.finished or result.stdout or result.stderr else "finished"
-        return Observation(text=_clip(text, self.observation_chars), ok=result.ok, finished=result.finished,
-                           answer=answer, duration_ms=(time.perf_counter() - started) * 1000)
+        return Observation(
+            text=_clip(text, self.observation_chars),
+            ok=result.ok,
+            finished=result.finished,
+            answer=answer,
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
 
     def _execute(self, code: str) -> tuple[ExecResult, str | None]:
         """Code run in the session (a block, or run_python's): its result, the answer it finished with, if
@@ -199,11 +215,16 @@ class TaskTools:
         problems = self.registry.check_call(name, arguments)
         if self.allowed is not None and name not in self.allowed:
             offered = ", ".join(sorted(self.allowed))
-            problems = [f"{'unknown tool' if self.registry.get(name) is None else 'tool'} {name!r} is not "
-                        f"available for this task; use one of: {offered}"]
+            problems = [
+                f"{'unknown tool' if self.registry.get(name) is None else 'tool'} {name!r} is not "
+                f"available for this task; use one of: {offered}"
+            ]
         if problems:
-            return Observation(text="Tool call refused: " + "; ".join(problems), ok=False,
-                               duration_ms=(time.perf_counter() - started) * 1000)
+            return Observation(
+                text="Tool call refused: " + "; ".join(problems),
+                ok=False,
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )
         spec = self.registry.get(name)
         assert spec is not None
         try:
@@ -212,8 +233,13 @@ class TaskTools:
             ok, text, finished, answer = False, f"[sandbox error] {exc}", False, None
         if spec.origin != "builtin" and self.on_use is not None:
             self.on_use(spec, ok)
-        return Observation(text=_clip(text, self.observation_chars), ok=ok, finished=finished, answer=answer,
-                           duration_ms=(time.perf_counter() - started) * 1000)
+        return Observation(
+            text=_clip(text, self.observation_chars),
+            ok=ok,
+            finished=finished,
+            answer=answer,
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
 
     def _dispatch(self, spec: ToolSpec, args: dict) -> tuple[bool, str, bool, str | None]:
         if spec.runner is not None:  # carried out by the host (a user's MCP server), not in the sandbox
@@ -237,8 +263,12 @@ class TaskTools:
                 text += f"\n[error] {result.error}"
             return result.ok, text, False, None
         if spec.name == "read_file":
-            return True, read_text(self.workspace, args["path"], max_bytes=max(self.observation_chars * 4, 65536)), \
-                False, None
+            return (
+                True,
+                read_text(self.workspace, args["path"], max_bytes=max(self.observation_chars * 4, 65536)),
+                False,
+                None,
+            )
         if spec.name == "write_file":
             written = write_text(self.workspace, args["path"], args["content"])
             return True, f"wrote {written} bytes to {args['path']}", False, None

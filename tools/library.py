@@ -65,6 +65,8 @@ class ToolFiles:
         except (OSError, UnicodeDecodeError) as exc:
             raise ToolFileError(f"tool {name} v{version}: cannot read its files under {source.parent}: {exc}") from exc
         if code_hash(code, tests) != expected_hash:
-            raise ToolFileError(f"tool {name} v{version}: its files under {source.parent} changed since it was "
-                                f"registered (hash {code_hash(code, tests)}, recorded {expected_hash})")
+            raise ToolFileError(
+                f"tool {name} v{version}: its files under {source.parent} changed since it was "
+                f"registered (hash {code_hash(code, tests)}, recorded {expected_hash})"
+            )
         return code, tests

@@ -36,6 +36,7 @@ __all__ = ["Replay", "QuarantineReport", "quarantine", "defined_tests"]
 _MODULE = "tool"  # the candidate's code, as tool.py in a fresh workspace
 _TIMEOUT_S = 60.0
 
+
 @dataclass(frozen=True)
 class Replay:
     """A real recorded call the tool claims to generalize: its arguments for the tool, the output seen then."""
@@ -55,8 +56,7 @@ class QuarantineReport:
     def summary(self) -> str:
         passed = sum(t["ok"] for t in self.tests)
         matched = sum(r["ok"] for r in self.replays)
-        return (f"{passed}/{len(self.tests)} tests passed, {matched}/{len(self.replays)} recorded calls "
-                f"reproduced")
+        return f"{passed}/{len(self.tests)} tests passed, {matched}/{len(self.replays)} recorded calls reproduced"
 
 
 def defined_tests(tests: str) -> list[str]:
@@ -71,19 +71,37 @@ def _same(expected: str, got: list[str]) -> bool:
     return any(" ".join(g.split()) == want for g in got)
 
 
-def _judged(sandbox: Sandbox, workspace: Path, spec: ToolSpec, tests: list[tuple[str, str]],
-            replays: list[dict], limits: Limits | None) -> dict | QuarantineReport:
+def _judged(
+    sandbox: Sandbox,
+    workspace: Path,
+    spec: ToolSpec,
+    tests: list[tuple[str, str]],
+    replays: list[dict],
+    limits: Limits | None,
+) -> dict | QuarantineReport:
     """One run of the judge's runner: the tool in a process of its own, the tests beside the verdict."""
     timeout = (limits or Limits()).timeout_s or _TIMEOUT_S
-    judged = run_judged(sandbox, workspace, {"kind": "tool", "module": _MODULE, "name": spec.name,
-                                             "tests": tests, "replays": replays}, timeout_s=timeout, limits=limits)
+    judged = run_judged(
+        sandbox,
+        workspace,
+        {"kind": "tool", "module": _MODULE, "name": spec.name, "tests": tests, "replays": replays},
+        timeout_s=timeout,
+        limits=limits,
+    )
     if judged.report is None or not isinstance(judged.report.get("report"), dict):
         return QuarantineReport(False, f"its run in the sandbox gave no report: {judged.problem or 'malformed'}")
     return judged.report["report"]
 
 
-def quarantine(spec: ToolSpec, *, sandbox: Sandbox, work_root: str | os.PathLike[str],
-               replays: list[Replay] = (), earlier_tests: str = "", limits: Limits | None = None) -> QuarantineReport:
+def quarantine(
+    spec: ToolSpec,
+    *,
+    sandbox: Sandbox,
+    work_root: str | os.PathLike[str],
+    replays: list[Replay] = (),
+    earlier_tests: str = "",
+    limits: Limits | None = None,
+) -> QuarantineReport:
     """Run the candidate's tests (and ``earlier_tests``) and ``replays`` in the sandbox; never raises for the tool."""
     try:
         names = defined_tests(spec.tests)
@@ -94,8 +112,10 @@ def quarantine(spec: ToolSpec, *, sandbox: Sandbox, work_root: str | os.PathLike
     for replay in replays:
         problems = schema_for_call(spec, replay.arguments)
         if problems:
-            return QuarantineReport(False, f"the arguments given for recorded call {replay.label} do not fit "
-                                           f"its signature: {'; '.join(problems)}")
+            return QuarantineReport(
+                False,
+                f"the arguments given for recorded call {replay.label} do not fit its signature: {'; '.join(problems)}",
+            )
     os.makedirs(work_root, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix="tool-", dir=work_root))
     try:
@@ -109,8 +129,14 @@ def quarantine(spec: ToolSpec, *, sandbox: Sandbox, work_root: str | os.PathLike
             return own
         report = own
         if earlier_tests or replays:
-            other = _judged(sandbox, workspace, spec, [("test_earlier.py", earlier_tests)] if earlier_tests else [],
-                            [r.arguments for r in replays], limits)
+            other = _judged(
+                sandbox,
+                workspace,
+                spec,
+                [("test_earlier.py", earlier_tests)] if earlier_tests else [],
+                [r.arguments for r in replays],
+                limits,
+            )
             if isinstance(other, QuarantineReport):
                 return other
             report = {**other, "tests": own["tests"] + other["tests"]}
@@ -118,21 +144,36 @@ def quarantine(spec: ToolSpec, *, sandbox: Sandbox, work_root: str | os.PathLike
         shutil.rmtree(workspace, ignore_errors=True)
     if report["load_error"]:
         return QuarantineReport(False, f"it fails to load in the sandbox: {report['load_error']}")
-    replayed = [{"label": r.label, "expected": r.expected[:500], "got": (got["got"] or [None])[0],
-                 "error": got["error"], "ok": got["error"] is None and _same(r.expected, got["got"])}
-                for r, got in zip(replays, report["replays"])]
+    replayed = [
+        {
+            "label": r.label,
+            "expected": r.expected[:500],
+            "got": (got["got"] or [None])[0],
+            "error": got["error"],
+            "ok": got["error"] is None and _same(r.expected, got["got"]),
+        }
+        for r, got in zip(replays, report["replays"])
+    ]
     failed = [t for t in report["tests"] if not t["ok"]]
     if failed:
         first = failed[0]
-        return QuarantineReport(False, f"{len(failed)} of {len(report['tests'])} tests failed; "
-                                       f"{first['name']}: {first['error']}", report["tests"], replayed)
+        return QuarantineReport(
+            False,
+            f"{len(failed)} of {len(report['tests'])} tests failed; {first['name']}: {first['error']}",
+            report["tests"],
+            replayed,
+        )
     wrong = [r for r in replayed if not r["ok"]]
     if wrong:
         first = wrong[0]
         seen = first["error"] or repr((first["got"] or "")[:200])
-        return QuarantineReport(False, f"{len(wrong)} of {len(replayed)} recorded calls not reproduced; call "
-                                       f"{first['label']} gave {seen}, recorded {first['expected'][:200]!r}",
-                                report["tests"], replayed)
+        return QuarantineReport(
+            False,
+            f"{len(wrong)} of {len(replayed)} recorded calls not reproduced; call "
+            f"{first['label']} gave {seen}, recorded {first['expected'][:200]!r}",
+            report["tests"],
+            replayed,
+        )
     report_ok = QuarantineReport(True, "", report["tests"], replayed)
     report_ok.reason = report_ok.summary()
     return report_ok

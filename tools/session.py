@@ -107,8 +107,7 @@ def session_prelude(synthesized: list[ToolSpec]) -> str:
 
 def signature(spec: ToolSpec) -> str:
     """``name(arg: type, ...)`` and the first line of its description, as the model is shown it."""
-    types = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list",
-             "object": "dict"}
+    types = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list", "object": "dict"}
     properties = spec.parameters.get("properties", {})
     required = set(spec.parameters.get("required", []))
     params = []

@@ -22,9 +22,16 @@ class ToolSpecError(ValueError):
     """The tool's code cannot become a tool; the message says which rule it breaks."""
 
 
-_SIMPLE = {"str": {"type": "string"}, "int": {"type": "integer"}, "float": {"type": "number"},
-           "bool": {"type": "boolean"}, "dict": {"type": "object"}, "list": {"type": "array"},
-           "Any": {}, "None": {"type": "null"}}
+_SIMPLE = {
+    "str": {"type": "string"},
+    "int": {"type": "integer"},
+    "float": {"type": "number"},
+    "bool": {"type": "boolean"},
+    "dict": {"type": "object"},
+    "list": {"type": "array"},
+    "Any": {},
+    "None": {"type": "null"},
+}
 
 
 def _annotation_schema(node: ast.expr | None, where: str) -> dict:
@@ -50,8 +57,10 @@ def _annotation_schema(node: ast.expr | None, where: str) -> dict:
             values = inner.elts if isinstance(inner, ast.Tuple) else [inner]
             if all(isinstance(v, ast.Constant) for v in values):
                 return {"enum": [v.value for v in values]}
-    raise ToolSpecError(f"{where} has an annotation tools cannot take ({ast.unparse(node)}); "
-                        "use str, int, float, bool, list[...], dict, Literal[...] or X | None")
+    raise ToolSpecError(
+        f"{where} has an annotation tools cannot take ({ast.unparse(node)}); "
+        "use str, int, float, bool, list[...], dict, Literal[...] or X | None"
+    )
 
 
 def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
@@ -104,8 +113,10 @@ class ToolSpec:
         return code_hash(self.code, self.tests)
 
     def openai_schema(self) -> dict:
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def with_version(self, version: int) -> "ToolSpec":
         return replace(self, version=version)
@@ -114,8 +125,9 @@ class ToolSpec:
 NAME = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
 
 
-def spec_from_source(code: str, *, name: str | None = None, tests: str = "", origin: str = "synthesized",
-                     node_id: str | None = None) -> ToolSpec:
+def spec_from_source(
+    code: str, *, name: str | None = None, tests: str = "", origin: str = "synthesized", node_id: str | None = None
+) -> ToolSpec:
     """Build a spec from source holding one public top-level function (helpers may start with _)."""
     try:
         module = ast.parse(code)
@@ -150,12 +162,27 @@ def spec_from_source(code: str, *, name: str | None = None, tests: str = "", ori
         properties[arg.arg] = schema
     returns = _annotation_schema(fn.returns, f"the return value of {fn.name}") if fn.returns else {}
     parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-    return ToolSpec(name=fn.name, description=description or fn.name, parameters=parameters, code=code,
-                    tests=tests, origin=origin, node_id=node_id, returns=returns)
+    return ToolSpec(
+        name=fn.name,
+        description=description or fn.name,
+        parameters=parameters,
+        code=code,
+        tests=tests,
+        origin=origin,
+        node_id=node_id,
+        returns=returns,
+    )
 
 
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
-               "object": dict, "array": list, "null": type(None)}
+_JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+    "null": type(None),
+}
 
 
 def _type_errors(value: Any, schema: dict, where: str) -> list[str]:

@@ -16,5 +16,14 @@ from .loop import Agent, TaskResult
 from .scaffold import Scaffold, ScaffoldError, default_scaffold, load_scaffold
 from .toolbox import Toolbox
 
-__all__ = ["Agent", "TaskResult", "Engine", "sandbox_limits", "Scaffold", "ScaffoldError", "default_scaffold",
-           "load_scaffold", "Toolbox"]
+__all__ = [
+    "Agent",
+    "TaskResult",
+    "Engine",
+    "sandbox_limits",
+    "Scaffold",
+    "ScaffoldError",
+    "default_scaffold",
+    "load_scaffold",
+    "Toolbox",
+]

@@ -49,14 +49,14 @@ def partial_json_string(raw: str) -> tuple[str, bool]:
         if i + 6 > len(raw):
             break
         try:
-            code = int(raw[i + 2:i + 6], 16)
+            code = int(raw[i + 2 : i + 6], 16)
         except ValueError:
             return "".join(out), True
         if 0xD800 <= code < 0xDC00:  # the high half of a pair: wait for the low half
             if i + 12 > len(raw):
                 break
             try:
-                low = int(raw[i + 8:i + 12], 16) if raw[i + 6:i + 8] == "\\u" else -1
+                low = int(raw[i + 8 : i + 12], 16) if raw[i + 6 : i + 8] == "\\u" else -1
             except ValueError:
                 low = -1
             if 0xDC00 <= low < 0xE000:
@@ -124,7 +124,7 @@ class ReplyTap:
     def _advance(self, raw: str) -> None:
         if self.closed:
             return
-        text, self.closed = partial_json_string(raw[self.start:])
+        text, self.closed = partial_json_string(raw[self.start :])
         if len(text) > len(self.sent):
-            piece, self.sent = text[len(self.sent):], text
+            piece, self.sent = text[len(self.sent) :], text
             self.stream._pass_on(piece)

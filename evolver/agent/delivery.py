@@ -31,16 +31,27 @@ from sandbox import Limits, Sandbox, SandboxError, read_text
 
 from ..judge.deliverable import Deliverable
 
-__all__ = ["FENCE", "PYTHON", "Example", "task_examples", "task_stub", "draft_code", "module_source",
-           "delivered_source", "try_examples"]
+__all__ = [
+    "FENCE",
+    "PYTHON",
+    "Example",
+    "task_examples",
+    "task_stub",
+    "draft_code",
+    "module_source",
+    "delivered_source",
+    "try_examples",
+]
 
 EXAMPLE_TIMEOUT_S = 10.0
 MAX_EXAMPLES = 12
 # A fenced block: its language, then its text (one left open at the end of a reply counts).
 FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 PYTHON = ("", "python", "py", "python3")  # the languages of a Python block
-_ARROW = re.compile(r"^\s*(?P<call>(?P<name>[A-Za-z_]\w*)\(.*\))\s*(?:==>|➞|=>|->|==|should return|returns)\s*"
-                    r"(?P<want>.+?)\s*$")
+_ARROW = re.compile(
+    r"^\s*(?P<call>(?P<name>[A-Za-z_]\w*)\(.*\))\s*(?:==>|➞|=>|->|==|should return|returns)\s*"
+    r"(?P<want>.+?)\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,7 @@ def task_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
         if not head.startswith(">>>"):
             continue
         call, want = head[3:].strip(), []
-        for after in lines[n + 1:]:
+        for after in lines[n + 1 :]:
             text = after.strip()
             if not text or text.startswith((">>>", '"""', "'''", "```")):
                 break
@@ -145,8 +156,9 @@ def module_source(blocks: list[str], functions: tuple[str, ...]) -> str | None:
                 for name in _targets(node):
                     definitions.pop(name, None)
                     definitions[name] = node
-    if not any(name in definitions and not isinstance(definitions[name], (ast.Assign, ast.AnnAssign))
-               for name in functions):
+    if not any(
+        name in definitions and not isinstance(definitions[name], (ast.Assign, ast.AnnAssign)) for name in functions
+    ):
         return None
     seen: set[int] = set()
     body = []
@@ -162,8 +174,9 @@ def _stub(node: ast.stmt) -> bool:
     not a definition (a small model often starts by copying the task's stub)."""
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
-    return all(isinstance(n, ast.Pass) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
-               for n in node.body)
+    return all(
+        isinstance(n, ast.Pass) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in node.body
+    )
 
 
 def _targets(node: ast.Assign | ast.AnnAssign) -> list[str]:
@@ -218,8 +231,9 @@ print(MARK + json.dumps(failures))
 """
 
 
-def try_examples(sandbox: Sandbox, workspace: Path, file: str, source: str, examples: list[Example],
-                 limits: Limits | None) -> list[str]:
+def try_examples(
+    sandbox: Sandbox, workspace: Path, file: str, source: str, examples: list[Example], limits: Limits | None
+) -> list[str]:
     """Run the examples against ``source`` in a fresh sandboxed process; what failed, in words. This is the
     agent's own check before it finishes, not the judge: code that games it only misleads itself."""
     mark = f"examples-{secrets.token_hex(8)}:"
@@ -232,10 +246,12 @@ def try_examples(sandbox: Sandbox, workspace: Path, file: str, source: str, exam
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(mark):
             try:
-                return [str(f) for f in json.loads(line[len(mark):])]
+                return [str(f) for f in json.loads(line[len(mark) :])]
             except ValueError:
                 break
     if result.timed_out:
         return [f"running the task's examples took over {bounded.timeout_s:g} s (an endless loop?)"]
-    return [f"the examples did not run to the end ({result.killed_by or f'exit code {result.exit_code}'}): "
-            f"{(result.stderr or result.error or '').strip()[-500:]}"]
+    return [
+        f"the examples did not run to the end ({result.killed_by or f'exit code {result.exit_code}'}): "
+        f"{(result.stderr or result.error or '').strip()[-500:]}"
+    ]

@@ -28,8 +28,15 @@ log = logging.getLogger(__name__)
 
 def sandbox_limits(config: Config) -> Limits:
     s = config.sandbox
-    return Limits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, max_processes=s.max_processes,
-                  max_open_files=s.max_open_files, max_file_mb=s.max_file_mb, tmp_mb=s.tmp_mb)
+    return Limits(
+        timeout_s=s.timeout_s,
+        cpu_s=s.cpu_s,
+        memory_mb=s.memory_mb,
+        max_processes=s.max_processes,
+        max_open_files=s.max_open_files,
+        max_file_mb=s.max_file_mb,
+        tmp_mb=s.tmp_mb,
+    )
 
 
 def hook_limits(config: Config) -> Limits:
@@ -57,23 +64,37 @@ class Engine:
         return self.meta_model or self.model
 
     @classmethod
-    def open(cls, config: Config, *, data_dir: Path | None = None, store: ExperienceStore | None = None,
-             sandbox: Sandbox | None = None) -> "Engine":
+    def open(
+        cls,
+        config: Config,
+        *,
+        data_dir: Path | None = None,
+        store: ExperienceStore | None = None,
+        sandbox: Sandbox | None = None,
+    ) -> "Engine":
         data_dir = Path(data_dir or config.data_dir)
         store = store or open_store(config, data_dir=data_dir)
         try:
             limits = sandbox_limits(config)
-            sandbox = sandbox or make_sandbox(require_isolation=config.sandbox.require_isolation,
-                                              unprivileged_uid=config.sandbox.unprivileged_uid, limits=limits,
-                                              task_uids=config.sandbox.task_uids,
-                                              task_uid_base=config.sandbox.task_uid_base)
+            sandbox = sandbox or make_sandbox(
+                require_isolation=config.sandbox.require_isolation,
+                unprivileged_uid=config.sandbox.unprivileged_uid,
+                limits=limits,
+                task_uids=config.sandbox.task_uids,
+                task_uid_base=config.sandbox.task_uid_base,
+            )
             if not sandbox.isolated:
-                log.warning("SANDBOX DEGRADED: bubblewrap is unavailable; model-written code runs as a plain "
-                            "subprocess with limits, not isolated from your files")
+                log.warning(
+                    "SANDBOX DEGRADED: bubblewrap is unavailable; model-written code runs as a plain "
+                    "subprocess with limits, not isolated from your files"
+                )
             budget = BudgetGuard(config.budget, store)  # one set of caps over both models
             model = ModelClient(config.model, store=store, budget=budget)
-            meta = (ModelClient(config.meta.settings(config.model), store=store, budget=budget, section="meta")
-                    if config.meta.name else None)
+            meta = (
+                ModelClient(config.meta.settings(config.model), store=store, budget=budget, section="meta")
+                if config.meta.name
+                else None
+            )
         except BaseException:
             store.close()
             raise
@@ -86,8 +107,17 @@ class Engine:
             servers.close()
             store.close()
             raise
-        return cls(config=config, store=store, model=model, sandbox=sandbox, registry=registry, data_dir=data_dir,
-                   toolbox=Toolbox(store, registry, data_dir, config.evolution), mcp=servers, meta_model=meta)
+        return cls(
+            config=config,
+            store=store,
+            model=model,
+            sandbox=sandbox,
+            registry=registry,
+            data_dir=data_dir,
+            toolbox=Toolbox(store, registry, data_dir, config.evolution),
+            mcp=servers,
+            meta_model=meta,
+        )
 
     def close(self) -> None:
         if self.mcp is not None:
@@ -120,19 +150,40 @@ class Engine:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         workspace = Path(tempfile.mkdtemp(prefix="call-", dir=root))
         try:
-            with TaskTools(self.registry.snapshot(), self.sandbox, workspace, limits=sandbox_limits(self.config),
-                           observation_chars=self.config.agent.observation_chars, allowed=[name]) as tools:
+            with TaskTools(
+                self.registry.snapshot(),
+                self.sandbox,
+                workspace,
+                limits=sandbox_limits(self.config),
+                observation_chars=self.config.agent.observation_chars,
+                allowed=[name],
+            ) as tools:
                 seen = tools.run(name, arguments)
         finally:
             shutil.rmtree(workspace, ignore_errors=True)
-        return {"tool": name, "version": spec.version, "ok": seen.ok, "text": seen.text,
-                "duration_ms": round(seen.duration_ms, 1)}
+        return {
+            "tool": name,
+            "version": spec.version,
+            "ok": seen.ok,
+            "text": seen.text,
+            "duration_ms": round(seen.duration_ms, 1),
+        }
 
     def agent(self, scaffold: Scaffold | None = None, *, node_id: str | None = None) -> Agent:
         self.toolbox.refresh()  # between tasks: retirements and new tools take effect here
-        return Agent(store=self.store, model=self.model, sandbox=self.sandbox, registry=self.registry.snapshot(),
-                     scaffold=scaffold or self.seed_scaffold(), workspace_root=self.data_dir / "workspaces",
-                     node_id=node_id, observation_chars=self.config.agent.observation_chars,
-                     keep_workspaces=self.config.agent.keep_workspaces, limits=sandbox_limits(self.config),
-                     on_tool_use=self.toolbox.record_use, reflection_tokens=self.config.model.max_tokens_reflect,
-                     hook_limits=hook_limits(self.config), hook_timeout_s=self.config.agent.hook_timeout_s)
+        return Agent(
+            store=self.store,
+            model=self.model,
+            sandbox=self.sandbox,
+            registry=self.registry.snapshot(),
+            scaffold=scaffold or self.seed_scaffold(),
+            workspace_root=self.data_dir / "workspaces",
+            node_id=node_id,
+            observation_chars=self.config.agent.observation_chars,
+            keep_workspaces=self.config.agent.keep_workspaces,
+            limits=sandbox_limits(self.config),
+            on_tool_use=self.toolbox.record_use,
+            reflection_tokens=self.config.model.max_tokens_reflect,
+            hook_limits=hook_limits(self.config),
+            hook_timeout_s=self.config.agent.hook_timeout_s,
+        )

@@ -22,8 +22,12 @@ __all__ = ["Behaviour", "behaviour", "MODES", "count_modes", "call_key"]
 
 MODES = ("no finish", "repeated calls", "malformed calls", "wrong answer")
 REPEATED = 3  # identical calls in a row that count as repeating
-ENDINGS = {"step_limit": "hit the step limit", "repeating": "was stopped for repeating one call",
-           "finished": "handed in an answer", "asked": "was asked for its answer on a last turn"}
+ENDINGS = {
+    "step_limit": "hit the step limit",
+    "repeating": "was stopped for repeating one call",
+    "finished": "handed in an answer",
+    "asked": "was asked for its answer on a last turn",
+}
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,15 @@ def behaviour(status: str, success: bool | None, steps: Iterable[Step]) -> Behav
                 longest = max(longest, run)
         elif step.role == "tool":
             last_result = step.content
-    return Behaviour(status=status, success=success, steps=turns, calls=calls, longest_repeat=longest,
-                     malformed=malformed, last_result=last_result)
+    return Behaviour(
+        status=status,
+        success=success,
+        steps=turns,
+        calls=calls,
+        longest_repeat=longest,
+        malformed=malformed,
+        last_result=last_result,
+    )
 
 
 def count_modes(behaviours: Iterable[Behaviour]) -> dict[str, int]:

@@ -45,25 +45,51 @@ from sandbox import Limits, PythonWorker, Sandbox
 
 from ..text import clip
 
-__all__ = ["HOOK_POINTS", "HOOKS_GUIDE", "HookOutcome", "Hooks", "HookCalls", "HookError", "hook_points",
-           "check_reply", "SAMPLE_DATA"]
+__all__ = [
+    "HOOK_POINTS",
+    "HOOKS_GUIDE",
+    "HookOutcome",
+    "Hooks",
+    "HookCalls",
+    "HookError",
+    "hook_points",
+    "check_reply",
+    "SAMPLE_DATA",
+]
 
 HOOK_POINTS = ("before_model", "after_tool", "before_finish", "on_failure")
 MAX_REPLY_CHARS = 1_000_000  # a hook's answer, as JSON; more is malformed
 
 # One call per point, as validation sends them: a child's hooks must answer these before it can serve.
 SAMPLE_DATA: dict[str, dict[str, Any]] = {
-    "before_model": {"task": "What is 2 + 3?", "attempt": 1, "step": 1,
-                     "messages": [{"role": "system", "content": "You are an agent."},
-                                  {"role": "user", "content": "Task:\nWhat is 2 + 3?"}],
-                     "tools": ["run_python", "finish"]},
-    "after_tool": {"task": "What is 2 + 3?", "attempt": 1, "step": 2, "name": "run_python",
-                   "arguments": {"code": "print(2 + 3)"}, "result": "5", "ok": True,
-                   "calls": [["run_python", {"code": "print(2 + 3)"}]]},
+    "before_model": {
+        "task": "What is 2 + 3?",
+        "attempt": 1,
+        "step": 1,
+        "messages": [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Task:\nWhat is 2 + 3?"},
+        ],
+        "tools": ["run_python", "finish"],
+    },
+    "after_tool": {
+        "task": "What is 2 + 3?",
+        "attempt": 1,
+        "step": 2,
+        "name": "run_python",
+        "arguments": {"code": "print(2 + 3)"},
+        "result": "5",
+        "ok": True,
+        "calls": [["run_python", {"code": "print(2 + 3)"}]],
+    },
     "before_finish": {"task": "What is 2 + 3?", "attempt": 1, "step": 3, "answer": "5"},
-    "on_failure": {"task": "What is 2 + 3?", "attempt": 1, "answer": "6",
-                   "feedback": "answer '6' is not the expected answer",
-                   "reflection": "I added wrongly."},
+    "on_failure": {
+        "task": "What is 2 + 3?",
+        "attempt": 1,
+        "answer": "6",
+        "feedback": "answer '6' is not the expected answer",
+        "reflection": "I added wrongly.",
+    },
 }
 
 HOOKS_GUIDE = (
@@ -112,12 +138,17 @@ def check_reply(point: str, reply: Any, data: dict[str, Any]) -> dict[str, Any] 
         return None
     if not isinstance(reply, dict):
         raise HookError(f"{point} returned {type(reply).__name__}; it returns None or a JSON object")
-    allowed = {"before_model": {"messages", "tools"}, "after_tool": {"result"},
-               "before_finish": {"answer", "reject"}, "on_failure": {"note"}}[point]
+    allowed = {
+        "before_model": {"messages", "tools"},
+        "after_tool": {"result"},
+        "before_finish": {"answer", "reject"},
+        "on_failure": {"note"},
+    }[point]
     unknown = set(reply) - allowed
     if unknown:
-        raise HookError(f"{point} returned unknown key(s) {', '.join(sorted(unknown))}; "
-                        f"it may return {', '.join(sorted(allowed))}")
+        raise HookError(
+            f"{point} returned unknown key(s) {', '.join(sorted(unknown))}; it may return {', '.join(sorted(allowed))}"
+        )
     if len(json.dumps(reply)) > MAX_REPLY_CHARS:
         raise HookError(f"{point} returned over {MAX_REPLY_CHARS:,} characters")
     if "messages" in reply:
@@ -231,8 +262,11 @@ class HookCalls:
         if self.hooks is not None and self.hooks.problem and not self._told:
             self._told = True
             self.failures.append(self.hooks.problem)
-            record("hook", f"the hooks were ignored: {self.hooks.problem}",
-                   tool_results=[{"hook": None, "changed": False, "error": self.hooks.problem}])
+            record(
+                "hook",
+                f"the hooks were ignored: {self.hooks.problem}",
+                tool_results=[{"hook": None, "changed": False, "error": self.hooks.problem}],
+            )
 
     def __call__(self, point: str, data: dict[str, Any], record: Callable[..., None]) -> dict[str, Any] | None:
         if self.hooks is None or not self.hooks.defines(point):
@@ -242,10 +276,14 @@ class HookCalls:
             self.failures.append(outcome.error)
             record("hook", f"{point} ignored: {outcome.error}", tool_results=[outcome.record()])
         elif outcome.change is not None:
-            what = ("refused the finish" if "reject" in outcome.change
-                    else f"changed {', '.join(sorted(outcome.change))}")
-            record("hook", f"{point} {what}: {clip(json.dumps(outcome.change, ensure_ascii=False), 2000)}",
-                   tool_results=[outcome.record()])
+            what = (
+                "refused the finish" if "reject" in outcome.change else f"changed {', '.join(sorted(outcome.change))}"
+            )
+            record(
+                "hook",
+                f"{point} {what}: {clip(json.dumps(outcome.change, ensure_ascii=False), 2000)}",
+                tool_results=[outcome.record()],
+            )
         return outcome.change
 
 

@@ -30,15 +30,34 @@ from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
 from .answer_stream import AnswerStream
-from .delivery import (FENCE, PYTHON, Example, delivered_source, draft_code, module_source, task_examples, task_stub,
-                       try_examples)
+from .delivery import (
+    FENCE,
+    PYTHON,
+    Example,
+    delivered_source,
+    draft_code,
+    module_source,
+    task_examples,
+    task_stub,
+    try_examples,
+)
 from .failures import call_key
 from .hooks import HookCalls, Hooks
 from .mcp_tools import ORIGIN as MCP_ORIGIN
 from .scaffold import Scaffold
 
-__all__ = ["Agent", "TaskResult", "Submitted", "StepLimit", "Cancelled", "render_context", "fit_context",
-           "draft_prompt", "shows_probation", "task_context"]
+__all__ = [
+    "Agent",
+    "TaskResult",
+    "Submitted",
+    "StepLimit",
+    "Cancelled",
+    "render_context",
+    "fit_context",
+    "draft_prompt",
+    "shows_probation",
+    "task_context",
+]
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +167,13 @@ def shows_probation(task: Task) -> bool:
 def task_context(store: ExperienceStore, task: Task, params) -> Context:
     """What memory gives an attempt at ``task`` under a scaffold's ``params``: the one query, here and in
     the Ray evaluator's shipment."""
-    return store.context(task.prompt, trajectories=params.similar_trajectories, insights=params.insights,
-                         tools=params.tools, probation=shows_probation(task))
+    return store.context(
+        task.prompt,
+        trajectories=params.similar_trajectories,
+        insights=params.insights,
+        tools=params.tools,
+        probation=shows_probation(task),
+    )
 
 
 def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
@@ -200,13 +224,24 @@ def _render(examples: list[str], hits: list) -> tuple[str, str]:
 class Agent:
     """Solves tasks with one scaffold; everything it does is parameterized by it."""
 
-    def __init__(self, *, store: ExperienceStore, model: Model, sandbox: Sandbox, registry: ToolRegistry,
-                 scaffold: Scaffold, workspace_root: Path, node_id: str | None = None,
-                 observation_chars: int = 4000, keep_workspaces: bool = False,
-                 limits: Limits | None = None,
-                 on_tool_use: Callable[[ToolSpec, bool], None] | None = None,
-                 reflection_tokens: int | None = None, hook_limits: Limits | None = None,
-                 hook_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        store: ExperienceStore,
+        model: Model,
+        sandbox: Sandbox,
+        registry: ToolRegistry,
+        scaffold: Scaffold,
+        workspace_root: Path,
+        node_id: str | None = None,
+        observation_chars: int = 4000,
+        keep_workspaces: bool = False,
+        limits: Limits | None = None,
+        on_tool_use: Callable[[ToolSpec, bool], None] | None = None,
+        reflection_tokens: int | None = None,
+        hook_limits: Limits | None = None,
+        hook_timeout_s: float = 2.0,
+    ) -> None:
         self.store = store
         self.hook_limits = hook_limits or Limits(timeout_s=30, memory_mb=256)
         self.hook_timeout_s = hook_timeout_s
@@ -224,9 +259,16 @@ class Agent:
 
     # --- one task ----------------------------------------------------------------
 
-    def run_task(self, task: Task, *, cancel: threading.Event | None = None,
-                 on_step: Callable[[Step], None] | None = None, purpose: str = "task",
-                 record_status: bool = True, on_answer: Callable[[str], None] | None = None) -> TaskResult:
+    def run_task(
+        self,
+        task: Task,
+        *,
+        cancel: threading.Event | None = None,
+        on_step: Callable[[Step], None] | None = None,
+        purpose: str = "task",
+        record_status: bool = True,
+        on_answer: Callable[[str], None] | None = None,
+    ) -> TaskResult:
         """Solve one task. With ``record_status=False`` the caller records how it ended
         (a leased worker does, fenced by its lease). ``on_answer`` gets the answer in pieces while the
         model writes its finish call (``AnswerStream``), unless a ``before_finish`` hook may change it."""
@@ -253,14 +295,22 @@ class Agent:
         # What every attempt is shown: fitted to the budget once, and noted per attempt (memory.effects).
         examples, shown = fit_context(context, params.context_tokens)
         prompt_context = _render(examples, shown)
-        exposed = {"insight": [str(hit.insight_id) for hit in shown],
-                   "tool": [n for n in tool_names if n not in BUILTIN_SOURCES],
-                   # the examples are the first of the trajectories found (fit_context keeps them in order)
-                   "example": [hit.trajectory_id for hit in context.trajectories[:len(examples)]]}
+        exposed = {
+            "insight": [str(hit.insight_id) for hit in shown],
+            "tool": [n for n in tool_names if n not in BUILTIN_SOURCES],
+            # the examples are the first of the trajectories found (fit_context keeps them in order)
+            "example": [hit.trajectory_id for hit in context.trajectories[: len(examples)]],
+        }
         try:
-            with TaskTools(self.registry, self.sandbox, workspace, limits=self.limits,
-                           observation_chars=self.observation_chars, allowed=tool_names,
-                           on_use=self.on_tool_use) as tools:
+            with TaskTools(
+                self.registry,
+                self.sandbox,
+                workspace,
+                limits=self.limits,
+                observation_chars=self.observation_chars,
+                allowed=tool_names,
+                on_use=self.on_tool_use,
+            ) as tools:
                 hooks = HookCalls(self._hooks(task))
                 may_change = hooks.hooks is not None and hooks.hooks.defines("before_finish")
                 answers = AnswerStream(on_answer) if on_answer is not None and not may_change else None
@@ -268,33 +318,62 @@ class Agent:
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
                     self.store.record_exposures(trajectory.id, exposed)
-                    messages = self._opening(task, prompt_context, reflection, note, code=code,
-                                             tool_names=tool_names, deliverable=deliverable)
+                    messages = self._opening(
+                        task,
+                        prompt_context,
+                        reflection,
+                        note,
+                        code=code,
+                        tool_names=tool_names,
+                        deliverable=deliverable,
+                    )
                     # A chat answer streams from a finish call; in code it is a whole reply, sent when done.
-                    turn = _Turn(hooks=hooks, attempt=attempt, answers=None if code else answers, code=code,
-                                 deliverable=deliverable, examples=task_own, workspace=workspace,
-                                 example_rounds=params.example_rounds if deliverable else 0, stub=stub)
+                    turn = _Turn(
+                        hooks=hooks,
+                        attempt=attempt,
+                        answers=None if code else answers,
+                        code=code,
+                        deliverable=deliverable,
+                        examples=task_own,
+                        workspace=workspace,
+                        example_rounds=params.example_rounds if deliverable else 0,
+                        stub=stub,
+                    )
                     if code and attempt == 1:  # a retry is no draft: it would be the same completion again
                         turn.draft = draft_prompt(self.scaffold, stub, prompt_context)
-                    answer, ended = self._attempt(trajectory.id, task, messages, schemas, tools, cancel,
-                                                  on_step, purpose, turn)
+                    answer, ended = self._attempt(
+                        trajectory.id, task, messages, schemas, tools, cancel, on_step, purpose, turn
+                    )
                     self._hand_in(trajectory.id, turn, on_step)
                     if check:
                         # The attempt is over: its worker dies before the verifier writes the check's
                         # files, so nothing the attempt left running can rewrite them (a next attempt
                         # starts a fresh worker).
                         tools.close()
-                    verdict = verify(check, answer=answer, sandbox=self.sandbox, workspace=workspace,
-                                     limits=self.limits) if check else None
+                    verdict = (
+                        verify(check, answer=answer, sandbox=self.sandbox, workspace=workspace, limits=self.limits)
+                        if check
+                        else None
+                    )
                     if verdict is not None and purpose == "evaluate" and hooks.failures:
                         # A node's hooks are part of what is evaluated: one that broke, in this attempt or
                         # after an earlier one, fails the run.
-                        verdict = Verdict(False, f"a hook failed during this evaluation: {hooks.failures[0]}",
-                                          "hooks", score=0.0, feedback=f"a hook failed: {hooks.failures[0]}")
+                        verdict = Verdict(
+                            False,
+                            f"a hook failed during this evaluation: {hooks.failures[0]}",
+                            "hooks",
+                            score=0.0,
+                            feedback=f"a hook failed: {hooks.failures[0]}",
+                        )
                     self.store.finish_trajectory(trajectory.id, status=ended, final_answer=answer)
                     if verdict is not None:
-                        self.store.record_outcome(trajectory.id, success=verdict.success, score=verdict.score,
-                                                  verifier=verdict.verifier, verifier_output=verdict.output)
+                        self.store.record_outcome(
+                            trajectory.id,
+                            success=verdict.success,
+                            score=verdict.score,
+                            verifier=verdict.verifier,
+                            verifier_output=verdict.output,
+                        )
                     if verdict is None or verdict.success:
                         if verdict is None and answer is None:  # no check to fall back on
                             status, ending, error = "failed", Ending.NO_ANSWER, f"no answer ({ended})"
@@ -305,9 +384,17 @@ class Agent:
                         ending, error = Ending.CHECK_FAILED, verdict.output
                         break
                     reflection = self._reflect(trajectory.id, task, messages, verdict, on_step, purpose)
-                    told = hooks("on_failure", {"task": task.prompt, "attempt": attempt, "answer": answer,
-                                                "feedback": verdict.for_learner, "reflection": reflection},
-                                 self._recorder(trajectory.id, on_step))
+                    told = hooks(
+                        "on_failure",
+                        {
+                            "task": task.prompt,
+                            "attempt": attempt,
+                            "answer": answer,
+                            "feedback": verdict.for_learner,
+                            "reflection": reflection,
+                        },
+                        self._recorder(trajectory.id, on_step),
+                    )
                     note = told.get("note") if told else None
         except Cancelled:
             status, ending, error = "cancelled", Ending.CANCELLED, "cancelled"
@@ -329,9 +416,17 @@ class Agent:
                 shutil.rmtree(workspace, ignore_errors=True)
         if record_status:
             self.store.set_task_status(task.id, status, error=error, ending=ending)
-        return TaskResult(task_id=task.id, status=status, ending=ending, answer=answer,
-                          success=None if verdict is None else verdict.success, attempts=len(trajectory_ids),
-                          trajectory_ids=trajectory_ids, verdict=verdict.output if verdict else None, error=error)
+        return TaskResult(
+            task_id=task.id,
+            status=status,
+            ending=ending,
+            answer=answer,
+            success=None if verdict is None else verdict.success,
+            attempts=len(trajectory_ids),
+            trajectory_ids=trajectory_ids,
+            verdict=verdict.output if verdict else None,
+            error=error,
+        )
 
     def _close_open(self, trajectory_ids: list[str], status: str) -> None:
         if trajectory_ids and self.store.get_trajectory(trajectory_ids[-1]).status == "running":
@@ -354,13 +449,19 @@ class Agent:
         """The scaffold's hooks for this task, in a sandboxed interpreter of their own (see hooks.py)."""
         if not self.scaffold.hooks.strip():
             return None
-        return Hooks(self.scaffold.hooks, sandbox=self.sandbox, scratch=self.workspace_root / f"{task.id}.hooks",
-                     limits=self.hook_limits, timeout_s=self.hook_timeout_s)
+        return Hooks(
+            self.scaffold.hooks,
+            sandbox=self.sandbox,
+            scratch=self.workspace_root / f"{task.id}.hooks",
+            limits=self.hook_limits,
+            timeout_s=self.hook_timeout_s,
+        )
 
     def _tool_names(self, context: Context) -> list[str]:
         enabled = [n for n in self.scaffold.tools if self.registry.get(n) is not None]
-        relevant = [hit.name for hit in context.tools
-                    if self.registry.get(hit.name) is not None and hit.name not in enabled]
+        relevant = [
+            hit.name for hit in context.tools if self.registry.get(hit.name) is not None and hit.name not in enabled
+        ]
         # The user's MCP servers' tools are offered to every task, like built-ins; no scaffold names them.
         users = [s.name for s in self.registry.specs() if s.origin == MCP_ORIGIN and s.name not in enabled]
         return enabled + relevant + users
@@ -371,17 +472,27 @@ class Agent:
         chosen = self.scaffold.parameters.action_format
         return chosen == "code" or (chosen == "auto" and not self.model.native_tools())
 
-    def _opening(self, task: Task, prompt_context: tuple[str, str], reflection: str | None,
-                 note: str | None = None, *, code: bool = False, tool_names: list[str] = (),
-                 deliverable: Deliverable | None = None) -> list[dict]:
+    def _opening(
+        self,
+        task: Task,
+        prompt_context: tuple[str, str],
+        reflection: str | None,
+        note: str | None = None,
+        *,
+        code: bool = False,
+        tool_names: list[str] = (),
+        deliverable: Deliverable | None = None,
+    ) -> list[dict]:
         prompts = self.scaffold.prompts
         examples, insights = prompt_context
         user = prompts.task.format(task=task.prompt, examples=examples, insights=insights)
         if code and deliverable is not None:
             names = ", ".join(f"`{f}`" for f in deliverable.functions)
-            user += (f"\nWrite the complete {names}, with its whole body, in a python block, and print what it "
-                     f"returns for the task's examples to check it. When it is right, call finish(\"done\"): the "
-                     f"session's definition is then saved to {deliverable.file} for you.")
+            user += (
+                f"\nWrite the complete {names}, with its whole body, in a python block, and print what it "
+                f'returns for the task\'s examples to check it. When it is right, call finish("done"): the '
+                f"session's definition is then saved to {deliverable.file} for you."
+            )
         if reflection is not None:
             user += "\n\n" + prompts.retry.format(task=task.prompt, reflection=reflection)
         if note:
@@ -414,8 +525,10 @@ class Agent:
                 source, which = self._best_version(turn, source)
                 write_text(turn.workspace, turn.deliverable.file, source)
                 self._recorder(trajectory_id, on_step)(
-                    "tool", f"[delivered] the session's {which} of {', '.join(turn.deliverable.functions)} was "
-                            f"written to {turn.deliverable.file}")
+                    "tool",
+                    f"[delivered] the session's {which} of {', '.join(turn.deliverable.functions)} was "
+                    f"written to {turn.deliverable.file}",
+                )
             work = source if source is not None else work
         if work:
             self._recorder(trajectory_id, on_step)("work", work)
@@ -427,22 +540,35 @@ class Agent:
         if not turn.tried and not turn.examples:
             return latest, "latest definition"
         if all(failed for _, failed in turn.tried) and all(source != latest for source, _ in turn.tried):
-            failures = try_examples(self.sandbox, turn.workspace, turn.deliverable.file, latest, turn.examples,
-                                    self.limits)
+            failures = try_examples(
+                self.sandbox, turn.workspace, turn.deliverable.file, latest, turn.examples, self.limits
+            )
             turn.tried.append((latest, len(failures)))
         best = min(range(len(turn.tried)), key=lambda n: (turn.tried[n][1], n))
         source, failed = turn.tried[best]
-        which = "latest definition" if source == latest or best == len(turn.tried) - 1 else \
-            "earlier definition (it passed more examples)"
+        which = (
+            "latest definition"
+            if source == latest or best == len(turn.tried) - 1
+            else "earlier definition (it passed more examples)"
+        )
         if not turn.examples:
             return source, which
         return source, f"{which}, passing {len(turn.examples) - failed} of the task's {len(turn.examples)} examples,"
 
     # --- one attempt ---------------------------------------------------------------
 
-    def _attempt(self, trajectory_id: str, task: Task, messages: list[dict], schemas: list[dict],
-                 tools: TaskTools, cancel: threading.Event, on_step, purpose: str,
-                 turn: _Turn) -> tuple[str | None, str]:
+    def _attempt(
+        self,
+        trajectory_id: str,
+        task: Task,
+        messages: list[dict],
+        schemas: list[dict],
+        tools: TaskTools,
+        cancel: threading.Event,
+        on_step,
+        purpose: str,
+        turn: _Turn,
+    ) -> tuple[str | None, str]:
         """Run steps until an answer or a limit; returns the answer and how it ended."""
         params = self.scaffold.parameters
         record = self._recorder(trajectory_id, on_step)
@@ -451,8 +577,12 @@ class Agent:
             reply = self._ask(messages, None, task, purpose)
             record("plan", reply.content, reply=reply)
             messages.append({"role": "assistant", "content": reply.content})
-            messages.append({"role": "user", "content": "Now carry out the plan" +
-                             (" in python blocks." if turn.code else " with the tools.")})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": "Now carry out the plan" + (" in python blocks." if turn.code else " with the tools."),
+                }
+            )
         idle = 0
         repeats = _Repeats(params.repeat_limit)
         turn.hooks.unusable(record)
@@ -481,8 +611,13 @@ class Agent:
         """One last turn that can only be an answer: no tools are offered, and the reply's text is the answer
         (a code block in it is read as text). The trajectory ends 'asked', so this answer is told apart."""
         reason = "You have used all your steps" if why == "step_limit" else "You kept repeating one action"
-        messages.append({"role": "user", "content": f"{reason}; this attempt ends now. Reply with your final "
-                                                    "answer alone: no code, no tool call, no explanation."})
+        messages.append(
+            {
+                "role": "user",
+                "content": f"{reason}; this attempt ends now. Reply with your final "
+                "answer alone: no code, no tool call, no explanation.",
+            }
+        )
         reply = self._ask(messages, None, task, purpose)
         record("answer", reply.content, reply=reply)  # not an "assistant" step: it could only answer
         messages.append({"role": "assistant", "content": reply.content})
@@ -491,43 +626,87 @@ class Agent:
         answer = (blocks[-1] if blocks else text).strip()
         return answer or None
 
-    def _ask(self, messages: list[dict], schemas: list[dict] | None, task: Task, purpose: str,
-             max_tokens: int | None = None, answers: AnswerStream | None = None,
-             temperature: float | None = None) -> ModelReply:
+    def _ask(
+        self,
+        messages: list[dict],
+        schemas: list[dict] | None,
+        task: Task,
+        purpose: str,
+        max_tokens: int | None = None,
+        answers: AnswerStream | None = None,
+        temperature: float | None = None,
+    ) -> ModelReply:
         tap = answers.tap() if answers is not None else None
         temperature = self.scaffold.parameters.temperature if temperature is None else temperature
-        return self.model.complete(messages, tools=schemas, temperature=temperature,
-                                   purpose=purpose, task_id=task.id, node_id=self.node_id, max_tokens=max_tokens,
-                                   **({"stream": tap} if tap is not None else {}))
+        return self.model.complete(
+            messages,
+            tools=schemas,
+            temperature=temperature,
+            purpose=purpose,
+            task_id=task.id,
+            node_id=self.node_id,
+            max_tokens=max_tokens,
+            **({"stream": tap} if tap is not None else {}),
+        )
 
     def _recorder(self, trajectory_id: str, on_step):
-        def record(role: str, content: str, *, reply: ModelReply | None = None, tool_calls=None,
-                   tool_results=None, duration_ms: float = 0.0) -> None:
+        def record(
+            role: str,
+            content: str,
+            *,
+            reply: ModelReply | None = None,
+            tool_calls=None,
+            tool_results=None,
+            duration_ms: float = 0.0,
+        ) -> None:
             step = self.store.add_step(
-                trajectory_id, role=role, content=content, tool_calls=tool_calls, tool_results=tool_results,
-                tokens_in=reply.tokens_in if reply else 0, tokens_out=reply.tokens_out if reply else 0,
+                trajectory_id,
+                role=role,
+                content=content,
+                tool_calls=tool_calls,
+                tool_results=tool_results,
+                tokens_in=reply.tokens_in if reply else 0,
+                tokens_out=reply.tokens_out if reply else 0,
                 cost_usd=reply.cost_usd if reply else 0.0,
                 duration_ms=reply.latency_ms if reply else duration_ms,
             )
             if on_step is not None:
                 on_step(step)
+
         return record
 
-    def _step(self, messages, schemas, tools: TaskTools, task: Task, record, purpose: str, idle: int,
-              repeats: _Repeats, turn: _Turn) -> int:
+    def _step(
+        self,
+        messages,
+        schemas,
+        tools: TaskTools,
+        task: Task,
+        record,
+        purpose: str,
+        idle: int,
+        repeats: _Repeats,
+        turn: _Turn,
+    ) -> int:
         """One model turn and its tool calls; returns how many turns in a row had no tool call."""
         outgoing, offered = messages, schemas
         names = [s["function"]["name"] for s in schemas]
-        change = turn.hooks("before_model", {**turn.data(task), "messages": _plain(messages), "tools": names},
-                            record)
+        change = turn.hooks("before_model", {**turn.data(task), "messages": _plain(messages), "tools": names}, record)
         if change:
             outgoing = change.get("messages", messages)
             if "tools" in change:
                 offered = [s for s in schemas if s["function"]["name"] in change["tools"]]
         reply = self._ask(outgoing, offered, task, purpose, answers=turn.answers)
         # A call that could not be read keeps what the model sent, so a reader sees that, not null.
-        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments, "error": c.error,
-                  **({"raw": c.raw_arguments} if c.error else {})} for c in reply.tool_calls]
+        calls = [
+            {
+                "id": c.id,
+                "name": c.name,
+                "arguments": c.arguments,
+                "error": c.error,
+                **({"raw": c.raw_arguments} if c.error else {}),
+            }
+            for c in reply.tool_calls
+        ]
         record("assistant", reply.content, reply=reply, tool_calls=calls or None)
         messages.append(reply.assistant_message)
         if not reply.tool_calls:
@@ -537,8 +716,10 @@ class Agent:
                     raise verdict
                 messages.append({"role": "user", "content": verdict})
                 return idle
-            note = ("You did not call a tool. If that is your final answer, call finish with it; "
-                    "otherwise continue with a tool.")
+            note = (
+                "You did not call a tool. If that is your final answer, call finish with it; "
+                "otherwise continue with a tool."
+            )
             messages.append({"role": "user", "content": note})
             return idle + 1
         finished: str | None = None
@@ -572,9 +753,18 @@ class Agent:
             record("tool", text, tool_results=[{"id": call.id, "name": call.name, "ok": ok}], duration_ms=took)
             turn.calls.append([call.name, call.arguments])
             if finished is None:  # after the finish, nothing more is read
-                change = turn.hooks("after_tool", {**turn.data(task), "name": call.name,
-                                                   "arguments": call.arguments, "result": text, "ok": ok,
-                                                   "calls": turn.calls}, record)
+                change = turn.hooks(
+                    "after_tool",
+                    {
+                        **turn.data(task),
+                        "name": call.name,
+                        "arguments": call.arguments,
+                        "result": text,
+                        "ok": ok,
+                        "calls": turn.calls,
+                    },
+                    record,
+                )
                 if change:
                     text = change["result"]
             messages.append(self._tool_message(reply, call, text))
@@ -584,8 +774,9 @@ class Agent:
             raise Repeating()
         return 0
 
-    def _code_step(self, messages: list[dict], tools: TaskTools, task: Task, record, purpose: str,
-                   repeats: _Repeats, turn: _Turn) -> None:
+    def _code_step(
+        self, messages: list[dict], tools: TaskTools, task: Task, record, purpose: str, repeats: _Repeats, turn: _Turn
+    ) -> None:
         """One model turn in code: its Python runs in the session, and what it printed is the next message.
         A reply without code is the answer; ``finish(answer)`` in the code ends the attempt."""
         outgoing = messages
@@ -600,8 +791,13 @@ class Agent:
         messages.append({"role": "assistant", "content": reply.content})
         if not blocks and any(m[1].lower() in _SHELL for m in FENCE.finditer(reply.content)):
             # an action, not an answer, in the wrong language
-            messages.append({"role": "user", "content": "Only ```python blocks run here. Run a shell command from "
-                                                        "Python: print(run_shell('...'))."})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": "Only ```python blocks run here. Run a shell command from "
+                    "Python: print(run_shell('...')).",
+                }
+            )
             return
         if not blocks:
             decided = self._finishing(reply.content.strip(), task, turn, record)
@@ -631,19 +827,29 @@ class Agent:
                 text, ok = decided, False
         if observation is not None:
             repeats.result = text  # what a repeat is told it already has: the refusal, if it was refused
-        record("tool", text, tool_results=[{"id": calls[0]["id"], "name": "run_python", "ok": ok}],
-               duration_ms=took)
+        record("tool", text, tool_results=[{"id": calls[0]["id"], "name": "run_python", "ok": ok}], duration_ms=took)
         turn.calls.append(["run_python", arguments])
         if finished is not None:
             raise Submitted(finished)
-        change = turn.hooks("after_tool", {**turn.data(task), "name": "run_python", "arguments": arguments,
-                                           "result": text, "ok": ok, "calls": turn.calls}, record)
+        change = turn.hooks(
+            "after_tool",
+            {
+                **turn.data(task),
+                "name": "run_python",
+                "arguments": arguments,
+                "result": text,
+                "ok": ok,
+                "calls": turn.calls,
+            },
+            record,
+        )
         if change:
             text = change["result"]
         messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
 
-    def _draft_step(self, messages: list[dict], tools: TaskTools, task: Task, record, purpose: str,
-                    turn: _Turn) -> None:
+    def _draft_step(
+        self, messages: list[dict], tools: TaskTools, task: Task, record, purpose: str, turn: _Turn
+    ) -> None:
         """The first turn of a code task with a stub: the model completes the stub as it would alone (the draft
         prompt, no system message, temperature 0). Its code runs in the session; a definition that passes the
         task's examples is handed in at once, otherwise the attempt goes on from it, told what failed."""
@@ -659,15 +865,20 @@ class Agent:
         names = ", ".join(turn.deliverable.functions)
         decided = self._finishing(f"{turn.deliverable.file} defines {names}", task, turn, record, draft=code)
         text = observation.text if isinstance(decided, Submitted) else f"{observation.text}\n\n{decided}"
-        record("tool", text, tool_results=[{"id": "draft", "name": "run_python", "ok": observation.ok}],
-               duration_ms=observation.duration_ms)
+        record(
+            "tool",
+            text,
+            tool_results=[{"id": "draft", "name": "run_python", "ok": observation.ok}],
+            duration_ms=observation.duration_ms,
+        )
         if isinstance(decided, Submitted):
             raise decided
         messages.append({"role": "assistant", "content": reply.content})
         messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
 
-    def _finishing(self, answer: str | None, task: Task, turn: _Turn, record, *,
-                   draft: str | None = None) -> Submitted | str:
+    def _finishing(
+        self, answer: str | None, task: Task, turn: _Turn, record, *, draft: str | None = None
+    ) -> Submitted | str:
         """The answer handed in (``before_finish`` may change it), or why the finish was refused: for a code
         task, first its deliverable must be defined and pass the task's own examples (a few rounds; a draft's
         refusal uses none of them). A draft (its code) is tried as it was written, as the model alone's
@@ -694,10 +905,12 @@ class Agent:
         names = ", ".join(f"`{f}`" for f in deliverable.functions)
         if source is None:
             turn.example_rounds -= 1 if counted else 0
-            return (f"{names} is not defined yet (a docstring alone is no definition). "
-                    f"Write it with its whole body"
-                    + (" in a python block" if turn.code else " (run_python, or write_file " + deliverable.file + ")")
-                    + ", then finish again.")
+            return (
+                f"{names} is not defined yet (a docstring alone is no definition). "
+                f"Write it with its whole body"
+                + (" in a python block" if turn.code else " (run_python, or write_file " + deliverable.file + ")")
+                + ", then finish again."
+            )
         if not turn.examples:
             if not own:
                 turn.tried.append((source, 0))
@@ -709,17 +922,23 @@ class Agent:
             return None
         turn.example_rounds -= 1 if counted else 0
         shown = "\n".join(f"- {clip(f, 300)}" for f in failures[:6])
-        return (f"the task's own examples fail on what would be saved to {deliverable.file}:"
-                f"\n{shown}\nFix {names}, print the examples' results to check them, then finish again.")
+        return (
+            f"the task's own examples fail on what would be saved to {deliverable.file}:"
+            f"\n{shown}\nFix {names}, print the examples' results to check them, then finish again."
+        )
 
     @staticmethod
     def _repeat_note(name: str, times: int, result: str, stop: bool) -> str:
         if stop:
-            return (f"This attempt ends here: {name} was called with the same arguments {times} times in a row, "
-                    "and repeating it cannot give anything new.")
-        return (f"You have called {name} with these same arguments {times} times in a row; it was not run again. "
-                f"Its result was:\n{result}\nYou already have that. Do something else: another tool, other "
-                "arguments, or call finish with your answer.")
+            return (
+                f"This attempt ends here: {name} was called with the same arguments {times} times in a row, "
+                "and repeating it cannot give anything new."
+            )
+        return (
+            f"You have called {name} with these same arguments {times} times in a row; it was not run again. "
+            f"Its result was:\n{result}\nYou already have that. Do something else: another tool, other "
+            "arguments, or call finish with your answer."
+        )
 
     @staticmethod
     def _tool_message(reply: ModelReply, call, text: str) -> dict:
@@ -727,11 +946,13 @@ class Agent:
             return {"role": "tool", "tool_call_id": call.id, "content": text}
         return {"role": "user", "content": f"Result of {call.name}:\n{text}"}  # JSON-in-text models
 
-    def _reflect(self, trajectory_id: str, task: Task, messages: list[dict], verdict: Verdict, on_step,
-                 purpose: str) -> str:
+    def _reflect(
+        self, trajectory_id: str, task: Task, messages: list[dict], verdict: Verdict, on_step, purpose: str
+    ) -> str:
         prompt = self.scaffold.prompts.reflection.format(task=task.prompt, verdict=verdict.for_learner)
-        reply = self._ask(messages + [{"role": "user", "content": prompt}], None, task, purpose,
-                          max_tokens=self.reflection_tokens)
+        reply = self._ask(
+            messages + [{"role": "user", "content": prompt}], None, task, purpose, max_tokens=self.reflection_tokens
+        )
         self._recorder(trajectory_id, on_step)("reflection", reply.content, reply=reply)
         return reply.content
 

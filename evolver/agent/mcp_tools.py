@@ -87,8 +87,9 @@ class McpServers:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         holders = [asyncio.create_task(self._hold(s)) for s in self.settings]
-        started = [asyncio.ensure_future(asyncio.wait_for(self._started(s.name), START_TIMEOUT_S))
-                   for s in self.settings]
+        started = [
+            asyncio.ensure_future(asyncio.wait_for(self._started(s.name), START_TIMEOUT_S)) for s in self.settings
+        ]
         await asyncio.gather(*started, return_exceptions=True)
         for s in self.settings:
             if s.name not in self._clients and s.name not in self.problems:
@@ -110,8 +111,9 @@ class McpServers:
         if settings.url:
             return Client(settings.url)
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-        return Client(StdioServerParameters(command=settings.command[0], args=settings.command[1:],
-                                            env={**env, **settings.env}))
+        return Client(
+            StdioServerParameters(command=settings.command[0], args=settings.command[1:], env={**env, **settings.env})
+        )
 
     async def _hold(self, settings: McpServerSettings) -> None:
         """Keep one server's session open until ``close``; its tools are listed once, at the start."""
@@ -121,10 +123,15 @@ class McpServers:
                 for tool in listed.tools:
                     name = tool_name(settings.name, tool.name)
                     schema = dict(tool.input_schema or {"type": "object", "properties": {}})
-                    self.specs.append(ToolSpec(
-                        name=name, description=f"[{settings.name}] {tool.description or tool.name}",
-                        parameters=schema, origin=ORIGIN,
-                        runner=lambda arguments, s=settings, t=tool.name: self.call(s, t, arguments)))
+                    self.specs.append(
+                        ToolSpec(
+                            name=name,
+                            description=f"[{settings.name}] {tool.description or tool.name}",
+                            parameters=schema,
+                            origin=ORIGIN,
+                            runner=lambda arguments, s=settings, t=tool.name: self.call(s, t, arguments),
+                        )
+                    )
                 self._clients[settings.name] = client
                 await asyncio.Event().wait()  # held open until cancelled by close()
         except asyncio.CancelledError:
@@ -148,7 +155,8 @@ class McpServers:
             why = self.problems.get(settings.name, "it is not running")
             return False, f"MCP server {settings.name} cannot be called: {why}"
         future = asyncio.run_coroutine_threadsafe(
-            client.call_tool(tool, arguments, read_timeout_seconds=settings.timeout_s), self._loop)
+            client.call_tool(tool, arguments, read_timeout_seconds=settings.timeout_s), self._loop
+        )
         try:
             result = future.result(timeout=settings.timeout_s + 5)
         except FutureTimeout:

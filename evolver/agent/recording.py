@@ -38,8 +38,15 @@ from memory import (
 __all__ = ["RecordingStore", "ReplayError", "Snapshot", "Write", "replay", "spent_key"]
 
 # The writes a recording may hold, and so the only store methods a replay ever calls.
-REPLAYED = ("start_trajectory", "record_exposures", "add_step", "finish_trajectory", "record_outcome",
-            "record_call", "record_tool_use")
+REPLAYED = (
+    "start_trajectory",
+    "record_exposures",
+    "add_step",
+    "finish_trajectory",
+    "record_outcome",
+    "record_call",
+    "record_tool_use",
+)
 
 
 class ReplayError(ValueError):
@@ -88,18 +95,30 @@ class RecordingStore:
 
     # --- reads ----------------------------------------------------------------------------------------
 
-    def context(self, query: str, *, trajectories: int = 3, insights: int = 5, tools: int = 5,
-                successful_only: bool = True, probation: bool = False) -> Context:
+    def context(
+        self,
+        query: str,
+        *,
+        trajectories: int = 3,
+        insights: int = 5,
+        tools: int = 5,
+        successful_only: bool = True,
+        probation: bool = False,
+    ) -> Context:
         return self.snapshot.context  # taken by the daemon with the same query (``ray_evaluator.ship``)
 
-    def spent(self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None,
-              task_id: str | None = None) -> tuple[int, float]:
+    def spent(
+        self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None, task_id: str | None = None
+    ) -> tuple[int, float]:
         """What the snapshot says was spent, plus the calls made here since it was taken."""
         tokens, usd = self.snapshot.spent.get(spent_key(purpose, task_id), (0, 0.0))
         purposes = spent_key(purpose, None)[0]
         for call in self._calls:
-            if call.at >= since and (purposes is None or call.purpose in purposes) and \
-                    (task_id is None or call.task_id == task_id):
+            if (
+                call.at >= since
+                and (purposes is None or call.purpose in purposes)
+                and (task_id is None or call.task_id == task_id)
+            ):
                 tokens, usd = tokens + call.tokens_in + call.tokens_out, usd + call.cost_usd
         return tokens, usd
 
@@ -123,48 +142,117 @@ class RecordingStore:
     def start_trajectory(self, task_id: str, *, node_id: str | None = None, attempt: int = 1) -> Trajectory:
         made = f"recorded-{len(self._trajectories) + 1}"
         self._note("start_trajectory", made, task_id=task_id, node_id=node_id, attempt=attempt)
-        trajectory = Trajectory(id=made, task_id=task_id, prompt="", status="running", started_at=time.time(),
-                                node_id=node_id, attempt=attempt)
+        trajectory = Trajectory(
+            id=made,
+            task_id=task_id,
+            prompt="",
+            status="running",
+            started_at=time.time(),
+            node_id=node_id,
+            attempt=attempt,
+        )
         self._trajectories[made] = trajectory
         return trajectory
 
     def record_exposures(self, trajectory_id: str, items: dict[str, Iterable[str]]) -> None:
         self.get_trajectory(trajectory_id)
-        self._note("record_exposures", trajectory_id=trajectory_id,
-                   items={kind: [str(i) for i in names] for kind, names in items.items()})
+        self._note(
+            "record_exposures",
+            trajectory_id=trajectory_id,
+            items={kind: [str(i) for i in names] for kind, names in items.items()},
+        )
 
-    def add_step(self, trajectory_id: str, *, role: str, content: str, tool_calls: list | None = None,
-                 tool_results: list | None = None, tokens_in: int = 0, tokens_out: int = 0,
-                 cost_usd: float = 0.0, duration_ms: float = 0.0) -> Step:
+    def add_step(
+        self,
+        trajectory_id: str,
+        *,
+        role: str,
+        content: str,
+        tool_calls: list | None = None,
+        tool_results: list | None = None,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost_usd: float = 0.0,
+        duration_ms: float = 0.0,
+    ) -> Step:
         trajectory = self.get_trajectory(trajectory_id)
         seq = self._seq[trajectory_id] = self._seq.get(trajectory_id, 0) + 1
-        kwargs = {"role": role, "content": content, "tool_calls": tool_calls, "tool_results": tool_results,
-                  "tokens_in": tokens_in, "tokens_out": tokens_out, "cost_usd": cost_usd, "duration_ms": duration_ms}
+        kwargs = {
+            "role": role,
+            "content": content,
+            "tool_calls": tool_calls,
+            "tool_results": tool_results,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "cost_usd": cost_usd,
+            "duration_ms": duration_ms,
+        }
         self._note("add_step", trajectory_id=trajectory_id, **kwargs)
         self._trajectories[trajectory_id] = replace(
-            trajectory, tokens_in=trajectory.tokens_in + tokens_in, tokens_out=trajectory.tokens_out + tokens_out,
-            cost_usd=trajectory.cost_usd + cost_usd)
+            trajectory,
+            tokens_in=trajectory.tokens_in + tokens_in,
+            tokens_out=trajectory.tokens_out + tokens_out,
+            cost_usd=trajectory.cost_usd + cost_usd,
+        )
         return Step(trajectory_id=trajectory_id, seq=seq, created_at=time.time(), **kwargs)
 
     def finish_trajectory(self, trajectory_id: str, *, status: str, final_answer: str | None = None) -> Trajectory:
         trajectory = self.get_trajectory(trajectory_id)
         self._note("finish_trajectory", trajectory_id=trajectory_id, status=status, final_answer=final_answer)
-        self._trajectories[trajectory_id] = replace(trajectory, status=status, final_answer=final_answer,
-                                                    finished_at=time.time())
+        self._trajectories[trajectory_id] = replace(
+            trajectory, status=status, final_answer=final_answer, finished_at=time.time()
+        )
         return self._trajectories[trajectory_id]
 
-    def record_outcome(self, trajectory_id: str, *, success: bool | None, score: float | None = None,
-                       verifier: str | None = None, verifier_output: str | None = None) -> Outcome:
+    def record_outcome(
+        self,
+        trajectory_id: str,
+        *,
+        success: bool | None,
+        score: float | None = None,
+        verifier: str | None = None,
+        verifier_output: str | None = None,
+    ) -> Outcome:
         self.get_trajectory(trajectory_id)
-        self._note("record_outcome", trajectory_id=trajectory_id, success=success, score=score, verifier=verifier,
-                   verifier_output=verifier_output)
-        return Outcome(trajectory_id=trajectory_id, success=success, decided_at=time.time(), score=score,
-                       verifier=verifier, verifier_output=verifier_output)
+        self._note(
+            "record_outcome",
+            trajectory_id=trajectory_id,
+            success=success,
+            score=score,
+            verifier=verifier,
+            verifier_output=verifier_output,
+        )
+        return Outcome(
+            trajectory_id=trajectory_id,
+            success=success,
+            decided_at=time.time(),
+            score=score,
+            verifier=verifier,
+            verifier_output=verifier_output,
+        )
 
-    def record_call(self, *, model: str, purpose: str, tokens_in: int, tokens_out: int, cost_usd: float,
-                    latency_ms: float, task_id: str | None = None, node_id: str | None = None) -> LedgerEntry:
-        kwargs = {"model": model, "purpose": purpose, "tokens_in": tokens_in, "tokens_out": tokens_out,
-                  "cost_usd": cost_usd, "latency_ms": latency_ms, "task_id": task_id, "node_id": node_id}
+    def record_call(
+        self,
+        *,
+        model: str,
+        purpose: str,
+        tokens_in: int,
+        tokens_out: int,
+        cost_usd: float,
+        latency_ms: float,
+        task_id: str | None = None,
+        node_id: str | None = None,
+    ) -> LedgerEntry:
+        kwargs = {
+            "model": model,
+            "purpose": purpose,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "cost_usd": cost_usd,
+            "latency_ms": latency_ms,
+            "task_id": task_id,
+            "node_id": node_id,
+        }
         self._note("record_call", **kwargs)
         entry = LedgerEntry(id=len(self._calls) + 1, at=time.time(), **kwargs)
         self._calls.append(entry)
@@ -173,16 +261,18 @@ class RecordingStore:
     def record_tool_use(self, tool_id: int, *, ok: bool) -> ToolRecord:
         tool = self.get_tool(tool_id)
         self._note("record_tool_use", tool_id=tool_id, ok=ok)
-        self._tools[tool_id] = replace(tool, uses=tool.uses + 1, successes=tool.successes + int(ok),
-                                       failures=tool.failures + int(not ok))
+        self._tools[tool_id] = replace(
+            tool, uses=tool.uses + 1, successes=tool.successes + int(ok), failures=tool.failures + int(not ok)
+        )
         return self._tools[tool_id]
 
     def close(self) -> None:
         """Nothing to close: the recording is handed back with the result."""
 
 
-def replay(store: ExperienceStore, writes: list[Write], *, task_id: str,
-           tool_use: Callable[[int, bool], object] | None = None) -> dict[str, str]:
+def replay(
+    store: ExperienceStore, writes: list[Write], *, task_id: str, tool_use: Callable[[int, bool], object] | None = None
+) -> dict[str, str]:
     """Write a recording into ``store``, in order; returns the ids the recording made -> the store's ids.
 
     Call it inside ``store.transaction()`` (with the task's completion) so a recording is all in the

@@ -114,7 +114,9 @@ def _from_data(data: object, where: str) -> Scaffold:
     if not isinstance(data, dict):
         raise ScaffoldError(f"{where}: a scaffold is a JSON object")
     if data.get("format", FORMAT_VERSION) != FORMAT_VERSION:
-        raise ScaffoldError(f"{where}: scaffold format {data.get('format')!r} is not supported (this is {FORMAT_VERSION})")
+        raise ScaffoldError(
+            f"{where}: scaffold format {data.get('format')!r} is not supported (this is {FORMAT_VERSION})"
+        )
     if "tools" in data and isinstance(data["tools"], list):
         data = {**data, "tools": tuple(data["tools"])}
     try:

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 
 class Toolbox:
-    def __init__(self, store: ExperienceStore, registry: ToolRegistry, data_dir: Path,
-                 settings: EvolutionSettings) -> None:
+    def __init__(
+        self, store: ExperienceStore, registry: ToolRegistry, data_dir: Path, settings: EvolutionSettings
+    ) -> None:
         self.store = store
         self.registry = registry
         self.files = ToolFiles(Path(data_dir) / "tools")
@@ -83,8 +84,11 @@ class Toolbox:
             return
         record = self.store.record_tool_use(spec.tool_id, ok=ok)
         s = self.settings
-        if record.status == "active" and record.uses >= s.tool_retire_min_uses and \
-                record.successes / record.uses < s.tool_retire_below:
+        if (
+            record.status == "active"
+            and record.uses >= s.tool_retire_min_uses
+            and record.successes / record.uses < s.tool_retire_below
+        ):
             with self._due_lock:
                 self._due.add(record.id)
 
@@ -98,8 +102,10 @@ class Toolbox:
                 continue
             rate = record.successes / record.uses
             self.store.apply_tool_changes(
-                "tool_retired", f"retired tool {record.name} v{record.version}: {record.successes} of {record.uses} "
-                                f"calls succeeded", why=f"success rate {rate:.0%} under tool_retire_below "
-                                                        f"{s.tool_retire_below:.0%}",
-                node_id=record.node_id, status={record.id: "retired"},
-                payload={"uses": record.uses, "successes": record.successes})
+                "tool_retired",
+                f"retired tool {record.name} v{record.version}: {record.successes} of {record.uses} calls succeeded",
+                why=f"success rate {rate:.0%} under tool_retire_below {s.tool_retire_below:.0%}",
+                node_id=record.node_id,
+                status={record.id: "retired"},
+                payload={"uses": record.uses, "successes": record.successes},
+            )

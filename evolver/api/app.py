@@ -39,8 +39,9 @@ class BodyCap:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        too_large = error_response(413, "body_too_large",
-                                   f"the body is larger than the {self.max_bytes}-byte cap ([daemon] max_body_bytes)")
+        too_large = error_response(
+            413, "body_too_large", f"the body is larger than the {self.max_bytes}-byte cap ([daemon] max_body_bytes)"
+        )
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await too_large(scope, receive, send)
         chunks, size = [], 0
@@ -98,8 +99,13 @@ def _starting(request: Request, exc: Starting) -> JSONResponse:
 
 def create_app(daemon: ServiceHost) -> FastAPI:
     """The API over a running daemon: anything that keeps the ``ServiceHost`` protocol."""
-    app = FastAPI(title="evolver", version=__version__, docs_url=None, redoc_url=None,
-                  description="A self-evolving agent daemon with experience memory, over a Unix socket.")
+    app = FastAPI(
+        title="evolver",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        description="A self-evolving agent daemon with experience memory, over a Unix socket.",
+    )
     app.state.daemon = daemon
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
@@ -117,8 +123,11 @@ def create_app(daemon: ServiceHost) -> FastAPI:
 
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "internal_error", f"the daemon failed on this request ({type(exc).__name__}); "
-                                                     "it keeps serving, and the log has the details")
+        return error_response(
+            500,
+            "internal_error",
+            f"the daemon failed on this request ({type(exc).__name__}); it keeps serving, and the log has the details",
+        )
 
     app.add_exception_handler(Exception, _internal)
     for module in (tasks, chat, inspect, packs):

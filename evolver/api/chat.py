@@ -42,16 +42,21 @@ MODEL_ID = "evolver"
 @router.get("/models", summary="The models this daemon serves (OpenAI-compatible)", responses=errors())
 def models(request: Request) -> dict:
     daemon = request.app.state.daemon
-    return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": int(daemon.started_at),
-                                        "owned_by": "evolver"}]}
+    return {
+        "object": "list",
+        "data": [{"id": MODEL_ID, "object": "model", "created": int(daemon.started_at), "owned_by": "evolver"}],
+    }
 
 
 def _prompt(body: ChatIn) -> str:
     """The conversation as one task text: earlier turns as a transcript, the last user message as the task."""
     last_user = max(i for i, m in enumerate(body.messages) if m.role == "user" and m.text().strip())
     instructions = [m.text() for m in body.messages if m.role in ("system", "developer") and m.text().strip()]
-    earlier = [f"{m.role}: {m.text()}" for m in body.messages[:last_user]
-               if m.role in ("user", "assistant") and m.text().strip()]
+    earlier = [
+        f"{m.role}: {m.text()}"
+        for m in body.messages[:last_user]
+        if m.role in ("user", "assistant") and m.text().strip()
+    ]
     parts = []
     if instructions:
         parts.append("Instructions from the user:\n" + "\n".join(instructions))
@@ -66,8 +71,11 @@ REPEATED = 3  # the same call this many times in a row at the end of a turn: the
 
 def _repetition(store, trajectory_id: str) -> str:
     """A clause naming the call the turn ended on when it was made again and again, or ""."""
-    calls = [(c["name"], json.dumps(c.get("arguments")))
-             for step in store.steps(trajectory_id) for c in (step.tool_calls or [])]
+    calls = [
+        (c["name"], json.dumps(c.get("arguments")))
+        for step in store.steps(trajectory_id)
+        for c in (step.tool_calls or [])
+    ]
     if not calls:
         return ""
     run = 1
@@ -86,9 +94,11 @@ def reply_text(store, result) -> str:
         last = store.get_trajectory(result.trajectory_ids[-1])
         if last.status == "step_limit":
             steps = sum(1 for s in store.steps(last.id) if s.role == "assistant")
-            why = (f"the agent used all {steps} of its steps without calling finish"
-                   f"{_repetition(store, last.id)}. A model too weak for the tools often does this; "
-                   "a stronger model, or the scaffold's max_steps, may help")
+            why = (
+                f"the agent used all {steps} of its steps without calling finish"
+                f"{_repetition(store, last.id)}. A model too weak for the tools often does this; "
+                "a stronger model, or the scaffold's max_steps, may help"
+            )
     elif result.ending is Ending.MODEL_ERROR:
         why = f"the model failed: {(result.error or '').removeprefix('model error: ')}"
     elif result.ending is Ending.BUDGET:
@@ -104,7 +114,7 @@ def rest_of_reply(streamed: str, text: str) -> str:
     the text streamed was not the start of it, a line that says so and the reply whole. The answer
     handed in is stripped (``finish``), so whitespace around what was streamed is not a difference."""
     if text.startswith(streamed):
-        return text[len(streamed):]
+        return text[len(streamed) :]
     if streamed.strip() == text.strip():
         return ""
     return NOT_KEPT + text
@@ -145,8 +155,9 @@ def _leave(request: Request) -> None:
 
 def _busy(request: Request) -> JSONResponse:
     limit = request.app.state.daemon.config.daemon.chat_queue
-    response = error_response(429, "chat_busy", f"{limit} chat turns are already running or waiting "
-                                                "([daemon] chat_queue); try again shortly")
+    response = error_response(
+        429, "chat_busy", f"{limit} chat turns are already running or waiting ([daemon] chat_queue); try again shortly"
+    )
     response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
@@ -190,21 +201,33 @@ async def _until_done_or_gone(request: Request, cancel: threading.Event, turn):
             cancel.set()
 
 
-_REPLY = {"description": "The reply (a chat.completion), or with ``stream`` its chunks as server-sent events "
-                         "ending with ``data: [DONE]``.",
-          "content": {"application/json": {"schema": {"type": "object"}},
-                      "text/event-stream": {"schema": {  # one event (OpenAPI 3.1 without itemSchema)
-                          "type": "object", "required": ["data"],
-                          "properties": {"event": {"const": "message"}, "data": {"type": "string"}}}}}}
+_REPLY = {
+    "description": "The reply (a chat.completion), or with ``stream`` its chunks as server-sent events "
+    "ending with ``data: [DONE]``.",
+    "content": {
+        "application/json": {"schema": {"type": "object"}},
+        "text/event-stream": {
+            "schema": {  # one event (OpenAPI 3.1 without itemSchema)
+                "type": "object",
+                "required": ["data"],
+                "properties": {"event": {"const": "message"}, "data": {"type": "string"}},
+            }
+        },
+    },
+}
 
 
-@router.post("/chat/completions", summary="Chat with the incumbent agent (OpenAI-compatible)",
-             responses={200: _REPLY, **errors(400, 404, 413, 422, 429, 502, 503)})
+@router.post(
+    "/chat/completions",
+    summary="Chat with the incumbent agent (OpenAI-compatible)",
+    responses={200: _REPLY, **errors(400, 404, 413, 422, 429, 502, 503)},
+)
 async def completions(body: ChatIn, request: Request):
     daemon = request.app.state.daemon
     if body.model != MODEL_ID:
-        return error_response(404, "model_not_found", f"there is no model {body.model!r}; this daemon serves "
-                                                      f"{MODEL_ID!r}", "model")
+        return error_response(
+            404, "model_not_found", f"there is no model {body.model!r}; this daemon serves {MODEL_ID!r}", "model"
+        )
     prompt = _prompt(body)
     created = int(time.time())
     # The turn's task id is chosen now, so every chunk of a stream carries the one completion id.
@@ -215,8 +238,9 @@ async def completions(body: ChatIn, request: Request):
         return _busy(request)
     if not body.stream:
         try:
-            result = await _until_done_or_gone(request, cancel, _in_a_thread(
-                daemon.chat, prompt, task_id=task_id, cancel=cancel))
+            result = await _until_done_or_gone(
+                request, cancel, _in_a_thread(daemon.chat, prompt, task_id=task_id, cancel=cancel)
+            )
         except BudgetExceeded as exc:
             return error_response(429, "budget_exceeded", str(exc))
         finally:
@@ -226,10 +250,15 @@ async def completions(body: ChatIn, request: Request):
             return failure
         usage = await run_in_threadpool(_usage, daemon, result.task_id)
         text = await run_in_threadpool(reply_text, daemon.store, result)
-        return {"id": chat_id, "object": "chat.completion", "created": created,
-                "model": MODEL_ID, "usage": usage, "evolver": {"task_id": result.task_id, "status": result.status},
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": text}}]}
+        return {
+            "id": chat_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": MODEL_ID,
+            "usage": usage,
+            "evolver": {"task_id": result.task_id, "status": result.status},
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        }
 
     loop = asyncio.get_running_loop()
     progress: asyncio.Queue = asyncio.Queue()
@@ -238,9 +267,12 @@ async def completions(body: ChatIn, request: Request):
     def run() -> None:
         try:
             outcome["result"] = daemon.chat(
-                prompt, on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, ("step", step.role)),
+                prompt,
+                on_step=lambda step: loop.call_soon_threadsafe(progress.put_nowait, ("step", step.role)),
                 on_answer=lambda piece: loop.call_soon_threadsafe(progress.put_nowait, ("answer", piece)),
-                task_id=task_id, cancel=cancel)
+                task_id=task_id,
+                cancel=cancel,
+            )
             outcome["text"] = reply_text(daemon.store, outcome["result"])
         except BaseException as exc:  # reported in the stream
             outcome["error"] = exc
@@ -252,8 +284,13 @@ async def completions(body: ChatIn, request: Request):
     threading.Thread(target=run, name="chat", daemon=True).start()
 
     def chunk(delta: dict | None, finish: str | None = None, usage: dict | None = None) -> bytes:
-        data = {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": MODEL_ID,
-                "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        data = {
+            "id": chat_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": MODEL_ID,
+            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
         if usage is not None or body.include_usage():  # OpenAI: "usage": null on every chunk but the last
             data["usage"] = usage
         return f"data: {json.dumps(data)}\n\n".encode()
@@ -272,8 +309,13 @@ async def completions(body: ChatIn, request: Request):
                     yield f": {value} step\n\n".encode()
             if "error" in outcome:
                 exc = outcome["error"]
-                kind = ("budget_exceeded" if isinstance(exc, BudgetExceeded) else
-                        "worker_lost" if isinstance(exc, WorkerLost) else "internal_error")
+                kind = (
+                    "budget_exceeded"
+                    if isinstance(exc, BudgetExceeded)
+                    else "worker_lost"
+                    if isinstance(exc, WorkerLost)
+                    else "internal_error"
+                )
                 error = {"error": {"type": kind, "message": str(exc), "param": None}}
                 yield f"data: {json.dumps(error)}\n\n".encode()
                 finished = True

@@ -29,7 +29,9 @@ def validation_error(request: Request, exc: RequestValidationError) -> JSONRespo
     errors = exc.errors()
     for e in errors:
         if e.get("type") == "json_invalid":
-            return error_response(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])}")
+            return error_response(
+                400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])}"
+            )
     problems = []
     for e in errors:
         if e.get("type") == "extra_forbidden":

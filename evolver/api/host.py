@@ -67,6 +67,13 @@ class ServiceHost(Protocol):
 
     def mcp_tools(self) -> list[dict]: ...
 
-    def chat(self, prompt: str, *, on_step: Callable[[Step], None] | None = None,
-             metadata: dict | None = None, task_id: str | None = None, cancel: threading.Event | None = None,
-             on_answer: Callable[[str], None] | None = None) -> TaskResult: ...
+    def chat(
+        self,
+        prompt: str,
+        *,
+        on_step: Callable[[Step], None] | None = None,
+        metadata: dict | None = None,
+        task_id: str | None = None,
+        cancel: threading.Event | None = None,
+        on_answer: Callable[[str], None] | None = None,
+    ) -> TaskResult: ...

@@ -45,18 +45,26 @@ def learning(store: ExperienceStore, config: Config, *, now: float | None = None
             "person": _results(by_source, evaluations=False),
             "evaluations": _results(by_source, evaluations=True),
             **store.learned_since(since),
-            "spend": {"person": {"tokens": mine_tokens, "usd": round(mine_usd, 6)},
-                      "background": {"tokens": all_tokens - mine_tokens, "usd": round(all_usd - mine_usd, 6)}},
+            "spend": {
+                "person": {"tokens": mine_tokens, "usd": round(mine_usd, 6)},
+                "background": {"tokens": all_tokens - mine_tokens, "usd": round(all_usd - mine_usd, 6)},
+            },
         }
     e = config.evolution
-    failures = [{"at": ev.at, "what": ev.what} for ev in store.list_events(kind="job_failed", since=now - 86400, limit=5)]
-    return {"windows": windows, "incumbent": store.get_meta("incumbent"),
-            "best_candidate": best_candidate(store, e.min_evaluations, e.promotion_quantile),
-            "job_failures": failures}
+    failures = [
+        {"at": ev.at, "what": ev.what} for ev in store.list_events(kind="job_failed", since=now - 86400, limit=5)
+    ]
+    return {
+        "windows": windows,
+        "incumbent": store.get_meta("incumbent"),
+        "best_candidate": best_candidate(store, e.min_evaluations, e.promotion_quantile),
+        "job_failures": failures,
+    }
 
 
-def curve(store: ExperienceStore, *, days: float = 7.0, periods: int = 28, quantile: float = 0.05,
-          now: float | None = None) -> dict:
+def curve(
+    store: ExperienceStore, *, days: float = 7.0, periods: int = 28, quantile: float = 0.05, now: float | None = None
+) -> dict:
     """The learning curve for the dashboard: the success rate of the person's tasks and of the
     evaluations in each of ``periods`` equal periods of the last ``days`` (a period with no judged
     task has rate None), and per node of the tree its own and held-out success."""
@@ -64,10 +72,30 @@ def curve(store: ExperienceStore, *, days: float = 7.0, periods: int = 28, quant
     since = now - days * 86400
     period_s = days * 86400 / periods
     found = dict(store.results_over_time(since=since, period_s=period_s))
-    points = [{"start": round(since + n * period_s, 3),
-               "person": _results(found.get(n, {}), evaluations=False),
-               "evaluations": _results(found.get(n, {}), evaluations=True)} for n in range(periods)]
-    nodes = [{key: node[key] for key in ("id", "short_id", "parent_id", "status", "successes", "failures",
-                                         "held_out_successes", "held_out_failures", "mean", "bound")}
-             for node in tree_view(store, quantile)["nodes"]]
+    points = [
+        {
+            "start": round(since + n * period_s, 3),
+            "person": _results(found.get(n, {}), evaluations=False),
+            "evaluations": _results(found.get(n, {}), evaluations=True),
+        }
+        for n in range(periods)
+    ]
+    nodes = [
+        {
+            key: node[key]
+            for key in (
+                "id",
+                "short_id",
+                "parent_id",
+                "status",
+                "successes",
+                "failures",
+                "held_out_successes",
+                "held_out_failures",
+                "mean",
+                "bound",
+            )
+        }
+        for node in tree_view(store, quantile)["nodes"]
+    ]
     return {"since": since, "period_s": period_s, "points": points, "nodes": nodes}

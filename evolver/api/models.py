@@ -11,8 +11,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..judge.checks import CheckError, parse_check
 from ..judge.deliverable import parse_deliverable
 
-__all__ = ["TaskIn", "FeedbackIn", "SearchIn", "EvolveIn", "PromoteIn", "RollbackIn", "RevertIn", "ChatIn",
-           "ErrorOut", "errors", "MAX_ID", "MAX_DEPTH"]
+__all__ = [
+    "TaskIn",
+    "FeedbackIn",
+    "SearchIn",
+    "EvolveIn",
+    "PromoteIn",
+    "RollbackIn",
+    "RevertIn",
+    "ChatIn",
+    "ErrorOut",
+    "errors",
+    "MAX_ID",
+    "MAX_DEPTH",
+]
 
 MAX_ID = 2**63 - 1  # SQLite's largest INTEGER: a bigger number cannot even be compared with a stored one
 MAX_DEPTH = 32  # how deep a body may nest (free-form metadata included)
@@ -58,19 +70,24 @@ class _Strict(_Storable):
 
 class TaskIn(_Strict):
     prompt: str = Field(max_length=200_000, description="What to do, in words.")
-    check: dict[str, Any] | None = Field(default=None, description="How success is decided (the manual: "
-                                                                   "docs/user-guide/tasks.md, Checks).")
+    check: dict[str, Any] | None = Field(
+        default=None, description="How success is decided (the manual: docs/user-guide/tasks.md, Checks)."
+    )
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
     metadata: dict[str, Any] | None = Field(
-        default=None, description="Free-form; `files` ({path: text}) are written into the task's workspace; "
-                                  '`split` "test" holds the task out of everything learned (a task with a check '
-                                  "is held out or not by the daemon; none is ever moved out of the held-out split); "
-                                  '`deliver` ({"file": "solution.py", "functions": ["f"]}) names what a code task '
-                                  "hands in, which the agent delivers from its session and tries on the task's "
-                                  "examples.")
+        default=None,
+        description="Free-form; `files` ({path: text}) are written into the task's workspace; "
+        '`split` "test" holds the task out of everything learned (a task with a check '
+        "is held out or not by the daemon; none is ever moved out of the held-out split); "
+        '`deliver` ({"file": "solution.py", "functions": ["f"]}) names what a code task '
+        "hands in, which the agent delivers from its session and tries on the task's "
+        "examples.",
+    )
     source: Literal["api", "bench"] = Field(
-        default="api", description='"bench": a task of a benchmark\'s pack (`evolver bench`), in its pack\'s '
-                                   "`split`; never an evaluation task.")
+        default="api",
+        description="\"bench\": a task of a benchmark's pack (`evolver bench`), in its pack's "
+        "`split`; never an evaluation task.",
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -93,8 +110,9 @@ class TaskIn(_Strict):
     @classmethod
     def _valid_files(cls, value: dict | None) -> dict | None:
         files = (value or {}).get("files")
-        if files is not None and not (isinstance(files, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
+        if files is not None and not (
+            isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+        ):
             raise ValueError("metadata.files must map relative paths to file contents (strings)")
         if (value or {}).get("split", "train") not in ("train", "test"):
             raise ValueError('metadata.split must be "train" or "test"')
@@ -142,8 +160,9 @@ class RollbackIn(_Strict):
 
 
 class ToolCallIn(_Strict):
-    arguments: dict[str, Any] = Field(default_factory=dict, description="The tool's keyword arguments, as its "
-                                                                         "parameters schema says.")
+    arguments: dict[str, Any] = Field(
+        default_factory=dict, description="The tool's keyword arguments, as its parameters schema says."
+    )
 
 
 class RevertIn(_Strict):
@@ -207,6 +226,7 @@ class ErrorDetail(BaseModel):
 
 class ErrorOut(BaseModel):
     """Every error the API answers (the shape OpenAI clients read)."""
+
     error: ErrorDetail
 
 

@@ -30,21 +30,33 @@ LOCK_WAIT_S = 300.0  # how long an import waits for a running round of tool synt
 class ImportIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    pack: str = Field(max_length=(packs.MAX_PACK_BYTES * 4) // 3 + 4,
-                      description="The pack file (`evolver export` writes it), in base64.")
-    expect: str | None = Field(default=None, max_length=200,  # what is wrong with it, read_pack says
-                               description="Refuse the pack unless its id is this, whole: the 64 hex digits its "
-                                           "author published (a prefix is refused).")
+    pack: str = Field(
+        max_length=(packs.MAX_PACK_BYTES * 4) // 3 + 4,
+        description="The pack file (`evolver export` writes it), in base64.",
+    )
+    expect: str | None = Field(
+        default=None,
+        max_length=200,  # what is wrong with it, read_pack says
+        description="Refuse the pack unless its id is this, whole: the 64 hex digits its "
+        "author published (a prefix is refused).",
+    )
 
 
 def _daemon(request: Request):
     return request.app.state.daemon
 
 
-@router.get("/export", summary="A pack of what this daemon learned: active insights, tools, a node's scaffold",
-            responses=errors(404, 422, 503))
-def export(request: Request, insights: bool = False, tools: bool = False,
-           node: str | None = Query(default=None, min_length=1, max_length=200)) -> dict:
+@router.get(
+    "/export",
+    summary="A pack of what this daemon learned: active insights, tools, a node's scaffold",
+    responses=errors(404, 422, 503),
+)
+def export(
+    request: Request,
+    insights: bool = False,
+    tools: bool = False,
+    node: str | None = Query(default=None, min_length=1, max_length=200),
+) -> dict:
     daemon = _daemon(request)
     try:
         return packs.export_json(daemon.store, daemon.config.model.name, insights=insights, tools=tools, node=node)
@@ -52,8 +64,11 @@ def export(request: Request, insights: bool = False, tools: bool = False,
         return error_response(422, "nothing_to_export", str(exc))
 
 
-@router.post("/import", summary="Verify a pack, quarantine its tools, and record what passes as one event",
-             responses=errors(400, 409, 413, 422, 503))
+@router.post(
+    "/import",
+    summary="Verify a pack, quarantine its tools, and record what passes as one event",
+    responses=errors(400, 409, 413, 422, 503),
+)
 def import_pack(body: ImportIn, request: Request) -> dict:
     try:
         data = base64.b64decode(body.pack, validate=True)
@@ -62,8 +77,11 @@ def import_pack(body: ImportIn, request: Request) -> dict:
     jobs = _daemon(request).jobs
     job = jobs.jobs.get("synthesize")
     if job is not None and not job.lock.acquire(timeout=LOCK_WAIT_S):
-        return error_response(409, "conflict", "a round of tool synthesis has been running for "
-                                               f"{LOCK_WAIT_S:.0f} s; import the pack again later")
+        return error_response(
+            409,
+            "conflict",
+            f"a round of tool synthesis has been running for {LOCK_WAIT_S:.0f} s; import the pack again later",
+        )
     try:
         return packs.import_pack(jobs.host.engine, data, expect=body.expect)
     except packs.PackError as exc:

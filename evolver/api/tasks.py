@@ -31,42 +31,81 @@ def _unsplit(metadata: dict) -> dict:
     return {k: v for k, v in metadata.items() if k != "split"}
 
 
-_REPLAYED = {"description": "A retry with the same Idempotency-Key and body: the task it made.",
-             "content": {"application/json": {"schema": {"type": "object"}}}}
-_STEPS = {"description": "``event: step`` (data: the step as JSON, id: its event id), then ``event: end`` "
-                         "(data: the task as JSON).",
-          "content": {"text/event-stream": {"schema": {  # one event (OpenAPI 3.1 without itemSchema)
-              "type": "object", "required": ["event", "data"],
-              "properties": {"event": {"enum": ["step", "end"]}, "data": {"type": "string"},
-                             "id": {"type": "string", "pattern": "^[0-9]+$"}}}}}}
+_REPLAYED = {
+    "description": "A retry with the same Idempotency-Key and body: the task it made.",
+    "content": {"application/json": {"schema": {"type": "object"}}},
+}
+_STEPS = {
+    "description": "``event: step`` (data: the step as JSON, id: its event id), then ``event: end`` "
+    "(data: the task as JSON).",
+    "content": {
+        "text/event-stream": {
+            "schema": {  # one event (OpenAPI 3.1 without itemSchema)
+                "type": "object",
+                "required": ["event", "data"],
+                "properties": {
+                    "event": {"enum": ["step", "end"]},
+                    "data": {"type": "string"},
+                    "id": {"type": "string", "pattern": "^[0-9]+$"},
+                },
+            }
+        }
+    },
+}
 
 
-@router.post("/tasks", status_code=201, summary="Submit a task (committed before the reply)",
-             responses={200: _REPLAYED, **errors(400, 413, 422, 503)})
-async def submit(body: TaskIn, request: Request,
-                 idempotency_key: str | None = Header(default=None, max_length=200)) -> JSONResponse:
+@router.post(
+    "/tasks",
+    status_code=201,
+    summary="Submit a task (committed before the reply)",
+    responses={200: _REPLAYED, **errors(400, 413, 422, 503)},
+)
+async def submit(
+    body: TaskIn, request: Request, idempotency_key: str | None = Header(default=None, max_length=200)
+) -> JSONResponse:
     daemon = _daemon(request)
     # Committed together with whatever other submits arrive meanwhile (group commit), before the reply.
-    task, new = await asyncio.wrap_future(daemon.intake.submit(
-        prompt=body.prompt, check=body.check, priority=body.priority, source=body.source, metadata=body.metadata,
-        idempotency_key=idempotency_key))
+    task, new = await asyncio.wrap_future(
+        daemon.intake.submit(
+            prompt=body.prompt,
+            check=body.check,
+            priority=body.priority,
+            source=body.source,
+            metadata=body.metadata,
+            idempotency_key=idempotency_key,
+        )
+    )
     if not new:
         # The split is the daemon's to record (``evolver.tree.split``), so it is left out of the comparison.
         same = (task.prompt, task.check, task.priority, task.source, _unsplit(task.metadata)) == (
-            body.prompt, body.check, body.priority, body.source, _unsplit(body.metadata or {}))
+            body.prompt,
+            body.check,
+            body.priority,
+            body.source,
+            _unsplit(body.metadata or {}),
+        )
         if not same:
-            return error_response(422, "idempotency_conflict",
-                                  "this Idempotency-Key was already used for a different task", "Idempotency-Key")
+            return error_response(
+                422,
+                "idempotency_conflict",
+                "this Idempotency-Key was already used for a different task",
+                "Idempotency-Key",
+            )
         shown = await run_in_threadpool(task_json, task, daemon.store)
         return JSONResponse(shown, status_code=200, headers={"Idempotent-Replayed": "true"})
-    return JSONResponse(task_json(task, daemon.store, attempts=0), status_code=201,
-                        headers={"Location": f"/v1/tasks/{task.id}"})
+    return JSONResponse(
+        task_json(task, daemon.store, attempts=0), status_code=201, headers={"Location": f"/v1/tasks/{task.id}"}
+    )
 
 
 @router.get("/tasks", summary="List tasks, newest first", responses=errors(422, 503))
-def list_tasks(request: Request, status: Status | None = None, source: str | None = Query(default=None, max_length=50),
-               limit: int = Query(default=50, ge=1, le=1000),
-               offset: int = Query(default=0, ge=0, le=MAX_ID)) -> dict:
+def list_tasks(
+    request: Request,
+    status: Status | None = None,
+    source: str | None = Query(default=None, max_length=50),
+    limit: int = Query(default=50, ge=1, le=1000),
+    offset: int = Query(default=0, ge=0, le=MAX_ID),
+) -> dict:
     return views.task_list(_daemon(request).store, status=status, source=source, limit=limit, offset=offset)
 
 
@@ -75,8 +114,11 @@ def get_task(task_id: str, request: Request) -> dict:
     return views.task_detail(_daemon(request).store, task_id)
 
 
-@router.post("/tasks/{task_id}/cancel", summary="Cancel a queued task now, a running one at its next step",
-             responses=errors(404, 413, 422, 503))
+@router.post(
+    "/tasks/{task_id}/cancel",
+    summary="Cancel a queued task now, a running one at its next step",
+    responses=errors(404, 413, 422, 503),
+)
 def cancel(task_id: str, request: Request) -> dict:
     daemon = _daemon(request)
     task = daemon.store.request_cancel(task_id)
@@ -84,8 +126,11 @@ def cancel(task_id: str, request: Request) -> dict:
     return task_json(task, daemon.store)
 
 
-@router.post("/tasks/{task_id}/feedback", summary="Say whether the task's answer was good",
-             responses=errors(400, 404, 409, 413, 422, 503))
+@router.post(
+    "/tasks/{task_id}/feedback",
+    summary="Say whether the task's answer was good",
+    responses=errors(400, 404, 409, 413, 422, 503),
+)
 def feedback(task_id: str, body: FeedbackIn, request: Request) -> dict:
     store = _daemon(request).store
     store.get_task(task_id)
@@ -101,10 +146,18 @@ def _sse(event: str, data: dict, event_id: int | None = None) -> bytes:
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-@router.get("/tasks/{task_id}/events", summary="The task's steps as server-sent events, live",
-            response_class=StreamingResponse, responses={200: _STEPS, **errors(400, 404, 422, 503)})
-async def events(task_id: str, request: Request, after: int = Query(default=0, ge=0, le=MAX_ID),
-                 last_event_id: str | None = Header(default=None)):
+@router.get(
+    "/tasks/{task_id}/events",
+    summary="The task's steps as server-sent events, live",
+    response_class=StreamingResponse,
+    responses={200: _STEPS, **errors(400, 404, 422, 503)},
+)
+async def events(
+    task_id: str,
+    request: Request,
+    after: int = Query(default=0, ge=0, le=MAX_ID),
+    last_event_id: str | None = Header(default=None),
+):
     """Each step is an ``event: step`` whose id resumes the stream (``Last-Event-ID``);
     an ``event: end`` carries the task once it has finished."""
     daemon = _daemon(request)
@@ -115,8 +168,9 @@ async def events(task_id: str, request: Request, after: int = Query(default=0, g
     if last_event_id is not None:
         digits = last_event_id.isascii() and last_event_id.isdigit() and len(last_event_id) <= len(str(MAX_ID))
         if not (digits and int(last_event_id) <= MAX_ID):
-            return error_response(400, "invalid_request", "Last-Event-ID must be an event id from this stream",
-                                  "Last-Event-ID")
+            return error_response(
+                400, "invalid_request", "Last-Event-ID must be an event id from this stream", "Last-Event-ID"
+            )
         after = max(after, int(last_event_id))
 
     async def stream():
@@ -142,5 +196,6 @@ async def events(task_id: str, request: Request, after: int = Query(default=0, g
                 quiet = 0.0
                 yield b": keep-alive\n\n"
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )

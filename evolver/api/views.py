@@ -30,14 +30,17 @@ def task_json(task, store: ExperienceStore, *, attempts: int | None = None) -> d
     return data
 
 
-def task_list(store: ExperienceStore, *, status: str | None = None, source: str | None = None, limit: int = 50,
-              offset: int = 0) -> dict:
+def task_list(
+    store: ExperienceStore, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
+) -> dict:
     tasks = store.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
     more = len(tasks) > limit
     counts = store.trajectory_counts([t.id for t in tasks[:limit]])
     short = store.short_ids([t.id for t in tasks[:limit]])
-    return {"tasks": [{**task_json(t, store, attempts=counts[t.id]), "short_id": short[t.id]} for t in tasks[:limit]],
-            "next_offset": offset + limit if more else None}
+    return {
+        "tasks": [{**task_json(t, store, attempts=counts[t.id]), "short_id": short[t.id]} for t in tasks[:limit]],
+        "next_offset": offset + limit if more else None,
+    }
 
 
 def memories_of(store: ExperienceStore, trajectory_id: str) -> dict:
@@ -58,14 +61,27 @@ def task_detail(store: ExperienceStore, task_id: str) -> dict:
     trajectories = []
     for trajectory in store.trajectories_of(task_id):
         outcome = store.outcome(trajectory.id)
-        trajectories.append({**asdict(trajectory), "outcome": asdict(outcome) if outcome else None,
-                             "memories": memories_of(store, trajectory.id),
-                             "steps": [asdict(s) for s in store.steps(trajectory.id)]})
+        trajectories.append(
+            {
+                **asdict(trajectory),
+                "outcome": asdict(outcome) if outcome else None,
+                "memories": memories_of(store, trajectory.id),
+                "steps": [asdict(s) for s in store.steps(trajectory.id)],
+            }
+        )
     return {**task_json(task, store, attempts=len(trajectories)), "trajectories": trajectories}
 
 
-def search(store: ExperienceStore, text: str, *, kind: str = "trajectories", k: int = 5, success: bool | None = None,
-           node: str | None = None, since_hours: float | None = None) -> dict:
+def search(
+    store: ExperienceStore,
+    text: str,
+    *,
+    kind: str = "trajectories",
+    k: int = 5,
+    success: bool | None = None,
+    node: str | None = None,
+    since_hours: float | None = None,
+) -> dict:
     if kind == "trajectories":
         since = time.time() - since_hours * 3600 if since_hours is not None else None
         hits = store.search_trajectories(text, k=k, filters=Filters(success=success, node_id=node, since=since))
@@ -76,8 +92,13 @@ def search(store: ExperienceStore, text: str, *, kind: str = "trajectories", k: 
     return {"kind": kind, "vector_search": store.index is not None, "hits": [asdict(h) for h in hits]}
 
 
-INSIGHT_STATUSES = {"active": ("active",), "probation": ("probation",), "retired": ("retired",),
-                    "current": ("active", "probation"), "all": None}
+INSIGHT_STATUSES = {
+    "active": ("active",),
+    "probation": ("probation",),
+    "retired": ("retired",),
+    "current": ("active", "probation"),
+    "all": None,
+}
 """What ``status`` may ask for: one status, "current" (all but the retired) or "all"."""
 
 
@@ -90,18 +111,26 @@ def insights(store: ExperienceStore, *, status: str = "active", limit: int = 100
 def tools(store: ExperienceStore, *, status: str = "active", mcp: list[dict] | None = None) -> dict:
     """Built-in and synthesized tools; with ``mcp`` (the daemon's list of its MCP servers' tools), those
     too, with their calls and measured effect."""
-    builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"}
-               for spec in builtin_specs()]
+    builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"} for spec in builtin_specs()]
     synthesized = store.list_tools(status=None if status == "all" else status)
     effects = tool_effects(store, synthesized)
-    shown = {"builtin": builtin,
-             "synthesized": [{**asdict(t), "effect": effects[t.name].as_dict(), "parameters": _parameters(store, t)}
-                             for t in synthesized]}
+    shown = {
+        "builtin": builtin,
+        "synthesized": [
+            {**asdict(t), "effect": effects[t.name].as_dict(), "parameters": _parameters(store, t)} for t in synthesized
+        ],
+    }
     if mcp is not None:
         names = [t["name"] for t in mcp if t["name"]]  # a server left out has none
         calls, measured = store.tool_calls(names), store.effects("tool", dict.fromkeys(names, 0.0))
-        shown["mcp"] = [{**t, **calls.get(t["name"], {"uses": 0, "successes": 0}),
-                         "effect": measured[t["name"]].as_dict() if t["name"] else None} for t in mcp]
+        shown["mcp"] = [
+            {
+                **t,
+                **calls.get(t["name"], {"uses": 0, "successes": 0}),
+                "effect": measured[t["name"]].as_dict() if t["name"] else None,
+            }
+            for t in mcp
+        ]
     return shown
 
 
@@ -126,10 +155,13 @@ def tree(store: ExperienceStore, quantile: float = 0.05) -> dict:
 
 def node(store: ExperienceStore, node_id: str) -> dict:
     found = store.get_node(node_id)
-    return {**asdict(found), "scaffold": scaffold_of(store, found).model_dump(mode="json"),
-            "incumbent": store.get_meta("incumbent") == node_id,
-            "evaluations": [asdict(e) for e in store.evaluations_of(node_id)],
-            "hook_effects": store.hook_effects(node_id)}
+    return {
+        **asdict(found),
+        "scaffold": scaffold_of(store, found).model_dump(mode="json"),
+        "incumbent": store.get_meta("incumbent") == node_id,
+        "evaluations": [asdict(e) for e in store.evaluations_of(node_id)],
+        "hook_effects": store.hook_effects(node_id),
+    }
 
 
 def history(store: ExperienceStore, *, kind: str | None = None, limit: int = 100) -> dict:
@@ -150,8 +182,12 @@ def event_detail(store: ExperienceStore, event_id: int) -> dict:
     insight before and after) or the tool changes it recorded."""
     event = store.get_event(event_id)
     reverted_by = [e.id for e in store.list_events(kind="revert", limit=1000) if e.reverts == event_id]
-    return {**asdict(event), "insight_changes": store.insight_changes_of(event_id),
-            "tool_changes": (event.payload or {}).get("tool_changes", []), "reverted_by": reverted_by}
+    return {
+        **asdict(event),
+        "insight_changes": store.insight_changes_of(event_id),
+        "tool_changes": (event.payload or {}).get("tool_changes", []),
+        "reverted_by": reverted_by,
+    }
 
 
 def tool_detail(store: ExperienceStore, name: str) -> dict:
@@ -170,7 +206,14 @@ def tool_detail(store: ExperienceStore, name: str) -> dict:
             code, tests = files.read(tool.name, tool.version, tool.code_hash)
         except ToolFileError as exc:
             code, tests = None, f"(its files cannot be read: {exc})"
-        out.append({**asdict(tool), "code": code, "tests": tests,
-                    "events": [{"id": e.id, "at": e.at, "kind": e.kind, "what": e.what}
-                               for e in store.tool_events(tool.id)]})
+        out.append(
+            {
+                **asdict(tool),
+                "code": code,
+                "tests": tests,
+                "events": [
+                    {"id": e.id, "at": e.at, "kind": e.kind, "what": e.what} for e in store.tool_events(tool.id)
+                ],
+            }
+        )
     return {"name": name, "effect": effect, "versions": out}

@@ -121,16 +121,21 @@ def full_id(state: State, short: str, *kinds: str) -> dict:
 
     found = state.view(f"/v1/ids/{short}", views.resolve_id, short)
     if found["kind"] not in kinds:
-        raise click.BadParameter(f"{found['id']} is a {found['kind']} id; this command takes a "
-                                 f"{' or '.join(kinds)} id")
+        raise click.BadParameter(f"{found['id']} is a {found['kind']} id; this command takes a {' or '.join(kinds)} id")
     return found
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Settings file (default: $EVOLVER_CONFIG or ~/.config/evolver/config.toml).")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Store location, overriding [daemon] data_dir.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Settings file (default: $EVOLVER_CONFIG or ~/.config/evolver/config.toml).",
+)
+@click.option(
+    "--data-dir", type=click.Path(file_okay=False), default=None, help="Store location, overriding [daemon] data_dir."
+)
 @click.version_option(package_name="evolver")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, data_dir: str | None) -> None:
@@ -150,10 +155,10 @@ _CHECK_OPTIONS = (
 def check_options(command):
     """The options that say how a task's answer is checked (at most one of them), handed to ``command``
     as ``check``: the check's JSON, or None."""
+
     @functools.wraps(command)
     def with_check(*args, check_answer, check_numeric, check_regex, check_cmd, **kwargs):
-        return command(*args, check=_check_from_options(check_answer, check_numeric, check_regex, check_cmd),
-                       **kwargs)
+        return command(*args, check=_check_from_options(check_answer, check_numeric, check_regex, check_cmd), **kwargs)
 
     for option in reversed(_CHECK_OPTIONS):  # decorators apply bottom-up: this keeps the options' order
         with_check = option(with_check)

@@ -17,8 +17,16 @@ import httpx
 # Its decoder, not its EventSource: EventSource drops comments, and the chat's progress comes in them.
 from httpx_sse._decoders import SSEDecoder
 
-__all__ = ["Client", "ClientError", "DaemonNotRunning", "SocketDenied", "ApiError", "decode", "server_events",
-           "finished_rounds"]
+__all__ = [
+    "Client",
+    "ClientError",
+    "DaemonNotRunning",
+    "SocketDenied",
+    "ApiError",
+    "decode",
+    "server_events",
+    "finished_rounds",
+]
 
 
 class ClientError(Exception):
@@ -54,8 +62,9 @@ def finished_rounds(rounds: list[dict], get: Callable[[str], dict], *, poll_s: f
 class Client:
     def __init__(self, socket_path: Path, *, timeout_s: float = 30.0) -> None:
         self.socket_path = Path(socket_path)
-        self.http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
-                                 base_url="http://evolver", timeout=timeout_s)
+        self.http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://evolver", timeout=timeout_s
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -71,16 +80,33 @@ class Client:
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
         if isinstance(cause, PermissionError):
-            return SocketDenied(f"permission denied on {self.socket_path}: the daemon there belongs to another "
-                                "user; use your own data dir or runtime dir")
-        return DaemonNotRunning(f"the daemon is not running (no answer on {self.socket_path}); "
-                                "start it with `evolver up`")
+            return SocketDenied(
+                f"permission denied on {self.socket_path}: the daemon there belongs to another "
+                "user; use your own data dir or runtime dir"
+            )
+        return DaemonNotRunning(
+            f"the daemon is not running (no answer on {self.socket_path}); start it with `evolver up`"
+        )
 
-    def request(self, method: str, path: str, *, json_body: dict | None = None, params: dict | None = None,
-                headers: dict | None = None, timeout_s: float | None = None) -> dict:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: dict | None = None,
+        params: dict | None = None,
+        headers: dict | None = None,
+        timeout_s: float | None = None,
+    ) -> dict:
         try:
-            response = self.http.request(method, path, json=json_body, params=_clean(params), headers=headers,
-                                         timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
+            response = self.http.request(
+                method,
+                path,
+                json=json_body,
+                params=_clean(params),
+                headers=headers,
+                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+            )
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             # A read or write error: the daemon went away mid-request (one that dies just after binding
             # its socket, say), which its caller reports, never a traceback.
@@ -104,8 +130,9 @@ class Client:
         last = after
         for _ in range(5):
             try:
-                with self.http.stream("GET", f"/v1/tasks/{task_id}/events", params={"after": last},
-                                      timeout=httpx.Timeout(30.0, read=None)) as response:
+                with self.http.stream(
+                    "GET", f"/v1/tasks/{task_id}/events", params={"after": last}, timeout=httpx.Timeout(30.0, read=None)
+                ) as response:
                     if response.status_code != 200:
                         response.read()
                         decode(response)
@@ -122,8 +149,9 @@ class Client:
         raise ClientError(f"lost the event stream of task {task_id} repeatedly")
 
 
-def server_events(response: httpx.Response, *, on_comment: Callable[[str], None] | None = None
-                  ) -> Iterator[tuple[str, int | None, Any]]:
+def server_events(
+    response: httpx.Response, *, on_comment: Callable[[str], None] | None = None
+) -> Iterator[tuple[str, int | None, Any]]:
     """A response's server-sent events as (event, id, data), the data decoded from JSON, up to and
     including a task stream's ``end`` or up to a chat stream's ``[DONE]``.
 
@@ -157,5 +185,8 @@ def decode(response: httpx.Response) -> dict:
     if response.is_success:
         return body if isinstance(body, dict) else {}
     error = (body or {}).get("error", {}) if isinstance(body, dict) else {}
-    raise ApiError(response.status_code, error.get("type", "http_error"),
-                   error.get("message") or f"the daemon answered {response.status_code}")
+    raise ApiError(
+        response.status_code,
+        error.get("type", "http_error"),
+        error.get("message") or f"the daemon answered {response.status_code}",
+    )

@@ -12,8 +12,20 @@ import time
 import click
 
 from ..service.systemd import render_unit, unit_path
-from .base import (EXIT_ENGINE, EXIT_NO_DAEMON, EXIT_REFUSED, EXIT_USAGE, DaemonDied, State, cli, echo, err,
-                   out, print_json, table)
+from .base import (
+    EXIT_ENGINE,
+    EXIT_NO_DAEMON,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    DaemonDied,
+    State,
+    cli,
+    echo,
+    err,
+    out,
+    print_json,
+    table,
+)
 from .client import ClientError, DaemonNotRunning
 
 
@@ -34,8 +46,14 @@ def _tail(path, lines: int) -> tuple[list[bytes], int]:
 
 
 @cli.command()
-@click.option("--lines", "-n", type=click.IntRange(min=0), default=50, show_default=True,
-              help="How many of the last lines to print.")
+@click.option(
+    "--lines",
+    "-n",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="How many of the last lines to print.",
+)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing lines as they are written (Ctrl-C ends).")
 @click.pass_obj
 def logs(state: State, lines: int, follow: bool) -> None:
@@ -43,8 +61,10 @@ def logs(state: State, lines: int, follow: bool) -> None:
     it: journalctl --user -u evolver)."""
     path = _log_path(state)
     if not path.exists():
-        raise click.ClickException(f"there is no log at {path} yet: a daemon started by `evolver up` writes it "
-                                   "(one run by systemd logs to the journal: journalctl --user -u evolver)")
+        raise click.ClickException(
+            f"there is no log at {path} yet: a daemon started by `evolver up` writes it "
+            "(one run by systemd logs to the journal: journalctl --user -u evolver)"
+        )
     last, offset = _tail(path, lines)
     # The log quotes prompts, answers and errors: shown through echo, escaped, like every stored text. Read
     # in pieces, a character may be cut between two: the decoder keeps its first bytes for the next.
@@ -73,8 +93,14 @@ def logs(state: State, lines: int, follow: bool) -> None:
 
 @cli.command()
 @click.option("--foreground", is_flag=True, help="Run in this process (for systemd and debugging) until stopped.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=180, show_default=True,
-              help="Seconds to wait for a background daemon to answer.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=180,
+    show_default=True,
+    help="Seconds to wait for a background daemon to answer.",
+)
 @click.pass_obj
 def up(state: State, foreground: bool, timeout_s: float) -> None:
     """Start the daemon (in the background unless --foreground)."""
@@ -114,16 +140,23 @@ def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None
         args += ["--data-dir", os.path.abspath(state.data_dir)]
     with open(log, "ab") as sink:
         start = sink.tell()  # the log may hold earlier runs: only this one's lines give the reason
-        child = subprocess.Popen([*args, "up", "--foreground"], stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                                 start_new_session=True,  # its own session: closing this terminal leaves it running
-                                 env={**os.environ, **(env or {})})
+        child = subprocess.Popen(
+            [*args, "up", "--foreground"],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,  # its own session: closing this terminal leaves it running
+            env={**os.environ, **(env or {})},
+        )
     deadline = time.monotonic() + timeout_s
     with err.status("starting the daemon…"):
         while time.monotonic() < deadline:
             if child.poll() is not None:
-                raise DaemonDied(f"the daemon stopped while starting: {_reason(log, start)} (its log: {log})",
-                                 # its own exit code when it is one of the CLI's; a crash is the engine's
-                                 child.returncode if EXIT_USAGE <= child.returncode <= EXIT_REFUSED else EXIT_ENGINE)
+                raise DaemonDied(
+                    f"the daemon stopped while starting: {_reason(log, start)} (its log: {log})",
+                    # its own exit code when it is one of the CLI's; a crash is the engine's
+                    child.returncode if EXIT_USAGE <= child.returncode <= EXIT_REFUSED else EXIT_ENGINE,
+                )
             if state.daemon_answers():
                 try:
                     with state.client(timeout_s=5) as client:
@@ -138,8 +171,13 @@ def spawn_daemon(state: State, *, log, timeout_s: float, env: dict | None = None
 
 
 @cli.command()
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=None,
-              help="Seconds to wait for it to exit (default: the shutdown grace period plus 30).")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="Seconds to wait for it to exit (default: the shutdown grace period plus 30).",
+)
 @click.pass_obj
 def down(state: State, timeout_s: float | None) -> None:
     """Stop the daemon gracefully: running tasks stop at a step boundary and are re-queued."""
@@ -180,8 +218,15 @@ def _relative(at: float | None, now: float) -> str:
     seconds = at - now
     ago = seconds < 0
     seconds = abs(seconds)
-    text = (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
-            else f"{seconds / 3600:.1f} h" if seconds < 86400 * 2 else f"{seconds / 86400:.0f} d")
+    text = (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{seconds / 60:.0f} min"
+        if seconds < 5400
+        else f"{seconds / 3600:.1f} h"
+        if seconds < 86400 * 2
+        else f"{seconds / 86400:.0f} d"
+    )
     return f"{text} ago" if ago else f"in {text}"
 
 
@@ -195,10 +240,22 @@ def _jobs_table(jobs: list[dict], now: float):
     rows = []
     for j in jobs:
         last = j.get("last")
-        said = "-" if not last else (f"{_relative(last['at'], now)}: " + ("" if last["ok"] else "FAILED ")
-                                     + last["summary"].split(": ", 1)[-1])
-        nxt = ("running now" if j.get("running") else _relative(j["next_run_at"], now) if j["next_run_at"]
-               else "not scheduled")
+        said = (
+            "-"
+            if not last
+            else (
+                f"{_relative(last['at'], now)}: "
+                + ("" if last["ok"] else "FAILED ")
+                + last["summary"].split(": ", 1)[-1]
+            )
+        )
+        nxt = (
+            "running now"
+            if j.get("running")
+            else _relative(j["next_run_at"], now)
+            if j["next_run_at"]
+            else "not scheduled"
+        )
         if j.get("failures"):
             nxt += f" (backing off: {j['failures']} failed rounds in a row)"
         rows.append({"job": j["job"], "runs": _pace(j), "last round": said, "next": nxt})
@@ -226,10 +283,14 @@ def _learning_table(learning: dict):
         ("evaluations", [_rate(x["evaluations"]) for x in w]),
         ("insights", [f"+{x['insights_added']} added, {x['insights_retired']} retired" for x in w]),
         ("tools", [f"+{x['tools_added']} added, {x['tools_retired']} retired" for x in w]),
-        ("spent on your tasks", [f"{x['spend']['person']['tokens']} tokens, ${x['spend']['person']['usd']:.4f}"
-                                 for x in w]),
-        ("spent in the background", [f"{x['spend']['background']['tokens']} tokens, "
-                                     f"${x['spend']['background']['usd']:.4f}" for x in w]),
+        (
+            "spent on your tasks",
+            [f"{x['spend']['person']['tokens']} tokens, ${x['spend']['person']['usd']:.4f}" for x in w],
+        ),
+        (
+            "spent in the background",
+            [f"{x['spend']['background']['tokens']} tokens, ${x['spend']['background']['usd']:.4f}" for x in w],
+        ),
     ]
     for label, cells in lines:
         view.add_row(label, *cells)
@@ -282,17 +343,28 @@ def status(state: State, as_json: bool) -> None:
     budget = info["budget"]
     meta = f", meta model {info['meta_model']}" if info.get("meta_model", info["model"]) != info["model"] else ""
     out.print(f"evolver daemon {info['pid']}: {info['mood']}, up {info['uptime_s']:.0f} s, model {info['model']}{meta}")
-    out.print(f"socket {info['socket']}; data dir {info['data_dir']}"
-              + ("" if info["sandbox_isolated"] else "; SANDBOX DEGRADED (no bubblewrap)"))
+    out.print(
+        f"socket {info['socket']}; data dir {info['data_dir']}"
+        + ("" if info["sandbox_isolated"] else "; SANDBOX DEGRADED (no bubblewrap)")
+    )
     pids = info.get("worker_pids") or []
     workers = f"{info['workers']} (processes {', '.join(map(str, pids))})" if pids else f"{info['workers']}"
-    out.print(f"{_queue_line(info['queue'])}; workers: {workers}, running: "
-              f"{', '.join(r['task_id'] for r in info['running']) or 'nothing'}")
+    out.print(
+        f"{_queue_line(info['queue'])}; workers: {workers}, running: "
+        f"{', '.join(r['task_id'] for r in info['running']) or 'nothing'}"
+    )
     by_model = budget.get("by_model") or {}
-    shares = ("; " + ", ".join(f"{m} {s['tokens']} tokens, ${s['usd']:.4f}" for m, s in by_model.items())
-              if len(by_model) > 1 else "")  # a task model and a meta model: each one's line of the ledger
-    out.print(f"spent today: {budget['tokens_today']} tokens of {budget['tokens_per_day'] or 'unlimited'}, "
-              f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}{shares}", markup=False, highlight=False)
+    shares = (
+        "; " + ", ".join(f"{m} {s['tokens']} tokens, ${s['usd']:.4f}" for m, s in by_model.items())
+        if len(by_model) > 1
+        else ""
+    )  # a task model and a meta model: each one's line of the ledger
+    out.print(
+        f"spent today: {budget['tokens_today']} tokens of {budget['tokens_per_day'] or 'unlimited'}, "
+        f"${budget['usd_today']:.4f} of ${budget['usd_per_day']:g}{shares}",
+        markup=False,
+        highlight=False,
+    )
     _print_learning(info["learning"], now)
     if info["jobs"]:
         out.print(_jobs_table(info["jobs"], now))
@@ -309,8 +381,11 @@ def service() -> None:
 @click.pass_obj
 def service_install(state: State, to_stdout: bool, force: bool) -> None:
     """Write a systemd user unit that runs `evolver up --foreground`."""
-    unit = render_unit(config_path=state.config_path, data_dir=str(state.data_dir) if state.data_dir else None,
-                       stop_timeout_s=state.config.daemon.shutdown_grace_s)
+    unit = render_unit(
+        config_path=state.config_path,
+        data_dir=str(state.data_dir) if state.data_dir else None,
+        stop_timeout_s=state.config.daemon.shutdown_grace_s,
+    )
     if to_stdout:
         echo(unit, nl=False)
         return

@@ -32,9 +32,11 @@ def show_tree(data: dict) -> None:
         held = node["held_out_successes"] + node["held_out_failures"]
         flight = f", {node['in_flight']} running" if node["in_flight"] else ""
         why = node["reason"] if node["status"] == "invalid" else node["rationale"]
-        return (f"{node.get('short_id') or node['id']} [dim]{node['status']}, own {node['successes']}/{own}{flight}, clade "
-                f"{node['clade_successes']}/{clade}, mean {node['mean']:.2f}, held-out "
-                f"{node['held_out_successes']}/{held} bound {node['bound']:.2f}[/dim]{star} {escape(why[:70])}")
+        return (
+            f"{node.get('short_id') or node['id']} [dim]{node['status']}, own {node['successes']}/{own}{flight}, clade "
+            f"{node['clade_successes']}/{clade}, mean {node['mean']:.2f}, held-out "
+            f"{node['held_out_successes']}/{held} bound {node['bound']:.2f}[/dim]{star} {escape(why[:70])}"
+        )
 
     def grow(branch: Tree, parent_id: str | None) -> None:
         for node in children.get(parent_id, []):
@@ -46,11 +48,22 @@ def show_tree(data: dict) -> None:
 
 
 @cli.command()
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot", "html"]), default="text",
-              show_default=True, help="text for the terminal; dot for Graphviz; html: one standalone page.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "dot", "html"]),
+    default="text",
+    show_default=True,
+    help="text for the terminal; dot for Graphviz; html: one standalone page.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the same as --format json).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write the export to this file instead of stdout.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write the export to this file instead of stdout.",
+)
 @click.pass_obj
 def tree(state: State, fmt: str, as_json: bool, output: str | None) -> None:
     """The self-modification tree: every scaffold node, its counts, and which one is served."""
@@ -84,8 +97,11 @@ def node(state: State, node_id: str, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
-    out.print(f"[bold]{data['id']}[/bold] {data['status']}{' (incumbent)' if data['incumbent'] else ''}, parent "
-              f"{data['parent_id']}, scaffold {data['scaffold_hash']}", highlight=False)
+    out.print(
+        f"[bold]{data['id']}[/bold] {data['status']}{' (incumbent)' if data['incumbent'] else ''}, parent "
+        f"{data['parent_id']}, scaffold {data['scaffold_hash']}",
+        highlight=False,
+    )
     out.print(f"rationale: {data['rationale'] or '-'}", markup=False)
     if data.get("reason"):
         out.print(f"invalid: {data['reason']}", markup=False)
@@ -103,12 +119,15 @@ def node(state: State, node_id: str, as_json: bool) -> None:
     else:
         out.print("hooks: none", markup=False)
     done = [e for e in data["evaluations"] if e["status"] == "done"]
-    out.print(f"evaluations: {sum(bool(e['success']) for e in done)} ok / "
-              f"{sum(not e['success'] for e in done)} failed")
+    out.print(f"evaluations: {sum(bool(e['success']) for e in done)} ok / {sum(not e['success'] for e in done)} failed")
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--kind", default=None, help="Only events of this kind (distill, tool_registered, tool_rejected, tool_retired, job, job_failed, promote, revert, ...).")
+@click.option(
+    "--kind",
+    default=None,
+    help="Only events of this kind (distill, tool_registered, tool_rejected, tool_retired, job, job_failed, promote, revert, ...).",
+)
 @click.option("--limit", type=click.IntRange(1, 1000), default=30, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -136,26 +155,37 @@ def history_show(state: State, event_id: int, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
-    out.print(f"[bold]event {data['id']}[/bold] {data['kind']}, {_when(data['at'])}"
-              + (f", node {data['node_id']}" if data.get("node_id") else "")
-              + (f", reverts event {data['reverts']}" if data.get("reverts") else "")
-              + (f"; reverted by event {', '.join(map(str, data['reverted_by']))}" if data["reverted_by"] else ""),
-              highlight=False)
+    out.print(
+        f"[bold]event {data['id']}[/bold] {data['kind']}, {_when(data['at'])}"
+        + (f", node {data['node_id']}" if data.get("node_id") else "")
+        + (f", reverts event {data['reverts']}" if data.get("reverts") else "")
+        + (f"; reverted by event {', '.join(map(str, data['reverted_by']))}" if data["reverted_by"] else ""),
+        highlight=False,
+    )
     out.print(f"what: {data['what']}", highlight=False, markup=False)
     if data.get("why"):
         out.print(f"why: {data['why']}", highlight=False, markup=False)
     if data.get("evidence"):
-        out.print(f"evidence ({len(data['evidence'])}): " + " ".join(map(str, data["evidence"])), highlight=False,
-                  markup=False)
+        out.print(
+            f"evidence ({len(data['evidence'])}): " + " ".join(map(str, data["evidence"])),
+            highlight=False,
+            markup=False,
+        )
     for change in data["insight_changes"]:
         before, after = change["before"] or {}, change["after"]
         out.print(f"  {change['op']} insight {change['insight_id']}", highlight=False)
         if before.get("text") and before.get("text") != after.get("text"):
             out.print(f"    before: {before['text']}", highlight=False, markup=False)
-        fields = ", ".join(f"{k} {before.get(k)} -> {after.get(k)}" for k in ("status", "importance")
-                           if before and before.get(k) != after.get(k))
-        out.print(f"    {'now' if before else 'text'}: {after.get('text')}" + (f" ({fields})" if fields else ""),
-                  highlight=False, markup=False)
+        fields = ", ".join(
+            f"{k} {before.get(k)} -> {after.get(k)}"
+            for k in ("status", "importance")
+            if before and before.get(k) != after.get(k)
+        )
+        out.print(
+            f"    {'now' if before else 'text'}: {after.get('text')}" + (f" ({fields})" if fields else ""),
+            highlight=False,
+            markup=False,
+        )
     for change in data["tool_changes"]:
         out.print(f"  tool change: {json.dumps(change)}", highlight=False, markup=False)
 
@@ -172,8 +202,13 @@ def history_revert(state: State, event_id: int, why: str) -> None:
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--status", type=click.Choice(list(views.INSIGHT_STATUSES)), default="current", show_default=True,
-              help="current: active and on probation (all but the retired).")
+@click.option(
+    "--status",
+    type=click.Choice(list(views.INSIGHT_STATUSES)),
+    default="current",
+    show_default=True,
+    help="current: active and on probation (all but the retired).",
+)
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -188,8 +223,7 @@ def insights(ctx: click.Context, status: str, limit: int, as_json: bool) -> None
         print_json(data)
         return
     rows = [{**i, "effect": _effect(i.get("effect")), "from": _origin(i["provenance"])} for i in data["insights"]]
-    out.print(table("insights", rows, ["id", "importance", "status", "from", "effect", "text"],
-                    width={"text": 90}))
+    out.print(table("insights", rows, ["id", "importance", "status", "from", "effect", "text"], width={"text": 90}))
 
 
 @insights.command("approve")
@@ -212,8 +246,12 @@ def _origin(provenance: list) -> str:
 
 def hook_effects_line(effects: dict | None) -> str:
     """Per hook point, how often a node's hooks changed something and how often a call failed."""
-    return ", ".join(f"{point} changed something {e['changed']}x, failed {e['failed']}x"
-                     for point, e in (effects or {}).items()) or "none yet"
+    return (
+        ", ".join(
+            f"{point} changed something {e['changed']}x, failed {e['failed']}x" for point, e in (effects or {}).items()
+        )
+        or "none yet"
+    )
 
 
 def _effect(effect: dict | None) -> str:
@@ -231,8 +269,13 @@ def _effect(effect: dict | None) -> str:
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--status", type=click.Choice(["active", "retired", "replaced", "reverted", "all"]), default="active",
-              show_default=True, help="Which synthesized tools to list.")
+@click.option(
+    "--status",
+    type=click.Choice(["active", "retired", "replaced", "reverted", "all"]),
+    default="active",
+    show_default=True,
+    help="Which synthesized tools to list.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def tools(ctx: click.Context, status: str, as_json: bool) -> None:
@@ -246,12 +289,18 @@ def tools(ctx: click.Context, status: str, as_json: bool) -> None:
         return
     out.print(table("built-in tools", data["builtin"], ["name", "description"], width={"description": 100}))
     rows = [{**t, "effect": _effect(t.get("effect"))} for t in data["synthesized"]]
-    out.print(table(f"synthesized tools ({status})", rows,
-                    ["name", "version", "status", "uses", "successes", "failures", "effect", "description"]))
+    out.print(
+        table(
+            f"synthesized tools ({status})",
+            rows,
+            ["name", "version", "status", "uses", "successes", "failures", "effect", "description"],
+        )
+    )
     if data.get("mcp"):  # only a running daemon knows its MCP servers' tools
         rows = [{**t, "effect": _effect(t.get("effect"))} for t in data["mcp"]]
-        out.print(table("your MCP servers' tools", rows, ["name", "server", "uses", "successes", "effect",
-                                                          "description"]))
+        out.print(
+            table("your MCP servers' tools", rows, ["name", "server", "uses", "successes", "effect", "description"])
+        )
 
 
 @tools.command("show")
@@ -267,8 +316,11 @@ def tools_show(state: State, name: str, as_json: bool) -> None:
         return
     out.print(f"[bold]{escape(data['name'])}[/bold]: effect {_effect(data['effect'])}", highlight=False)
     for v in data["versions"]:
-        out.print(f"\n[bold]v{v['version']}[/bold] {v['status']} ({v['origin']}), used {v['uses']}x: "
-                  f"{v['successes']} ok, {v['failures']} failed; {escape(v['description'])}", highlight=False)
+        out.print(
+            f"\n[bold]v{v['version']}[/bold] {v['status']} ({v['origin']}), used {v['uses']}x: "
+            f"{v['successes']} ok, {v['failures']} failed; {escape(v['description'])}",
+            highlight=False,
+        )
         for e in v["events"]:
             out.print(f"  event {e['id']} {_when(e['at'])} {e['kind']}: {e['what']}", highlight=False, markup=False)
         if v["code"] is not None:
@@ -290,8 +342,11 @@ def evolve(state: State, job: str | None, as_json: bool) -> None:
         print_json(data)
     else:
         for r in data["rounds"]:
-            out.print(f"{r['job']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']:.2f} s: {r['summary']}",
-                      markup=False, highlight=False)
+            out.print(
+                f"{r['job']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']:.2f} s: {r['summary']}",
+                markup=False,
+                highlight=False,
+            )
     if not all(r["ok"] for r in data["rounds"]):
         sys.exit(1)
 

@@ -65,8 +65,9 @@ def config_check(state: State) -> None:
     cfg = state.config
     problems = [f"[model] {problem}" for problem in [credentials_problem(cfg.model)] if problem]
     if cfg.meta.name:
-        problems += [f"[meta] {problem}" for problem in [credentials_problem(cfg.meta.settings(cfg.model), "meta")]
-                     if problem]
+        problems += [
+            f"[meta] {problem}" for problem in [credentials_problem(cfg.meta.settings(cfg.model), "meta")] if problem
+        ]
     if problems:  # valid settings still, but the first model call would fail
         raise ConfigError(f"{cfg.source}: {'; '.join(problems)}")
     echo(f"ok: {cfg.source}; data dir {state.data_dir or cfg.data_dir}")
@@ -82,16 +83,25 @@ def memory() -> None:
 
 @memory.command("search")
 @click.argument("text")
-@click.option("--kind", type=click.Choice(["trajectories", "insights", "tools"]), default="trajectories",
-              show_default=True)
+@click.option(
+    "--kind", type=click.Choice(["trajectories", "insights", "tools"]), default="trajectories", show_default=True
+)
 @click.option("-k", "--limit", "k", type=click.IntRange(1, 100), default=5, show_default=True)
 @click.option("--successful/--failed", "success", default=None, help="Only successful (or failed) trajectories.")
 @click.option("--node", default=None, help="Only trajectories run by this scaffold node.")
 @click.option("--since-hours", type=click.FloatRange(min=0), default=None, help="Only trajectories this recent.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def memory_search(state: State, text: str, kind: str, k: int, success: bool | None, node: str | None,
-                  since_hours: float | None, as_json: bool) -> None:
+def memory_search(
+    state: State,
+    text: str,
+    kind: str,
+    k: int,
+    success: bool | None,
+    node: str | None,
+    since_hours: float | None,
+    as_json: bool,
+) -> None:
     """Find past trajectories, insights or tools similar to TEXT."""
     if not text.strip():
         raise click.UsageError("TEXT is empty; give some words to search for.")
@@ -100,9 +110,11 @@ def memory_search(state: State, text: str, kind: str, k: int, success: bool | No
     if as_json:
         print_json(result)
         return
-    columns = {"trajectories": ["score", "similarity", "keyword_rank", "success", "prompt"],
-               "insights": ["score", "similarity", "keyword_rank", "importance", "text"],
-               "tools": ["score", "similarity", "keyword_rank", "name", "description"]}[kind]
+    columns = {
+        "trajectories": ["score", "similarity", "keyword_rank", "success", "prompt"],
+        "insights": ["score", "similarity", "keyword_rank", "importance", "text"],
+        "tools": ["score", "similarity", "keyword_rank", "name", "description"],
+    }[kind]
     out.print(table(f"{kind} like {text!r}", result["hits"], columns))
     if not result["vector_search"]:
         err.print("note: another process owns the vector index, so these are keyword matches only.")
@@ -155,10 +167,13 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
         except CheckError as exc:
             raise click.UsageError(str(exc)) from None
     evolution = state.config.evolution
-    item = decide_split({"prompt": text, "check": check, "source": "cli"}, share=evolution.held_out_share,
-                        held_out_prompts=held_out_prompts(evolution.packs))
+    item = decide_split(
+        {"prompt": text, "check": check, "source": "cli"},
+        share=evolution.held_out_share,
+        held_out_prompts=held_out_prompts(evolution.packs),
+    )
     with Engine.open(state.config, data_dir=state.data_dir) as engine:
-        (task, _), = engine.store.add_tasks([item])
+        ((task, _),) = engine.store.add_tasks([item])
         result = engine.agent().run_task(task, on_step=None if quiet else _print_step)
     if as_json:
         echo(json.dumps(asdict(result), indent=2))
@@ -193,19 +208,37 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
     else:
         results = _bench_here(state, tasks)
     solved = sum(r["success"] for r in results)
-    summary = {"pack": pack, "split": split, "tasks": len(results), "solved": solved,
-               "success_rate": round(solved / len(results), 4) if results else 0.0, "results": results}
+    summary = {
+        "pack": pack,
+        "split": split,
+        "tasks": len(results),
+        "solved": solved,
+        "success_rate": round(solved / len(results), 4) if results else 0.0,
+        "results": results,
+    }
     if as_json:
         echo(json.dumps(summary, indent=2))
         return
     rows = [{**r, "success": "yes" if r["success"] else "no", "answer": str(r["answer"])} for r in results]
-    out.print(table(f"{pack}: {solved}/{len(results)} solved", rows, ["id", "split", "success", "status", "answer"],
-                    width={"answer": 60}))
+    out.print(
+        table(
+            f"{pack}: {solved}/{len(results)} solved",
+            rows,
+            ["id", "split", "success", "status", "answer"],
+            width={"answer": 60},
+        )
+    )
 
 
 def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
-    return {"id": pack_task.id, "split": pack_task.split, "success": bool(success), "status": status,
-            "answer": answer, "attempts": attempts}
+    return {
+        "id": pack_task.id,
+        "split": pack_task.split,
+        "success": bool(success),
+        "status": status,
+        "answer": answer,
+        "attempts": attempts,
+    }
 
 
 def _bench_here(state: State, tasks) -> list[dict]:
@@ -220,9 +253,16 @@ def _bench_here(state: State, tasks) -> list[dict]:
         with out.status(f"0/{len(tasks)}") as status:
             for n, pack_task in enumerate(tasks, start=1):
                 # As the daemon's intake decides it: a held-out task's text stays held out, whatever its label.
-                item = decide_split({"prompt": pack_task.prompt, "check": pack_task.check_data(), "source": "bench",
-                                     "metadata": {"pack_task": pack_task.id, **pack_task.metadata()}},
-                                    share=evolution.held_out_share, held_out_prompts=held)
+                item = decide_split(
+                    {
+                        "prompt": pack_task.prompt,
+                        "check": pack_task.check_data(),
+                        "source": "bench",
+                        "metadata": {"pack_task": pack_task.id, **pack_task.metadata()},
+                    },
+                    share=evolution.held_out_share,
+                    held_out_prompts=held,
+                )
                 ((task, _),) = engine.store.add_tasks([item])
                 result = agent.run_task(task, purpose="evaluate")
                 results.append(_result(pack_task, result.status, result.success, result.answer, result.attempts))
@@ -232,9 +272,19 @@ def _bench_here(state: State, tasks) -> list[dict]:
 
 def _bench_through_daemon(state: State, tasks) -> list[dict]:
     with state.client() as client:
-        ids = [client.post("/v1/tasks", {"prompt": t.prompt, "check": t.check_data(), "priority": -10,
-                                         "source": "bench", "metadata": {"pack_task": t.id, **t.metadata()}})["id"]
-               for t in tasks]
+        ids = [
+            client.post(
+                "/v1/tasks",
+                {
+                    "prompt": t.prompt,
+                    "check": t.check_data(),
+                    "priority": -10,
+                    "source": "bench",
+                    "metadata": {"pack_task": t.id, **t.metadata()},
+                },
+            )["id"]
+            for t in tasks
+        ]
         pending, done = dict(zip(ids, tasks)), {}
         with out.status(f"the daemon is solving 0/{len(tasks)}") as status:
             while pending:
@@ -242,9 +292,13 @@ def _bench_through_daemon(state: State, tasks) -> list[dict]:
                     detail = client.get(f"/v1/tasks/{task_id}")
                     if detail["status"] in ("done", "failed", "cancelled", "dead"):
                         last = (detail["trajectories"] or [{}])[-1]
-                        done[task_id] = _result(pending.pop(task_id), detail["status"],
-                                                (last.get("outcome") or {}).get("success"), last.get("final_answer"),
-                                                len(detail["trajectories"]))
+                        done[task_id] = _result(
+                            pending.pop(task_id),
+                            detail["status"],
+                            (last.get("outcome") or {}).get("success"),
+                            last.get("final_answer"),
+                            len(detail["trajectories"]),
+                        )
                 status.update(f"the daemon is solving: {len(done)}/{len(tasks)} finished")
                 if pending:
                     time.sleep(0.25)

@@ -17,13 +17,25 @@ def mcp() -> None:
 
 
 @mcp.command()
-@click.option("--http", "over_http", is_flag=True,
-              help="Serve streamable HTTP on 127.0.0.1 (with a bearer token) instead of stdio.")
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="With --http: the loopback port (0: any free one).")
-@click.option("--token-env", default=None, metavar="VAR",
-              help="With --http: take the bearer token from this environment variable (default: a new random one, "
-                   "printed).")
+@click.option(
+    "--http",
+    "over_http",
+    is_flag=True,
+    help="Serve streamable HTTP on 127.0.0.1 (with a bearer token) instead of stdio.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="With --http: the loopback port (0: any free one).",
+)
+@click.option(
+    "--token-env",
+    default=None,
+    metavar="VAR",
+    help="With --http: take the bearer token from this environment variable (default: a new random one, printed).",
+)
 @click.pass_obj
 def serve(state: State, over_http: bool, port: int, token_env: str | None) -> None:
     """Serve MCP: memory_search, insights, submit_task, task_status, and every active synthesized tool as
@@ -35,8 +47,10 @@ def serve(state: State, over_http: bool, port: int, token_env: str | None) -> No
     if token_env:
         state.secret_variables.add(token_env)  # EVOLVER_MCP_TOKEN is the token, not an [mcp] setting
     if not state.daemon_answers():
-        err.print(f"warning: the daemon is not running (no answer on {state.socket_path}); tool calls will say so "
-                  "until `evolver up` starts it")
+        err.print(
+            f"warning: the daemon is not running (no answer on {state.socket_path}); tool calls will say so "
+            "until `evolver up` starts it"
+        )
     if not over_http:
         asyncio.run(serve_stdio(state.socket_path))
         return

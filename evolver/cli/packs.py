@@ -46,23 +46,27 @@ def _write(path: Path, data: bytes) -> None:
 @cli.command("export")
 @click.option("--insights", is_flag=True, help="The active insights.")
 @click.option("--tools", is_flag=True, help="The active synthesized tools.")
-@click.option("--node", "node", default=None, metavar="ID",
-              help="A tree node's scaffold (and the synthesized tools it names).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="The pack file to write.")
+@click.option(
+    "--node", "node", default=None, metavar="ID", help="A tree node's scaffold (and the synthesized tools it names)."
+)
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True), help="The pack file to write."
+)
 @click.option("--force", is_flag=True, help="Overwrite the output file if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj
-def export(state: State, insights: bool, tools: bool, node: str | None, output: str, force: bool,
-           as_json: bool) -> None:
+def export(
+    state: State, insights: bool, tools: bool, node: str | None, output: str, force: bool, as_json: bool
+) -> None:
     """Write what was learned to a pack file: with no option, the active insights and tools."""
     path = Path(output)
     if path.exists() and not force:
         raise click.UsageError(f"{path} exists; pass --force to overwrite it")
     node_id = full_id(state, node, "node")["id"] if node else None
     try:
-        result = state.view("/v1/export", packs.export_json, state.config.model.name, insights=insights,
-                            tools=tools, node=node_id)
+        result = state.view(
+            "/v1/export", packs.export_json, state.config.model.name, insights=insights, tools=tools, node=node_id
+        )
     except packs.PackError as exc:
         _refuse(str(exc))
     except ApiError as exc:
@@ -84,9 +88,13 @@ def export(state: State, insights: bool, tools: bool, node: str | None, output: 
 
 @cli.command("import")
 @click.argument("pack", type=click.Path(dir_okay=False, exists=True, readable=True))
-@click.option("--expect", default=None, metavar="ID",
-              help="Refuse the pack unless its id is ID, whole: the 64 hex digits its author gave you (`evolver "
-                   "export` prints them; a prefix is refused).")
+@click.option(
+    "--expect",
+    default=None,
+    metavar="ID",
+    help="Refuse the pack unless its id is ID, whole: the 64 hex digits its author gave you (`evolver "
+    "export` prints them; a prefix is refused).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def import_(state: State, pack: str, expect: str | None, as_json: bool) -> None:
@@ -119,8 +127,10 @@ def _through_daemon(state: State, data: bytes, expect: str | None) -> dict:
     cap = state.config.daemon.max_body_bytes
     size = len(json.dumps(body))
     if size > cap:
-        _refuse(f"the pack is {len(data)} bytes, {size} as the request, over the daemon's {cap}-byte cap "
-                "([daemon] max_body_bytes); raise it, or stop the daemon and import again")
+        _refuse(
+            f"the pack is {len(data)} bytes, {size} as the request, over the daemon's {cap}-byte cap "
+            "([daemon] max_body_bytes); raise it, or stop the daemon and import again"
+        )
     with state.client(timeout_s=IMPORT_TIMEOUT_S) as client:
         try:
             return client.post("/v1/import", body)
@@ -132,8 +142,10 @@ def _through_daemon(state: State, data: bytes, expect: str | None) -> dict:
 
 def _print(report: dict) -> None:
     marks = {"added": "+", "skipped": "=", "refused": "!"}
-    echo(f"pack {report['sha256']} (from evolver {report['evolver']}"
-         f"{', ' + report['model'] if report.get('model') else ''})")
+    echo(
+        f"pack {report['sha256']} (from evolver {report['evolver']}"
+        f"{', ' + report['model'] if report.get('model') else ''})"
+    )
     for item in report["items"]:
         name = item["name"] if item["kind"] != "insight" else json.dumps(item["name"])
         detail = item.get("detail") or {}
@@ -144,8 +156,12 @@ def _print(report: dict) -> None:
         reason = f": {item['reason']}" if item.get("reason") else ""
         echo(f"  {marks[item['status']]} {item['kind']} {item['status']} {name}{reason}")
     if report["probation"]:
-        echo(f"  {report['probation']} insight{'s' if report['probation'] > 1 else ''} on probation: shown to no "
-             "task of yours until approved (`evolver insights approve ID`) or measured to help on the "
-             "promotion split")
-    echo(f"{report['added']} added, {report['skipped']} skipped, {report['refused']} refused "
-         f"(event {report['event_id']}; undo with `evolver history revert {report['event_id']}`)")
+        echo(
+            f"  {report['probation']} insight{'s' if report['probation'] > 1 else ''} on probation: shown to no "
+            "task of yours until approved (`evolver insights approve ID`) or measured to help on the "
+            "promotion split"
+        )
+    echo(
+        f"{report['added']} added, {report['skipped']} skipped, {report['refused']} refused "
+        f"(event {report['event_id']}; undo with `evolver history revert {report['event_id']}`)"
+    )

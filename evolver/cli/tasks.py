@@ -34,8 +34,9 @@ def _print_event_step(step: dict, console=err) -> None:
     text = (step.get("content") or "").strip().replace("\n", " ")
     calls = ", ".join(_call_text(c) for c in (step.get("tool_calls") or []))
     line = calls if step["role"] == "assistant" and calls else text
-    console.print(f"[dim]{step['attempt']}.{step['seq']:<3} {step['role']:<10}[/dim] {escape(line[:160])}",
-              highlight=False)
+    console.print(
+        f"[dim]{step['attempt']}.{step['seq']:<3} {step['role']:<10}[/dim] {escape(line[:160])}", highlight=False
+    )
 
 
 def _verdict(task: dict) -> tuple[bool | None, str | None]:
@@ -79,8 +80,9 @@ def _text_of(path: str) -> str:
         with open(path, encoding="utf-8") as handle:
             return handle.read()
     except UnicodeDecodeError as exc:
-        raise click.BadParameter(f"{path} is not UTF-8 text (byte {exc.start}); a task's files are text",
-                                 param_hint="--file") from None
+        raise click.BadParameter(
+            f"{path} is not UTF-8 text (byte {exc.start}); a task's files are text", param_hint="--file"
+        ) from None
     except OSError as exc:
         raise click.BadParameter(f"{path} cannot be read: {exc.strerror}", param_hint="--file") from None
 
@@ -89,14 +91,27 @@ def _text_of(path: str) -> str:
 @click.argument("text")
 @check_options
 @click.option("--priority", type=click.IntRange(-100, 100), default=0, show_default=True, help="Higher runs first.")
-@click.option("--file", "files", type=click.Path(exists=True, dir_okay=False), multiple=True,
-              help="Put this file (by its name) into the task's workspace; repeatable.")
+@click.option(
+    "--file",
+    "files",
+    type=click.Path(exists=True, dir_okay=False),
+    multiple=True,
+    help="Put this file (by its name) into the task's workspace; repeatable.",
+)
 @click.option("--idempotency-key", default=None, help="Retrying with the same key never makes a duplicate task.")
 @click.option("--wait", is_flag=True, help="Stream the steps live; exit 1 if the task fails.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
 @click.pass_obj
-def submit(state: State, text: str, check: dict | None, priority: int, files: tuple[str, ...],
-           idempotency_key: str | None, wait: bool, as_json: bool) -> None:
+def submit(
+    state: State,
+    text: str,
+    check: dict | None,
+    priority: int,
+    files: tuple[str, ...],
+    idempotency_key: str | None,
+    wait: bool,
+    as_json: bool,
+) -> None:
     """Hand the daemon a task; it is stored durably before this returns."""
     import os
 
@@ -147,22 +162,34 @@ def tasks(state: State, status: str | None, source: str | None, limit: int, offs
     if as_json:
         print_json(result)
         return
-    rows = [{**t, "created": time.strftime("%m-%d %H:%M:%S", time.localtime(t["created_at"]))}
-            for t in result["tasks"]]
+    rows = [{**t, "created": time.strftime("%m-%d %H:%M:%S", time.localtime(t["created_at"]))} for t in result["tasks"]]
     # Short ids (unique prefixes, which every command takes) keep a row on one line at 120 columns.
     rows = [{**r, "id": r.get("short_id") or r["id"]} for r in rows]
-    out.print(table("tasks", rows, ["id", "status", "priority", "source", "attempts", "created", "prompt", "error"],
-                    width={"prompt": 50, "error": 30}))
+    out.print(
+        table(
+            "tasks",
+            rows,
+            ["id", "status", "priority", "source", "attempts", "created", "prompt", "error"],
+            width={"prompt": 50, "error": 30},
+        )
+    )
     if result["next_offset"] is not None:
         err.print(f"more: --offset {result['next_offset']}")
 
 
 @cli.command()
 @click.argument("task_id")
-@click.option("--memories", is_flag=True, help="Also what each attempt was given from memory: examples, "
-                                               "insights, synthesized tools.")
-@click.option("--follow", "-f", is_flag=True, help="Then follow the task's steps live until it ends (needs the "
-                                                   "daemon; Ctrl-C stops watching, not the task).")
+@click.option(
+    "--memories",
+    is_flag=True,
+    help="Also what each attempt was given from memory: examples, insights, synthesized tools.",
+)
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Then follow the task's steps live until it ends (needs the daemon; Ctrl-C stops watching, not the task).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def show(state: State, task_id: str, memories: bool, follow: bool, as_json: bool) -> None:
@@ -174,17 +201,22 @@ def show(state: State, task_id: str, memories: bool, follow: bool, as_json: bool
     if as_json:
         print_json(detail)
         return
-    out.print(f"[bold]{detail['id']}[/bold] {detail['status']} (source {detail['source']}, priority "
-              f"{detail['priority']}, attempts {detail['attempts']})", highlight=False)
+    out.print(
+        f"[bold]{detail['id']}[/bold] {detail['status']} (source {detail['source']}, priority "
+        f"{detail['priority']}, attempts {detail['attempts']})",
+        highlight=False,
+    )
     out.print(escape(detail["prompt"]), highlight=False)
     if detail.get("check"):
         out.print(f"check: {json.dumps(detail['check'])}", highlight=False, markup=False)
     for trajectory in detail["trajectories"]:
         outcome = trajectory.get("outcome") or {}
         asked = "  ← the trajectory asked for" if trajectory["id"] == found["id"] else ""
-        out.print(f"\n[bold]attempt {trajectory['attempt']}[/bold] {trajectory['id']} ({trajectory['status']}, "
-                  f"node {trajectory['node_id']}): answer {trajectory['final_answer']!r}, {judged(outcome)}{asked}",
-                  highlight=False)
+        out.print(
+            f"\n[bold]attempt {trajectory['attempt']}[/bold] {trajectory['id']} ({trajectory['status']}, "
+            f"node {trajectory['node_id']}): answer {trajectory['final_answer']!r}, {judged(outcome)}{asked}",
+            highlight=False,
+        )
         if memories:
             _print_memories(trajectory.get("memories") or {})
         said = _verifier_line(outcome)
@@ -211,8 +243,7 @@ def _follow(state: State, detail: dict) -> None:
     except KeyboardInterrupt:
         return
     last = (final["trajectories"] or [{}])[-1]
-    out.print(f"{final['status']}: answer {last.get('final_answer')!r}, {judged(last.get('outcome'))}",
-              highlight=False)
+    out.print(f"{final['status']}: answer {last.get('final_answer')!r}, {judged(last.get('outcome'))}", highlight=False)
 
 
 def _print_memories(given: dict) -> None:
@@ -220,8 +251,9 @@ def _print_memories(given: dict) -> None:
     if not (examples or insights or tools):
         out.print("  given from memory: nothing", highlight=False)
         return
-    out.print(f"  given from memory: {len(examples)} examples, {len(insights)} insights, {len(tools)} tools",
-              highlight=False)
+    out.print(
+        f"  given from memory: {len(examples)} examples, {len(insights)} insights, {len(tools)} tools", highlight=False
+    )
     for trajectory_id in examples:
         out.print(f"    example {trajectory_id} (evolver show {trajectory_id})", highlight=False, markup=False)
     for insight in insights:
@@ -239,8 +271,7 @@ def cancel(state: State, task_id: str) -> None:
     task_id = full_id(state, task_id, "task")["id"]
     with state.client() as client:
         task = client.post(f"/v1/tasks/{task_id}/cancel")
-    echo(f"{task['id']}: {task['status']}" + (" (stopping at its next step)" if task["status"] == "running"
-                                               else ""))
+    echo(f"{task['id']}: {task['status']}" + (" (stopping at its next step)" if task["status"] == "running" else ""))
 
 
 @cli.command()
@@ -255,8 +286,10 @@ def feedback(state: State, task_id: str, good: bool, note: str) -> None:
         outcome = client.post(f"/v1/tasks/{task_id}/feedback", {"good": good, "note": note})
     echo(f"{task_id}: recorded; {judged(outcome)}")
     if outcome.get("verifier") and outcome.get("success") is not good:
-        echo("  your word is kept beside the check's verdict; the check's decides what the agent learns "
-             "from this attempt")
+        echo(
+            "  your word is kept beside the check's verdict; the check's decides what the agent learns "
+            "from this attempt"
+        )
 
 
 class _Progress:
@@ -288,9 +321,12 @@ def _stream_reply(state: State, messages: list[dict], *, prefix: str = "") -> st
     progress = _Progress()
     chat_id = None
     try:
-        with client.http.stream("POST", "/v1/chat/completions",
-                                json={"model": "evolver", "messages": messages, "stream": True},
-                                timeout=httpx.Timeout(30.0, read=None)) as response:
+        with client.http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": "evolver", "messages": messages, "stream": True},
+            timeout=httpx.Timeout(30.0, read=None),
+        ) as response:
             if response.status_code != 200:
                 response.read()
                 decode(response)
@@ -314,8 +350,11 @@ def _stream_reply(state: State, messages: list[dict], *, prefix: str = "") -> st
         if task_id.startswith("task_"):  # closing the stream cancels it too; this says so at once
             with contextlib.suppress(ApiError, httpx.HTTPError):
                 task = client.post(f"/v1/tasks/{task_id}/cancel")
-                said = (f"(stopped; turn {task_id} cancelled)" if task["status"] in ("running", "cancelled")
-                        else f"(stopped; turn {task_id} had already ended: {task['status']})")
+                said = (
+                    f"(stopped; turn {task_id} cancelled)"
+                    if task["status"] in ("running", "cancelled")
+                    else f"(stopped; turn {task_id} had already ended: {task['status']})"
+                )
         err.print(said, highlight=False)
         return None
     except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
@@ -370,8 +409,11 @@ def chat(state: State, once: str | None) -> None:
             err.print("(a new conversation)")
             continue
         if command.startswith("/") and " " not in command:
-            err.print(f"unknown command {command}; /help lists them (a message starting with / needs a space "
-                      "or more words)", highlight=False, markup=False)
+            err.print(
+                f"unknown command {command}; /help lists them (a message starting with / needs a space or more words)",
+                highlight=False,
+                markup=False,
+            )
             continue
         if not command:
             continue

@@ -11,11 +11,21 @@ from .base import EXIT_NO_DAEMON, EXIT_USAGE, State, cli, echo, err
 
 
 @cli.command()
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="The loopback port to listen on (0: any free one).")
-@click.option("--open/--no-open", "open_browser", default=False, show_default=True,
-              help="Open the dashboard in the default browser (through a page only you can read, so the token is "
-                   "on no command line; then the printed URL has no token).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="The loopback port to listen on (0: any free one).",
+)
+@click.option(
+    "--open/--no-open",
+    "open_browser",
+    default=False,
+    show_default=True,
+    help="Open the dashboard in the default browser (through a page only you can read, so the token is "
+    "on no command line; then the printed URL has no token).",
+)
 @click.pass_obj
 def ui(state: State, port: int, open_browser: bool) -> None:
     """Serve the live dashboard on 127.0.0.1 until Ctrl-C: the queue and running tasks with their steps,
@@ -26,8 +36,10 @@ def ui(state: State, port: int, open_browser: bool) -> None:
     from ..ui.serve import opener_page
 
     if not state.daemon_answers():
-        err.print(f"error: the daemon is not running (no answer on {state.socket_path}); start it with "
-                  "`evolver up`, then run `evolver ui` again")
+        err.print(
+            f"error: the daemon is not running (no answer on {state.socket_path}); start it with "
+            "`evolver up`, then run `evolver ui` again"
+        )
         raise SystemExit(EXIT_NO_DAEMON)
     opener: list[Path] = []
 

@@ -12,22 +12,37 @@ cli).
 
 from .catalog import resolve_pack
 from .checks import (
-           AnswerCheck,
-           Check,
-           CheckError,
-           CommandCheck,
-           PythonCheck,
-           parse_check,
+    AnswerCheck,
+    Check,
+    CheckError,
+    CommandCheck,
+    PythonCheck,
+    parse_check,
 )
 from .taskpack import (
-           SPLITS,
-           PackTask,
-           TaskPackError,
-           bundled_pack,
-           load_pack,
-           parse_pack,
+    SPLITS,
+    PackTask,
+    TaskPackError,
+    bundled_pack,
+    load_pack,
+    parse_pack,
 )
 from .verify import Verdict, verify
 
-__all__ = ["Check", "AnswerCheck", "CommandCheck", "PythonCheck", "CheckError", "parse_check", "Verdict", "verify",
-           "PackTask", "TaskPackError", "SPLITS", "load_pack", "parse_pack", "bundled_pack", "resolve_pack"]
+__all__ = [
+    "Check",
+    "AnswerCheck",
+    "CommandCheck",
+    "PythonCheck",
+    "CheckError",
+    "parse_check",
+    "Verdict",
+    "verify",
+    "PackTask",
+    "TaskPackError",
+    "SPLITS",
+    "load_pack",
+    "parse_pack",
+    "bundled_pack",
+    "resolve_pack",
+]

@@ -123,7 +123,8 @@ class CommandCheck(_FilesCheck):
                 f"its test file {path} imports {module}, which is not the standard library's nor one of the "
                 "check's files: the attempt's code would run inside the test's own process, where it can "
                 "decide its own verdict (os._exit(0) at import passes). Use a python check that calls it "
-                f"through solution({module!r})")
+                f"through solution({module!r})"
+            )
         return self
 
 
@@ -139,8 +140,13 @@ def attempt_imports(files: dict[str, str]) -> list[tuple[str, str]]:
         except SyntaxError:
             continue  # a broken test fails when it runs
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top not in sys.stdlib_module_names and top not in own:

@@ -31,10 +31,17 @@ def parse_deliverable(data: object) -> Deliverable:
     if not isinstance(path, str) or not path.endswith(".py"):
         raise ValueError("deliver.file must be the path of a Python file (ending in .py)")
     parts = PurePosixPath(path).parts
-    if path.startswith("/") or "\\" in path or ".." in parts or not all(p.removesuffix(".py").isidentifier()
-                                                                       for p in parts):
+    if (
+        path.startswith("/")
+        or "\\" in path
+        or ".." in parts
+        or not all(p.removesuffix(".py").isidentifier() for p in parts)
+    ):
         raise ValueError(f"deliver.file {path!r} must be a relative path of importable names inside the workspace")
-    if not isinstance(functions, list) or not functions or \
-            not all(isinstance(f, str) and f.isidentifier() for f in functions):
+    if (
+        not isinstance(functions, list)
+        or not functions
+        or not all(isinstance(f, str) and f.isidentifier() for f in functions)
+    ):
         raise ValueError("deliver.functions must be a non-empty list of function names")
     return Deliverable(file=path, functions=tuple(functions))

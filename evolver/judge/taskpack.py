@@ -36,6 +36,8 @@ def hashed_split(task_id: str, test_share: float) -> str:
     """A stable split by the hash of an id: "test" (held out) for about ``test_share`` of ids."""
     bucket = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     return "test" if bucket < test_share else "train"
+
+
 _KEYS = {"id", "prompt", "check", "tags", "split", "files", "deliver"}
 
 
@@ -58,20 +60,37 @@ class PackTask:
 
     def metadata(self) -> dict:
         """What a task made from this one carries: its files, its deliverable and its split."""
-        return {**({"files": self.files} if self.files else {}),
-                **({"deliver": self.deliver.data()} if self.deliver else {}), "split": self.split}
+        return {
+            **({"files": self.files} if self.files else {}),
+            **({"deliver": self.deliver.data()} if self.deliver else {}),
+            "split": self.split,
+        }
 
     def data(self) -> dict:
         """The pack line of this task."""
-        return {"id": self.id, "prompt": self.prompt, "check": self.check_data(), "tags": list(self.tags),
-                "split": self.split, "files": self.files, **({"deliver": self.deliver.data()} if self.deliver else {})}
+        return {
+            "id": self.id,
+            "prompt": self.prompt,
+            "check": self.check_data(),
+            "tags": list(self.tags),
+            "split": self.split,
+            "files": self.files,
+            **({"deliver": self.deliver.data()} if self.deliver else {}),
+        }
 
 
 def _safe_relative(path: str) -> bool:
     """A file path inside the workspace: relative, no `..`, naming a file (not `.` or `dir/`)."""
     p = PurePosixPath(path)
-    return (bool(path) and not p.is_absolute() and ".." not in p.parts and "\\" not in path
-            and not path.endswith("/") and p.parts not in ((), (".",)) and p.name not in ("", "."))
+    return (
+        bool(path)
+        and not p.is_absolute()
+        and ".." not in p.parts
+        and "\\" not in path
+        and not path.endswith("/")
+        and p.parts not in ((), (".",))
+        and p.name not in ("", ".")
+    )
 
 
 def _task(data: object, where: str) -> PackTask:
@@ -110,8 +129,9 @@ def _task(data: object, where: str) -> PackTask:
             deliver = parse_deliverable(data["deliver"])
         except ValueError as exc:
             raise TaskPackError(f"{where}: task {task_id}: {exc}") from None
-    return PackTask(id=task_id, prompt=prompt, check=check, tags=tuple(tags), split=split, files=dict(files),
-                    deliver=deliver)
+    return PackTask(
+        id=task_id, prompt=prompt, check=check, tags=tuple(tags), split=split, files=dict(files), deliver=deliver
+    )
 
 
 def parse_pack(text: str, source: str = "pack") -> list[PackTask]:
@@ -157,4 +177,3 @@ def bundled_pack(name: str = "basic") -> list[PackTask]:
     if not resource.is_file():
         raise TaskPackError(f"there is no bundled pack named {name!r}")
     return parse_pack(resource.read_text(encoding="utf-8"), f"{name}.jsonl")
-

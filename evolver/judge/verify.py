@@ -62,38 +62,65 @@ def _check_answer(check: AnswerCheck, answer: str | None) -> Verdict:
     if answer is None:
         return Verdict(False, "no final answer was given", "answer", feedback="no final answer was given")
     if len(answer) > MAX_ANSWER_CHARS:
-        return Verdict(False, f"the answer is {len(answer):,} characters long; an answer check reads at most "
-                              f"{MAX_ANSWER_CHARS:,}", f"answer:{check.match}", score=0.0,
-                       feedback=f"the answer is too long (over {MAX_ANSWER_CHARS:,} characters)")
+        return Verdict(
+            False,
+            f"the answer is {len(answer):,} characters long; an answer check reads at most {MAX_ANSWER_CHARS:,}",
+            f"answer:{check.match}",
+            score=0.0,
+            feedback=f"the answer is too long (over {MAX_ANSWER_CHARS:,} characters)",
+        )
     given = answer.strip()
     if check.match == "numeric":
         value, expected = _number(given), float(str(check.expected).replace(",", ""))
         if value is None:
-            return Verdict(False, f"expected a number near {expected:g}; the answer {given[:200]!r} is not one",
-                           "answer:numeric", feedback=f"the answer {given[:200]!r} is not a number; a number is expected")
+            return Verdict(
+                False,
+                f"expected a number near {expected:g}; the answer {given[:200]!r} is not one",
+                "answer:numeric",
+                feedback=f"the answer {given[:200]!r} is not a number; a number is expected",
+            )
         ok = math.isclose(value, expected, rel_tol=check.rel_tolerance, abs_tol=check.tolerance)
-        return Verdict(ok, f"answer {value:g} {'matches' if ok else 'differs from'} expected {expected:g} "
-                           f"(tolerance {check.tolerance:g})", "answer:numeric", score=1.0 if ok else 0.0,
-                       feedback=f"the answer {value:g} is {'right' if ok else 'wrong'}")
+        return Verdict(
+            ok,
+            f"answer {value:g} {'matches' if ok else 'differs from'} expected {expected:g} "
+            f"(tolerance {check.tolerance:g})",
+            "answer:numeric",
+            score=1.0 if ok else 0.0,
+            feedback=f"the answer {value:g} is {'right' if ok else 'wrong'}",
+        )
     if check.match == "regex":
         # The regex package, not re: it can give up after a time, and it lets the other
         # threads of the daemon run while it matches (re holds the GIL through a
         # catastrophic backtrack such as (a+)+$ and freezes every request).
         try:
-            ok = regex.fullmatch(str(check.expected), given, regex.DOTALL, timeout=REGEX_TIMEOUT_S,
-                                 concurrent=True) is not None
+            ok = (
+                regex.fullmatch(str(check.expected), given, regex.DOTALL, timeout=REGEX_TIMEOUT_S, concurrent=True)
+                is not None
+            )
         except TimeoutError:
-            return Verdict(False, f"matching the answer against /{check.expected}/ took over {REGEX_TIMEOUT_S:g} s; "
-                                  "counted as no match", "answer:regex", score=0.0,
-                           feedback="the answer took too long to match the expected pattern; counted as wrong")
-        return Verdict(ok, f"answer {given[:200]!r} {'matches' if ok else 'does not match'} /{check.expected}/",
-                       "answer:regex", score=1.0 if ok else 0.0,
-                       feedback=f"the answer {given[:200]!r} is {'right' if ok else 'wrong'}")
+            return Verdict(
+                False,
+                f"matching the answer against /{check.expected}/ took over {REGEX_TIMEOUT_S:g} s; counted as no match",
+                "answer:regex",
+                score=0.0,
+                feedback="the answer took too long to match the expected pattern; counted as wrong",
+            )
+        return Verdict(
+            ok,
+            f"answer {given[:200]!r} {'matches' if ok else 'does not match'} /{check.expected}/",
+            "answer:regex",
+            score=1.0 if ok else 0.0,
+            feedback=f"the answer {given[:200]!r} is {'right' if ok else 'wrong'}",
+        )
     expected = str(check.expected).strip()
     ok = given.casefold() == expected.casefold() if check.casefold else given == expected
-    return Verdict(ok, f"answer {given[:200]!r} {'equals' if ok else 'is not'} expected {expected[:200]!r}",
-                   "answer:exact", score=1.0 if ok else 0.0,
-                   feedback=f"the answer {given[:200]!r} is {'right' if ok else 'wrong'}")
+    return Verdict(
+        ok,
+        f"answer {given[:200]!r} {'equals' if ok else 'is not'} expected {expected[:200]!r}",
+        "answer:exact",
+        score=1.0 if ok else 0.0,
+        feedback=f"the answer {given[:200]!r} is {'right' if ok else 'wrong'}",
+    )
 
 
 def _shadowing(workspace: str) -> list[str]:
@@ -110,18 +137,23 @@ def _shadowing(workspace: str) -> list[str]:
         return found
     for name in entries:
         stem = name.removesuffix(".py")
-        if stem in sys.stdlib_module_names and (name.endswith(".py") or
-                                                os.path.isdir(os.path.join(workspace, name))):
+        if stem in sys.stdlib_module_names and (name.endswith(".py") or os.path.isdir(os.path.join(workspace, name))):
             found.append(name)
     return sorted(found)
 
 
-def _judged(kind: str, job: dict, check: CommandCheck | PythonCheck, sandbox: Sandbox, workspace: str,
-            limits: Limits | None) -> Verdict:
+def _judged(
+    kind: str, job: dict, check: CommandCheck | PythonCheck, sandbox: Sandbox, workspace: str, limits: Limits | None
+) -> Verdict:
     judged = run_judged(sandbox, workspace, {"kind": kind, **job}, timeout_s=check.timeout_s, limits=limits)
     if judged.report is None:
-        return Verdict(False, f"the checker gave no verdict: {judged.problem}", kind, score=0.0,
-                       feedback="the check could not finish with this attempt's work (it crashed or ran out of time)")
+        return Verdict(
+            False,
+            f"the checker gave no verdict: {judged.problem}",
+            kind,
+            score=0.0,
+            feedback="the check could not finish with this attempt's work (it crashed or ran out of time)",
+        )
     ok = judged.report.get("success") is True
     message = str(judged.report.get("message") or ("check passed" if ok else "check failed"))
     return Verdict(ok, message, kind, score=1.0 if ok else 0.0)
@@ -130,19 +162,28 @@ def _judged(kind: str, job: dict, check: CommandCheck | PythonCheck, sandbox: Sa
 def _check_command(check: CommandCheck, sandbox: Sandbox, workspace: str, limits: Limits | None) -> Verdict:
     shadows = _shadowing(workspace)
     if shadows:
-        message = (f"the workspace holds {', '.join(shadows)}, which would stand in for the standard "
-                   "library's module(s) of that name when the check runs Python; rename them")
+        message = (
+            f"the workspace holds {', '.join(shadows)}, which would stand in for the standard "
+            "library's module(s) of that name when the check runs Python; rename them"
+        )
         return Verdict(False, message, "command", score=0.0, feedback=message)  # the attempt's own files
     return _judged("command", {"command": check.command}, check, sandbox, workspace, limits)
 
 
-def _check_python(check: PythonCheck, sandbox: Sandbox, workspace: str, answer: str | None,
-                  limits: Limits | None) -> Verdict:
+def _check_python(
+    check: PythonCheck, sandbox: Sandbox, workspace: str, answer: str | None, limits: Limits | None
+) -> Verdict:
     return _judged("python", {"code": check.code, "answer": answer}, check, sandbox, workspace, limits)
 
 
-def verify(check: AnswerCheck | CommandCheck | PythonCheck, *, answer: str | None, sandbox: Sandbox,
-           workspace: str | os.PathLike[str], limits: Limits | None = None) -> Verdict:
+def verify(
+    check: AnswerCheck | CommandCheck | PythonCheck,
+    *,
+    answer: str | None,
+    sandbox: Sandbox,
+    workspace: str | os.PathLike[str],
+    limits: Limits | None = None,
+) -> Verdict:
     """Judge one attempt; never raises for anything the attempt did."""
     if isinstance(check, AnswerCheck):
         return _check_answer(check, answer)

@@ -12,5 +12,14 @@ Imports: ``evolver.config`` and ``memory`` (the ledger), nothing else of evolver
 from .budget import BACKGROUND_PURPOSES, BudgetExceeded, BudgetGuard
 from .client import Model, ModelClient, ModelError, ModelReply, ToolCall
 
-__all__ = ["Model", "ModelClient", "ModelReply", "ModelError", "ToolCall", "BudgetGuard", "BudgetExceeded",
-           "BACKGROUND_PURPOSES", "scripted"]
+__all__ = [
+    "Model",
+    "ModelClient",
+    "ModelReply",
+    "ModelError",
+    "ToolCall",
+    "BudgetGuard",
+    "BudgetExceeded",
+    "BACKGROUND_PURPOSES",
+    "scripted",
+]

@@ -24,8 +24,18 @@ from ..config import ModelSettings
 from . import jsonfix, scripted
 from .budget import BudgetGuard
 
-__all__ = ["Model", "ModelClient", "ModelReply", "ToolCall", "ModelError", "StreamTap", "parse_text_tool_calls",
-           "credentials_problem", "json_schema_format", "chat_turns"]
+__all__ = [
+    "Model",
+    "ModelClient",
+    "ModelReply",
+    "ToolCall",
+    "ModelError",
+    "StreamTap",
+    "parse_text_tool_calls",
+    "credentials_problem",
+    "json_schema_format",
+    "chat_turns",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,36 +80,58 @@ def parse_text_tool_calls(text: str) -> list[ToolCall]:
     (``jsonfix``). A call that cannot be read keeps the text as sent, and its error shows the shape."""
     blocks = [b.strip() for b in _FENCED.findall(text) if b.strip().startswith("{")]
     candidate = jsonfix.extract(text)
-    if not blocks and candidate.startswith("{") and (text.strip().startswith(("{", "```"))
-                                                     or _LOOKS_LIKE_CALL.search(text)):
+    if (
+        not blocks
+        and candidate.startswith("{")
+        and (text.strip().startswith(("{", "```")) or _LOOKS_LIKE_CALL.search(text))
+    ):
         blocks = [candidate]  # one object: unfenced, half-fenced, or with prose around it
     calls = []
     for n, block in enumerate(blocks):
         try:
             data, _ = jsonfix.loads(block)
         except json.JSONDecodeError as exc:
-            calls.append(ToolCall(id=f"text_{n}", name="", arguments=None, raw_arguments=block,
-                                  error=f"invalid JSON ({exc}); write each call as {TEXT_CALL_SHAPE}, "
-                                        "with double quotes and every brace closed"))
+            calls.append(
+                ToolCall(
+                    id=f"text_{n}",
+                    name="",
+                    arguments=None,
+                    raw_arguments=block,
+                    error=f"invalid JSON ({exc}); write each call as {TEXT_CALL_SHAPE}, "
+                    "with double quotes and every brace closed",
+                )
+            )
             continue
         name = data.get("tool") or data.get("name") if isinstance(data, dict) else None
         if not isinstance(name, str):
             continue  # JSON that is not a tool call is just text
         arguments = data.get("arguments", data.get("args", data.get("parameters", {})))
         if not isinstance(arguments, dict):
-            calls.append(ToolCall(id=f"text_{n}", name=name, arguments=None, raw_arguments=block,
-                                  error=f"arguments must be a JSON object: {TEXT_CALL_SHAPE}"))
+            calls.append(
+                ToolCall(
+                    id=f"text_{n}",
+                    name=name,
+                    arguments=None,
+                    raw_arguments=block,
+                    error=f"arguments must be a JSON object: {TEXT_CALL_SHAPE}",
+                )
+            )
             continue
         calls.append(ToolCall(id=f"text_{n}", name=name, arguments=arguments, raw_arguments=json.dumps(arguments)))
     return calls
 
 
 def _tools_as_text(tools: list[dict]) -> str:
-    lines = ["You can call these tools. To call one, reply with only a JSON block:",
-             TEXT_CALL_SHAPE.replace("<name>", "NAME"), ""]
+    lines = [
+        "You can call these tools. To call one, reply with only a JSON block:",
+        TEXT_CALL_SHAPE.replace("<name>", "NAME"),
+        "",
+    ]
     for tool in tools:
         fn = tool.get("function", tool)
-        lines.append(f"- {fn['name']}: {fn.get('description', '')}\n  parameters: {json.dumps(fn.get('parameters', {}))}")
+        lines.append(
+            f"- {fn['name']}: {fn.get('description', '')}\n  parameters: {json.dumps(fn.get('parameters', {}))}"
+        )
     return "\n".join(lines)
 
 
@@ -108,8 +140,12 @@ def _transient_errors() -> tuple[type[Exception], ...]:
     abandoned reply (a local server has one slot), and a new request would queue behind it."""
     import litellm
 
-    return (litellm.RateLimitError, litellm.APIConnectionError,
-            litellm.InternalServerError, litellm.ServiceUnavailableError)
+    return (
+        litellm.RateLimitError,
+        litellm.APIConnectionError,
+        litellm.InternalServerError,
+        litellm.ServiceUnavailableError,
+    )
 
 
 # litellm raises a missing key as an InternalServerError (the OpenAI SDK's refusal to build a
@@ -138,8 +174,10 @@ def credentials_problem(settings: ModelSettings, section: str = "model") -> str 
             continue
         if settings.api_key_env:
             if not os.environ.get(settings.api_key_env):
-                problems.append(f"{model}: no API key: the environment variable {settings.api_key_env} "
-                                f"([{section}] api_key_env) is not set")
+                problems.append(
+                    f"{model}: no API key: the environment variable {settings.api_key_env} "
+                    f"([{section}] api_key_env) is not set"
+                )
             continue
         try:
             missing = litellm.validate_environment(model=model).get("missing_keys") or []
@@ -147,8 +185,10 @@ def credentials_problem(settings: ModelSettings, section: str = "model") -> str 
             log.debug("cannot check the API key of %s: %s", model, exc)
             continue
         if missing:
-            problems.append(f"{model}: no API key: set {' or '.join(missing)} (or name another variable in "
-                            f"[{section}] api_key_env; a server of your own needs [{section}] api_base instead)")
+            problems.append(
+                f"{model}: no API key: set {' or '.join(missing)} (or name another variable in "
+                f"[{section}] api_key_env; a server of your own needs [{section}] api_base instead)"
+            )
     return "; ".join(problems) or None
 
 
@@ -164,9 +204,16 @@ def text_call_format(tools: list[dict]) -> dict:
     options = []
     for tool in tools:
         fn = tool.get("function", tool)
-        options.append({"type": "object", "properties": {
-            "tool": {"type": "string", "enum": [fn["name"]]},
-            "arguments": fn.get("parameters") or {"type": "object"}}, "required": ["tool", "arguments"]})
+        options.append(
+            {
+                "type": "object",
+                "properties": {
+                    "tool": {"type": "string", "enum": [fn["name"]]},
+                    "arguments": fn.get("parameters") or {"type": "object"},
+                },
+                "required": ["tool", "arguments"],
+            }
+        )
     return {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": {"anyOf": options}}}
 
 
@@ -182,8 +229,14 @@ def chat_turns(messages: list[dict]) -> list[dict]:
             continue
         last = turns[-1] if turns else None
         plain = message.get("role") in ("user", "assistant") and not message.get("tool_calls")
-        if (plain and last is not None and last.get("role") == message["role"] and not last.get("tool_calls")
-                and isinstance(last.get("content"), str) and isinstance(message.get("content"), str)):
+        if (
+            plain
+            and last is not None
+            and last.get("role") == message["role"]
+            and not last.get("tool_calls")
+            and isinstance(last.get("content"), str)
+            and isinstance(message.get("content"), str)
+        ):
             turns[-1] = {**last, "content": f"{last['content']}\n\n{message['content']}"}
         else:
             turns.append(dict(message))
@@ -205,10 +258,19 @@ class Model(Protocol):
 
     budget: BudgetGuard  # the caps its calls are checked against
 
-    def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
-                 purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None, response_format: dict | None = None,
-                 stream: StreamTap | None = None) -> ModelReply: ...
+    def complete(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        temperature: float = 0.2,
+        purpose: str = "task",
+        task_id: str | None = None,
+        node_id: str | None = None,
+        max_tokens: int | None = None,
+        response_format: dict | None = None,
+        stream: StreamTap | None = None,
+    ) -> ModelReply: ...
 
     def native_tools(self) -> bool:
         """Whether the model calls tools natively (a scaffold's action_format auto acts in code when not)."""
@@ -216,8 +278,16 @@ class Model(Protocol):
 
 
 class ModelClient:
-    def __init__(self, settings: ModelSettings, *, store: ExperienceStore, budget: BudgetGuard,
-                 sleep: Callable[[float], None] = time.sleep, backoff_s: float = 0.5, section: str = "model") -> None:
+    def __init__(
+        self,
+        settings: ModelSettings,
+        *,
+        store: ExperienceStore,
+        budget: BudgetGuard,
+        sleep: Callable[[float], None] = time.sleep,
+        backoff_s: float = 0.5,
+        section: str = "model",
+    ) -> None:
         import litellm
 
         scripted.install()
@@ -265,10 +335,19 @@ class ModelClient:
         chars = sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages)
         return chars // 4 + 1
 
-    def complete(self, messages: list[dict], *, tools: list[dict] | None = None, temperature: float = 0.2,
-                 purpose: str = "task", task_id: str | None = None, node_id: str | None = None,
-                 max_tokens: int | None = None, response_format: dict | None = None,
-                 stream: StreamTap | None = None) -> ModelReply:
+    def complete(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        temperature: float = 0.2,
+        purpose: str = "task",
+        task_id: str | None = None,
+        node_id: str | None = None,
+        max_tokens: int | None = None,
+        response_format: dict | None = None,
+        stream: StreamTap | None = None,
+    ) -> ModelReply:
         """One reply. With ``stream``, the reply is streamed from the model and ``stream`` sees it as it
         comes (the reply returned is the same, put together at the end)."""
         if purpose not in PURPOSES:
@@ -277,15 +356,21 @@ class ModelClient:
         failures = []
         for model in models:
             try:
-                return self._complete_with(model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
-                                           response_format, stream)
+                return self._complete_with(
+                    model, messages, tools, temperature, purpose, task_id, node_id, max_tokens, response_format, stream
+                )
             except ModelError as exc:
                 failures.append(f"{model}: {exc}")
-                log.warning("model %s failed, %s", model, "trying the next fallback" if model != models[-1] else "no fallback left")
+                log.warning(
+                    "model %s failed, %s",
+                    model,
+                    "trying the next fallback" if model != models[-1] else "no fallback left",
+                )
         raise ModelError("; ".join(failures))
 
-    def _complete_with(self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens,
-                       response_format, stream=None) -> ModelReply:
+    def _complete_with(
+        self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens, response_format, stream=None
+    ) -> ModelReply:
         native = self._native_tools(model) if tools else True
         call_messages = list(messages)
         if tools and not native:
@@ -294,9 +379,15 @@ class ModelClient:
         self.budget.check(purpose=purpose, tokens=self._estimate_tokens(call_messages), task_id=task_id)
         # Every reply is bounded (a small model may never stop), and the timeout reaches the HTTP
         # request itself; retries are ours alone (the OpenAI SDK would retry a timeout twice more).
-        kwargs: dict[str, Any] = {"model": model, "messages": call_messages, "temperature": temperature,
-                                  "timeout": self.settings.timeout_s, "num_retries": 0, "max_retries": 0,
-                                  "max_tokens": max_tokens or self.settings.max_tokens_for(purpose)}
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "messages": call_messages,
+            "temperature": temperature,
+            "timeout": self.settings.timeout_s,
+            "num_retries": 0,
+            "max_retries": 0,
+            "max_tokens": max_tokens or self.settings.max_tokens_for(purpose),
+        }
         if tools and native:
             kwargs["tools"] = tools
         if tools and not native and response_format is None and self.settings.structured_output:
@@ -318,16 +409,23 @@ class ModelClient:
         while True:
             started = time.perf_counter()
             try:
-                response = (self._litellm.completion(**kwargs) if stream is None
-                            else self._streamed(kwargs, call_messages, stream))
+                response = (
+                    self._litellm.completion(**kwargs)
+                    if stream is None
+                    else self._streamed(kwargs, call_messages, stream)
+                )
                 break
             except self._litellm.Timeout as exc:
-                raise ModelError(f"no reply within {self.settings.timeout_s:g} s ([model] timeout_s); not retried, "
-                                 "since the server may still be generating it") from exc
+                raise ModelError(
+                    f"no reply within {self.settings.timeout_s:g} s ([model] timeout_s); not retried, "
+                    "since the server may still be generating it"
+                ) from exc
             except Exception as exc:
                 if _missing_key(exc):  # retrying cannot make a key appear
                     alone = self.settings.model_copy(update={"name": model, "fallbacks": []})
-                    raise ModelError(credentials_problem(alone, self.section) or f"the API key was refused: {exc}") from exc
+                    raise ModelError(
+                        credentials_problem(alone, self.section) or f"the API key was refused: {exc}"
+                    ) from exc
                 if not isinstance(exc, transient):  # bad request, unknown model: retrying will not help
                     raise ModelError(f"{type(exc).__name__}: {exc}") from exc
                 attempt += 1
@@ -352,8 +450,11 @@ class ModelClient:
                 tap.text(delta.content)
             for call in delta.tool_calls or []:
                 function = call.function
-                tap.call(call.index or 0, function.name if function else None,
-                         (function.arguments if function else None) or "")
+                tap.call(
+                    call.index or 0,
+                    function.name if function else None,
+                    (function.arguments if function else None) or "",
+                )
         return self._litellm.stream_chunk_builder(chunks, messages=call_messages)
 
     def _record(self, model, response, native, latency_ms, purpose, task_id, node_id) -> ModelReply:
@@ -377,11 +478,19 @@ class ModelClient:
                     arguments = json.loads(text)
                     error = None if isinstance(arguments, dict) else "arguments must be a JSON object"
                 except json.JSONDecodeError as exc:
-                    arguments, error = None, (f"invalid JSON ({exc}); the arguments must be one JSON object "
-                                              "of the tool's parameters")
-                calls.append(ToolCall(id=raw.id, name=raw.function.name or "",
-                                      arguments=arguments if error is None else None,
-                                      error=error, raw_arguments=text))
+                    arguments, error = (
+                        None,
+                        (f"invalid JSON ({exc}); the arguments must be one JSON object of the tool's parameters"),
+                    )
+                calls.append(
+                    ToolCall(
+                        id=raw.id,
+                        name=raw.function.name or "",
+                        arguments=arguments if error is None else None,
+                        error=error,
+                        raw_arguments=text,
+                    )
+                )
         else:
             calls = parse_text_tool_calls(content)
         assistant: dict[str, Any] = {"role": "assistant", "content": content or None}
@@ -390,8 +499,24 @@ class ModelClient:
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments}}
                 for c in calls
             ]
-        self.store.record_call(model=model, purpose=purpose, tokens_in=tokens_in, tokens_out=tokens_out,
-                               cost_usd=cost, latency_ms=latency_ms, task_id=task_id, node_id=node_id)
-        return ModelReply(content=content, tool_calls=calls, finish_reason=choice.finish_reason or "stop",
-                          model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost,
-                          latency_ms=latency_ms, assistant_message=assistant)
+        self.store.record_call(
+            model=model,
+            purpose=purpose,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=cost,
+            latency_ms=latency_ms,
+            task_id=task_id,
+            node_id=node_id,
+        )
+        return ModelReply(
+            content=content,
+            tool_calls=calls,
+            finish_reason=choice.finish_reason or "stop",
+            model=model,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=cost,
+            latency_ms=latency_ms,
+            assistant_message=assistant,
+        )

@@ -34,7 +34,7 @@ def extract(text: str) -> str:
     if fenced and fenced.group(1).strip().startswith(("{", "[")):
         return fenced.group(1).strip()
     starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
-    return text[min(starts):].strip() if starts else text
+    return text[min(starts) :].strip() if starts else text
 
 
 def _string_state(ch: str, in_string: bool, escaped: bool) -> tuple[bool, bool]:
@@ -67,7 +67,7 @@ def _balance(text: str) -> str | None:
                 out.pop()  # a trailing comma
             if not stack:
                 out.append(ch)
-                rest = text[n + 1:].strip()
+                rest = text[n + 1 :].strip()
                 # Text after the object: one object and some prose is fine; a second object is not.
                 return None if rest.startswith(("{", "[")) else "".join(out)
         out.append(ch)
@@ -98,13 +98,13 @@ def _python_strings(text: str) -> str | None:
             closers = _TRAILING_CLOSERS.search(text, i + 3)
             if closers is None:
                 return None
-            content = text[i + 3:closers.start()]
+            content = text[i + 3 : closers.start()]
             if content.count('"""') % 2:  # the value's own closing quotes
                 end = content.rfind('"""')
-                content = content[:end] + content[end + 3:]
+                content = content[:end] + content[end + 3 :]
             if "\n" not in content and "\\n" in content:  # written with JSON's escapes, on one line
                 content = content.replace("\\n", "\n").replace('\\"', '"')
-            return "".join(out) + json.dumps(content) + text[closers.start():]
+            return "".join(out) + json.dumps(content) + text[closers.start() :]
         ch = text[i]
         in_string, escaped = _string_state(ch, in_string, escaped)
         out.append(ch)
@@ -138,6 +138,8 @@ def loads(text: str) -> tuple[Any, bool]:
 def not_json(what: str, text: str, error: json.JSONDecodeError) -> str:
     """Why ``text`` is refused, with its start and the text around the fault: a reason that shows only the
     start says nothing when the fault is further on (a proposal refused at character 469 showed 200)."""
-    near = text[max(error.pos - 60, 0):error.pos + 30]
-    return (f"{what} is not JSON ({error.msg} at character {error.pos}): {clip(text, 160, one_line=True)!r}, "
-            f"around the fault: {near!r}")
+    near = text[max(error.pos - 60, 0) : error.pos + 30]
+    return (
+        f"{what} is not JSON ({error.msg} at character {error.pos}): {clip(text, 160, one_line=True)!r}, "
+        f"around the fault: {near!r}"
+    )

@@ -110,8 +110,9 @@ class Script:
         delay = data.get("stream_delay_s", 0.0)
         if not isinstance(delay, (int, float)) or isinstance(delay, bool) or not 0 <= delay <= 10:
             raise ScriptError('"stream_delay_s" must be a number of seconds from 0 to 10')
-        return cls(rules=rules, native_tools=bool(data.get("native_tools", True)), record=record,
-                   stream_delay_s=float(delay))
+        return cls(
+            rules=rules, native_tools=bool(data.get("native_tools", True)), record=record, stream_delay_s=float(delay)
+        )
 
     @classmethod
     def from_file(cls, path: Path) -> "Script":
@@ -183,11 +184,13 @@ def register_script(name: str, script: Script | dict) -> Script:
 
 def script_for(model: str) -> Script:
     """The script that answers for ``scripted/<name>`` (the bundled demo script for "demo")."""
-    name = model[len(PROVIDER) + 1:] if model.startswith(PROVIDER + "/") else model
+    name = model[len(PROVIDER) + 1 :] if model.startswith(PROVIDER + "/") else model
     with _SCRIPTS_LOCK:
         script = _SCRIPTS.get(name)
     if script is None and name == "demo":
-        script = register_script("demo", Script.from_file(Path(str(resources.files("evolver").joinpath("data", "demo_script.json")))))
+        script = register_script(
+            "demo", Script.from_file(Path(str(resources.files("evolver").joinpath("data", "demo_script.json"))))
+        )
     if script is None and name.endswith(".json") and Path(name).is_absolute() and Path(name).is_file():
         # "scripted//abs/path/script.json": how a daemon in another process gets a test's script.
         script = register_script(name, Script.from_file(Path(name)))
@@ -226,28 +229,57 @@ def _pieces(response, delay_s: float):
     its arguments, a few characters at a time; last, the finish reason and the usage."""
     import time
 
-    def chunk(text: str = "", tool_use: dict | None = None, finished: bool = False, reason: str = "",
-              usage: dict | None = None) -> dict:
+    def chunk(
+        text: str = "",
+        tool_use: dict | None = None,
+        finished: bool = False,
+        reason: str = "",
+        usage: dict | None = None,
+    ) -> dict:
         if delay_s and not finished:
             time.sleep(delay_s)
-        return {"text": text, "tool_use": tool_use, "is_finished": finished, "finish_reason": reason,
-                "usage": usage, "index": 0}
+        return {
+            "text": text,
+            "tool_use": tool_use,
+            "is_finished": finished,
+            "finish_reason": reason,
+            "usage": usage,
+            "index": 0,
+        }
 
     choice = response.choices[0]
     content = choice.message.content or ""
     for start in range(0, len(content), PIECE):
-        yield chunk(content[start:start + PIECE])
+        yield chunk(content[start : start + PIECE])
     for n, call in enumerate(choice.message.tool_calls or []):
-        yield chunk(tool_use={"id": call.id, "type": "function", "index": n,
-                              "function": {"name": call.function.name, "arguments": ""}})
+        yield chunk(
+            tool_use={
+                "id": call.id,
+                "type": "function",
+                "index": n,
+                "function": {"name": call.function.name, "arguments": ""},
+            }
+        )
         arguments = call.function.arguments or ""
         for start in range(0, len(arguments), PIECE):
-            yield chunk(tool_use={"id": None, "type": "function", "index": n,
-                                  "function": {"name": None, "arguments": arguments[start:start + PIECE]}})
+            yield chunk(
+                tool_use={
+                    "id": None,
+                    "type": "function",
+                    "index": n,
+                    "function": {"name": None, "arguments": arguments[start : start + PIECE]},
+                }
+            )
     usage = response.usage
-    yield chunk(finished=True, reason=choice.finish_reason,
-                usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                       "total_tokens": usage.total_tokens})
+    yield chunk(
+        finished=True,
+        reason=choice.finish_reason,
+        usage={
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+        },
+    )
 
 
 def _raise_simulated(kind: str, model: str) -> None:
@@ -285,12 +317,18 @@ def _build_handler():
             calls = [{"tool": c.get("tool"), "arguments": _expand(c.get("arguments") or {}, found)} for c in calls]
             if calls and script.native_tools:
                 tool_calls = [
-                    f.ToolCall(id=f"call_{n}", type="function",
-                               function=f.Function(name=c["tool"], arguments=json.dumps(c["arguments"])))
+                    f.ToolCall(
+                        id=f"call_{n}",
+                        type="function",
+                        function=f.Function(name=c["tool"], arguments=json.dumps(c["arguments"])),
+                    )
                     for n, c in enumerate(calls)
                 ]
-                message, finish, out_text = f.Message(role="assistant", content=None, tool_calls=tool_calls), \
-                    "tool_calls", json.dumps(calls)
+                message, finish, out_text = (
+                    f.Message(role="assistant", content=None, tool_calls=tool_calls),
+                    "tool_calls",
+                    json.dumps(calls),
+                )
             else:
                 if calls:  # a model without native tools writes the call as JSON in text
                     out_text = "\n".join("```json\n" + json.dumps(c) + "\n```" for c in calls)
@@ -301,8 +339,11 @@ def _build_handler():
             return f.ModelResponse(
                 model=model,
                 choices=[f.Choices(index=0, finish_reason=finish, message=message)],
-                usage=f.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                              total_tokens=prompt_tokens + completion_tokens),
+                usage=f.Usage(
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    total_tokens=prompt_tokens + completion_tokens,
+                ),
             )
 
         async def acompletion(self, model: str, messages: list, *args, **kwargs):
@@ -334,4 +375,3 @@ def install() -> None:
             {"provider": PROVIDER, "custom_handler": handler},
         ]
         _INSTALLED = True
-

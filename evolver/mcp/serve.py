@@ -47,27 +47,54 @@ TERMINAL = ("done", "failed", "cancelled", "dead")
 MAX_WAIT_S = 600.0
 
 _FIXED = [
-    types.Tool(name="memory_search", description=(
-        "Search evolver's experience memory: past task trajectories (prompt, answer, whether it succeeded), "
-        "distilled insights, or synthesized tools, most similar to a text first."), input_schema={
-        "type": "object", "required": ["text"], "properties": {
-            "text": {"type": "string", "description": "What to look for."},
-            "kind": {"type": "string", "enum": ["trajectories", "insights", "tools"], "default": "trajectories"},
-            "k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5}}}),
-    types.Tool(name="insights", description=(
-        "The lessons evolver distilled from its experience and uses now, most important first, each with its "
-        "measured effect on success."), input_schema={
-        "type": "object", "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 200, "default": 20}}}),
-    types.Tool(name="submit_task", description=(
-        "Hand evolver's agent a task. It is stored durably and solved by the daemon's workers; with wait_s the "
-        "call waits up to that many seconds for the answer, else it returns the task id at once."), input_schema={
-        "type": "object", "required": ["prompt"], "properties": {
-            "prompt": {"type": "string", "description": "What to do, in words."},
-            "expected_answer": {"type": "string", "description": "If given, success is the answer equal to it."},
-            "wait_s": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": 0}}}),
-    types.Tool(name="task_status", description="How a task submitted to evolver stands: its status and answer.",
-               input_schema={"type": "object", "required": ["task_id"],
-                             "properties": {"task_id": {"type": "string"}}}),
+    types.Tool(
+        name="memory_search",
+        description=(
+            "Search evolver's experience memory: past task trajectories (prompt, answer, whether it succeeded), "
+            "distilled insights, or synthesized tools, most similar to a text first."
+        ),
+        input_schema={
+            "type": "object",
+            "required": ["text"],
+            "properties": {
+                "text": {"type": "string", "description": "What to look for."},
+                "kind": {"type": "string", "enum": ["trajectories", "insights", "tools"], "default": "trajectories"},
+                "k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 5},
+            },
+        },
+    ),
+    types.Tool(
+        name="insights",
+        description=(
+            "The lessons evolver distilled from its experience and uses now, most important first, each with its "
+            "measured effect on success."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 200, "default": 20}},
+        },
+    ),
+    types.Tool(
+        name="submit_task",
+        description=(
+            "Hand evolver's agent a task. It is stored durably and solved by the daemon's workers; with wait_s the "
+            "call waits up to that many seconds for the answer, else it returns the task id at once."
+        ),
+        input_schema={
+            "type": "object",
+            "required": ["prompt"],
+            "properties": {
+                "prompt": {"type": "string", "description": "What to do, in words."},
+                "expected_answer": {"type": "string", "description": "If given, success is the answer equal to it."},
+                "wait_s": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": 0},
+            },
+        },
+    ),
+    types.Tool(
+        name="task_status",
+        description="How a task submitted to evolver stands: its status and answer.",
+        input_schema={"type": "object", "required": ["task_id"], "properties": {"task_id": {"type": "string"}}},
+    ),
 ]
 
 
@@ -83,21 +110,30 @@ class _Refused(Exception):
 def _summary(task: dict) -> dict:
     trajectories = task.get("trajectories") or []
     answer = trajectories[-1].get("final_answer") if trajectories else None
-    return {"task_id": task["id"], "status": task["status"], "ending": task.get("ending"),
-            "error": task.get("error"), "answer": answer}
+    return {
+        "task_id": task["id"],
+        "status": task["status"],
+        "ending": task.get("ending"),
+        "error": task.get("error"),
+        "answer": answer,
+    }
 
 
 def build_server(socket_path: str | Path) -> Server:
     """The MCP server over the daemon listening on ``socket_path``."""
-    daemon = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
-                               base_url="http://evolver", timeout=httpx.Timeout(60.0, read=None))
+    daemon = httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+        base_url="http://evolver",
+        timeout=httpx.Timeout(60.0, read=None),
+    )
 
     async def ask(method: str, path: str, body: dict | None = None, **params: Any) -> dict:
         try:
             reply = await daemon.request(method, path, json=body, params=params or None)
         except httpx.TransportError:
-            raise _Refused(f"the evolver daemon is not answering on {socket_path}; start it with `evolver up`") \
-                from None
+            raise _Refused(
+                f"the evolver daemon is not answering on {socket_path}; start it with `evolver up`"
+            ) from None
         data = reply.json() if reply.content else {}
         if reply.status_code >= 400:
             raise _Refused((data.get("error") or {}).get("message") or f"the daemon answered {reply.status_code}")
@@ -112,16 +148,28 @@ def build_server(socket_path: str | Path) -> Server:
             found = await learned()
         except _Refused:
             found = []  # the fixed tools still say what is wrong when called
-        offered = [types.Tool(name=LEARNED_PREFIX + t["name"], input_schema=t["parameters"],
-                              description=f"{t['description']} (a tool evolver synthesized and tested, v{t['version']}; "
-                                          "it runs in evolver's sandbox)") for t in found]
+        offered = [
+            types.Tool(
+                name=LEARNED_PREFIX + t["name"],
+                input_schema=t["parameters"],
+                description=f"{t['description']} (a tool evolver synthesized and tested, v{t['version']}; "
+                "it runs in evolver's sandbox)",
+            )
+            for t in found
+        ]
         return types.ListToolsResult(tools=[*_FIXED, *offered])
 
     async def run(name: str, args: dict) -> tuple[Any, bool]:
         if name == "memory_search":
-            found = await ask("POST", "/v1/memory/search", {"text": str(args.get("text", "")),
-                                                            "kind": args.get("kind", "trajectories"),
-                                                            "k": int(args.get("k", 5))})
+            found = await ask(
+                "POST",
+                "/v1/memory/search",
+                {
+                    "text": str(args.get("text", "")),
+                    "kind": args.get("kind", "trajectories"),
+                    "k": int(args.get("k", 5)),
+                },
+            )
             return found["hits"], False
         if name == "insights":
             return (await ask("GET", "/v1/insights", limit=int(args.get("limit", 20))))["insights"], False
@@ -158,9 +206,14 @@ def build_server(socket_path: str | Path) -> Server:
         text = result if isinstance(result, str) else json.dumps(result, indent=1, ensure_ascii=False)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=failed)
 
-    return Server("evolver", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool,
-                  instructions="evolver: a self-evolving agent's memory, its learned tools (run in its sandbox) "
-                               "and its task inbox.")
+    return Server(
+        "evolver",
+        version=__version__,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        instructions="evolver: a self-evolving agent's memory, its learned tools (run in its sandbox) "
+        "and its task inbox.",
+    )
 
 
 async def serve_stdio(socket_path: str | Path) -> None:
@@ -186,8 +239,13 @@ def _guarded(manager: StreamableHTTPSessionManager, token: str, address: Loopbac
             if scope["path"].rstrip("/") != "/mcp":
                 raise Refused(404, "not_found", "the MCP endpoint is /mcp")
         except Refused as exc:
-            await send({"type": "http.response.start", "status": exc.status,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": exc.status,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+                }
+            )
             await send({"type": "http.response.body", "body": str(exc).encode()})
             return
         await manager.handle_request(scope, receive, send)
@@ -201,10 +259,22 @@ async def serve_http(socket_path: str | Path, sock: socket.socket, token: str) -
 
     address = Loopback(sock.getsockname()[1])
     # The SDK checks Host and Origin too (after ours): the same address, the same exact origins.
-    manager = StreamableHTTPSessionManager(app=build_server(socket_path), security_settings=TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=sorted(h.decode() for h in address.hosts),
-        allowed_origins=sorted(o.decode() for o in address.origins)))
-    server = uvicorn.Server(uvicorn.Config(_guarded(manager, token, address), lifespan="off", log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=2))
+    manager = StreamableHTTPSessionManager(
+        app=build_server(socket_path),
+        security_settings=TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=sorted(h.decode() for h in address.hosts),
+            allowed_origins=sorted(o.decode() for o in address.origins),
+        ),
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            _guarded(manager, token, address),
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+    )
     async with manager.run():
         await server.serve(sockets=[sock])

@@ -43,11 +43,13 @@ WATERMARK_KEY = "watermark.distill"
 BATCH = 20
 LEARNED_FROM = ("finished", "asked", "step_limit", "repeating")  # how an attempt of the agent's own ended
 
-SYSTEM = ("You maintain a short list of insights: general, reusable lessons for an agent that solves tasks with "
-          "tools. Compare what worked with what failed and propose at most {max_ops} operations on the list. "
-          'Answer with JSON only: {{"operations": [{{"op": "ADD", "text": "..."}}, {{"op": "EDIT", "id": 2, '
-          '"text": "..."}}, {{"op": "UPVOTE", "id": 1}}, {{"op": "DOWNVOTE", "id": 3}}]}}. Refer to insights only by '
-          'the numbers shown. Answer {{"operations": []}} when nothing should change.')
+SYSTEM = (
+    "You maintain a short list of insights: general, reusable lessons for an agent that solves tasks with "
+    "tools. Compare what worked with what failed and propose at most {max_ops} operations on the list. "
+    'Answer with JSON only: {{"operations": [{{"op": "ADD", "text": "..."}}, {{"op": "EDIT", "id": 2, '
+    '"text": "..."}}, {{"op": "UPVOTE", "id": 1}}, {{"op": "DOWNVOTE", "id": 3}}]}}. Refer to insights only by '
+    'the numbers shown. Answer {{"operations": []}} when nothing should change.'
+)
 
 
 class _Operation(BaseModel):
@@ -101,12 +103,15 @@ def _prompt(store: ExperienceStore, batch, shown) -> str:
             if outcome is not None and outcome.verifier_output:
                 lines.append(f"   The verifier said: {clip(outcome.verifier_output, 200, one_line=True)}")
         if success is not None:
-            other = store.search_trajectories(trajectory.prompt, k=1,
-                                              filters=Filters(success=not success, learnable=True))
+            other = store.search_trajectories(
+                trajectory.prompt, k=1, filters=Filters(success=not success, learnable=True)
+            )
             if other:
-                lines.append(f"   A similar task that {_outcome(not success)}: "
-                             f"{clip(other[0].prompt, 200, one_line=True)} -> "
-                             f"{clip(other[0].final_answer, 120, one_line=True)}")
+                lines.append(
+                    f"   A similar task that {_outcome(not success)}: "
+                    f"{clip(other[0].prompt, 200, one_line=True)} -> "
+                    f"{clip(other[0].final_answer, 120, one_line=True)}"
+                )
     return "\n".join(lines)
 
 
@@ -128,14 +133,20 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
             store.set_meta(REFUSALS_KEY, json.dumps({"mark": unusable.new_mark, "count": count}))
             raise unusable.error from None
         with store.transaction():
-            store.append_event("distill_skipped", f"{len(unusable.evidence)} trajectories left undistilled after "
-                               f"{count} unusable answers: {clip(str(unusable.error), 200)}",
-                               why="the model's answers for this batch could not be applied",
-                               evidence=unusable.evidence, payload={"error": str(unusable.error)})
+            store.append_event(
+                "distill_skipped",
+                f"{len(unusable.evidence)} trajectories left undistilled after "
+                f"{count} unusable answers: {clip(str(unusable.error), 200)}",
+                why="the model's answers for this batch could not be applied",
+                evidence=unusable.evidence,
+                payload={"error": str(unusable.error)},
+            )
             store.set_meta(WATERMARK_KEY, unusable.new_mark)
             store.set_meta(REFUSALS_KEY, "{}")
-        return (f"gave up on {len(unusable.evidence)} trajectories after {count} unusable answers "
-                f"(last: {clip(str(unusable.error), 120)})")
+        return (
+            f"gave up on {len(unusable.evidence)} trajectories after {count} unusable answers "
+            f"(last: {clip(str(unusable.error), 120)})"
+        )
 
 
 class _Unusable(Exception):
@@ -159,22 +170,29 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
         store.set_meta(WATERMARK_KEY, new_mark)
         return f"{len(recent)} trajectories cut short (cancelled or an error); nothing to distill"
     structured = json_schema_format("insight_operations", DistillAnswer) if config.model.structured_output else None
-    reply = model.complete([{"role": "system", "content": SYSTEM.format(max_ops=max_ops)},
-                            {"role": "user", "content": _prompt(store, batch, shown)}], purpose="distill",
-                           response_format=structured)
+    reply = model.complete(
+        [
+            {"role": "system", "content": SYSTEM.format(max_ops=max_ops)},
+            {"role": "user", "content": _prompt(store, batch, shown)},
+        ],
+        purpose="distill",
+        response_format=structured,
+    )
     evidence = [t.id for t, _ in batch]
     try:
         try:
             answer, _ = jsonfix.loads(reply.content)  # a fence, a trailing comma, a last brace left off
         except json.JSONDecodeError as exc:
-            raise InsightOpError(f"the answer is not JSON ({exc}); what came back: "
-                                 f"{clip(reply.content, 300, one_line=True)!r}") from None
+            raise InsightOpError(
+                f"the answer is not JSON ({exc}); what came back: {clip(reply.content, 300, one_line=True)!r}"
+            ) from None
         skipped: list[str] = []
         ops = parse_ops(answer, shown=len(shown), max_ops=max_ops, skipped=skipped)
         if skipped and not ops:
             raise InsightOpError(skipped[0])
-        plan_changes(store, ops, shown, provenance=evidence, cap=cap,
-                     merge_threshold=config.evolution.insight_merge_threshold)  # refuse before recording anything
+        plan_changes(
+            store, ops, shown, provenance=evidence, cap=cap, merge_threshold=config.evolution.insight_merge_threshold
+        )  # refuse before recording anything
     except InsightOpError as exc:
         raise _Unusable(exc, new_mark, evidence) from None
     summary = ", ".join(f"{op.kind} {op.ref or ''}".strip() for op in ops) or "no change"
@@ -184,11 +202,22 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
     # The event, its insight changes and the watermark commit together: a kill between
     # them would otherwise leave the round applied but unmarked, and the next run repeat it.
     with store.transaction():
-        event = store.append_event("distill", f"{len(ops)} insight operations from {len(batch)} trajectories: "
-                                   f"{named}{left_out}", why="contrast of new trajectories with similar past ones",
-                                   evidence=evidence, cost_usd=reply.cost_usd,
-                                   payload={"operations": [vars(op) for op in ops], "skipped": skipped})
-        apply_ops(store, ops, shown, provenance=evidence, cap=cap,
-                  merge_threshold=config.evolution.insight_merge_threshold, event_id=event.id)
+        event = store.append_event(
+            "distill",
+            f"{len(ops)} insight operations from {len(batch)} trajectories: {named}{left_out}",
+            why="contrast of new trajectories with similar past ones",
+            evidence=evidence,
+            cost_usd=reply.cost_usd,
+            payload={"operations": [vars(op) for op in ops], "skipped": skipped},
+        )
+        apply_ops(
+            store,
+            ops,
+            shown,
+            provenance=evidence,
+            cap=cap,
+            merge_threshold=config.evolution.insight_merge_threshold,
+            event_id=event.id,
+        )
         store.set_meta(WATERMARK_KEY, new_mark)
     return f"{len(ops)} operations ({summary}) from {len(batch)} trajectories"

@@ -26,8 +26,16 @@ from memory import ExperienceStore, Insight
 
 from ..text import control_character
 
-__all__ = ["InsightOp", "InsightOpError", "apply_changes", "apply_ops", "numbered", "parse_ops", "plan_changes",
-           "render"]
+__all__ = [
+    "InsightOp",
+    "InsightOpError",
+    "apply_changes",
+    "apply_ops",
+    "numbered",
+    "parse_ops",
+    "plan_changes",
+    "render",
+]
 
 KINDS = ("ADD", "EDIT", "UPVOTE", "DOWNVOTE")
 MAX_TEXT = 500
@@ -55,8 +63,9 @@ def render(shown: list[Insight]) -> str:
     return "\n".join(f"{n}. {i.text} (importance {i.importance})" for n, i in enumerate(shown, start=1))
 
 
-def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4,
-              skipped: list[str] | None = None) -> list[InsightOp]:
+def parse_ops(
+    answer: str | dict | list, *, shown: int, max_ops: int = 4, skipped: list[str] | None = None
+) -> list[InsightOp]:
     """The operations in the model's answer, or ``InsightOpError`` naming the first problem. With a
     ``skipped`` list, an operation that is wrong on its own (an unlisted id, no text) is left out and
     its problem appended there instead: a weak model's one bad operation need not cost its good ones.
@@ -73,13 +82,20 @@ def parse_ops(answer: str | dict | list, *, shown: int, max_ops: int = 4,
         raise InsightOpError('the answer must be {"operations": [...]}')
     if len(data) > max_ops:
         raise InsightOpError(f"{len(data)} operations; at most {max_ops} are allowed in one answer")
-    copied = [n for n, item in enumerate(data, start=1)
-              if isinstance(item, dict) and isinstance(item.get("text"), str) and item["text"].strip()
-              and _placeholder(item["text"])]
+    copied = [
+        n
+        for n, item in enumerate(data, start=1)
+        if isinstance(item, dict)
+        and isinstance(item.get("text"), str)
+        and item["text"].strip()
+        and _placeholder(item["text"])
+    ]
     if copied:  # its ids and votes are the example's too: none of it is about the trajectories
-        raise InsightOpError(f"operation {copied[0]} has the instructions' placeholder for a text "
-                             f"({data[copied[0] - 1]['text']!r}): the answer copies the example instead of "
-                             "writing lessons; nothing of it is applied")
+        raise InsightOpError(
+            f"operation {copied[0]} has the instructions' placeholder for a text "
+            f"({data[copied[0] - 1]['text']!r}): the answer copies the example instead of "
+            "writing lessons; nothing of it is applied"
+        )
     ops = []
     for n, item in enumerate(data, start=1):
         try:
@@ -98,8 +114,11 @@ def _placeholder(text: str) -> bool:
     """A text that is the prompt's stand-in ("...", "<text>", "TEXT"), not a lesson: what a weak model
     that echoes the example writes."""
     bare = text.strip()
-    return (not re.sub(r"[\W_]+", "", bare) or bare.lower().strip(".…<>[]{}'\" ") in _PLACEHOLDER_WORDS
-            or bool(re.fullmatch(r"<[^<>]{0,40}>", bare)))
+    return (
+        not re.sub(r"[\W_]+", "", bare)
+        or bare.lower().strip(".…<>[]{}'\" ") in _PLACEHOLDER_WORDS
+        or bool(re.fullmatch(r"<[^<>]{0,40}>", bare))
+    )
 
 
 def _operation(item, where: str, shown: int) -> InsightOp:
@@ -140,8 +159,15 @@ def _similar(store: ExperienceStore, text: str, candidates: list[Insight]) -> tu
     return candidates[best], float(scores[best])
 
 
-def plan_changes(store: ExperienceStore, ops: list[InsightOp], shown: list[Insight], *, provenance: list[str], cap: int,
-                 merge_threshold: float) -> list[dict]:
+def plan_changes(
+    store: ExperienceStore,
+    ops: list[InsightOp],
+    shown: list[Insight],
+    *,
+    provenance: list[str],
+    cap: int,
+    merge_threshold: float,
+) -> list[dict]:
     """The store changes the operations amount to (nothing is written here).
 
     Raises ``InsightOpError`` for an operation on an insight an earlier operation retired."""
@@ -157,8 +183,9 @@ def plan_changes(store: ExperienceStore, ops: list[InsightOp], shown: list[Insig
             match, score = _similar(store, op.text, active)
             if match is not None and score >= merge_threshold:
                 target, name = match, "MERGE"
-                state.setdefault(match.id, {"importance": match.importance, "text": match.text,
-                                            "provenance": list(match.provenance)})
+                state.setdefault(
+                    match.id, {"importance": match.importance, "text": match.text, "provenance": list(match.provenance)}
+                )
             else:
                 change = {"op": "ADD", "text": op.text, "importance": 2, "provenance": list(provenance)}
                 changes.append(change)
@@ -172,26 +199,43 @@ def plan_changes(store: ExperienceStore, ops: list[InsightOp], shown: list[Insig
         if op.kind == "EDIT":
             current["text"] = op.text
         current["provenance"] = sorted(set(current["provenance"]) | set(provenance))
-        changes.append({"op": name, "id": target.id, "text": current["text"], "importance": current["importance"],
-                        "provenance": current["provenance"],
-                        "status": "retired" if current["importance"] == 0 else "active"})
+        changes.append(
+            {
+                "op": name,
+                "id": target.id,
+                "text": current["text"],
+                "importance": current["importance"],
+                "provenance": current["provenance"],
+                "status": "retired" if current["importance"] == 0 else "active",
+            }
+        )
     return changes
 
 
-def apply_ops(store: ExperienceStore, ops: list[InsightOp], shown: list[Insight], *, provenance: list[str], cap: int,
-              merge_threshold: float = 0.9, event_id: int | None = None) -> list[Insight]:
+def apply_ops(
+    store: ExperienceStore,
+    ops: list[InsightOp],
+    shown: list[Insight],
+    *,
+    provenance: list[str],
+    cap: int,
+    merge_threshold: float = 0.9,
+    event_id: int | None = None,
+) -> list[Insight]:
     """Apply the operations in one transaction; then retire the lowest-ranked insights over the cap."""
     changes = plan_changes(store, ops, shown, provenance=provenance, cap=cap, merge_threshold=merge_threshold)
     return apply_changes(store, changes, cap=cap, event_id=event_id)
 
 
-def apply_changes(store: ExperienceStore, changes: list[dict], *, cap: int, event_id: int | None = None
-                  ) -> list[Insight]:
+def apply_changes(
+    store: ExperienceStore, changes: list[dict], *, cap: int, event_id: int | None = None
+) -> list[Insight]:
     """Apply changes ``plan_changes`` made in one transaction; then retire the lowest-ranked insights over
     the cap. (Planning embeds texts: a caller that plans outside its transaction keeps that short.)"""
     result = store.apply_insight_changes(changes, event_id=event_id) if changes else []
     surplus = store.list_insights(status="active", limit=10_000)[cap:]
     if surplus:
-        store.apply_insight_changes([{"op": "CAP", "id": i.id, "status": "retired"} for i in surplus],
-                                    event_id=event_id)
+        store.apply_insight_changes(
+            [{"op": "CAP", "id": i.id, "status": "retired"} for i in surplus], event_id=event_id
+        )
     return result

@@ -104,8 +104,9 @@ def _reconcile(host: JobHost) -> str:
     # Rows waiting in the outbox are normal (worker processes leave theirs for the daemon): synced, not repaired.
     synced = fixed.get("outbox", 0)
     repaired = sum(n for collection, n in fixed.items() if collection != "outbox")
-    return (f"index agrees with the database; repaired {repaired} entries"
-            + (f" (and synced {synced} waiting in the outbox)" if synced else ""))
+    return f"index agrees with the database; repaired {repaired} entries" + (
+        f" (and synced {synced} waiting in the outbox)" if synced else ""
+    )
 
 
 def _distill(host: JobHost) -> str:
@@ -133,6 +134,7 @@ def _new_for_synthesis(limit: int) -> Callable[[JobHost], int]:
         from .synthesize import pending_trajectories
 
         return pending_trajectories(host.store, limit)
+
     return count
 
 
@@ -161,6 +163,7 @@ def _new_trajectories(limit: int) -> Callable[[JobHost], int]:
         from .distill import watermark
 
         return len(host.store.finished_since(watermark(host.store), limit=limit))
+
     return count
 
 
@@ -168,23 +171,56 @@ def builtin_jobs(config: Config) -> list[Job]:
     """The daemon's jobs, in the order `evolver evolve` runs them."""
     e = config.evolution
     return [
-        Job("reconcile", _reconcile, every_min=30.0,
-            description="check the vector index against the database and repair any difference"),
-        Job("distill", _distill, every_min=e.distill_every_min, after=e.distill_after,
-            pending=_new_trajectories(e.distill_after), purpose="distill",
-            description="contrast new trajectories with similar past ones and update the insights"),
-        Job("synthesize", _synthesize, every_min=e.synthesize_every_min, after=e.synthesize_after,
-            pending=_new_for_synthesis(e.synthesize_after), purpose="synthesize",
-            description="turn code repeated across tasks, and capabilities failures lacked, into tested tools"),
-        Job("prune", _prune, every_min=60.0,
+        Job(
+            "reconcile",
+            _reconcile,
+            every_min=30.0,
+            description="check the vector index against the database and repair any difference",
+        ),
+        Job(
+            "distill",
+            _distill,
+            every_min=e.distill_every_min,
+            after=e.distill_after,
+            pending=_new_trajectories(e.distill_after),
+            purpose="distill",
+            description="contrast new trajectories with similar past ones and update the insights",
+        ),
+        Job(
+            "synthesize",
+            _synthesize,
+            every_min=e.synthesize_every_min,
+            after=e.synthesize_after,
+            pending=_new_for_synthesis(e.synthesize_after),
+            purpose="synthesize",
+            description="turn code repeated across tasks, and capabilities failures lacked, into tested tools",
+        ),
+        Job(
+            "prune",
+            _prune,
+            every_min=60.0,
             description="measure each insight and tool against the attempts without it; retire those that "
-                        "hurt or never help, and let an imported insight on probation in once it helps"),
-        Job("record", _record, every_min=5.0, after=1, pending=_ended_evaluations, waits_for_idle=False,
+            "hurt or never help, and let an imported insight on probation in once it helps",
+        ),
+        Job(
+            "record",
+            _record,
+            every_min=5.0,
+            after=1,
+            pending=_ended_evaluations,
+            waits_for_idle=False,
             description="record the evaluations whose tasks ended (and consider a promotion), and judge a "
-                        "proposed node whose smoke task ended"),
-        Job("evolve", _evolve, every_min=e.evolve_every_min, after=1 if e.evaluation_slots else None,
-            pending=_free_evaluation_slots, purpose="propose",
-            description="one step of the self-modification tree search: expand a node or evaluate one"),
+            "proposed node whose smoke task ended",
+        ),
+        Job(
+            "evolve",
+            _evolve,
+            every_min=e.evolve_every_min,
+            after=1 if e.evaluation_slots else None,
+            pending=_free_evaluation_slots,
+            purpose="propose",
+            description="one step of the self-modification tree search: expand a node or evaluate one",
+        ),
     ]
 
 
@@ -192,8 +228,9 @@ class Jobs:
     def __init__(self, host: JobHost, jobs: list[Job]) -> None:
         self.host = host
         self.jobs = {job.name: job for job in jobs}
-        self.scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1,
-                                                           "misfire_grace_time": 3600})
+        self.scheduler = BackgroundScheduler(
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600}
+        )
         self._rounds: OrderedDict[str, SubmittedRound] = OrderedDict()
         self._round_numbers = itertools.count(1)
         self._rounds_lock = threading.Lock()
@@ -208,8 +245,7 @@ class Jobs:
         Without, it still runs the rounds it is poked for."""
         if schedule:
             for job in self.jobs.values():
-                self.scheduler.add_job(self._scheduled, "interval", args=[job.name], id=job.name,
-                                       minutes=job.every_min)
+                self.scheduler.add_job(self._scheduled, "interval", args=[job.name], id=job.name, minutes=job.every_min)
             if any(job.after for job in self.jobs.values()):
                 self.scheduler.add_job(self._triggers, "interval", id="triggers", seconds=30)
         self.scheduler.start()
@@ -226,8 +262,10 @@ class Jobs:
         if name is not None and name not in self.jobs:
             raise JobError(f"there is no job {name!r}; jobs are: {', '.join(self.jobs)}")
         with self._rounds_lock:
-            rounds = [SubmittedRound(id=f"round-{next(self._round_numbers)}", job=n)
-                      for n in ([name] if name else list(self.jobs))]
+            rounds = [
+                SubmittedRound(id=f"round-{next(self._round_numbers)}", job=n)
+                for n in ([name] if name else list(self.jobs))
+            ]
             for r in rounds:
                 self._rounds[r.id] = r
             while len(self._rounds) > KEEP_ROUNDS:
@@ -297,10 +335,17 @@ class Jobs:
         out = []
         for name, job in self.jobs.items():
             entry = scheduled.get(name)
-            out.append({"job": name, "every_min": job.every_min, "after": job.after,
-                        "running": job.lock.locked(), "last": last.get(name),
-                        "next_run_at": entry.next_run_time.timestamp() if entry and entry.next_run_time else None,
-                        "failures": self._failures.get(name, 0)})
+            out.append(
+                {
+                    "job": name,
+                    "every_min": job.every_min,
+                    "after": job.after,
+                    "running": job.lock.locked(),
+                    "last": last.get(name),
+                    "next_run_at": entry.next_run_time.timestamp() if entry and entry.next_run_time else None,
+                    "failures": self._failures.get(name, 0),
+                }
+            )
         return out
 
     def _backing_off(self, name: str) -> bool:
@@ -324,8 +369,7 @@ class Jobs:
 
     def _reschedule(self, name: str, seconds: float) -> None:
         if self.scheduler.running and self.scheduler.get_job(name) is not None:
-            self.scheduler.modify_job(name, next_run_time=datetime.fromtimestamp(time.time() + seconds,
-                                                                                 timezone.utc))
+            self.scheduler.modify_job(name, next_run_time=datetime.fromtimestamp(time.time() + seconds, timezone.utc))
 
     def _scheduled(self, name: str) -> None:
         if self._backing_off(name):  # a poke, or a trigger that raced the failure
@@ -379,5 +423,6 @@ class Jobs:
         if retry_in is not None:
             payload |= {"failures": self._failures[job.name], "retry_in_s": round(retry_in)}
         event = self.host.store.append_event(
-            "job" if ok else "job_failed", f"{job.name}: {summary}", why=job.description, payload=payload)
+            "job" if ok else "job_failed", f"{job.name}: {summary}", why=job.description, payload=payload
+        )
         return JobRound(job=job.name, ok=ok, summary=summary, seconds=seconds, event_id=event.id)

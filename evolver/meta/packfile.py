@@ -52,9 +52,25 @@ from tools import code_hash
 
 from .. import __version__
 
-__all__ = ["FORMAT", "MANIFEST", "MANIFEST_HASH", "MAX_INSIGHTS", "MAX_MEMBER_BYTES", "MAX_PACK_BYTES", "MAX_TOOLS",
-           "PROMPTS", "PROMPT_CHARS", "VERSION", "Pack", "PackError", "PackInsight", "PackNode", "PackTool",
-           "read_pack", "write_pack"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "MANIFEST_HASH",
+    "MAX_INSIGHTS",
+    "MAX_MEMBER_BYTES",
+    "MAX_PACK_BYTES",
+    "MAX_TOOLS",
+    "PROMPTS",
+    "PROMPT_CHARS",
+    "VERSION",
+    "Pack",
+    "PackError",
+    "PackInsight",
+    "PackNode",
+    "PackTool",
+    "read_pack",
+    "write_pack",
+]
 
 FORMAT, VERSION = "evolver-pack", 1
 MAX_PACK_BYTES = 8 * 1024 * 1024
@@ -229,8 +245,13 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 def write_pack(manifest: dict, files: dict[str, bytes]) -> tuple[bytes, str]:
     """The pack of ``manifest`` (its items; ``files`` and its header are filled in here) and ``files``:
     its bytes and its sha256 (the manifest's). PackError when import would refuse it."""
-    manifest = {"format": FORMAT, "version": VERSION, "evolver": __version__, **manifest,
-                "files": {name: {"sha256": _sha(data), "bytes": len(data)} for name, data in sorted(files.items())}}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "evolver": __version__,
+        **manifest,
+        "files": {name: {"sha256": _sha(data), "bytes": len(data)} for name, data in sorted(files.items())},
+    }
     body = _canonical(manifest)
     try:
         _Manifest.model_validate(json.loads(body))  # what import would refuse is never written
@@ -239,8 +260,10 @@ def write_pack(manifest: dict, files: dict[str, bytes]) -> tuple[bytes, str]:
     digest = _sha(body)
     data = _tar([(MANIFEST, body), (MANIFEST_HASH, f"{digest}  {MANIFEST}\n".encode()), *sorted(files.items())])
     if len(data) > MAX_PACK_BYTES:
-        raise PackError(f"the pack would be {len(data)} bytes, over the {MAX_PACK_BYTES}-byte cap; export "
-                        "fewer kinds of items at once (--insights, --tools)")
+        raise PackError(
+            f"the pack would be {len(data)} bytes, over the {MAX_PACK_BYTES}-byte cap; export "
+            "fewer kinds of items at once (--insights, --tools)"
+        )
     return data, digest
 
 
@@ -287,9 +310,11 @@ def _members(data: bytes) -> dict[str, bytes]:
                 if name in members:
                     raise PackError(f"member {name!r} appears twice")
                 if name not in (MANIFEST, MANIFEST_HASH) and not _LAYOUT.match(name):
-                    raise PackError(f"unknown member {name!r}: a pack holds only {MANIFEST}, {MANIFEST_HASH}, "
-                                    "insights/NNNN.txt, tools/NAME/code.py, tools/NAME/tests.py and "
-                                    "node/scaffold.json")
+                    raise PackError(
+                        f"unknown member {name!r}: a pack holds only {MANIFEST}, {MANIFEST_HASH}, "
+                        "insights/NNNN.txt, tools/NAME/code.py, tools/NAME/tests.py and "
+                        "node/scaffold.json"
+                    )
                 if info.size > MAX_MEMBER_BYTES:
                     raise PackError(f"member {name!r} is {info.size} bytes, over the {MAX_MEMBER_BYTES}-byte cap")
                 total += info.size
@@ -324,11 +349,12 @@ def _manifest(members: dict[str, bytes], expect: str | None) -> tuple[_Manifest,
         raise PackError(f"{MANIFEST_HASH} is malformed: it must be one line, '<sha256>  {MANIFEST}'")
     digest = _sha(members[MANIFEST])
     if digest != claimed.group(1):
-        raise PackError(f"the manifest does not match its hash ({MANIFEST_HASH} says {claimed.group(1)[:16]}, "
-                        f"its bytes hash to {digest[:16]}): the pack was altered or damaged")
+        raise PackError(
+            f"the manifest does not match its hash ({MANIFEST_HASH} says {claimed.group(1)[:16]}, "
+            f"its bytes hash to {digest[:16]}): the pack was altered or damaged"
+        )
     if expect is not None and digest != expect.lower():
-        raise PackError(f"the pack is {digest}, not the {expect} you expected: it is another pack, or it was "
-                        "altered")
+        raise PackError(f"the pack is {digest}, not the {expect} you expected: it is another pack, or it was altered")
 
     def no_constant(name: str):
         raise ValueError(f"{name} is not a JSON number")
@@ -340,8 +366,10 @@ def _manifest(members: dict[str, bytes], expect: str | None) -> tuple[_Manifest,
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise PackError(f"{MANIFEST} is not an evolver pack's manifest (its format is not {FORMAT!r})")
     if raw.get("version") != VERSION:
-        raise PackError(f"pack format version {raw.get('version')!r} is not supported (this evolver, "
-                        f"{__version__}, reads version {VERSION})")
+        raise PackError(
+            f"pack format version {raw.get('version')!r} is not supported (this evolver, "
+            f"{__version__}, reads version {VERSION})"
+        )
     try:
         return _Manifest.model_validate(raw), digest
     except ValidationError as exc:
@@ -359,8 +387,11 @@ def read_pack(data: bytes, *, expect: str | None = None) -> Pack:
     if len(data) > MAX_PACK_BYTES:
         raise PackError(f"the pack is {len(data)} bytes, over the {MAX_PACK_BYTES}-byte cap")
     if expect is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", expect):
-        whole = ("a prefix is refused, as one is cheap to forge" if re.fullmatch(r"[0-9a-fA-F]{1,63}", expect)
-                 else f"not {expect!r}")
+        whole = (
+            "a prefix is refused, as one is cheap to forge"
+            if re.fullmatch(r"[0-9a-fA-F]{1,63}", expect)
+            else f"not {expect!r}"
+        )
         raise PackError(f"--expect takes the pack's whole id, the 64 hex digits `evolver export` prints; {whole}")
     members = _members(data)
     manifest, digest = _manifest(members, expect)
@@ -372,13 +403,14 @@ def read_pack(data: bytes, *, expect: str | None = None) -> Pack:
             raise PackError(f"member {name!r}, listed in the manifest, is missing")
         entry, content = manifest.files[name], members[name]
         if len(content) != entry.bytes or _sha(content) != entry.sha256:
-            raise PackError(f"member {name!r} does not match its hash in the manifest: the pack was altered or "
-                            "damaged")
+            raise PackError(f"member {name!r} does not match its hash in the manifest: the pack was altered or damaged")
     # The members are what the hashes vouch for; the rest of the file (headers, padding, the end) must be
     # exactly what export writes for them, so no byte of a pack goes unchecked.
     if _tar(list(members.items())) != data:
-        raise PackError("the pack's bytes are not exactly what `evolver export` writes for its members (headers, "
-                        "padding or trailing data differ): the pack was altered or damaged")
+        raise PackError(
+            "the pack's bytes are not exactly what `evolver export` writes for its members (headers, "
+            "padding or trailing data differ): the pack was altered or damaged"
+        )
     used: set[str] = set()
 
     def claim(name: str, pattern: str, what: str) -> str:
@@ -391,9 +423,15 @@ def read_pack(data: bytes, *, expect: str | None = None) -> Pack:
         used.add(name)
         return _text(members, name)
 
-    insights = [PackInsight(number=n, text=claim(i.file, r"insights/\d{4}\.txt", f"insight {n}"),
-                            importance=i.importance, provenance=i.provenance.model_dump(exclude_none=True))
-                for n, i in enumerate(manifest.insights, start=1)]
+    insights = [
+        PackInsight(
+            number=n,
+            text=claim(i.file, r"insights/\d{4}\.txt", f"insight {n}"),
+            importance=i.importance,
+            provenance=i.provenance.model_dump(exclude_none=True),
+        )
+        for n, i in enumerate(manifest.insights, start=1)
+    ]
     tools, names = [], set()
     for t in manifest.tools:
         if t.name in names:
@@ -402,17 +440,33 @@ def read_pack(data: bytes, *, expect: str | None = None) -> Pack:
         code = claim(t.code, rf"tools/{t.name}/code\.py", f"tool {t.name}")
         tests = claim(t.tests, rf"tools/{t.name}/tests\.py", f"tool {t.name}")
         if code_hash(code, tests) != t.code_hash:
-            raise PackError(f"tool {t.name!r}: its code_hash {t.code_hash} does not match its code and tests "
-                            f"({code_hash(code, tests)}): the pack was altered or damaged")
-        tools.append(PackTool(name=t.name, version=t.version, description=t.description, code=code, tests=tests,
-                              code_hash=t.code_hash, provenance=t.provenance.model_dump(exclude_none=True)))
+            raise PackError(
+                f"tool {t.name!r}: its code_hash {t.code_hash} does not match its code and tests "
+                f"({code_hash(code, tests)}): the pack was altered or damaged"
+            )
+        tools.append(
+            PackTool(
+                name=t.name,
+                version=t.version,
+                description=t.description,
+                code=code,
+                tests=tests,
+                code_hash=t.code_hash,
+                provenance=t.provenance.model_dump(exclude_none=True),
+            )
+        )
     node = None
     if manifest.node is not None:
         n = manifest.node
-        node = PackNode(id=n.id, scaffold=claim(n.file, r"node/scaffold\.json", f"node {n.id}"),
-                        scaffold_hash=n.scaffold_hash, rationale=n.rationale,
-                        provenance=n.provenance.model_dump(exclude_none=True))
+        node = PackNode(
+            id=n.id,
+            scaffold=claim(n.file, r"node/scaffold\.json", f"node {n.id}"),
+            scaffold_hash=n.scaffold_hash,
+            rationale=n.rationale,
+            provenance=n.provenance.model_dump(exclude_none=True),
+        )
     for name in sorted(listed - used):
         raise PackError(f"file {name!r} is listed in the manifest but belongs to no item")
-    return Pack(sha256=digest, evolver=manifest.evolver, model=manifest.model, insights=insights, tools=tools,
-                node=node)
+    return Pack(
+        sha256=digest, evolver=manifest.evolver, model=manifest.model, insights=insights, tools=tools, node=node
+    )

@@ -89,11 +89,22 @@ def _event_provenance(store: ExperienceStore, event_id: int | None) -> dict:
     except NotFound:
         return {}
     packs = [f"pack:{event.payload['pack'][:16]}"] if event.kind == "import" and event.payload.get("pack") else []
-    return {"event": event.kind, "made_at": event.at, "cost_usd": event.cost_usd, "packs": packs,
-            **({"tests": clip(event.payload["quarantine"], 500)} if event.payload.get("quarantine") else {}),
-            "test_results": [{"name": clip(str(t.get("name")), 200), "ok": bool(t.get("ok")),
-                              "error": None if t.get("error") is None else clip(str(t["error"]), 1000)}
-                             for t in (event.payload.get("tests") or [])[:200] if isinstance(t, dict)]}
+    return {
+        "event": event.kind,
+        "made_at": event.at,
+        "cost_usd": event.cost_usd,
+        "packs": packs,
+        **({"tests": clip(event.payload["quarantine"], 500)} if event.payload.get("quarantine") else {}),
+        "test_results": [
+            {
+                "name": clip(str(t.get("name")), 200),
+                "ok": bool(t.get("ok")),
+                "error": None if t.get("error") is None else clip(str(t["error"]), 1000),
+            }
+            for t in (event.payload.get("tests") or [])[:200]
+            if isinstance(t, dict)
+        ],
+    }
 
 
 def _insight_items(store: ExperienceStore, model: str | None) -> list[tuple[dict, bytes]]:
@@ -105,19 +116,32 @@ def _insight_items(store: ExperienceStore, model: str | None) -> list[tuple[dict
         history = store.insight_history(insight.id)
         made = _event_provenance(store, history[0]["event_id"] if history else None)
         made.pop("test_results", None)
-        packs = sorted({*made.pop("packs", []), *(p for p in insight.provenance
-                                                  if isinstance(p, str) and p.startswith("pack:"))})[:20]
-        provenance = {"trajectories": count, "prompts": prompts, "packs": packs, "model": model, **made,
-                      "effect": _effect(effects[insight.id])}
-        items.append(({"file": f"insights/{n:04d}.txt", "importance": insight.importance,
-                       "provenance": provenance}, insight.text.encode()))
+        packs = sorted(
+            {*made.pop("packs", []), *(p for p in insight.provenance if isinstance(p, str) and p.startswith("pack:"))}
+        )[:20]
+        provenance = {
+            "trajectories": count,
+            "prompts": prompts,
+            "packs": packs,
+            "model": model,
+            **made,
+            "effect": _effect(effects[insight.id]),
+        }
+        items.append(
+            (
+                {"file": f"insights/{n:04d}.txt", "importance": insight.importance, "provenance": provenance},
+                insight.text.encode(),
+            )
+        )
     return items
 
 
-def _tool_items(store: ExperienceStore, model: str | None, names: set[str] | None,
-                left_out: list[dict]) -> list[tuple[dict, bytes, bytes]]:
-    rows = [t for t in store.list_tools(status="active") if t.origin == "synthesized"
-            and (names is None or t.name in names)]
+def _tool_items(
+    store: ExperienceStore, model: str | None, names: set[str] | None, left_out: list[dict]
+) -> list[tuple[dict, bytes, bytes]]:
+    rows = [
+        t for t in store.list_tools(status="active") if t.origin == "synthesized" and (names is None or t.name in names)
+    ]
     effects = tool_effects(store, rows)
     files = ToolFiles(Path(store.data_dir) / "tools")
     items = []
@@ -132,12 +156,25 @@ def _tool_items(store: ExperienceStore, model: str | None, names: set[str] | Non
         if tool.event_id is not None:
             evidence = store.get_event(tool.event_id).evidence
         count, prompts = _prompts(store, list(evidence))
-        provenance = {"trajectories": count, "prompts": prompts, "model": model, **made, "uses": tool.uses,
-                      "successes": tool.successes, "failures": tool.failures,
-                      "effect": _effect(effects[tool.name])}
-        entry = {"name": tool.name, "version": tool.version, "description": clip(tool.description, 4000),
-                 "code": f"tools/{tool.name}/code.py", "tests": f"tools/{tool.name}/tests.py",
-                 "code_hash": code_hash(code, tests), "provenance": provenance}
+        provenance = {
+            "trajectories": count,
+            "prompts": prompts,
+            "model": model,
+            **made,
+            "uses": tool.uses,
+            "successes": tool.successes,
+            "failures": tool.failures,
+            "effect": _effect(effects[tool.name]),
+        }
+        entry = {
+            "name": tool.name,
+            "version": tool.version,
+            "description": clip(tool.description, 4000),
+            "code": f"tools/{tool.name}/code.py",
+            "tests": f"tools/{tool.name}/tests.py",
+            "code_hash": code_hash(code, tests),
+            "provenance": provenance,
+        }
         items.append((entry, code.encode(), tests.encode()))
     return items
 
@@ -149,17 +186,32 @@ def _node_item(store: ExperienceStore, node_id: str, model: str | None) -> tuple
     for evaluation in store.evaluations_of(node.id):
         if evaluation.success is not None and evaluation.split in counts:
             counts[evaluation.split][0 if evaluation.success else 1] += 1
-    provenance = {"model": model, "cost_usd": node.cost_usd,
-                  "train": {"successes": counts["train"][0], "failures": counts["train"][1]},
-                  "held_out": {"successes": counts["test"][0], "failures": counts["test"][1]}}
-    entry = {"id": node.id, "file": "node/scaffold.json", "scaffold_hash": scaffold.hash, "status": node.status,
-             "rationale": clip(node.rationale, 4000), "provenance": provenance}
+    provenance = {
+        "model": model,
+        "cost_usd": node.cost_usd,
+        "train": {"successes": counts["train"][0], "failures": counts["train"][1]},
+        "held_out": {"successes": counts["test"][0], "failures": counts["test"][1]},
+    }
+    entry = {
+        "id": node.id,
+        "file": "node/scaffold.json",
+        "scaffold_hash": scaffold.hash,
+        "status": node.status,
+        "rationale": clip(node.rationale, 4000),
+        "provenance": provenance,
+    }
     synthesized = {name for name in scaffold.tools if name not in BUILTIN_SOURCES}
     return entry, scaffold.canonical_json().encode(), synthesized
 
 
-def export_pack(store: ExperienceStore, *, insights: bool = False, tools: bool = False, node: str | None = None,
-                model: str | None = None) -> tuple[bytes, dict]:
+def export_pack(
+    store: ExperienceStore,
+    *,
+    insights: bool = False,
+    tools: bool = False,
+    node: str | None = None,
+    model: str | None = None,
+) -> tuple[bytes, dict]:
     """A pack of the active insights (``insights``), the active synthesized tools (``tools``) and node
     ``node``'s scaffold with the synthesized tools it names; with none of them, insights and tools.
     ``model`` is the model this installation is configured with (the store does not record which
@@ -186,20 +238,39 @@ def export_pack(store: ExperienceStore, *, insights: bool = False, tools: bool =
             files[entry["code"]], files[entry["tests"]] = code, tests
         if wanted:
             missing = wanted - {t["name"] for t in manifest["tools"]}
-            left_out += [{"kind": "tool", "name": name, "reason": "the scaffold names it, but it is not an active "
-                          "synthesized tool here"} for name in sorted(missing)]
+            left_out += [
+                {
+                    "kind": "tool",
+                    "name": name,
+                    "reason": "the scaffold names it, but it is not an active synthesized tool here",
+                }
+                for name in sorted(missing)
+            ]
     if not (manifest["insights"] or manifest["tools"] or manifest["node"]):
-        raise PackError("nothing to export: there are no active insights or synthesized tools "
-                        "(`evolver insights`, `evolver tools`)")
+        raise PackError(
+            "nothing to export: there are no active insights or synthesized tools (`evolver insights`, `evolver tools`)"
+        )
     data, digest = write_pack(manifest, files)
-    summary = {"id": digest[:16], "sha256": digest, "bytes": len(data), "insights": len(manifest["insights"]),
-               "tools": [t["name"] for t in manifest["tools"]],
-               "node": manifest["node"]["id"] if manifest["node"] else None, "left_out": left_out}
+    summary = {
+        "id": digest[:16],
+        "sha256": digest,
+        "bytes": len(data),
+        "insights": len(manifest["insights"]),
+        "tools": [t["name"] for t in manifest["tools"]],
+        "node": manifest["node"]["id"] if manifest["node"] else None,
+        "left_out": left_out,
+    }
     return data, summary
 
 
-def export_json(store: ExperienceStore, model: str | None = None, *, insights: bool = False, tools: bool = False,
-                node: str | None = None) -> dict:
+def export_json(
+    store: ExperienceStore,
+    model: str | None = None,
+    *,
+    insights: bool = False,
+    tools: bool = False,
+    node: str | None = None,
+) -> dict:
     """``export_pack`` as JSON (the API's answer, and the CLI's when the daemon is down): the summary and
     the pack's bytes in base64."""
     data, summary = export_pack(store, insights=insights, tools=tools, node=node, model=model)
@@ -227,10 +298,13 @@ def _vet_tools(engine: Engine, files: ToolFiles, pack: Pack, node_id: str | None
         same = [t for t in local if t.name == tool.name and t.code_hash == tool.code_hash]
         if same:
             here = same[-1]
-            reason = (f"v{here.version} here has this code and tests" if here.status == "active" else
-                      f"v{here.version} here has this code and tests and is {here.status}, as decided here; "
-                      f"`evolver tools show {tool.name}` shows the event that did it, which `evolver history "
-                      "revert` undoes")
+            reason = (
+                f"v{here.version} here has this code and tests"
+                if here.status == "active"
+                else f"v{here.version} here has this code and tests and is {here.status}, as decided here; "
+                f"`evolver tools show {tool.name}` shows the event that did it, which `evolver history "
+                "revert` undoes"
+            )
             outcomes.append(_Outcome("tool", tool.name, "skipped", reason))
             continue
         held = engine.registry.get(tool.name)
@@ -238,8 +312,14 @@ def _vet_tools(engine: Engine, files: ToolFiles, pack: Pack, node_id: str | None
             outcomes.append(_Outcome("tool", tool.name, "refused", f"the name belongs to a {held.origin} tool here"))
             continue
         if not engine.sandbox.isolated:
-            outcomes.append(_Outcome("tool", tool.name, "refused", "the sandbox is degraded (no bubblewrap): a "
-                                     "pack's code is never run without isolation"))
+            outcomes.append(
+                _Outcome(
+                    "tool",
+                    tool.name,
+                    "refused",
+                    "the sandbox is degraded (no bubblewrap): a pack's code is never run without isolation",
+                )
+            )
             continue
         try:
             spec = candidate_spec(tool.name, tool.code, tool.tests, node_id=node_id)
@@ -263,29 +343,48 @@ def _plan_insights(engine: Engine, pack: Pack, outcomes: list[_Outcome]) -> list
         try:
             (op,) = parse_ops([{"op": "ADD", "text": insight.text}], shown=0, max_ops=1)
         except InsightOpError as exc:
-            outcomes.append(_Outcome("insight", label, "refused",
-                                     str(exc).replace("operation 1", f"insight {insight.number}")))
+            outcomes.append(
+                _Outcome("insight", label, "refused", str(exc).replace("operation 1", f"insight {insight.number}"))
+            )
             continue
         if op.text in seen:
-            outcomes.append(_Outcome("insight", label, "skipped", f"the same text as the pack's insight "
-                                                                  f"{seen[op.text]}"))
+            outcomes.append(
+                _Outcome("insight", label, "skipped", f"the same text as the pack's insight {seen[op.text]}")
+            )
             continue
         seen[op.text] = insight.number
         here = known.get(op.text)
         if here is not None:
-            outcomes.append(_Outcome("insight", label, "skipped", f"insight {here.id} here has this text "
-                                                                  f"({here.status})"))
+            outcomes.append(
+                _Outcome("insight", label, "skipped", f"insight {here.id} here has this text ({here.status})")
+            )
             continue
         ops.append((op, label, insight.provenance))
-    planned = plan_changes(store, [op for op, _, _ in ops], [], provenance=[f"pack:{pack.id}"], cap=e.max_insights,
-                           merge_threshold=e.insight_merge_threshold) if ops else []
+    planned = (
+        plan_changes(
+            store,
+            [op for op, _, _ in ops],
+            [],
+            provenance=[f"pack:{pack.id}"],
+            cap=e.max_insights,
+            merge_threshold=e.insight_merge_threshold,
+        )
+        if ops
+        else []
+    )
     changes = []
     for (_, label, provenance), change in zip(ops, planned):
         if change["op"] != "ADD":
-            outcomes.append(_Outcome("insight", label, "skipped",
-                                     f"too similar to insight {change['id']} here (at or over "
-                                     f"insight_merge_threshold {e.insight_merge_threshold}): "
-                                     f"{clip(store.get_insight(change['id']).text, 80, one_line=True)!r}"))
+            outcomes.append(
+                _Outcome(
+                    "insight",
+                    label,
+                    "skipped",
+                    f"too similar to insight {change['id']} here (at or over "
+                    f"insight_merge_threshold {e.insight_merge_threshold}): "
+                    f"{clip(store.get_insight(change['id']).text, 80, one_line=True)!r}",
+                )
+            )
             continue
         changes.append({**change, "status": PROBATION})  # shown to no person's task until it earns it
         outcomes.append(_Outcome("insight", label, "added", "on probation", detail={"provenance": provenance}))
@@ -303,8 +402,15 @@ def _plan_node(engine: Engine, pack: Pack, outcomes: list[_Outcome]):
         outcomes.append(_Outcome("node", pack.node.id, "refused", str(exc)))
         return None
     if scaffold.hash != pack.node.scaffold_hash:
-        outcomes.append(_Outcome("node", pack.node.id, "refused", f"its scaffold is {scaffold.hash} here, not "
-                                 f"{pack.node.scaffold_hash} as the pack says (another evolver version?)"))
+        outcomes.append(
+            _Outcome(
+                "node",
+                pack.node.id,
+                "refused",
+                f"its scaffold is {scaffold.hash} here, not "
+                f"{pack.node.scaffold_hash} as the pack says (another evolver version?)",
+            )
+        )
         return None
     twin = next((n for n in store.list_nodes() if n.scaffold_hash == scaffold.hash), None)
     if twin is not None:
@@ -340,30 +446,54 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
     for tool, spec, replaced, report in tools:
         version = store.next_tool_version(spec.name)
         digest = files.write(spec.name, version, spec.code, spec.tests)  # durable before the row names it
-        new_tools.append(NewTool(name=spec.name, description=spec.description, code_hash=digest, version=version,
-                                 node_id=spec.node_id))
+        new_tools.append(
+            NewTool(
+                name=spec.name, description=spec.description, code_hash=digest, version=version, node_id=spec.node_id
+            )
+        )
         if replaced is not None:
             replaced_ids[replaced.id] = "replaced"
-        tool_payload.append({"name": spec.name, "version": version, "pack_version": tool.version,
-                             "replaces": replaced.version if replaced else None, "quarantine": report.summary(),
-                             "tests": report.tests, "provenance": tool.provenance})
-        outcomes.append(_Outcome("tool", spec.name, "added", report.summary(),
-                                 {"version": version, "replaces": replaced.version if replaced else None}))
+        tool_payload.append(
+            {
+                "name": spec.name,
+                "version": version,
+                "pack_version": tool.version,
+                "replaces": replaced.version if replaced else None,
+                "quarantine": report.summary(),
+                "tests": report.tests,
+                "provenance": tool.provenance,
+            }
+        )
+        outcomes.append(
+            _Outcome(
+                "tool",
+                spec.name,
+                "added",
+                report.summary(),
+                {"version": version, "replaces": replaced.version if replaced else None},
+            )
+        )
     added = [o for o in outcomes if o.status == "added"]
     counts = {s: sum(o.status == s for o in outcomes) for s in ("added", "skipped", "refused")}
     insights_added = sum(o.kind == "insight" for o in added)
-    what = (f"imported pack {pack.id}: {_count(insights_added, 'insight')}"
-            f"{' (on probation)' if insights_added else ''}, "
-            f"{_count(len(new_tools), 'tool')}" + (f" ({', '.join(t.name for t in new_tools)})" if new_tools else "") +
-            (", 1 node" if planned_node else "") +
-            (f"; {counts['refused']} refused" if counts["refused"] else "") +
-            (f"; {counts['skipped']} skipped" if counts["skipped"] else ""))
-    payload = {"pack": pack.sha256, "evolver": pack.evolver, "model": pack.model, "tools": tool_payload,
-               "insights": [{"text": o.name, **(o.detail or {})} for o in added if o.kind == "insight"],
-               "refused": [{"kind": o.kind, "name": o.name, "reason": o.reason} for o in outcomes
-                           if o.status == "refused"],
-               "skipped": [{"kind": o.kind, "name": o.name, "reason": o.reason} for o in outcomes
-                           if o.status == "skipped"]}
+    what = (
+        f"imported pack {pack.id}: {_count(insights_added, 'insight')}"
+        f"{' (on probation)' if insights_added else ''}, "
+        f"{_count(len(new_tools), 'tool')}"
+        + (f" ({', '.join(t.name for t in new_tools)})" if new_tools else "")
+        + (", 1 node" if planned_node else "")
+        + (f"; {counts['refused']} refused" if counts["refused"] else "")
+        + (f"; {counts['skipped']} skipped" if counts["skipped"] else "")
+    )
+    payload = {
+        "pack": pack.sha256,
+        "evolver": pack.evolver,
+        "model": pack.model,
+        "tools": tool_payload,
+        "insights": [{"text": o.name, **(o.detail or {})} for o in added if o.kind == "insight"],
+        "refused": [{"kind": o.kind, "name": o.name, "reason": o.reason} for o in outcomes if o.status == "refused"],
+        "skipped": [{"kind": o.kind, "name": o.name, "reason": o.reason} for o in outcomes if o.status == "skipped"],
+    }
     with store.transaction():  # the event, its tools, its insights and its node: all or nothing
         for tool in new_tools:
             if store.next_tool_version(tool.name) != tool.version:
@@ -372,20 +502,35 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
         if planned_node is not None:
             scaffold, parent = planned_node
             store.put_scaffold(scaffold.hash, scaffold.canonical_json())
-            rationale = clip(f"imported from pack {pack.id} (node {pack.node.id} there): {pack.node.rationale}",
-                             4000)
-            node = store.add_node(scaffold.hash, parent_id=parent.id, status="proposed", rationale=rationale,
-                                  diff=scaffold_diff(scaffold_of(store, parent), scaffold))
+            rationale = clip(f"imported from pack {pack.id} (node {pack.node.id} there): {pack.node.rationale}", 4000)
+            node = store.add_node(
+                scaffold.hash,
+                parent_id=parent.id,
+                status="proposed",
+                rationale=rationale,
+                diff=scaffold_diff(scaffold_of(store, parent), scaffold),
+            )
             payload["node_changes"] = [{"id": node.id, "before": None, "after": "proposed"}]
             payload["node"] = {"id": node.id, "pack_node": pack.node.id, "provenance": pack.node.provenance}
-            outcomes.append(_Outcome("node", pack.node.id, "added", f"proposed as node {node.id}, a child of "
-                                     f"{parent.id}; the tree search validates and evaluates it",
-                                     {"node_id": node.id}))
+            outcomes.append(
+                _Outcome(
+                    "node",
+                    pack.node.id,
+                    "added",
+                    f"proposed as node {node.id}, a child of {parent.id}; the tree search validates and evaluates it",
+                    {"node_id": node.id},
+                )
+            )
         served = incumbent(store)
-        event = store.apply_tool_changes("import", what, why=f"a learned pack from evolver {pack.evolver}"
-                                         f"{f' ({pack.model})' if pack.model else ''}",
-                                         node_id=served.id if served else None, payload=payload, new=new_tools,
-                                         status=replaced_ids)
+        event = store.apply_tool_changes(
+            "import",
+            what,
+            why=f"a learned pack from evolver {pack.evolver}{f' ({pack.model})' if pack.model else ''}",
+            node_id=served.id if served else None,
+            payload=payload,
+            new=new_tools,
+            status=replaced_ids,
+        )
         if insight_changes:  # planned outside the transaction: embedding is slow, and the store waits
             store.apply_insight_changes(insight_changes, event_id=event.id)  # on probation: outside the cap
     engine.toolbox.refresh()
@@ -394,7 +539,13 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
     for outcome in outcomes:
         if outcome.kind == "insight" and outcome.status == "added":
             outcome.detail = {"id": next(ids, None)}
-    return {"id": pack.id, "sha256": pack.sha256, "evolver": pack.evolver, "model": pack.model,
-            "event_id": event.id, **counts,
-            "probation": sum(c["op"] == "ADD" for c in changes),
-            "items": [{k: v for k, v in asdict(o).items() if v not in (None, "")} for o in outcomes]}
+    return {
+        "id": pack.id,
+        "sha256": pack.sha256,
+        "evolver": pack.evolver,
+        "model": pack.model,
+        "event_id": event.id,
+        **counts,
+        "probation": sum(c["op"] == "ADD" for c in changes),
+        "items": [{k: v for k, v in asdict(o).items() if v not in (None, "")} for o in outcomes],
+    }

@@ -42,10 +42,18 @@ def approve_insight(store: ExperienceStore, insight_id: int, *, cap: int, why: s
     """Make an insight on probation active, as one event that a revert undoes."""
     insight = store.get_insight(insight_id)  # NotFound names the id
     if insight.status != PROBATION:
-        raise ApprovalError(f"insight {insight_id} is {insight.status}, not on probation; only an insight on "
-                            "probation can be approved")
-    return _activate(store, insight_id, "insight_approved", "APPROVE",
-                     f"approved insight {insight_id}: {insight.text[:120]}", why=why, cap=cap)
+        raise ApprovalError(
+            f"insight {insight_id} is {insight.status}, not on probation; only an insight on probation can be approved"
+        )
+    return _activate(
+        store,
+        insight_id,
+        "insight_approved",
+        "APPROVE",
+        f"approved insight {insight_id}: {insight.text[:120]}",
+        why=why,
+        cap=cap,
+    )
 
 
 def probation_round(store: ExperienceStore, config: Config) -> list[str]:
@@ -60,17 +68,22 @@ def probation_round(store: ExperienceStore, config: Config) -> list[str]:
         effect = found[str(insight.id)]
         said = verdict(effect, config.evolution.retire_after_exposures)
         if said == "helps":
-            _activate(store, insight.id, "insight_earned", "EARNED",
-                      f"insight {insight.id} earned its place on the promotion split: {insight.text[:120]}",
-                      why=why_measured(effect, said), cap=config.evolution.max_insights)
+            _activate(
+                store,
+                insight.id,
+                "insight_earned",
+                "EARNED",
+                f"insight {insight.id} earned its place on the promotion split: {insight.text[:120]}",
+                why=why_measured(effect, said),
+                cap=config.evolution.max_insights,
+            )
             notes.append(f"insight {insight.id} left probation (helps)")
         elif said in ("hurts", "never helps"):
             notes.append(retire_insight(store, insight, effect, said))
     return notes
 
 
-def _activate(store: ExperienceStore, insight_id: int, kind: str, op: str, what: str, *, why: str,
-              cap: int) -> Event:
+def _activate(store: ExperienceStore, insight_id: int, kind: str, op: str, what: str, *, why: str, cap: int) -> Event:
     with store.transaction():  # the event, the change and any retirement over the cap: all or nothing
         event = store.append_event(kind, what, why=why)
         apply_changes(store, [{"op": op, "id": insight_id, "status": "active"}], cap=cap, event_id=event.id)

@@ -40,7 +40,7 @@ def tool_effects(store: ExperienceStore, tools: list[ToolRecord] | None = None) 
 
 
 def verdict(effect: Effect, min_exposures: int) -> str | None:
-    """"hurts", "never helps", "helps", or None while the evidence is too thin to say: the exposed
+    """ "hurts", "never helps", "helps", or None while the evidence is too thin to say: the exposed
     attempts that have attempts without the item to be compared with (an item shown to every attempt
     cannot be measured, and is kept)."""
     low, high = effect.interval
@@ -55,18 +55,23 @@ def verdict(effect: Effect, min_exposures: int) -> str | None:
 
 def why_measured(effect: Effect, said: str) -> str:
     low, high = effect.interval
-    return (f"{said}: {effect.helped} of {effect.exposures} attempts with it succeeded, against "
-            f"{effect.control_successes} of {effect.control_successes + effect.control_failures} without it "
-            f"since it existed; {effect.matched} of its attempts at tasks also attempted without it "
-            f"(difference {effect.difference:+.2f}, 95% interval {low:+.2f} to {high:+.2f})")
+    return (
+        f"{said}: {effect.helped} of {effect.exposures} attempts with it succeeded, against "
+        f"{effect.control_successes} of {effect.control_successes + effect.control_failures} without it "
+        f"since it existed; {effect.matched} of its attempts at tasks also attempted without it "
+        f"(difference {effect.difference:+.2f}, 95% interval {low:+.2f} to {high:+.2f})"
+    )
 
 
 def retire_insight(store: ExperienceStore, insight: Insight, effect: Effect, said: str) -> str:
     """Retire an insight measured to hurt or never help, as an event a revert undoes; returns the note."""
     state = " on probation" if insight.status == "probation" else ""
     store.record_insight_changes(
-        "insight_retired", f"retired insight {insight.id}{state} ({said}): {insight.text[:120]}",
-        [{"op": "RETIRE", "id": insight.id, "status": "retired"}], why=why_measured(effect, said))
+        "insight_retired",
+        f"retired insight {insight.id}{state} ({said}): {insight.text[:120]}",
+        [{"op": "RETIRE", "id": insight.id, "status": "retired"}],
+        why=why_measured(effect, said),
+    )
     return f"retired insight {insight.id}{state} ({said})"
 
 
@@ -82,16 +87,21 @@ def prune_round(store: ExperienceStore, config: Config) -> str:
             notes.append(retire_insight(store, insight, effect, said))
         elif said == "helps" and insight.importance < MEASURED_IMPORTANCE:
             store.record_insight_changes(
-                "insight_measured", f"insight {insight_id} measured to help: importance "
-                f"{insight.importance} -> {MEASURED_IMPORTANCE}",
+                "insight_measured",
+                f"insight {insight_id} measured to help: importance {insight.importance} -> {MEASURED_IMPORTANCE}",
                 [{"op": "MEASURED", "id": insight_id, "importance": MEASURED_IMPORTANCE}],
-                why=why_measured(effect, said))
+                why=why_measured(effect, said),
+            )
             notes.append(f"raised insight {insight_id} (helps)")
     for name, effect in tool_effects(store).items():
         said = verdict(effect, need)
         if said in ("hurts", "never helps"):
             tool = store.active_tool(name)
-            store.apply_tool_changes("tool_retired", f"retired tool {name} v{tool.version} ({said})",
-                                     why=why_measured(effect, said), status={tool.id: "retired"})
+            store.apply_tool_changes(
+                "tool_retired",
+                f"retired tool {name} v{tool.version} ({said})",
+                why=why_measured(effect, said),
+                status={tool.id: "retired"},
+            )
             notes.append(f"retired tool {name} ({said})")
     return "; ".join(notes) or "every learned item is still helping or not yet measured"

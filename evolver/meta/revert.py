@@ -52,11 +52,19 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
     what = f"reverted event {event.id} ({event.kind}): {'; '.join(parts)}"
     if not status and not nodes:
         # The event and its changes commit together: an event left alone would refuse every retry.
-        return store.record_insight_changes("revert", what, insights, why=why, evidence=event.evidence,
-                                            reverts=event_id)
+        return store.record_insight_changes(
+            "revert", what, insights, why=why, evidence=event.evidence, reverts=event_id
+        )
     with store.transaction():
-        revert = store.apply_tool_changes("revert", what, why=why, evidence=event.evidence, reverts=event.id,
-                                          status=status, payload={"node_changes": nodes} if nodes else None)
+        revert = store.apply_tool_changes(
+            "revert",
+            what,
+            why=why,
+            evidence=event.evidence,
+            reverts=event.id,
+            status=status,
+            payload={"node_changes": nodes} if nodes else None,
+        )
         if insights:
             store.apply_insight_changes(insights, event_id=revert.id)
         for node in nodes:
@@ -73,13 +81,19 @@ def _insights_before(store: ExperienceStore, event_id: int, rows: list[dict]) ->
         # Later changes that came back to what the event left (an approval, then its revert) are not in
         # the way; any other later change would be undone silently.
         if last["event_id"] != event_id and last["after"] != left:
-            raise RevertError(f"insight {insight_id} changed again after event {event_id} (event "
-                              f"{last['event_id']}); revert that first")
+            raise RevertError(
+                f"insight {insight_id} changed again after event {event_id} (event "
+                f"{last['event_id']}); revert that first"
+            )
     restored: dict[int, dict] = {}
     for row in rows:  # the state before the event's first change to each insight
         restored.setdefault(row["insight_id"], row["before"])
-    return [{"op": "REVERT", "id": insight_id, "status": "retired"} if before is None
-            else {"op": "REVERT", "id": insight_id, **before} for insight_id, before in restored.items()]
+    return [
+        {"op": "REVERT", "id": insight_id, "status": "retired"}
+        if before is None
+        else {"op": "REVERT", "id": insight_id, **before}
+        for insight_id, before in restored.items()
+    ]
 
 
 def _tools_before(store: ExperienceStore, event: Event, changes: list[dict]) -> dict[int, str]:
@@ -88,16 +102,20 @@ def _tools_before(store: ExperienceStore, event: Event, changes: list[dict]) -> 
     for change in changes:
         tool = store.get_tool(change["id"])
         if tool.status != change["after"]:
-            raise RevertError(f"tool {tool.name} v{tool.version} changed again after event {event.id} (it is "
-                              f"{tool.status} now); revert that change first")
+            raise RevertError(
+                f"tool {tool.name} v{tool.version} changed again after event {event.id} (it is "
+                f"{tool.status} now); revert that change first"
+            )
         status[tool.id] = "reverted" if change["before"] is None else change["before"]
     for tool_id, after in status.items():
         if after == "active":
             tool = store.get_tool(tool_id)
             other = store.active_tool(tool.name)
             if other is not None and other.id not in status:
-                raise RevertError(f"tool {tool.name} v{tool.version} cannot be active again: v{other.version} "
-                                  f"is active now (event {other.event_id}); revert that first")
+                raise RevertError(
+                    f"tool {tool.name} v{tool.version} cannot be active again: v{other.version} "
+                    f"is active now (event {other.event_id}); revert that first"
+                )
     return status
 
 
@@ -107,8 +125,9 @@ def _nodes_before(store: ExperienceStore, event: Event, changes: list[dict]) -> 
     for change in changes:
         node = store.get_node(change["id"])
         if store.get_meta(INCUMBENT_KEY) == node.id:
-            raise RevertError(f"node {node.id} is served now; serve another first (`evolver rollback`), then "
-                              f"revert event {event.id}")
+            raise RevertError(
+                f"node {node.id} is served now; serve another first (`evolver rollback`), then revert event {event.id}"
+            )
         if change["before"] is None:  # added by the event: whatever the search made of it since
             after = "invalid"
         elif node.status != change["after"]:

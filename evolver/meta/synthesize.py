@@ -48,8 +48,17 @@ from ..llm.client import json_schema_format
 from ..text import clip, control_character
 from ..tree.incumbent import incumbent
 
-__all__ = ["WATERMARK_KEY", "Opportunity", "SynthesisError", "ToolRejected", "candidate_spec", "find_opportunities",
-           "pending_trajectories", "synthesize_round", "vet_tool"]
+__all__ = [
+    "WATERMARK_KEY",
+    "Opportunity",
+    "SynthesisError",
+    "ToolRejected",
+    "candidate_spec",
+    "find_opportunities",
+    "pending_trajectories",
+    "synthesize_round",
+    "vet_tool",
+]
 
 WATERMARK_KEY = "watermark.synthesize"
 WINDOW = 100  # trajectories one window holds at most
@@ -65,11 +74,15 @@ SYSTEM = (
     'Answer with JSON only: {"name": "snake_case_name", "code": "<the function\'s source>", "tests": "<the '
     'tests\' source>", "replays": [{"call": 1, "arguments": {...}}], "rationale": "<why this tool helps>"}. '
     "To improve an existing tool, use its name: the new version replaces it if it also passes the old tests. "
-    'Answer {"tool": null, "why": "..."} when no tool is worth writing.')
+    'Answer {"tool": null, "why": "..."} when no tool is worth writing.'
+)
 
 # A reflection that names something the agent could not do.
-_GAP = re.compile(r"\b(no tool|missing|lack(?:s|ed|ing)?|unable|cannot|can't|could not|couldn't|no way|"
-                  r"not available|need(?:s|ed)? (?:a|an|to)|would need)\b", re.IGNORECASE)
+_GAP = re.compile(
+    r"\b(no tool|missing|lack(?:s|ed|ing)?|unable|cannot|can't|could not|couldn't|no way|"
+    r"not available|need(?:s|ed)? (?:a|an|to)|would need)\b",
+    re.IGNORECASE,
+)
 
 
 class _Replay(BaseModel):
@@ -150,8 +163,9 @@ def normalized_code(code: str) -> str | None:
         return None
 
 
-def _code_opportunities(store: ExperienceStore, window: list[str], lookback: list[str],
-                        config: Config) -> list[Opportunity]:
+def _code_opportunities(
+    store: ExperienceStore, window: list[str], lookback: list[str], config: Config
+) -> list[Opportunity]:
     e = config.evolution
     in_window = set(window)
     groups: dict[str, list[RecordedCall]] = {}
@@ -184,17 +198,31 @@ def _code_opportunities(store: ExperienceStore, window: list[str], lookback: lis
         shown: list[RecordedCall] = []
         for call in members:  # one call per task, new ones first
             if len(shown) < SHOWN_CALLS and (call.task_id or call.trajectory_id) not in {
-                    s.task_id or s.trajectory_id for s in shown}:
+                s.task_id or s.trajectory_id for s in shown
+            }:
                 shown.append(call)
-        key = "code:" + hashlib.sha256(json.dumps(sorted([c.trajectory_id, c.seq] for c in members)).encode()
-                                       ).hexdigest()[:16]
+        key = (
+            "code:"
+            + hashlib.sha256(json.dumps(sorted([c.trajectory_id, c.seq] for c in members)).encode()).hexdigest()[:16]
+        )
         lines = [f"This code ran in {len(tasks)} different tasks, each time on other data:"]
         for n, call in enumerate(shown, start=1):
-            lines.append(f"Recorded call {n}:\n```python\n{clip(call.arguments['code'], 1500)}\n```\n"
-                         f"Its output:\n```\n{clip(call.output, 600)}\n```")
-        found.append((len(tasks), Opportunity(key=key, kind="repeated_code", calls=tuple(shown),
-                                              evidence=tuple(sorted({c.trajectory_id for c in members})),
-                                              text="\n".join(lines))))
+            lines.append(
+                f"Recorded call {n}:\n```python\n{clip(call.arguments['code'], 1500)}\n```\n"
+                f"Its output:\n```\n{clip(call.output, 600)}\n```"
+            )
+        found.append(
+            (
+                len(tasks),
+                Opportunity(
+                    key=key,
+                    kind="repeated_code",
+                    calls=tuple(shown),
+                    evidence=tuple(sorted({c.trajectory_id for c in members})),
+                    text="\n".join(lines),
+                ),
+            )
+        )
     found.sort(key=lambda item: (-item[0], item[1].key))
     return [opportunity for _, opportunity in found]
 
@@ -205,12 +233,17 @@ def _gap_opportunities(store: ExperienceStore, failed: dict[str, object]) -> lis
         if not _GAP.search(reflection):
             continue
         trajectory = failed[trajectory_id]
-        text = (f"A task failed for want of a capability.\nTask: {clip(trajectory.prompt, 800)}\n"
-                f"Its answer: {clip(trajectory.final_answer or '(none)', 300)}\n"
-                f"The agent's reflection: {clip(reflection, 800)}\nThere are no recorded calls to reproduce "
-                "(give an empty replays list).")
-        found.append(Opportunity(key=f"gap:{trajectory_id}", kind="missing_capability", calls=(),
-                                 evidence=(trajectory_id,), text=text))
+        text = (
+            f"A task failed for want of a capability.\nTask: {clip(trajectory.prompt, 800)}\n"
+            f"Its answer: {clip(trajectory.final_answer or '(none)', 300)}\n"
+            f"The agent's reflection: {clip(reflection, 800)}\nThere are no recorded calls to reproduce "
+            "(give an empty replays list)."
+        )
+        found.append(
+            Opportunity(
+                key=f"gap:{trajectory_id}", kind="missing_capability", calls=(), evidence=(trajectory_id,), text=text
+            )
+        )
     return found
 
 
@@ -242,29 +275,41 @@ def _parse(content: str, opportunity: Opportunity) -> _Candidate | str:
             raise SynthesisError(f"the model's answer needs {field!r} as a non-empty string")
     replays = data.get("replays", [])
     if not isinstance(replays, list):
-        raise SynthesisError("'replays' must be a list of {\"call\": n, \"arguments\": {...}}")
+        raise SynthesisError('\'replays\' must be a list of {"call": n, "arguments": {...}}')
     mapped: dict[int, dict] = {}
     for item in replays:
-        if not (isinstance(item, dict) and isinstance(item.get("call"), int) and not isinstance(item["call"], bool)
-                and isinstance(item.get("arguments"), dict) and set(item) <= {"call", "arguments"}):
-            raise SynthesisError(f"each replay must be {{\"call\": n, \"arguments\": {{...}}}}, not {item!r:.200}")
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("call"), int)
+            and not isinstance(item["call"], bool)
+            and isinstance(item.get("arguments"), dict)
+            and set(item) <= {"call", "arguments"}
+        ):
+            raise SynthesisError(f'each replay must be {{"call": n, "arguments": {{...}}}}, not {item!r:.200}')
         if not 1 <= item["call"] <= len(opportunity.calls):
-            raise SynthesisError(f"replay of call {item['call']}: the recorded calls are numbered 1 to "
-                                 f"{len(opportunity.calls)}")
+            raise SynthesisError(
+                f"replay of call {item['call']}: the recorded calls are numbered 1 to {len(opportunity.calls)}"
+            )
         if item["call"] in mapped:
             raise SynthesisError(f"call {item['call']} is replayed twice")
         mapped[item["call"]] = item["arguments"]
     rationale = data.get("rationale", "")
-    return _Candidate(name=data["name"].strip(), code=data["code"], tests=data["tests"], replays=mapped,
-                      rationale=rationale if isinstance(rationale, str) else str(rationale))
+    return _Candidate(
+        name=data["name"].strip(),
+        code=data["code"],
+        tests=data["tests"],
+        replays=mapped,
+        rationale=rationale if isinstance(rationale, str) else str(rationale),
+    )
 
 
 def _existing(store: ExperienceStore) -> str:
     rows = [t for t in store.list_tools(status="active") if t.origin == "synthesized"]
     if not rows:
         return "There are no synthesized tools yet."
-    return "Synthesized tools now:\n" + "\n".join(f"- {t.name} (v{t.version}): {clip(t.description, 200)}"
-                                                  for t in rows)
+    return "Synthesized tools now:\n" + "\n".join(
+        f"- {t.name} (v{t.version}): {clip(t.description, 200)}" for t in rows
+    )
 
 
 class ToolRejected(Exception):
@@ -298,13 +343,13 @@ def candidate_spec(name: str, code: str, tests: str, *, node_id: str | None) -> 
     try:  # a default or Literal of bytes, ..., inf: no model call could carry the schema
         json.dumps(spec.openai_schema(), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ToolRejected(f"its schema is not JSON ({exc}); defaults and Literal values must be JSON "
-                           "values") from None
+        raise ToolRejected(f"its schema is not JSON ({exc}); defaults and Literal values must be JSON values") from None
     return spec
 
 
-def vet_tool(engine: Engine, files: ToolFiles, spec: ToolSpec, replays: list[Replay] = ()
-             ) -> tuple[ToolRecord | None, QuarantineReport]:
+def vet_tool(
+    engine: Engine, files: ToolFiles, spec: ToolSpec, replays: list[Replay] = ()
+) -> tuple[ToolRecord | None, QuarantineReport]:
     """Quarantine ``spec`` as the store stands now: under an active tool's name it is that tool's next
     version and must pass its tests too; under a new name it must not duplicate another tool. Returns
     (the row it would replace or None, the report) or raises ToolRejected. Tool synthesis and the import
@@ -323,26 +368,37 @@ def vet_tool(engine: Engine, files: ToolFiles, spec: ToolSpec, replays: list[Rep
     else:
         for hit in store.search_tools(f"{spec.name}: {spec.description}", k=3):
             if hit.name != spec.name and (hit.similarity or 0.0) >= e.tool_dedup_threshold:
-                raise ToolRejected(f"it duplicates tool {hit.name!r} (description similarity "
-                                   f"{hit.similarity:.2f}); to improve that tool, propose a new version under "
-                                   "its name")
-    report = quarantine(spec, sandbox=engine.sandbox, work_root=engine.data_dir / "workspaces",
-                        replays=list(replays), earlier_tests=earlier_tests, limits=sandbox_limits(engine.config))
+                raise ToolRejected(
+                    f"it duplicates tool {hit.name!r} (description similarity "
+                    f"{hit.similarity:.2f}); to improve that tool, propose a new version under "
+                    "its name"
+                )
+    report = quarantine(
+        spec,
+        sandbox=engine.sandbox,
+        work_root=engine.data_dir / "workspaces",
+        replays=list(replays),
+        earlier_tests=earlier_tests,
+        limits=sandbox_limits(engine.config),
+    )
     if not report.ok:
         raise ToolRejected(report.reason)
     return replaced, report
 
 
-def _check(engine: Engine, files: ToolFiles, candidate: _Candidate, opportunity: Opportunity,
-           node_id: str | None):
+def _check(engine: Engine, files: ToolFiles, candidate: _Candidate, opportunity: Opportunity, node_id: str | None):
     """Quarantine the candidate; returns (spec, the row it replaces or None, report) or raises ToolRejected."""
     spec = candidate_spec(candidate.name, candidate.code, candidate.tests, node_id=node_id)
     missing = [n for n in range(1, len(opportunity.calls) + 1) if n not in candidate.replays]
     if missing:
-        raise ToolRejected(f"it gives no arguments for recorded call(s) {', '.join(map(str, missing))}; a tool "
-                           "must reproduce every call it generalizes")
-    replays = [Replay(label=str(n), arguments=candidate.replays[n], expected=call.output)
-               for n, call in enumerate(opportunity.calls, start=1)]
+        raise ToolRejected(
+            f"it gives no arguments for recorded call(s) {', '.join(map(str, missing))}; a tool "
+            "must reproduce every call it generalizes"
+        )
+    replays = [
+        Replay(label=str(n), arguments=candidate.replays[n], expected=call.output)
+        for n, call in enumerate(opportunity.calls, start=1)
+    ]
     replaced, report = vet_tool(engine, files, spec, replays)
     return spec, replaced, report
 
@@ -351,38 +407,64 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
     """Propose, check and record one tool for one opportunity; returns what happened."""
     store = engine.store
     reply = engine.meta.complete(
-        [{"role": "system", "content": SYSTEM},
-         {"role": "user", "content": f"{_existing(store)}\n\n{opportunity.text}"}], purpose="synthesize",
-        response_format=json_schema_format("tool", ToolAnswer) if engine.config.model.structured_output else None)
+        [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"{_existing(store)}\n\n{opportunity.text}"},
+        ],
+        purpose="synthesize",
+        response_format=json_schema_format("tool", ToolAnswer) if engine.config.model.structured_output else None,
+    )
     candidate = _parse(reply.content, opportunity)  # malformed: the round fails here, nothing recorded
     node = incumbent(store)
     node_id = node.id if node else None
     meta = {WATERMARK_KEY: json.dumps({**state, "done": [*state["done"], opportunity.key]})}
     common = {"evidence": list(opportunity.evidence), "cost_usd": reply.cost_usd, "node_id": node_id, "meta": meta}
     if isinstance(candidate, str):
-        store.apply_tool_changes("tool_skipped", f"no tool for {opportunity.kind} opportunity: "
-                                                 f"{clip(candidate, 200)}", why=candidate,
-                                 payload={"opportunity": opportunity.key}, **common)
+        store.apply_tool_changes(
+            "tool_skipped",
+            f"no tool for {opportunity.kind} opportunity: {clip(candidate, 200)}",
+            why=candidate,
+            payload={"opportunity": opportunity.key},
+            **common,
+        )
         return "skipped"
     try:
         spec, replaced, report = _check(engine, files, candidate, opportunity, node_id)
     except ToolRejected as exc:
         reason = str(exc)
-        store.apply_tool_changes("tool_rejected", f"rejected tool {candidate.name}: {clip(reason, 300)}",
-                                 why=reason, payload={"opportunity": opportunity.key, "name": candidate.name,
-                                                      "code": candidate.code, "tests": candidate.tests,
-                                                      "reason": reason}, **common)
+        store.apply_tool_changes(
+            "tool_rejected",
+            f"rejected tool {candidate.name}: {clip(reason, 300)}",
+            why=reason,
+            payload={
+                "opportunity": opportunity.key,
+                "name": candidate.name,
+                "code": candidate.code,
+                "tests": candidate.tests,
+                "reason": reason,
+            },
+            **common,
+        )
         return f"rejected {candidate.name}"
     version = store.next_tool_version(spec.name)
     digest = files.write(spec.name, version, spec.code, spec.tests)  # durable before the row names it
     what = f"registered tool {spec.name} v{version}" + (f" (replaces v{replaced.version})" if replaced else "")
     store.apply_tool_changes(
-        "tool_registered", f"{what}: {clip(spec.description, 200)}", why=candidate.rationale or opportunity.kind,
-        payload={"opportunity": opportunity.key, "name": spec.name, "version": version,
-                 "quarantine": report.summary(), "tests": report.tests, "replays": report.replays},
-        new=NewTool(name=spec.name, description=spec.description, code_hash=digest, version=version,
-                    node_id=node_id),
-        status={replaced.id: "replaced"} if replaced else None, **common)
+        "tool_registered",
+        f"{what}: {clip(spec.description, 200)}",
+        why=candidate.rationale or opportunity.kind,
+        payload={
+            "opportunity": opportunity.key,
+            "name": spec.name,
+            "version": version,
+            "quarantine": report.summary(),
+            "tests": report.tests,
+            "replays": report.replays,
+        },
+        new=NewTool(name=spec.name, description=spec.description, code_hash=digest, version=version, node_id=node_id),
+        status={replaced.id: "replaced"} if replaced else None,
+        **common,
+    )
     engine.toolbox.refresh()
     return f"registered {spec.name} v{version}"
 
@@ -404,7 +486,7 @@ def synthesize_round(engine: Engine) -> str:
     lookback = store.finished_until(after, limit=LOOKBACK) if after else []
     todo = [o for o in find_opportunities(store, config, window, lookback) if o.key not in state["done"]]
     outcomes = []
-    for opportunity in todo[:config.evolution.tools_per_round]:
+    for opportunity in todo[: config.evolution.tools_per_round]:
         outcomes.append(_take(engine, files, opportunity, state))
         state = _state(store)
     if len(todo) <= config.evolution.tools_per_round:  # the window is done: the next one starts after it

@@ -121,9 +121,12 @@ class Daemon:
             gc.collect()
             gc.freeze()
             ensure_root(self.store, self.engine.seed_scaffold())
-            self.intake = Intake(self.store, on_committed=self.task_submitted,
-                                 held_out_share=self.config.evolution.held_out_share,
-                                 held_out_prompts=held_out_prompts(self.config.evolution.packs))
+            self.intake = Intake(
+                self.store,
+                on_committed=self.task_submitted,
+                held_out_share=self.config.evolution.held_out_share,
+                held_out_prompts=held_out_prompts(self.config.evolution.packs),
+            )
             self.intake.start()
             from ..api import create_app
             from .server import ApiServer
@@ -141,8 +144,13 @@ class Daemon:
                 self.jobs.poke("record")
             if self.mood is Mood.STARTING:
                 self.mood = Mood.RUNNING
-            log.info("evolver daemon %d serving %s on %s with %d workers", os.getpid(), self.data_dir,
-                     self.socket_path, len(self.workers))
+            log.info(
+                "evolver daemon %d serving %s on %s with %d workers",
+                os.getpid(),
+                self.data_dir,
+                self.socket_path,
+                len(self.workers),
+            )
             if on_ready is not None:
                 on_ready(self)
             while self.mood is Mood.RUNNING:
@@ -175,8 +183,10 @@ class Daemon:
         if not d.tcp_port:
             return None
         if not os.environ.get(d.tcp_token_env):
-            raise SocketError(f"[daemon] tcp_port is {d.tcp_port} but ${d.tcp_token_env} is empty or unset: "
-                              "a TCP listener needs its bearer token there.")
+            raise SocketError(
+                f"[daemon] tcp_port is {d.tcp_port} but ${d.tcp_token_env} is empty or unset: "
+                "a TCP listener needs its bearer token there."
+            )
         try:
             return socket.create_server(("127.0.0.1", d.tcp_port))
         except OSError as exc:
@@ -202,8 +212,9 @@ class Daemon:
             log.warning("%d trajectories were cut off by a daemon that died; marked interrupted", interrupted)
         for task in self.store.list_tasks(status="running", limit=10_000):
             if task.lease_owner is None:
-                self.store.set_task_status(task.id, "failed", error="interrupted: the daemon stopped mid-run",
-                                           ending=Ending.INTERRUPTED)
+                self.store.set_task_status(
+                    task.id, "failed", error="interrupted: the daemon stopped mid-run", ending=Ending.INTERRUPTED
+                )
         expired = self.store.expire_leases(except_owner_prefix=self.owner_prefix)
         if expired:
             log.warning("%d tasks were running in a daemon that died; they run again now", expired)
@@ -234,8 +245,7 @@ class Daemon:
             lease = worker.current
             if isinstance(worker, Worker) and lease is not None and self.store.release_task(lease):
                 # Its late result will be refused: the lease token no longer matches a running task.
-                log.warning("task %s did not reach a step boundary in time; queued for the restart",
-                            lease.task.id)
+                log.warning("task %s did not reach a step boundary in time; queued for the restart", lease.task.id)
 
     # --- workers -----------------------------------------------------------------------
 
@@ -269,9 +279,17 @@ class Daemon:
                 self.workers.append(handle)
             return
         for n in range(d.workers):
-            worker = Worker(self.agent, owner=f"{self.owner_prefix}w{n}", lease_s=d.lease_s, max_attempts=d.max_attempts,
-                            drain=self.drain, on_step=self._on_step, on_end=self.task_ended, store=self.store,
-                            exclude_sources=local_exclusions(self))
+            worker = Worker(
+                self.agent,
+                owner=f"{self.owner_prefix}w{n}",
+                lease_s=d.lease_s,
+                max_attempts=d.max_attempts,
+                drain=self.drain,
+                on_step=self._on_step,
+                on_end=self.task_ended,
+                store=self.store,
+                exclude_sources=local_exclusions(self),
+            )
             self.workers.append(worker)
             # A long-lived thread per worker: sandboxes die with the thread that started them.
             thread = threading.Thread(target=self._work, args=(worker,), name=f"worker-{n}", daemon=True)
@@ -314,8 +332,16 @@ class Daemon:
 
     # --- what the API asks of the daemon -----------------------------------------------------
 
-    def chat(self, prompt: str, *, on_step=None, metadata: dict | None = None, task_id: str | None = None,
-             cancel: threading.Event | None = None, on_answer=None) -> TaskResult:
+    def chat(
+        self,
+        prompt: str,
+        *,
+        on_step=None,
+        metadata: dict | None = None,
+        task_id: str | None = None,
+        cancel: threading.Event | None = None,
+        on_answer=None,
+    ) -> TaskResult:
         """One chat turn: the incumbent agent answers, recorded as a task of source "chat" (``task_id``:
         the id it gets, chosen by the caller). The turn stops at its next step when ``cancel`` is set (a
         client that went away), when someone cancels its task, or when the daemon drains. ``on_answer``
@@ -329,8 +355,9 @@ class Daemon:
         try:
             if self.drain.is_set():
                 raise Stopping("the daemon is stopping; send the chat again once it has restarted")
-            return self._chat_turn(prompt, on_step=on_step, metadata=metadata, task_id=task_id, cancel=cancel,
-                                   on_answer=on_answer)
+            return self._chat_turn(
+                prompt, on_step=on_step, metadata=metadata, task_id=task_id, cancel=cancel, on_answer=on_answer
+            )
         finally:
             self.chat_slots.release()
             with self._chats:
@@ -338,17 +365,24 @@ class Daemon:
                 self._chats.notify_all()
 
     def _chat_turn(self, prompt: str, *, on_step, metadata, task_id, cancel, on_answer) -> TaskResult:
-        item = {"prompt": prompt, "source": "chat", "status": "running", "metadata": metadata,
-                **({"id": task_id} if task_id else {})}
+        item = {
+            "prompt": prompt,
+            "source": "chat",
+            "status": "running",
+            "metadata": metadata,
+            **({"id": task_id} if task_id else {}),
+        }
         # A chat message is held out like any task from outside: the text of a held-out task stays held out.
-        item = decide_split(item, share=self.config.evolution.held_out_share,
-                            held_out_prompts=self.intake.held_out_prompts if self.intake else frozenset())
+        item = decide_split(
+            item,
+            share=self.config.evolution.held_out_share,
+            held_out_prompts=self.intake.held_out_prompts if self.intake else frozenset(),
+        )
         ((task, _),) = self.store.add_tasks([item])
         try:
             if self.config.daemon.worker_processes:  # answered in a worker process, the least busy ready one
                 try:
-                    return self._ready_worker(cancel).chat(task, cancel=cancel, on_step=on_step,
-                                                           on_answer=on_answer)
+                    return self._ready_worker(cancel).chat(task, cancel=cancel, on_step=on_step, on_answer=on_answer)
                 except (WorkerLost, Stopping) as exc:  # it never reached a worker, or died with one
                     self.store.interrupt_task(task.id, f"interrupted: {exc}")
                     raise
@@ -359,6 +393,7 @@ class Daemon:
                     on_step(step)
                 if self.drain.is_set() or self.store.cancel_requested(task.id):
                     cancel.set()
+
             return self.agent().run_task(task, cancel=cancel, on_step=step_seen, on_answer=on_answer)
         finally:
             self.feed.publish(task.id)
@@ -373,8 +408,9 @@ class Daemon:
             if self.drain.is_set():
                 raise Stopping("the daemon is stopping; send the chat again once it has restarted")
             if cancel.is_set() or time.monotonic() > deadline:
-                raise WorkerLost(f"no worker process was ready to answer within {READY_WAIT_S:.0f} s; "
-                                 "send the chat again")
+                raise WorkerLost(
+                    f"no worker process was ready to answer within {READY_WAIT_S:.0f} s; send the chat again"
+                )
             time.sleep(0.1)
 
     def call_tool(self, name: str, arguments: dict) -> dict:
@@ -387,21 +423,30 @@ class Daemon:
         servers = self.engine.mcp if self.engine is not None else None
         if servers is None:
             return []
-        offered = [{"name": s.name, "server": s.name.split("__")[0], "description": s.description}
-                   for s in servers.specs]
-        return offered + [{"name": None, "server": name, "description": f"left out: {why}"}
-                          for name, why in servers.problems.items()]
+        offered = [
+            {"name": s.name, "server": s.name.split("__")[0], "description": s.description} for s in servers.specs
+        ]
+        return offered + [
+            {"name": None, "server": name, "description": f"left out: {why}"} for name, why in servers.problems.items()
+        ]
 
     def _running(self) -> list[dict]:
         running = []
         for worker in self.workers:
             lease = worker.current  # read once: a worker process's reader thread may clear it meanwhile
             if lease is not None:
-                running.append({"task_id": lease.task.id, "worker": worker.owner,
-                                **({"pid": worker.pid} if isinstance(worker, WorkerProcess) else {})})
+                running.append(
+                    {
+                        "task_id": lease.task.id,
+                        "worker": worker.owner,
+                        **({"pid": worker.pid} if isinstance(worker, WorkerProcess) else {}),
+                    }
+                )
             if isinstance(worker, WorkerProcess):  # the chat turns it answers
-                running += [{"task_id": turn.task_id, "worker": worker.owner, "pid": worker.pid, "chat": True}
-                            for turn in list(worker.turns.values())]
+                running += [
+                    {"task_id": turn.task_id, "worker": worker.owner, "pid": worker.pid, "chat": True}
+                    for turn in list(worker.turns.values())
+                ]
         return running + (self.evaluator.running() if self.evaluator else [])
 
     def status(self) -> dict:
@@ -421,10 +466,15 @@ class Daemon:
             "workers": len(self.workers),
             "worker_pids": [w.pid for w in self.workers if isinstance(w, WorkerProcess)],
             "running": self._running(),
-            "budget": {"tokens_today": tokens, "usd_today": round(usd, 6), "tokens_per_day": b.tokens_per_day,
-                       "usd_per_day": b.usd_per_day,
-                       "by_model": {m: {"tokens": t, "usd": round(u, 6)}
-                                    for m, (t, u) in self.store.spent_by_model(since=day).items()}},
+            "budget": {
+                "tokens_today": tokens,
+                "usd_today": round(usd, 6),
+                "tokens_per_day": b.tokens_per_day,
+                "usd_per_day": b.usd_per_day,
+                "by_model": {
+                    m: {"tokens": t, "usd": round(u, 6)} for m, (t, u) in self.store.spent_by_model(since=day).items()
+                },
+            },
             "incumbent": node.id if node else None,
             "jobs": self.jobs.next_runs() if self.jobs else [],
             "sandbox_isolated": bool(self.engine and self.engine.sandbox.isolated),

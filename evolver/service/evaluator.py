@@ -25,6 +25,7 @@ class Evaluator(Protocol):
     def start(self) -> None: ...
     def close(self, grace_s: float) -> None:
         """Stop claiming; hand back (release) what has not come back within ``grace_s``."""
+
     def running(self) -> list[dict]:
         """The evaluations in flight, as the status shows them: task_id and worker."""
 

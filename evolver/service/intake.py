@@ -27,9 +27,15 @@ _STOP = object()
 
 
 class Intake:
-    def __init__(self, store: ExperienceStore, *, on_committed: Callable[[], None] = lambda: None,
-                 max_batch: int = 256, held_out_share: float = 0.0,
-                 held_out_prompts: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        store: ExperienceStore,
+        *,
+        on_committed: Callable[[], None] = lambda: None,
+        max_batch: int = 256,
+        held_out_share: float = 0.0,
+        held_out_prompts: frozenset[str] = frozenset(),
+    ) -> None:
         self.store = store
         self.held_out_share = held_out_share  # a person's tasks with a check held out (``decide_split``)
         self.held_out_prompts = held_out_prompts  # the configured packs' held-out task texts

@@ -114,9 +114,13 @@ def _sandbox(config: Config, factory: Callable[..., Sandbox]) -> Sandbox:
     s = config.sandbox
     key = (factory, s.require_isolation, s.unprivileged_uid, s.task_uids, s.task_uid_base, sandbox_limits(config))
     if key not in _sandboxes:
-        _sandboxes[key] = factory(require_isolation=s.require_isolation, unprivileged_uid=s.unprivileged_uid,
-                                  limits=sandbox_limits(config), task_uids=s.task_uids,
-                                  task_uid_base=s.task_uid_base)
+        _sandboxes[key] = factory(
+            require_isolation=s.require_isolation,
+            unprivileged_uid=s.unprivileged_uid,
+            limits=sandbox_limits(config),
+            task_uids=s.task_uids,
+            task_uid_base=s.task_uid_base,
+        )
     return _sandboxes[key]
 
 
@@ -129,12 +133,17 @@ def evaluate(shipment: Shipment, *, sandbox_factory: Callable[..., Sandbox] = ma
     task = shipment.task
 
     def refuse(why: str) -> Returned:
-        return Returned(task_id=task.id, node=node, refused=f"the Ray node {node} refused the evaluation: {why}",
-                        took_s=time.perf_counter() - started)
+        return Returned(
+            task_id=task.id,
+            node=node,
+            refused=f"the Ray node {node} refused the evaluation: {why}",
+            took_s=time.perf_counter() - started,
+        )
 
     if shipment.version != __version__:
-        return refuse(f"it runs evolver {__version__}, the daemon {shipment.version}; install the same version "
-                      "on every node")
+        return refuse(
+            f"it runs evolver {__version__}, the daemon {shipment.version}; install the same version on every node"
+        )
     try:
         sandbox = _sandbox(shipment.config, sandbox_factory)
     except SandboxUnavailable as exc:  # before anything model-written runs, or the model is even asked
@@ -155,11 +164,18 @@ def evaluate(shipment: Shipment, *, sandbox_factory: Callable[..., Sandbox] = ma
             engine.close()
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-    return Returned(task_id=task.id, node=node, writes=recording.writes, result=result, isolated=sandbox.isolated,
-                    took_s=time.perf_counter() - started)
+    return Returned(
+        task_id=task.id,
+        node=node,
+        writes=recording.writes,
+        result=result,
+        isolated=sandbox.isolated,
+        took_s=time.perf_counter() - started,
+    )
 
 
 # --- in the daemon ----------------------------------------------------------------------------------------
+
 
 def ship(engine: Engine, task: Task) -> Shipment:
     """The shipment for a claimed search task: what its agent will read, taken now from the daemon's store."""
@@ -169,20 +185,34 @@ def ship(engine: Engine, task: Task) -> Shipment:
     scaffold = scaffold_of(store, node)
     context = task_context(store, task, scaffold.parameters)  # exactly the agent's query (Agent.run_task)
     day = start_of_day()
-    spent = {spent_key(None, None): store.spent(since=day),
-             spent_key(BACKGROUND_PURPOSES, None): store.spent(since=day, purpose=BACKGROUND_PURPOSES),
-             spent_key(None, task.id): store.spent(task_id=task.id)}
+    spent = {
+        spent_key(None, None): store.spent(since=day),
+        spent_key(BACKGROUND_PURPOSES, None): store.spent(since=day, purpose=BACKGROUND_PURPOSES),
+        spent_key(None, task.id): store.spent(task_id=task.id),
+    }
     engine.toolbox.refresh()
     offered = {s.tool_id for s in engine.registry.specs() if s.origin == "synthesized"}
     tools = [t for t in store.list_tools(status="active") if t.origin == "synthesized" and t.id in offered]
     files = ToolFiles(engine.data_dir / "tools")
     tool_files = [(t.name, t.version, *files.read(t.name, t.version, t.code_hash)) for t in tools]
-    return Shipment(task=task, node_id=node.id, scaffold=scaffold, config=engine.config,
-                    snapshot=Snapshot(context=context, spent=spent, tools=tools), tool_files=tool_files)
+    return Shipment(
+        task=task,
+        node_id=node.id,
+        scaffold=scaffold,
+        config=engine.config,
+        snapshot=Snapshot(context=context, spent=spent, tools=tools),
+        tool_files=tool_files,
+    )
 
 
-def settle(store: ExperienceStore, lease: Lease, returned: Returned, *, lease_s: float,
-           tool_use: Callable[[int, bool], object] | None = None) -> str:
+def settle(
+    store: ExperienceStore,
+    lease: Lease,
+    returned: Returned,
+    *,
+    lease_s: float,
+    tool_use: Callable[[int, bool], object] | None = None,
+) -> str:
     """Record what came back for ``lease``; returns what was done, for the log. The writes and the task's
     end go in one transaction that first renews the lease: a lost lease records nothing. ``tool_use``
     counts a synthesized tool's call (``replay``)."""
@@ -246,12 +276,14 @@ class RayEvaluator:
         try:
             import ray
         except ImportError as exc:
-            raise ConfigError('[evaluator] backend = "ray" needs Ray, which is not installed: '
-                              "pip install 'evolver[ray]'") from exc
+            raise ConfigError(
+                "[evaluator] backend = \"ray\" needs Ray, which is not installed: pip install 'evolver[ray]'"
+            ) from exc
         self._ray = ray
         address = self.settings.address
-        if not address and not any(os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
-                                                                  "RAY_AUTH_TOKEN_PATH")):
+        if not address and not any(
+            os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+        ):
             # A private instance: Ray's ports listen on every interface, so only holders of a token, the
             # daemon and the processes Ray starts for it, may use it. Ray turns token authentication on for
             # a new local instance; this token, in the environment they inherit, keeps ~/.ray untouched.
@@ -260,13 +292,16 @@ class RayEvaluator:
         # the work first and then close this evaluator, are put back.
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            ray.init(address=address or "local", namespace="evolver", log_to_driver=False,
-                     logging_level=logging.WARNING,
-                     **({} if address else {"_node_ip_address": "127.0.0.1", "include_dashboard": False}))
+            ray.init(
+                address=address or "local",
+                namespace="evolver",
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                **({} if address else {"_node_ip_address": "127.0.0.1", "include_dashboard": False}),
+            )
         except Exception as exc:
             where = f"the Ray cluster at {address}" if address else "a private local Ray instance"
-            raise ConfigError(f'[evaluator] backend = "ray": cannot join {where}: {type(exc).__name__}: {exc}') \
-                from exc
+            raise ConfigError(f'[evaluator] backend = "ray": cannot join {where}: {type(exc).__name__}: {exc}') from exc
         finally:
             if threading.current_thread() is threading.main_thread():
                 for sig, handler in handlers.items():
@@ -276,8 +311,9 @@ class RayEvaluator:
         self._remote = ray.remote(num_cpus=1, max_retries=0)(evaluate)
         self._thread = threading.Thread(target=self._dispatch, name="ray-evaluator", daemon=True)
         self._thread.start()
-        log.info("evaluations run on Ray (%s), %d at a time", address or "a private local instance",
-                 self.settings.in_flight)
+        log.info(
+            "evaluations run on Ray (%s), %d at a time", address or "a private local instance", self.settings.in_flight
+        )
 
     def close(self, grace_s: float) -> None:
         """Stop claiming; record what comes back within ``grace_s``, give the rest back to the queue."""
@@ -320,8 +356,9 @@ class RayEvaluator:
         claimed = False
         while self._accepting() and len(self._flights) < self.settings.in_flight:
             d = self.daemon.config.daemon
-            lease = self.daemon.store.claim_task(self.owner, lease_s=d.lease_s, max_attempts=d.max_attempts,
-                                                 sources=SEARCH_SOURCES)
+            lease = self.daemon.store.claim_task(
+                self.owner, lease_s=d.lease_s, max_attempts=d.max_attempts, sources=SEARCH_SOURCES
+            )
             if lease is None:
                 break
             claimed = True
@@ -329,13 +366,15 @@ class RayEvaluator:
                 ref = self._remote.remote(ship(self.daemon.engine, lease.task))
             except Exception as exc:  # the node's scaffold or tool files cannot be read, Ray refused it
                 log.exception("task %s could not be shipped to Ray", lease.task.id)
-                if self.daemon.store.complete_task(lease, "failed", error=f"not shipped to Ray: {exc}",
-                                                   ending=Ending.INTERNAL_ERROR):
+                if self.daemon.store.complete_task(
+                    lease, "failed", error=f"not shipped to Ray: {exc}", ending=Ending.INTERNAL_ERROR
+                ):
                     self.daemon.task_ended(lease.task.id)
                 continue
             with self._lock:
-                self._flights[ref] = _Flight(lease, ref, renew_at=time.monotonic() + d.lease_s / 3,
-                                             looked_at=time.monotonic())
+                self._flights[ref] = _Flight(
+                    lease, ref, renew_at=time.monotonic() + d.lease_s / 3, looked_at=time.monotonic()
+                )
         return claimed
 
     def _land(self, timeout_s: float) -> None:
@@ -353,26 +392,42 @@ class RayEvaluator:
             except Exception as exc:  # noqa: BLE001 - the worker or its node died, or evaluate raised
                 self._forget(ref)
                 self.daemon.store.abandon_lease(flight.lease)  # runs again; the attempt counts
-                log.error("evaluation task %s failed on Ray and goes back to the queue: %s", task.id,
-                          str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__)
+                log.error(
+                    "evaluation task %s failed on Ray and goes back to the queue: %s",
+                    task.id,
+                    str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
+                )
                 continue
             self._forget(ref)
             if returned is None:  # stopped on a cancel request: its steps stay on the node
-                if self.daemon.store.complete_task(flight.lease, "cancelled", error="cancelled",
-                                                   ending=Ending.CANCELLED):
+                if self.daemon.store.complete_task(
+                    flight.lease, "cancelled", error="cancelled", ending=Ending.CANCELLED
+                ):
                     self.daemon.task_ended(task.id)
                 continue
             if not returned.isolated and returned.node not in self._nodes_degraded:
                 self._nodes_degraded.add(returned.node)
-                log.warning("SANDBOX DEGRADED on the Ray node %s: bubblewrap is unavailable there; model-written "
-                            "code runs as a plain subprocess with limits", returned.node)
+                log.warning(
+                    "SANDBOX DEGRADED on the Ray node %s: bubblewrap is unavailable there; model-written "
+                    "code runs as a plain subprocess with limits",
+                    returned.node,
+                )
             try:
-                what = settle(self.daemon.store, flight.lease, returned, lease_s=self.daemon.config.daemon.lease_s,
-                              tool_use=self._count_tool_use)
+                what = settle(
+                    self.daemon.store,
+                    flight.lease,
+                    returned,
+                    lease_s=self.daemon.config.daemon.lease_s,
+                    tool_use=self._count_tool_use,
+                )
             except ReplayError as exc:
                 self.daemon.store.abandon_lease(flight.lease)
-                log.error("evaluation task %s: what %s sent back cannot be recorded (%s); it runs again",
-                          task.id, returned.node, exc)
+                log.error(
+                    "evaluation task %s: what %s sent back cannot be recorded (%s); it runs again",
+                    task.id,
+                    returned.node,
+                    exc,
+                )
                 continue
             except Exception:  # the store refused the write (full, locked): nothing of it was recorded
                 log.exception("evaluation task %s: recording what came back failed; it runs again", task.id)
@@ -420,5 +475,7 @@ class RayEvaluator:
             self._forget(ref)
             self._ray.cancel(ref)
             if self.daemon.store.release_task(flight.lease):
-                log.warning("evaluation task %s did not come back from Ray in time; queued for the restart",
-                            flight.lease.task.id)
+                log.warning(
+                    "evaluation task %s did not come back from Ray in time; queued for the restart",
+                    flight.lease.task.id,
+                )

@@ -39,8 +39,7 @@ def peer_checked(base: type[asyncio.Protocol], allowed_uid: int) -> type[asyncio
                 except OSError:
                     uid = -1
                 if uid != allowed_uid:
-                    log.warning("refused a connection from uid %s (only uid %s may use this socket)", uid,
-                                allowed_uid)
+                    log.warning("refused a connection from uid %s (only uid %s may use this socket)", uid, allowed_uid)
                     self.refused = True
                     transport.close()
                     return
@@ -62,8 +61,12 @@ class ApiServer:
 
     def __init__(self, app, sockets: list[socket.socket], *, allowed_uid: int | None = None) -> None:
         config = uvicorn.Config(
-            app, http=peer_checked(HttpToolsProtocol, os.geteuid() if allowed_uid is None else allowed_uid),
-            lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=3,
+            app,
+            http=peer_checked(HttpToolsProtocol, os.geteuid() if allowed_uid is None else allowed_uid),
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=3,
             timeout_keep_alive=30,
         )
         self.server = uvicorn.Server(config)

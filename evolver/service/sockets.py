@@ -40,8 +40,10 @@ def prepare_runtime_dir(path: Path) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise SocketError(f"{path} is not a directory; choose another [daemon] runtime_dir.")
     if info.st_uid != os.geteuid():
-        raise SocketError(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
-                          "choose another [daemon] runtime_dir.")
+        raise SocketError(
+            f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
+            "choose another [daemon] runtime_dir."
+        )
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(path, 0o700)
     return path
@@ -87,8 +89,10 @@ class BoundSocket:
 def bind(path: Path, *, backlog: int = 128) -> BoundSocket:
     """Bind and listen on ``path`` (mode 0600), or raise ``DaemonRunning``."""
     if len(os.fsencode(str(path))) > MAX_PATH_BYTES:
-        raise SocketError(f"the socket path {path} is {len(os.fsencode(str(path)))} bytes; Unix sockets allow "
-                          f"{MAX_PATH_BYTES}: choose a shorter [daemon] runtime_dir.")
+        raise SocketError(
+            f"the socket path {path} is {len(os.fsencode(str(path)))} bytes; Unix sockets allow "
+            f"{MAX_PATH_BYTES}: choose a shorter [daemon] runtime_dir."
+        )
     prepare_runtime_dir(path.parent)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):

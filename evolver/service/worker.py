@@ -39,12 +39,21 @@ class WorkerResult:
 
 
 class Worker:
-    def __init__(self, agent: Agent | Callable[[Task], Agent], *, owner: str, lease_s: float, max_attempts: int,
-                 sources: tuple[str, ...] | None = None, drain: threading.Event | None = None,
-                 on_step: Callable[[str, Step], None] | None = None,
-                 on_end: Callable[[str], None] | None = None, store: ExperienceStore | None = None,
-                 exclude_sources: tuple[str, ...] = (),
-                 on_claim: Callable[[Lease], None] | None = None) -> None:
+    def __init__(
+        self,
+        agent: Agent | Callable[[Task], Agent],
+        *,
+        owner: str,
+        lease_s: float,
+        max_attempts: int,
+        sources: tuple[str, ...] | None = None,
+        drain: threading.Event | None = None,
+        on_step: Callable[[str, Step], None] | None = None,
+        on_end: Callable[[str], None] | None = None,
+        store: ExperienceStore | None = None,
+        exclude_sources: tuple[str, ...] = (),
+        on_claim: Callable[[Lease], None] | None = None,
+    ) -> None:
         # A callable is asked for an agent for each claimed task, so a newly promoted scaffold serves
         # the next task, and an evaluation task runs on the scaffold of the node it evaluates.
         if isinstance(agent, Agent):
@@ -66,8 +75,13 @@ class Worker:
 
     def run_once(self) -> WorkerResult | None:
         """Claim and run the most urgent task; None when the inbox has nothing to claim."""
-        lease = self.store.claim_task(self.owner, lease_s=self.lease_s, max_attempts=self.max_attempts,
-                                      sources=self.sources, exclude_sources=self.exclude_sources)
+        lease = self.store.claim_task(
+            self.owner,
+            lease_s=self.lease_s,
+            max_attempts=self.max_attempts,
+            sources=self.sources,
+            exclude_sources=self.exclude_sources,
+        )
         if lease is None:
             return None
         self.current = lease
@@ -85,8 +99,9 @@ class Worker:
 
     def _run(self, lease: Lease) -> WorkerResult:
         cancel, lost, done = threading.Event(), threading.Event(), threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(lease, cancel, lost, done),
-                                   name=f"lease-{lease.task.id}", daemon=True)
+        renewer = threading.Thread(
+            target=self._renew, args=(lease, cancel, lost, done), name=f"lease-{lease.task.id}", daemon=True
+        )
         renewer.start()
 
         def on_step(step: Step) -> None:
@@ -98,8 +113,9 @@ class Worker:
         try:
             # The search's tasks are background work: their model calls count against the background share.
             purpose = "evaluate" if lease.task.source in SEARCH_SOURCES else "task"
-            result = self.agent_for(lease.task).run_task(lease.task, cancel=cancel, on_step=on_step,
-                                                         record_status=False, purpose=purpose)
+            result = self.agent_for(lease.task).run_task(
+                lease.task, cancel=cancel, on_step=on_step, record_status=False, purpose=purpose
+            )
         finally:
             done.set()
             renewer.join()
@@ -109,8 +125,7 @@ class Worker:
             return WorkerResult(result=result, recorded=False, lease_lost=not released, released=released)
         recorded = self.store.complete_task(lease, result.status, error=result.error, ending=result.ending)
         if not recorded:
-            log.warning("task %s: lease lost; this worker's result (%s) was not recorded", lease.task.id,
-                        result.status)
+            log.warning("task %s: lease lost; this worker's result (%s) was not recorded", lease.task.id, result.status)
         return WorkerResult(result=result, recorded=recorded, lease_lost=lost.is_set())
 
     def _renew(self, lease: Lease, cancel: threading.Event, lost: threading.Event, done: threading.Event) -> None:

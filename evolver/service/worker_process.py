@@ -121,7 +121,9 @@ class DaemonLink:
         try:
             self.send("context", request, query, kwargs)
             if not waiting[0].wait(CONTEXT_TIMEOUT_S):
-                raise StoreError(f"the daemon did not answer for a task's retrieval context in {CONTEXT_TIMEOUT_S:.0f} s")
+                raise StoreError(
+                    f"the daemon did not answer for a task's retrieval context in {CONTEXT_TIMEOUT_S:.0f} s"
+                )
         finally:
             with self._replies_lock:
                 self._replies.pop(request, None)
@@ -187,8 +189,9 @@ class ChatTurns:
                 cancel.set()
 
         try:
-            result = self.agents().run_task(task, cancel=cancel, on_step=step_seen,
-                                            on_answer=lambda piece: link.send("answer", turn, piece))
+            result = self.agents().run_task(
+                task, cancel=cancel, on_step=step_seen, on_answer=lambda piece: link.send("answer", turn, piece)
+            )
             link.send("chat_done", turn, True, result)
         except BaseException as exc:  # noqa: BLE001  (the daemon raises it for the turn's request)
             link.send("chat_done", turn, False, _portable(exc))
@@ -212,8 +215,9 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int,
-                exclude_sources: tuple[str, ...], conn: Connection) -> None:
+def worker_main(
+    config: Config, data_dir: str, owner: str, slot: int, slots: int, exclude_sources: tuple[str, ...], conn: Connection
+) -> None:
     """The worker process: claim and run tasks until drained."""
     _die_with_parent()
     # The daemon decides when its workers stop: a Ctrl-C or a SIGTERM sent to the whole group (systemd)
@@ -227,11 +231,18 @@ def worker_main(config: Config, data_dir: str, owner: str, slot: int, slots: int
     store = open_store(config, data_dir=Path(data_dir), index_owner=False)
     engine = Engine.open(config, data_dir=Path(data_dir), store=ContextFromDaemon(store, link))  # type: ignore[arg-type]
     d = config.daemon
-    worker = Worker(Agents(engine), owner=owner, lease_s=d.lease_s, max_attempts=d.max_attempts, drain=link.drain,
-                    on_step=lambda task_id, step: link.send("step", task_id),
-                    on_end=lambda task_id: link.send("ended", task_id),
-                    on_claim=lambda lease: link.send("claimed", lease),
-                    store=engine.store, exclude_sources=exclude_sources)
+    worker = Worker(
+        Agents(engine),
+        owner=owner,
+        lease_s=d.lease_s,
+        max_attempts=d.max_attempts,
+        drain=link.drain,
+        on_step=lambda task_id, step: link.send("step", task_id),
+        on_end=lambda task_id: link.send("ended", task_id),
+        on_claim=lambda lease: link.send("claimed", lease),
+        store=engine.store,
+        exclude_sources=exclude_sources,
+    )
     chats = ChatTurns(link, worker.agent_for, engine.store)
     link.on_chat = chats.start
     gc.collect()  # what is loaded now lives as long as the process: the collector stops walking it (Daemon.serve)
@@ -336,15 +347,19 @@ class WorkerProcess:
         ours, theirs = ctx.Pipe()
         d = self.daemon
         self.owner = f"{d.owner_prefix}p{self.slot}.{self.restarts}"
-        self.process = ctx.Process(target=worker_main, name=f"evolver-worker-{self.slot}", daemon=False,
-                                   args=(d.config, str(d.data_dir), self.owner, self.slot, self.slots,
-                                         self.exclude_sources, theirs))
+        self.process = ctx.Process(
+            target=worker_main,
+            name=f"evolver-worker-{self.slot}",
+            daemon=False,
+            args=(d.config, str(d.data_dir), self.owner, self.slot, self.slots, self.exclude_sources, theirs),
+        )
         self.process.start()
         theirs.close()
         self.conn = ours
         self._started_at = time.monotonic()
-        self._reader = threading.Thread(target=self._read, args=(ours, self.process), name=f"worker-link-{self.slot}",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, args=(ours, self.process), name=f"worker-link-{self.slot}", daemon=True
+        )
         self._reader.start()
 
     def send(self, *message: Any) -> None:
@@ -403,9 +418,17 @@ class WorkerProcess:
         for turn_id, turn in list(self.turns.items()):  # chat turns it was answering: they end here
             store.interrupt_task(turn.task_id, "interrupted: the worker process answering it died")
             self.daemon.worker_wrote(turn.task_id)
-            turn.hear("chat_done", (False, WorkerDied(f"the worker process answering this chat turn "
-                                                      f"ended ({'exit code' if (code or 0) >= 0 else 'signal'} "
-                                                      f"{abs(code or 0)}); send it again")))
+            turn.hear(
+                "chat_done",
+                (
+                    False,
+                    WorkerDied(
+                        f"the worker process answering this chat turn "
+                        f"ended ({'exit code' if (code or 0) >= 0 else 'signal'} "
+                        f"{abs(code or 0)}); send it again"
+                    ),
+                ),
+            )
             self.turns.pop(turn_id, None)
         if self._draining:
             # Drained in time, it released its task itself; killed after the grace, its task goes back
@@ -415,8 +438,12 @@ class WorkerProcess:
             return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
         abandoned = store.abandon_leases(self.owner)  # the one it said it held, or one it had no time to name
-        log.warning("worker process %s %s%s", self.owner, how,
-                    f"; task {', '.join(abandoned)} runs again (the attempt counts)" if abandoned else "")
+        log.warning(
+            "worker process %s %s%s",
+            self.owner,
+            how,
+            f"; task {', '.join(abandoned)} runs again (the attempt counts)" if abandoned else "",
+        )
         for task_id in abandoned:
             self.daemon.worker_wrote(task_id)
         if time.monotonic() - self._started_at > 60.0:

@@ -12,14 +12,23 @@ never the meta-agent, the service, the API or the CLI.
 """
 
 from .incumbent import (
-           IncumbentError,
-           ensure_root,
-           incumbent,
-           promote,
-           rollback,
-           scaffold_of,
+    IncumbentError,
+    ensure_root,
+    incumbent,
+    promote,
+    rollback,
+    scaffold_of,
 )
 from .search import TreeSearch, node_stats, tree_view
 
-__all__ = ["TreeSearch", "node_stats", "tree_view", "IncumbentError", "ensure_root", "incumbent", "promote",
-           "rollback", "scaffold_of"]
+__all__ = [
+    "TreeSearch",
+    "node_stats",
+    "tree_view",
+    "IncumbentError",
+    "ensure_root",
+    "incumbent",
+    "promote",
+    "rollback",
+    "scaffold_of",
+]

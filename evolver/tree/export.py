@@ -25,9 +25,11 @@ def clade_color(mean: float) -> str:
 
 
 def _label(node: dict) -> str:
-    return (f"{node['id']}\\n{node['status']}\\nown {node['successes']}/{node['successes'] + node['failures']} "
-            f"clade {node['clade_successes']}/{node['clade_successes'] + node['clade_failures']}\\n"
-            f"mean {node['mean']:.2f} bound {node['bound']:.2f}")
+    return (
+        f"{node['id']}\\n{node['status']}\\nown {node['successes']}/{node['successes'] + node['failures']} "
+        f"clade {node['clade_successes']}/{node['clade_successes'] + node['clade_failures']}\\n"
+        f"mean {node['mean']:.2f} bound {node['bound']:.2f}"
+    )
 
 
 def _dot_string(text: str) -> str:
@@ -40,8 +42,10 @@ def to_dot(view: dict) -> str:
         fill = "#d0d0d0" if node["status"] == "invalid" else clade_color(node["clade_mean"])
         extra = ", penwidth=3" if node["id"] == view["incumbent"] else ""
         tooltip = (node["rationale"] or node["reason"] or "")[:300]
-        lines.append(f"  {_dot_string(node['id'])} [label={_dot_string(_label(node))}, fillcolor=\"{fill}\", "
-                     f"tooltip={_dot_string(tooltip)}{extra}];")
+        lines.append(
+            f'  {_dot_string(node["id"])} [label={_dot_string(_label(node))}, fillcolor="{fill}", '
+            f"tooltip={_dot_string(tooltip)}{extra}];"
+        )
     for node in view["nodes"]:
         if node["parent_id"]:
             lines.append(f"  {_dot_string(node['parent_id'])} -> {_dot_string(node['id'])};")
@@ -74,8 +78,10 @@ _LEGEND = [
     ("clade s/n", "the same counted over the node and all its descendants: how good what grows from it is"),
     ("mean", "the posterior mean of the node's own success rate, (1 + s) / (2 + n)"),
     ("held-out s/n", "its evaluations on held-out tasks, which alone decide promotion"),
-    ("bound", "the low quantile of the held-out posterior: a candidate is promoted when its bound beats the "
-              "incumbent's"),
+    (
+        "bound",
+        "the low quantile of the held-out posterior: a candidate is promoted when its bound beats the incumbent's",
+    ),
 ]
 
 
@@ -83,9 +89,15 @@ def _diff_html(diff: str) -> str:
     """A unified diff, its added and removed lines coloured."""
     lines = []
     for line in diff.splitlines():
-        kind = ("add" if line.startswith("+") and not line.startswith("+++") else
-                "del" if line.startswith("-") and not line.startswith("---") else
-                "hunk" if line.startswith("@@") else "")
+        kind = (
+            "add"
+            if line.startswith("+") and not line.startswith("+++")
+            else "del"
+            if line.startswith("-") and not line.startswith("---")
+            else "hunk"
+            if line.startswith("@@")
+            else ""
+        )
         text = html.escape(line)
         lines.append(f'<span class="{kind}">{text}</span>' if kind else text + "\n")
     return "".join(lines)
@@ -106,11 +118,13 @@ def _node_html(node: dict, incumbent: str | None) -> str:
     own = node["successes"] + node["failures"]
     clade = node["clade_successes"] + node["clade_failures"]
     held = node["held_out_successes"] + node["held_out_failures"]
-    summary = (f'<span class="node{marker}" style="background:{fill}" title="{html.escape(node["id"])}">'
-               f'<span class="what">{html.escape(_what(node))}</span> '
-               f'<small>{html.escape(node.get("short_id") or node["id"])} · {html.escape(node["status"])}{" ★ incumbent" if marker else ""} · own '
-               f'{node["successes"]}/{own} · clade {node["clade_successes"]}/{clade} · mean {node["mean"]:.2f} · '
-               f'held-out {node["held_out_successes"]}/{held}, bound {node["bound"]:.2f}</small></span>')
+    summary = (
+        f'<span class="node{marker}" style="background:{fill}" title="{html.escape(node["id"])}">'
+        f'<span class="what">{html.escape(_what(node))}</span> '
+        f"<small>{html.escape(node.get('short_id') or node['id'])} · {html.escape(node['status'])}{' ★ incumbent' if marker else ''} · own "
+        f"{node['successes']}/{own} · clade {node['clade_successes']}/{clade} · mean {node['mean']:.2f} · "
+        f"held-out {node['held_out_successes']}/{held}, bound {node['bound']:.2f}</small></span>"
+    )
     body = [f"<p><b>rationale:</b> {html.escape(node['rationale'] or '-')}</p>"]
     if node.get("reason"):
         body.append(f"<p><b>invalid:</b> {html.escape(node['reason'])}</p>")
@@ -129,23 +143,27 @@ def to_html(view: dict) -> str:
         items = children.get(parent, [])
         if not items:
             return ""
-        return "<ul>" + "".join(f"<li>{_node_html(n, view['incumbent'])}{grow(n['id'])}</li>" for n in items) + \
-            "</ul>"
+        return "<ul>" + "".join(f"<li>{_node_html(n, view['incumbent'])}{grow(n['id'])}</li>" for n in items) + "</ul>"
 
     tree = grow(None).replace("<ul>", '<ul class="tree">', 1)
     data = html.escape(json.dumps({"incumbent": view["incumbent"], "nodes": len(view["nodes"])}))
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>evolver: scaffold tree</title><style>{_STYLE}</style></head><body data-tree=\"{data}\">"
-            f"<h1>Scaffold tree</h1><p>{len(view['nodes'])} nodes. Click a node for its rationale and its diff "
-            f"against its parent (added lines green, removed red).</p>{_legend(view)}{tree}</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<title>evolver: scaffold tree</title><style>{_STYLE}</style></head><body data-tree="{data}">'
+        f"<h1>Scaffold tree</h1><p>{len(view['nodes'])} nodes. Click a node for its rationale and its diff "
+        f"against its parent (added lines green, removed red).</p>{_legend(view)}{tree}</body></html>\n"
+    )
 
 
 def _legend(view: dict) -> str:
-    swatches = " ".join(f'<span class="swatch" style="background:{clade_color(m)}"></span> {m:g}'
-                        for m in (0.0, 0.25, 0.5, 0.75, 1.0))
+    swatches = " ".join(
+        f'<span class="swatch" style="background:{clade_color(m)}"></span> {m:g}' for m in (0.0, 0.25, 0.5, 0.75, 1.0)
+    )
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in _LEGEND)
     rows = rows.replace("the low quantile", f"the {view['quantile']:.0%} quantile", 1)
-    return (f'<details open><summary>legend</summary><dl class="legend">{rows}'
-            f"<dt>colour</dt><dd>the clade's posterior mean of success: {swatches}; "
-            f'<span class="swatch" style="background:#d0d0d0"></span> invalid</dd>'
-            f"<dt>outline</dt><dd>the incumbent (★), the node served now</dd></dl></details>")
+    return (
+        f'<details open><summary>legend</summary><dl class="legend">{rows}'
+        f"<dt>colour</dt><dd>the clade's posterior mean of success: {swatches}; "
+        f'<span class="swatch" style="background:#d0d0d0"></span> invalid</dd>'
+        f"<dt>outline</dt><dd>the incumbent (★), the node served now</dd></dl></details>"
+    )

@@ -33,8 +33,12 @@ def ensure_root(store: ExperienceStore, seed: Scaffold) -> Node:
     roots = [n for n in store.list_nodes() if n.parent_id is None]
     root = roots[0] if roots else store.add_node(seed.hash, status="promoted", rationale="the seed scaffold")
     store.set_meta(KEY, root.id)
-    store.append_event("seed", f"serving the seed scaffold as node {root.id}", node_id=root.id,
-                       payload={"from": None, "to": root.id, "scaffold_hash": root.scaffold_hash})
+    store.append_event(
+        "seed",
+        f"serving the seed scaffold as node {root.id}",
+        node_id=root.id,
+        payload={"from": None, "to": root.id, "scaffold_hash": root.scaffold_hash},
+    )
     return root
 
 
@@ -70,8 +74,14 @@ def _switch(store: ExperienceStore, kind: str, node_id: str, why: str, *, revert
             with contextlib.suppress(NotFound):
                 if store.get_node(previous).status == "promoted":
                     store.set_node_status(previous, "evaluated")
-        return store.append_event(kind, f"serving node {node_id} instead of {previous}", why=why,
-                                  node_id=node_id, payload={"from": previous, "to": node_id}, reverts=reverts)
+        return store.append_event(
+            kind,
+            f"serving node {node_id} instead of {previous}",
+            why=why,
+            node_id=node_id,
+            payload={"from": previous, "to": node_id},
+            reverts=reverts,
+        )
 
 
 def promote(store: ExperienceStore, node_id: str, *, why: str = "promoted by hand") -> Event:

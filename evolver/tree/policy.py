@@ -155,8 +155,9 @@ def choose_evaluee(nodes: Iterable[NodeStats], rng: np.random.Generator, *, shar
     """
     candidates = [n for n in nodes if n.expandable]
     ids = [n.id for n in candidates]
-    return _thompson(ids, [n.successes for n in candidates],
-                     [n.failures + n.in_flight for n in candidates], rng, sharpness)
+    return _thompson(
+        ids, [n.successes for n in candidates], [n.failures + n.in_flight for n in candidates], rng, sharpness
+    )
 
 
 def should_expand(evaluations_spent: int, node_count: int, alpha: float = 0.6) -> bool:
@@ -166,7 +167,7 @@ def should_expand(evaluations_spent: int, node_count: int, alpha: float = 0.6) -
     evidence as the search goes on. At t = 0 with only the root,
     0^alpha = 0 < 1: the root is evaluated before anything is built on it.
     """
-    return evaluations_spent ** alpha >= node_count
+    return evaluations_spent**alpha >= node_count
 
 
 def cool_down(evaluations_spent: int, budget: int, power: float = 0.5) -> float:
@@ -228,8 +229,12 @@ def choose_racer(nodes: Iterable[NodeStats], *, quantile: float = 0.05) -> str:
     others = [i for i in range(len(candidates)) if i != leader]
     if not others:
         return candidates[leader].id
-    highs = {i: float(betaincinv(1 + candidates[i].successes, 1 + candidates[i].failures + candidates[i].in_flight,
-                                 1 - quantile)) for i in others}
+    highs = {
+        i: float(
+            betaincinv(1 + candidates[i].successes, 1 + candidates[i].failures + candidates[i].in_flight, 1 - quantile)
+        )
+        for i in others
+    }
     challenger = max(others, key=lambda i: (highs[i], -i))
 
     def evidence(i: int) -> int:
@@ -247,8 +252,9 @@ def lower_bound(successes: int, failures: int, quantile: float = 0.05) -> float:
     return float(betaincinv(1 + successes, 1 + failures, quantile))
 
 
-def should_promote(candidate: tuple[int, int], incumbent: tuple[int, int], *,
-                   min_evaluations: int = 10, quantile: float = 0.05) -> bool:
+def should_promote(
+    candidate: tuple[int, int], incumbent: tuple[int, int], *, min_evaluations: int = 10, quantile: float = 0.05
+) -> bool:
     """Whether a candidate with ``(s, f)`` should replace the incumbent with ``(s, f)``.
 
     Both sides are judged by the same conservative bound: the candidate must

@@ -39,13 +39,28 @@ from ..llm import jsonfix
 from ..llm.client import json_schema_format
 from ..text import clip
 
-__all__ = ["Proposal", "ProposalError", "InvalidProposal", "propose", "apply_edit", "check_child", "check_hooks",
-           "smoke_ran", "scaffold_diff"]
+__all__ = [
+    "Proposal",
+    "ProposalError",
+    "InvalidProposal",
+    "propose",
+    "apply_edit",
+    "check_child",
+    "check_hooks",
+    "smoke_ran",
+    "scaffold_diff",
+]
 
 EDITABLE = ("prompts", "parameters", "tools", "hooks")
-PLACEHOLDERS = {"system": (), "task": ("task", "examples", "insights"), "reflection": ("task", "verdict"),
-                "retry": ("task", "reflection"), "plan": ("task",), "code": ("functions",),
-                "draft": ("stub", "examples", "insights")}
+PLACEHOLDERS = {
+    "system": (),
+    "task": ("task", "examples", "insights"),
+    "reflection": ("task", "verdict"),
+    "retry": ("task", "reflection"),
+    "plan": ("task",),
+    "code": ("functions",),
+    "draft": ("stub", "examples", "insights"),
+}
 SAMPLE = 6  # attempts shown to the proposer
 SAMPLE_CHARS = 6000
 TRIED = 8  # the parent's latest children shown
@@ -57,7 +72,8 @@ SYSTEM = (
     '{"rationale": "<what you change and why>", "edit": {"prompts": {"<name>": "<new template>"}, '
     '"parameters": {"<name>": <value>}, "tools": ["<tool>", ...], "hooks": "<python>"}} '
     "(include only the parts you change). Templates must keep to their placeholders. Nothing outside the "
-    "scaffold can be edited. " + HOOKS_GUIDE)
+    "scaffold can be edited. " + HOOKS_GUIDE
+)
 
 
 class _Edit(BaseModel):
@@ -109,10 +125,12 @@ def _attempts(store: ExperienceStore, node: Node) -> str:
         did = behaviour(trajectory.status, evaluation.success, steps)
         trace = " | ".join(f"{s.role}: {clip(s.content, 160, one_line=True)}" for s in steps[:12] if s.content)
         outcome = "SUCCEEDED" if evaluation.success else "FAILED"
-        line = (f"- {outcome}: {clip(trajectory.prompt, 300, one_line=True)}\n"
-                f"  answer: {clip(trajectory.final_answer, 150, one_line=True)}\n"
-                + ("" if evaluation.success else f"  what it did: {did.describe()}\n") +
-                f"  steps: {clip(trace, 900, one_line=True)}")
+        line = (
+            f"- {outcome}: {clip(trajectory.prompt, 300, one_line=True)}\n"
+            f"  answer: {clip(trajectory.final_answer, 150, one_line=True)}\n"
+            + ("" if evaluation.success else f"  what it did: {did.describe()}\n")
+            + f"  steps: {clip(trace, 900, one_line=True)}"
+        )
         if len(line) > left:
             break
         lines.append(line)
@@ -132,10 +150,15 @@ def _tried(store: ExperienceStore, parent: Node) -> str:
     lines = []
     for child in children:
         train = [e for e in store.evaluations_of(child.id) if e.split == "train" and e.status == "done"]
-        result = (f"invalid: {clip(child.reason, 240, one_line=True)}" if child.status == "invalid" else
-                  f"{child.status}, {sum(bool(e.success) for e in train)} of {len(train)} training evaluations passed")
-        lines.append(f"- {clip(child.rationale or '(no rationale)', 160, one_line=True)}\n"
-                     f"  edit: {clip(child.diff, 500, one_line=True)}\n  result: {result}")
+        result = (
+            f"invalid: {clip(child.reason, 240, one_line=True)}"
+            if child.status == "invalid"
+            else f"{child.status}, {sum(bool(e.success) for e in train)} of {len(train)} training evaluations passed"
+        )
+        lines.append(
+            f"- {clip(child.rationale or '(no rationale)', 160, one_line=True)}\n"
+            f"  edit: {clip(child.diff, 500, one_line=True)}\n  result: {result}"
+        )
     return "\n".join(lines) or "(none yet)"
 
 
@@ -143,25 +166,39 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
     """Ask the model for one edit of ``parent``; raises ProposalError when the answer is not one."""
     store = engine.store
     insights = store.list_insights(limit=10)
-    user = (f"The scaffold (JSON):\n{json.dumps(parent_scaffold.model_dump(mode='json'), indent=1)}\n\n"
-            f"How it did on training tasks:\n{_attempts(store, parent)}\n\n"
-            f"Edits already tried on this scaffold (propose something else):\n{_tried(store, parent)}\n\n"
-            "Lessons from experience:\n" + ("\n".join(f"- {i.text}" for i in insights) or "(none yet)") +
-            f"\n\nTools that exist: {', '.join(engine.registry.names())}")
+    user = (
+        f"The scaffold (JSON):\n{json.dumps(parent_scaffold.model_dump(mode='json'), indent=1)}\n\n"
+        f"How it did on training tasks:\n{_attempts(store, parent)}\n\n"
+        f"Edits already tried on this scaffold (propose something else):\n{_tried(store, parent)}\n\n"
+        "Lessons from experience:\n"
+        + ("\n".join(f"- {i.text}" for i in insights) or "(none yet)")
+        + f"\n\nTools that exist: {', '.join(engine.registry.names())}"
+    )
     structured = json_schema_format("scaffold_edit", ProposalAnswer) if engine.config.model.structured_output else None
-    reply = engine.meta.complete([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-                                  purpose="propose", node_id=parent.id, response_format=structured)
+    reply = engine.meta.complete(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+        purpose="propose",
+        node_id=parent.id,
+        response_format=structured,
+    )
     spent = Proposal(rationale="", edit={}, cost_usd=reply.cost_usd, tokens=reply.tokens_in + reply.tokens_out)
     try:
         data, _ = jsonfix.loads(reply.content)  # a fence, prose around it, a last brace left off
     except json.JSONDecodeError as exc:
         raise ProposalError(jsonfix.not_json("the proposer's answer", reply.content, exc), spent) from None
     if not isinstance(data, dict) or not isinstance(data.get("edit"), dict):
-        raise ProposalError('the proposer\'s answer must be {"rationale": "...", "edit": {...}}, not '
-                            f"{clip(reply.content, 200, one_line=True)!r}", spent)
+        raise ProposalError(
+            'the proposer\'s answer must be {"rationale": "...", "edit": {...}}, not '
+            f"{clip(reply.content, 200, one_line=True)!r}",
+            spent,
+        )
     rationale = data.get("rationale")
-    return Proposal(rationale=rationale if isinstance(rationale, str) else "", edit=data["edit"],
-                    cost_usd=spent.cost_usd, tokens=spent.tokens)
+    return Proposal(
+        rationale=rationale if isinstance(rationale, str) else "",
+        edit=data["edit"],
+        cost_usd=spent.cost_usd,
+        tokens=spent.tokens,
+    )
 
 
 def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
@@ -171,7 +208,8 @@ def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
         raise InvalidProposal(
             f"the edit touches {', '.join(map(repr, outside))}, which is not part of the scaffold: only "
             f"{', '.join(EDITABLE)} can change; the verifiers, evaluation harness, budget, sandbox policy, "
-            "event log and store are outside what evolution may edit")
+            "event log and store are outside what evolution may edit"
+        )
     data = parent.model_dump(mode="json")
     for section in ("prompts", "parameters"):
         if section in edit:
@@ -179,8 +217,10 @@ def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
                 raise InvalidProposal(f"the edit's {section} must be an object of names to new values")
             unknown = [k for k in edit[section] if k not in data[section]]
             if unknown:
-                raise InvalidProposal(f"the edit does not apply: the scaffold has no {section} "
-                                      f"{', '.join(map(repr, unknown))} (it has {', '.join(data[section])})")
+                raise InvalidProposal(
+                    f"the edit does not apply: the scaffold has no {section} "
+                    f"{', '.join(map(repr, unknown))} (it has {', '.join(data[section])})"
+                )
             data[section] = {**data[section], **edit[section]}
     for key in ("tools", "hooks"):
         if key in edit:
@@ -191,16 +231,19 @@ def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
         raise InvalidProposal(f"the edited scaffold does not load: {exc}") from None
     for name, allowed in PLACEHOLDERS.items():
         template = getattr(child.prompts, name)
-        may_use = ', '.join('{' + p + '}' for p in allowed) or 'none'
+        may_use = ", ".join("{" + p + "}" for p in allowed) or "none"
         try:
             _bounded(template)
             template.format(**{p: "" for p in allowed})
         except (KeyError, IndexError) as exc:
-            raise InvalidProposal(f"prompt {name!r} uses a placeholder it does not have ({exc}); it may use "
-                                  f"{may_use}") from None
+            raise InvalidProposal(
+                f"prompt {name!r} uses a placeholder it does not have ({exc}); it may use {may_use}"
+            ) from None
         except Exception as exc:  # whatever would fail the loop ({task.prompt}, {task:d}) fails the proposal
-            raise InvalidProposal(f"prompt {name!r} cannot be rendered ({type(exc).__name__}: {exc}); it may "
-                                  f"use {may_use}, each filled with a string") from None
+            raise InvalidProposal(
+                f"prompt {name!r} cannot be rendered ({type(exc).__name__}: {exc}); it may "
+                f"use {may_use}, each filled with a string"
+            ) from None
     if child.hash == parent.hash:
         raise InvalidProposal("the edit changes nothing")
     return child
@@ -209,6 +252,7 @@ def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
 def scaffold_diff(parent: Scaffold, child: Scaffold) -> str:
     def lines(s: Scaffold) -> list[str]:
         return json.dumps(s.model_dump(mode="json"), indent=1, sort_keys=True).splitlines(keepends=True)
+
     return "".join(difflib.unified_diff(lines(parent), lines(child), "parent", "child"))
 
 
@@ -245,8 +289,13 @@ def check_hooks(engine: Engine, source: str) -> None:
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="hooks-", dir=root))
     os.chmod(scratch, 0o700)
-    with Hooks(source, sandbox=engine.sandbox, scratch=scratch, limits=hook_limits(engine.config),
-               timeout_s=engine.config.agent.hook_timeout_s) as hooks:
+    with Hooks(
+        source,
+        sandbox=engine.sandbox,
+        scratch=scratch,
+        limits=hook_limits(engine.config),
+        timeout_s=engine.config.agent.hook_timeout_s,
+    ) as hooks:
         for point in points:
             outcome = hooks.call(point, SAMPLE_DATA[point])
             if outcome.error is not None:

@@ -74,8 +74,16 @@ def node_stats(store: ExperienceStore, *, split: str = "train") -> list[policy.N
     stats = []
     for node in store.list_nodes():
         c = counts.get(node.id, {"s": 0, "f": 0, "running": 0})
-        stats.append(policy.NodeStats(id=node.id, parent=node.parent_id, successes=c["s"], failures=c["f"],
-                                      in_flight=c["running"], expandable=node.status in SERVABLE))
+        stats.append(
+            policy.NodeStats(
+                id=node.id,
+                parent=node.parent_id,
+                successes=c["s"],
+                failures=c["f"],
+                in_flight=c["running"],
+                expandable=node.status in SERVABLE,
+            )
+        )
     return stats
 
 
@@ -101,8 +109,13 @@ class TreeSearch:
                 log.error("evaluation pack %s is not used: %s", name, exc)
                 continue
             for t in tasks:
-                items[t.split].append(EvalItem(ref=f"pack:{name}:{t.id}", split=t.split, task={
-                    "prompt": t.prompt, "check": t.check_data(), "metadata": t.metadata()}))
+                items[t.split].append(
+                    EvalItem(
+                        ref=f"pack:{name}:{t.id}",
+                        split=t.split,
+                        task={"prompt": t.prompt, "check": t.check_data(), "metadata": t.metadata()},
+                    )
+                )
         share = self.config.evolution.held_out_share
         people = [t for source in PERSON_SOURCES for t in self.store.list_tasks(source=source, limit=1000)]
         for task in sorted(people, key=lambda t: (t.created_at, t.id)):
@@ -114,8 +127,13 @@ class TreeSearch:
             if split not in SPLITS:
                 split = hashed_split(task.id, share)
             metadata = {key: task.metadata[key] for key in ("files", "deliver") if task.metadata.get(key)}
-            items[split].append(EvalItem(ref=f"task:{task.id}", split=split, task={
-                "prompt": task.prompt, "check": task.check, "metadata": {**metadata, "split": split}}))
+            items[split].append(
+                EvalItem(
+                    ref=f"task:{task.id}",
+                    split=split,
+                    task={"prompt": task.prompt, "check": task.check, "metadata": {**metadata, "split": split}},
+                )
+            )
         return items
 
     def _next_item(self, node_id: str, split: str, pool: dict[str, list[EvalItem]]) -> EvalItem | None:
@@ -156,8 +174,13 @@ class TreeSearch:
         spent = sum(n.evaluations for n in stats)
         failed = self.failed_steps()
         if e.evaluation_budget and spent + failed >= e.evaluation_budget:
-            return "; ".join([*notes, f"the evaluation budget of {e.evaluation_budget} is spent "
-                                      f"({spent} evaluations, {failed} failed steps)"])
+            return "; ".join(
+                [
+                    *notes,
+                    f"the evaluation budget of {e.evaluation_budget} is spent "
+                    f"({spent} evaluations, {failed} failed steps)",
+                ]
+            )
         sharpness = policy.cool_down(spent, e.evaluation_budget) if e.evaluation_budget else 1.0
         # The budget's last share is a race: no more nodes, and evaluations that tell the best apart.
         # Without a budget (0) the race never starts.
@@ -175,8 +198,7 @@ class TreeSearch:
         try:
             proposal = propose(self.engine, parent, parent_scaffold)
         except ProposalError as exc:  # an unreadable answer is a proposal spent, refused like any invalid one
-            node = self._record_node(parent, parent_scaffold.hash, "", exc.proposal, status="invalid",
-                                     reason=str(exc))
+            node = self._record_node(parent, parent_scaffold.hash, "", exc.proposal, status="invalid", reason=str(exc))
             return f"proposed {node.id} from {parent.id}: invalid: {exc}"
         try:
             child = apply_edit(parent_scaffold, proposal.edit)
@@ -186,29 +208,60 @@ class TreeSearch:
         twin = next((n for n in self.store.list_nodes() if n.scaffold_hash == child.hash), None)
         if twin is not None:
             reason = f"the edited scaffold is node {twin.id}'s (scaffold {child.hash}); it would add nothing"
-            node = self._record_node(parent, child.hash, scaffold_diff(parent_scaffold, child), proposal,
-                                     status="invalid", reason=reason, body=child.canonical_json())
+            node = self._record_node(
+                parent,
+                child.hash,
+                scaffold_diff(parent_scaffold, child),
+                proposal,
+                status="invalid",
+                reason=reason,
+                body=child.canonical_json(),
+            )
             return f"proposed {node.id} from {parent.id}: invalid: {reason}"
-        node = self._record_node(parent, child.hash, scaffold_diff(parent_scaffold, child), proposal,
-                                 status="proposed", body=child.canonical_json())
+        node = self._record_node(
+            parent,
+            child.hash,
+            scaffold_diff(parent_scaffold, child),
+            proposal,
+            status="proposed",
+            body=child.canonical_json(),
+        )
         return f"proposed {node.id} from {parent.id}: {self._validate(node)}"
 
-    def _record_node(self, parent: Node, scaffold_hash: str, diff: str, proposal, *, status: str,
-                     reason: str = "", body: str | None = None) -> Node:
+    def _record_node(
+        self,
+        parent: Node,
+        scaffold_hash: str,
+        diff: str,
+        proposal,
+        *,
+        status: str,
+        reason: str = "",
+        body: str | None = None,
+    ) -> Node:
         """The node, its scaffold and its event, in one transaction."""
         with self.store.transaction():
             if body is not None:
                 self.store.put_scaffold(scaffold_hash, body)
-            node = self.store.add_node(scaffold_hash, parent_id=parent.id, status=status, diff=diff,
-                                       rationale=proposal.rationale, cost_usd=proposal.cost_usd,
-                                       tokens=proposal.tokens)
+            node = self.store.add_node(
+                scaffold_hash,
+                parent_id=parent.id,
+                status=status,
+                diff=diff,
+                rationale=proposal.rationale,
+                cost_usd=proposal.cost_usd,
+                tokens=proposal.tokens,
+            )
             if reason:
                 node = self.store.set_node_status(node.id, status, reason=reason)
-            self.store.append_event("propose", f"node {node.id} proposed from {parent.id}" +
-                                    (f" (invalid: {reason[:200]})" if reason else ""),
-                                    why=proposal.rationale, cost_usd=proposal.cost_usd, node_id=node.id,
-                                    payload={"parent": parent.id, "edit": proposal.edit, "status": status,
-                                             "reason": reason})
+            self.store.append_event(
+                "propose",
+                f"node {node.id} proposed from {parent.id}" + (f" (invalid: {reason[:200]})" if reason else ""),
+                why=proposal.rationale,
+                cost_usd=proposal.cost_usd,
+                node_id=node.id,
+                payload={"parent": parent.id, "edit": proposal.edit, "status": status, "reason": reason},
+            )
         return node
 
     def _validate(self, node: Node) -> str:
@@ -228,31 +281,48 @@ class TreeSearch:
         except (InvalidProposal, ScaffoldError) as exc:
             with self.store.transaction():  # the verdict and its event, or (after a crash) neither
                 self.store.set_node_status(node.id, "invalid", reason=str(exc))
-                self.store.append_event("node_invalid", f"node {node.id} is invalid: {str(exc)[:200]}",
-                                        why=str(exc), node_id=node.id, payload={"reason": str(exc)})
+                self.store.append_event(
+                    "node_invalid",
+                    f"node {node.id} is invalid: {str(exc)[:200]}",
+                    why=str(exc),
+                    node_id=node.id,
+                    payload={"reason": str(exc)},
+                )
             return f"invalid: {exc}"
         with self.store.transaction():
             self.store.set_node_status(node.id, "evaluating")
-            self.store.append_event("node_valid", f"node {node.id} passed validation", node_id=node.id,
-                                    why="its edit applies, it loads, its tools import and a smoke task ran",
-                                    evidence=[smoke.id])
+            self.store.append_event(
+                "node_valid",
+                f"node {node.id} passed validation",
+                node_id=node.id,
+                why="its edit applies, it loads, its tools import and a smoke task ran",
+                evidence=[smoke.id],
+            )
         return "valid: its tools import and a smoke task ran"
 
     def _smoke_of(self, node: Node) -> Task | None:
         """The node's latest smoke task (only the newest node is ever proposed, so it is among the newest)."""
-        return next((t for t in self.store.list_tasks(source="smoke", limit=100)
-                     if t.metadata.get("node") == node.id), None)
+        return next(
+            (t for t in self.store.list_tasks(source="smoke", limit=100) if t.metadata.get("node") == node.id), None
+        )
 
     def _queue_smoke(self, node: Node) -> Task:
         self.engine.model.budget.check(purpose="evaluate", tokens=1)  # background work, like an evaluation
         pool = self.pool()
         item = (pool["train"] or pool["test"] or [None])[0]
         if item is None:
-            raise InvalidProposal("there is no evaluation task to run a smoke test with "
-                                  "([evolution] packs is empty and no inbox task had a check)")
-        task, _ = self.store.add_task(**{**item.task, "source": "smoke",
-                                         "priority": self.config.evolution.evaluation_priority,
-                                         "metadata": {**item.task.get("metadata", {}), "node": node.id}})
+            raise InvalidProposal(
+                "there is no evaluation task to run a smoke test with "
+                "([evolution] packs is empty and no inbox task had a check)"
+            )
+        task, _ = self.store.add_task(
+            **{
+                **item.task,
+                "source": "smoke",
+                "priority": self.config.evolution.evaluation_priority,
+                "metadata": {**item.task.get("metadata", {}), "node": node.id},
+            }
+        )
         return task
 
     def _dispatch(self, stats: list[policy.NodeStats], sharpness: float, *, race: bool = False) -> str:
@@ -277,13 +347,13 @@ class TreeSearch:
             item = self._next_item(chosen, split, pool)
             if item is None:
                 break
-            evaluation = self.store.start_evaluation(chosen, item.ref, split=split, task={
-                **item.task, "priority": self.config.evolution.evaluation_priority})
+            evaluation = self.store.start_evaluation(
+                chosen, item.ref, split=split, task={**item.task, "priority": self.config.evolution.evaluation_priority}
+            )
             queued.append(f"{chosen} on {item.ref} ({split})")
             if split == "train":  # a virtual loss, so the next pick of this step spreads out
                 n = by_id[chosen]
-                by_id[chosen] = policy.NodeStats(n.id, n.parent, n.successes, n.failures, n.in_flight + 1,
-                                                 n.expandable)
+                by_id[chosen] = policy.NodeStats(n.id, n.parent, n.successes, n.failures, n.in_flight + 1, n.expandable)
             log.info("evaluation %s queued: node %s on %s", evaluation.id, chosen, item.ref)
         return f"queued {len(queued)} evaluations: " + ", ".join(queued) if queued else "nothing to evaluate"
 
@@ -311,7 +381,11 @@ class TreeSearch:
             contenders = [n for n in train.values() if n.id != current.id and held(n.id) > 0 and n.expandable]
             return "test" if contenders and held(current.id) < max(held(n.id) for n in contenders) else "train"
         n = train[node_id]
-        if n.evaluations >= e.min_evaluations and mean(node_id) > mean(current.id) and held(node_id) < e.min_evaluations:
+        if (
+            n.evaluations >= e.min_evaluations
+            and mean(node_id) > mean(current.id)
+            and held(node_id) < e.min_evaluations
+        ):
             return "test"
         return "train"
 
@@ -340,8 +414,11 @@ class TreeSearch:
 
     def _smoked(self) -> list[Node]:
         """Proposed nodes whose smoke task has ended: their verdict awaits."""
-        return [n for n in self.store.list_nodes() if n.status == "proposed"
-                and (smoke := self._smoke_of(n)) is not None and smoke.status in TERMINAL_STATUSES]
+        return [
+            n
+            for n in self.store.list_nodes()
+            if n.status == "proposed" and (smoke := self._smoke_of(n)) is not None and smoke.status in TERMINAL_STATUSES
+        ]
 
     def ended_unrecorded(self) -> int:
         """How many evaluations and smoke tasks ended unread (the "record" job is due when any did)."""
@@ -373,23 +450,37 @@ class TreeSearch:
             return None
         test = {n.id: n for n in node_stats(self.store, split="test")}
         incumbent_counts = _counts(test.get(current.id))
-        ready = [n for n in test.values() if n.id != current.id and n.expandable and
-                 policy.should_promote((n.successes, n.failures), incumbent_counts,
-                                       min_evaluations=e.min_evaluations, quantile=e.promotion_quantile)]
+        ready = [
+            n
+            for n in test.values()
+            if n.id != current.id
+            and n.expandable
+            and policy.should_promote(
+                (n.successes, n.failures),
+                incumbent_counts,
+                min_evaluations=e.min_evaluations,
+                quantile=e.promotion_quantile,
+            )
+        ]
         if not ready:
             return None
         best = max(ready, key=lambda n: (policy.lower_bound(n.successes, n.failures, e.promotion_quantile), n.id))
         bound = policy.lower_bound(best.successes, best.failures, e.promotion_quantile)
         theirs = policy.lower_bound(*incumbent_counts, e.promotion_quantile)
-        why = (f"held-out {best.successes}/{best.evaluations}, {e.promotion_quantile:.0%} bound {bound:.3f} beats the "
-               f"incumbent's {incumbent_counts[0]}/{sum(incumbent_counts)} bound {theirs:.3f}")
+        why = (
+            f"held-out {best.successes}/{best.evaluations}, {e.promotion_quantile:.0%} bound {bound:.3f} beats the "
+            f"incumbent's {incumbent_counts[0]}/{sum(incumbent_counts)} bound {theirs:.3f}"
+        )
         if e.require_approval:
-            asked = [ev for ev in self.store.list_events(kind="promotion_ready", limit=1000)
-                     if ev.node_id == best.id]
+            asked = [ev for ev in self.store.list_events(kind="promotion_ready", limit=1000) if ev.node_id == best.id]
             if not asked:
-                self.store.append_event("promotion_ready", f"node {best.id} is ready to replace {current.id}; "
-                                        f"approve with `evolver promote {best.id}`", why=why, node_id=best.id,
-                                        payload={"from": current.id, "to": best.id})
+                self.store.append_event(
+                    "promotion_ready",
+                    f"node {best.id} is ready to replace {current.id}; approve with `evolver promote {best.id}`",
+                    why=why,
+                    node_id=best.id,
+                    payload={"from": current.id, "to": best.id},
+                )
             return f"node {best.id} awaits approval"
         promote(self.store, best.id, why=why)
         return f"promoted {best.id}"
@@ -413,15 +504,19 @@ def best_candidate(store: ExperienceStore, min_evaluations: int, quantile: float
     theirs = policy.lower_bound(*mine, quantile)
     bound = policy.lower_bound(best.successes, best.failures, quantile)
     # The promotion's own rule (consider_promotion) decides "ready"; the rest only says which part of it fails.
-    if policy.should_promote((best.successes, best.failures), mine, min_evaluations=min_evaluations,
-                             quantile=quantile):
+    if policy.should_promote((best.successes, best.failures), mine, min_evaluations=min_evaluations, quantile=quantile):
         why = "ready: the next record round promotes it (or asks for approval)"
     elif best.evaluations < min_evaluations:
         why = f"{min_evaluations - best.evaluations} more held-out evaluations needed ({best.evaluations} of {min_evaluations})"
     else:
         why = f"its bound {bound:.3f} does not beat the incumbent's {theirs:.3f}"
-    return {"node": best.id, "held_out": [best.successes, best.evaluations], "bound": round(bound, 4),
-            "incumbent_bound": round(theirs, 4), "why_not_serving": why}
+    return {
+        "node": best.id,
+        "held_out": [best.successes, best.evaluations],
+        "bound": round(bound, 4),
+        "incumbent_bound": round(theirs, 4),
+        "why_not_serving": why,
+    }
 
 
 def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
@@ -436,10 +531,20 @@ def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
     for node, stats in zip(listed, train):
         s, f = clade[node.id]
         held = test[node.id]
-        nodes.append({**asdict(node), "short_id": short[node.id], "successes": stats.successes, "failures": stats.failures,
-                      "in_flight": stats.in_flight, "clade_successes": s, "clade_failures": f,
-                      "clade_mean": round((1 + s) / (2 + s + f), 4),
-                      "mean": round((1 + stats.successes) / (2 + stats.evaluations), 4),
-                      "held_out_successes": held.successes, "held_out_failures": held.failures,
-                      "bound": round(policy.lower_bound(held.successes, held.failures, quantile), 4)})
+        nodes.append(
+            {
+                **asdict(node),
+                "short_id": short[node.id],
+                "successes": stats.successes,
+                "failures": stats.failures,
+                "in_flight": stats.in_flight,
+                "clade_successes": s,
+                "clade_failures": f,
+                "clade_mean": round((1 + s) / (2 + s + f), 4),
+                "mean": round((1 + stats.successes) / (2 + stats.evaluations), 4),
+                "held_out_successes": held.successes,
+                "held_out_failures": held.failures,
+                "bound": round(policy.lower_bound(held.successes, held.failures, quantile), 4),
+            }
+        )
     return {"incumbent": store.get_meta("incumbent"), "quantile": quantile, "nodes": nodes}

@@ -48,12 +48,16 @@ from ..tree.export import to_html
 __all__ = ["cookie_name", "create_ui_app"]
 
 # The actions the page offers, as paths under the daemon's /v1/ (every GET is read-only and passes).
-POSTS = (re.compile(r"tasks"), re.compile(r"tasks/[A-Za-z0-9_]{1,64}/cancel"), re.compile(r"history/[0-9]{1,18}/revert"),
-         re.compile(r"insights/[0-9]{1,18}/approve"))
+POSTS = (
+    re.compile(r"tasks"),
+    re.compile(r"tasks/[A-Za-z0-9_]{1,64}/cancel"),
+    re.compile(r"history/[0-9]{1,18}/revert"),
+    re.compile(r"insights/[0-9]{1,18}/approve"),
+)
 STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-                               "img-src 'self' data:; frame-ancestors 'self'; form-action 'self'; base-uri 'none'",
+    "img-src 'self' data:; frame-ancestors 'self'; form-action 'self'; base-uri 'none'",
     "X-Frame-Options": "SAMEORIGIN",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -118,8 +122,11 @@ class Guard:
             if traded is not None:
                 return traded
             spent = "" if self.url_token else " Its token opens it once, and was used: run `evolver ui` again."
-            return _error(401, "unauthorized", "open the dashboard with the URL `evolver ui` printed (it carries "
-                                               f"its one-time token).{spent}")
+            return _error(
+                401,
+                "unauthorized",
+                f"open the dashboard with the URL `evolver ui` printed (it carries its one-time token).{spent}",
+            )
         if scope["method"] not in ("GET", "HEAD"):
             if headers.get(b"x-evolver-ui") != b"1" or not self.address.same_origin(headers):
                 return _error(403, "forbidden", "changes are taken only from the dashboard's own page")
@@ -136,8 +143,10 @@ class Guard:
             if message["type"] == "http.response.start":
                 present = {k.lower() for k, _ in message.get("headers", [])}
                 message["headers"] = list(message.get("headers", [])) + [
-                    (k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()
-                    if k.lower().encode() not in present]
+                    (k.lower().encode(), v.encode())
+                    for k, v in SECURITY_HEADERS.items()
+                    if k.lower().encode() not in present
+                ]
             await send(message)
 
         if answer is not None:
@@ -145,14 +154,17 @@ class Guard:
         await self.app(scope, receive, secured)
 
 
-def create_ui_app(socket_path: str, *, token: str, port: int,
-                  on_traded: Callable[[], None] | None = None) -> Starlette:
+def create_ui_app(socket_path: str, *, token: str, port: int, on_traded: Callable[[], None] | None = None) -> Starlette:
     """The dashboard over the daemon that listens on ``socket_path``, served at 127.0.0.1:``port``, opened
     once with ``token``; ``on_traded`` is called when the token has been traded for the session."""
-    daemon = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
-                               base_url="http://evolver", timeout=httpx.Timeout(30.0, read=None))
-    unreachable = ("the daemon is not answering on its socket ({}); start it with `evolver up`, and this page "
-                   "picks it up again")
+    daemon = httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+        base_url="http://evolver",
+        timeout=httpx.Timeout(30.0, read=None),
+    )
+    unreachable = (
+        "the daemon is not answering on its socket ({}); start it with `evolver up`, and this page picks it up again"
+    )
 
     async def page(request: Request) -> Response:
         if "token" in request.query_params:  # the session holder opened the URL again: drop the dead token
@@ -178,10 +190,13 @@ def create_ui_app(socket_path: str, *, token: str, port: int,
         path = request.path_params["path"]
         if request.method == "POST" and not any(p.fullmatch(path) for p in POSTS):
             return _error(403, "forbidden", f"the dashboard does not pass POST /v1/{path} to the daemon")
-        outgoing = daemon.build_request(request.method, f"/v1/{path}", params=request.query_params,
-                                        content=await request.body() if request.method == "POST" else None,
-                                        headers={"content-type": "application/json"}
-                                        if request.method == "POST" else None)
+        outgoing = daemon.build_request(
+            request.method,
+            f"/v1/{path}",
+            params=request.query_params,
+            content=await request.body() if request.method == "POST" else None,
+            headers={"content-type": "application/json"} if request.method == "POST" else None,
+        )
         try:
             reply = await daemon.send(outgoing, stream=True)
         except httpx.TransportError as exc:
@@ -201,13 +216,16 @@ def create_ui_app(socket_path: str, *, token: str, port: int,
             finally:
                 await reply.aclose()
 
-        return StreamingResponse(relay(), status_code=reply.status_code, media_type="text/event-stream",
-                                 headers={"X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            relay(), status_code=reply.status_code, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
+        )
 
-    app = Starlette(routes=[
-        Route("/", page),
-        Route("/static/{name}", asset),
-        Route("/tree.html", tree_page),
-        Route("/api/v1/{path:path}", api, methods=["GET", "POST"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/", page),
+            Route("/static/{name}", asset),
+            Route("/tree.html", tree_page),
+            Route("/api/v1/{path:path}", api, methods=["GET", "POST"]),
+        ]
+    )
     return Guard(app, token=token, port=port, on_traded=on_traded)  # type: ignore[return-value]

@@ -38,14 +38,21 @@ def opener_page(url: str, folder: Path) -> Path:
     fd, name = tempfile.mkstemp(prefix="evolver-ui-", suffix=".html", dir=folder)  # 0600, a new name
     target = html.escape(url, quote=True)
     with os.fdopen(fd, "w", encoding="utf-8") as page:
-        page.write(f'<!doctype html><meta charset="utf-8"><meta name="referrer" content="no-referrer">'
-                   f'<meta http-equiv="refresh" content="0; url={target}"><title>evolver</title>'
-                   f'<p>Opening <a href="{target}">the dashboard</a>…</p>\n')
+        page.write(
+            f'<!doctype html><meta charset="utf-8"><meta name="referrer" content="no-referrer">'
+            f'<meta http-equiv="refresh" content="0; url={target}"><title>evolver</title>'
+            f'<p>Opening <a href="{target}">the dashboard</a>…</p>\n'
+        )
     return Path(name)
 
 
-def serve_ui(socket_path: Path, *, port: int = 0, on_ready: Callable[[str], None] | None = None,
-             on_traded: Callable[[], None] | None = None) -> None:
+def serve_ui(
+    socket_path: Path,
+    *,
+    port: int = 0,
+    on_ready: Callable[[str], None] | None = None,
+    on_traded: Callable[[], None] | None = None,
+) -> None:
     """Serve the dashboard over the daemon at ``socket_path`` until interrupted; ``on_ready`` gets the
     URL to open (with its one-time token) once the socket listens (connections wait in its backlog until
     uvicorn takes them); ``on_traded`` is called when that token has been traded for the session."""
@@ -53,8 +60,9 @@ def serve_ui(socket_path: Path, *, port: int = 0, on_ready: Callable[[str], None
     port = sock.getsockname()[1]
     token = secrets.token_urlsafe(32)
     app = create_ui_app(str(socket_path), token=token, port=port, on_traded=on_traded)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=2))
+    server = uvicorn.Server(
+        uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    )
     if on_ready is not None:
         on_ready(f"http://127.0.0.1:{port}/?token={token}")
     try:

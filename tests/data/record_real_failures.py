@@ -43,9 +43,28 @@ def main() -> None:
 
     python, model = os.environ["REAL_MODEL_PYTHON"], os.environ["REAL_MODEL_GGUF"]
     port = free_port()
-    server = subprocess.Popen([python, "-m", "llama_cpp.server", "--model", model, "--model_alias", ALIAS,
-                               "--n_ctx", "8192", "--n_threads", "2", "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            model,
+            "--model_alias",
+            ALIAS,
+            "--n_ctx",
+            "8192",
+            "--n_threads",
+            "2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}/v1"
     try:
         for _ in range(360):
@@ -54,8 +73,13 @@ def main() -> None:
                     break
             except httpx.TransportError:
                 time.sleep(0.5)
-        config = load_config(env={"EVOLVER_MODEL_NAME": f"openai/{ALIAS}", "EVOLVER_MODEL_API_BASE": base,
-                                  "EVOLVER_MODEL_TIMEOUT_S": "300"})
+        config = load_config(
+            env={
+                "EVOLVER_MODEL_NAME": f"openai/{ALIAS}",
+                "EVOLVER_MODEL_API_BASE": base,
+                "EVOLVER_MODEL_TIMEOUT_S": "300",
+            }
+        )
         wanted = args.tasks.split(",")
         tasks = [t for t in resolve_pack("basic") if t.id in wanted]
         recorded = []
@@ -64,8 +88,9 @@ def main() -> None:
             data["parameters"].update({"max_steps": args.max_steps, "max_attempts": 1, "temperature": 0.0})
             scaffold = load_scaffold(data)
             for item in tasks:
-                task, _ = engine.store.add_task(item.prompt, check=item.check_data(),
-                                                metadata={"files": dict(item.files)} if item.files else None)
+                task, _ = engine.store.add_task(
+                    item.prompt, check=item.check_data(), metadata={"files": dict(item.files)} if item.files else None
+                )
                 result = engine.agent(scaffold).run_task(task)
                 for trajectory_id in result.trajectory_ids:
                     trajectory = engine.store.get_trajectory(trajectory_id)
@@ -73,11 +98,23 @@ def main() -> None:
                     print(f"{item.id}: {trajectory.status}", file=sys.stderr)
                     if trajectory.status == "finished":
                         continue
-                    recorded.append({
-                        "task": item.id, "prompt": item.prompt, "status": trajectory.status,
-                        "verifier_output": outcome.verifier_output if outcome else None,
-                        "steps": [{"role": s.role, "content": s.content, "tool_calls": s.tool_calls,
-                                   "tool_results": s.tool_results} for s in engine.store.steps(trajectory_id)]})
+                    recorded.append(
+                        {
+                            "task": item.id,
+                            "prompt": item.prompt,
+                            "status": trajectory.status,
+                            "verifier_output": outcome.verifier_output if outcome else None,
+                            "steps": [
+                                {
+                                    "role": s.role,
+                                    "content": s.content,
+                                    "tool_calls": s.tool_calls,
+                                    "tool_results": s.tool_results,
+                                }
+                                for s in engine.store.steps(trajectory_id)
+                            ],
+                        }
+                    )
         OUT.write_text(json.dumps({"model": ALIAS, "recorded": recorded}, indent=1) + "\n")
         print(f"wrote {len(recorded)} attempts without an answer to {OUT}", file=sys.stderr)
     finally:
