@@ -126,7 +126,7 @@ class Daemon:
         self.socket: str | None = None
         self.start_s: float | None = None
 
-    def start(self, timeout_s: float = 180.0, command: list[str] | None = None) -> "Daemon":
+    def start(self, timeout_s: float = 180.0, command: list[str] | None = None) -> Daemon:
         """Start and wait for /v1/health. ``command`` replaces ``evolver up --foreground`` (say, a wrapper
         that instruments the daemon)."""
         if command is None:
@@ -222,7 +222,7 @@ class RawClient:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def open(self) -> "RawClient":
+    async def open(self) -> RawClient:
         self.reader, self.writer = await asyncio.open_unix_connection(self.path, limit=1 << 22)
         return self
 
@@ -281,7 +281,7 @@ class HttpxClient:
             transport=httpx.AsyncHTTPTransport(uds=path), base_url="http://evolver", timeout=60.0
         )
 
-    async def open(self) -> "HttpxClient":
+    async def open(self) -> HttpxClient:
         return self
 
     async def request(

@@ -7,7 +7,7 @@
     python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
-``tests/_daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
+``evolver/testing/daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
 jobs, asked for over its socket, with any litellm model. Without ``--model`` it is the local
 llama.cpp server with Qwen2.5-Coder-0.5B-Instruct, or with ``--local 1.5b`` Qwen2.5-Coder-1.5B-Instruct
 (``eval "$(scripts/real-model-setup 1.5b)"`` sets REAL_MODEL_PYTHON, REAL_MODEL_GGUF and
@@ -94,9 +94,9 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # the checkout's evolver, not an installed copy
 
-from tests._daemon import (
+from evolver.testing.daemon import (  # noqa: E402
     DaemonProcess,
     demo_rules,
     free_port,

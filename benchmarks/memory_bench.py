@@ -191,13 +191,13 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
             fetch = max(3 * options.candidates_per_result, 20)  # what context fetches per collection
             for i, q in enumerate(queries):
 
-                def run_floor():
+                def run_floor(q=q):
                     t = time.perf_counter()
                     v = model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
                     store.index.query("trajectories", v, fetch)
                     floor_ms.append((time.perf_counter() - t) * 1e3)
 
-                def run_context():
+                def run_context(q=q):
                     t = time.perf_counter()
                     ctx = store.context(q)
                     context_ms.append((time.perf_counter() - t) * 1e3)

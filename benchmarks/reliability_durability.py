@@ -44,8 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests._daemon import make_root, remove_root  # noqa: E402
-from tests._durability import build_shim, kill_loop, power_loss  # noqa: E402
+from evolver.testing.daemon import make_root, remove_root  # noqa: E402
+from evolver.testing.durability import build_shim, kill_loop, power_loss  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,14 +34,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))  # the fuzzer and the daemon harness the tests use
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # the checkout's evolver (and its harness, evolver.testing), not an installed copy
 
 TOKEN = "reliability-fuzz-token"
 
 
 def in_process(max_examples: int):
-    from _fuzz import InProcessDaemon
+    from evolver.testing.fuzz import InProcessDaemon
 
     daemon = InProcessDaemon()
     try:
@@ -54,8 +53,9 @@ def in_process(max_examples: int):
 def black_box(max_examples: int):
     import httpx
 
-    from _daemon import DaemonProcess, free_port, make_root, serving
-    from _fuzz import black_box as black_box_schema, fuzz, known_ids, tcp_settings
+    from evolver.testing.daemon import DaemonProcess, free_port, make_root, serving
+    from evolver.testing.fuzz import black_box as black_box_schema
+    from evolver.testing.fuzz import fuzz, known_ids, tcp_settings
 
     port = free_port()
     with serving(DaemonProcess(make_root(), settings=tcp_settings(port, TOKEN), name="reliability-fuzz")) as proc:

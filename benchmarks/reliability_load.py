@@ -83,7 +83,7 @@ def load_rules(steps: int, sleep_s: float) -> list[dict]:
     )
     return [
         {
-            "match": r"\b%s %d\b" % (TICK, steps),
+            "match": rf"\b{TICK} {steps}\b",
             "on": "last",
             "role": "tool",
             "tool": "finish",
@@ -132,7 +132,7 @@ async def _submitter(args) -> dict:
             sent = time.perf_counter()
             try:
                 response = await asyncio.wait_for(client.request(method, target, body, headers), args.timeout_s)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 results.append([marker, 0, None, (time.perf_counter() - sent) * 1000, f"{type(exc).__name__}: {exc}"])
                 return  # this connection is no longer usable
             ms = (time.perf_counter() - sent) * 1000
@@ -168,7 +168,8 @@ def run_submitters(
     """``processes`` submitter processes share ``count`` requests (by index), all started together.
 
     Returns {"results": [[marker, status, id, ms, error], ...], "seconds": wall from "go" to the last answer,
-    "go" and "done" (``time.perf_counter()``), "processes": [per-process seconds]}. A process that fails raises RuntimeError with its stderr."""
+    "go" and "done" (``time.perf_counter()``), "processes": [per-process seconds]}. A process that fails
+    raises RuntimeError with its stderr."""
     shares = [count // processes + (1 if p < count % processes else 0) for p in range(processes)]
     procs = []
     tmp = tempfile.TemporaryDirectory(prefix="evrl-results-")

@@ -105,7 +105,7 @@ def main() -> None:
         "benchmark": "sandbox",
         "sandbox": type(sandbox).__name__,
         "isolated": sandbox.isolated,
-        "runs_as": ("root, dropped to uid %d inside the sandbox" % sandbox.uid)
+        "runs_as": (f"root, dropped to uid {sandbox.uid} inside the sandbox")
         if sandbox.as_root
         else f"uid {sandbox.uid} (unprivileged bubblewrap)",
         "python": python,

@@ -11,7 +11,7 @@ from the same distribution (the benchmark's queries).
 from __future__ import annotations
 
 import random
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = ["TaskTextGenerator", "task_texts", "answer_for", "insight_texts", "tool_specs"]
 
@@ -303,7 +303,8 @@ TEMPLATES = [
     "Write tests for {code_object} in {domain}; it {bug} and we need a regression test. {constraint}",
     "Set up {tool} for {domain} so that {code_object} runs in a container. {context}",
     "Profile {code_object} in {domain}: it is slow on large {file_kind} inputs. {constraint}",
-    "Clean up the {stem} dataset: remove duplicates, normalise dates, and fill missing values. Save it as {file_kind2}.",
+    "Clean up the {stem} dataset: remove duplicates, normalise dates, and fill missing values. "
+    "Save it as {file_kind2}.",
     "Migrate {code_object} of {domain} from {tool} to {tool2}. {constraint} {context}",
     "Summarise {analysis} for {domain} over the last quarter and produce {output}. {context}",
     "Write a SQL query over the {stem} table that returns {analysis}. {constraint}",

@@ -31,8 +31,9 @@ import logging
 import os
 import tomllib
 import warnings
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Collection, Literal, Mapping
+from typing import Any, Literal
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -330,7 +331,7 @@ class DaemonSettings(_Section):
     """The environment variable holding the bearer token the TCP listener requires."""
 
     @model_validator(mode="after")
-    def _tcp_needs_token(self) -> "DaemonSettings":
+    def _tcp_needs_token(self) -> DaemonSettings:
         if self.tcp_port and not self.tcp_token_env:
             raise ValueError("tcp_port is set but tcp_token_env is empty: a TCP listener needs a token")
         return self
@@ -443,7 +444,7 @@ class BudgetSettings(_Section):
     """The share of the daily caps that background evolution may spend."""
 
     @model_validator(mode="after")
-    def _task_within_day(self) -> "BudgetSettings":
+    def _task_within_day(self) -> BudgetSettings:
         if self.tokens_per_day and self.tokens_per_task > self.tokens_per_day:
             raise ValueError("tokens_per_task exceeds tokens_per_day: one task could never use it")
         if self.usd_per_day and self.usd_per_task > self.usd_per_day:
@@ -470,7 +471,7 @@ class McpServerSettings(_Section):
     """Longest a call of one of its tools may take."""
 
     @model_validator(mode="after")
-    def _one_way_to_reach_it(self) -> "McpServerSettings":
+    def _one_way_to_reach_it(self) -> McpServerSettings:
         if bool(self.command) == bool(self.url):
             raise ValueError(f"server {self.name!r}: give either command or url")
         if self.url and not self.url.startswith(("http://", "https://")):
@@ -490,7 +491,7 @@ class McpSettings(_Section):
     """The servers (none by default); a server that cannot be started is logged and left out."""
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "McpSettings":
+    def _unique_names(self) -> McpSettings:
         names = [s.name for s in self.servers]
         if len(names) != len(set(names)):
             raise ValueError(f"two servers share a name: {sorted(n for n in set(names) if names.count(n) > 1)}")

@@ -6,11 +6,12 @@ keyword search. This package depends on no other package of the project.
 """
 
 from . import _offline  # noqa: F401  (before chromadb, transformers, litellm)
+from .effects import Effect
 from .embedder import Embedder, bundled_model_path
 from .errors import (
+    AmbiguousId,
     EmbeddingMismatch,
     IndexBusy,
-    AmbiguousId,
     NotFound,
     StoreCorrupt,
     StoreError,
@@ -18,6 +19,9 @@ from .errors import (
     StoreLocked,
     StoreReadOnly,
 )
+from .inbox import TERMINAL as TERMINAL_STATUSES
+from .inbox import Lease
+from .protocol import ExperienceStore
 from .records import (
     Context,
     Ending,
@@ -35,12 +39,9 @@ from .records import (
     Trajectory,
     TrajectoryHit,
 )
-from .inbox import TERMINAL as TERMINAL_STATUSES, Lease
 from .search import Filters
 from .store import NewTrajectory, Store, StoreOptions, new_id
-from .protocol import ExperienceStore
 from .tool_log import NewTool, RecordedCall
-from .effects import Effect
 
 __all__ = [
     "ExperienceStore",

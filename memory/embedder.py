@@ -18,8 +18,9 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from . import _offline  # noqa: F401  (must precede transformers)
 
@@ -123,7 +124,7 @@ class Embedder:
             self._model = model
             return model
 
-    def embed_documents(self, texts: Sequence[str]) -> "np.ndarray":
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
         """Full-precision embeddings of many texts, shape (len(texts), dims)."""
         import numpy as np
 
@@ -140,7 +141,7 @@ class Embedder:
             )
         return vectors.astype(np.float32, copy=False)
 
-    def embed_query(self, text: str, *, full_precision: bool = False) -> "np.ndarray":
+    def embed_query(self, text: str, *, full_precision: bool = False) -> np.ndarray:
         """One text's embedding by the fast single-query path (or PyTorch, as the reference)."""
         import torch
 

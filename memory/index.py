@@ -21,8 +21,9 @@ import fcntl
 import os
 import secrets
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import _offline  # noqa: F401  (must precede chromadb)
 from .errors import EmbeddingMismatch, IndexBusy, StoreError, translate_os_error
@@ -54,7 +55,7 @@ def _refusing_embedding_function():
             return {}
 
         @staticmethod
-        def build_from_config(config: dict) -> "ExplicitEmbeddingsOnly":
+        def build_from_config(config: dict) -> ExplicitEmbeddingsOnly:
             return ExplicitEmbeddingsOnly()
 
     # Registered by name, so Chroma can rebuild it from a collection's stored

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 from .db import INDEXED_COLLECTIONS
 from .errors import StoreError
@@ -147,7 +147,8 @@ class IndexMaintenance:
         with self._write() as db:
             for collection in INDEXED_COLLECTIONS:
                 db.execute(
-                    f"INSERT OR IGNORE INTO index_outbox (collection, item_id) SELECT ?, id FROM ({self._indexable_ids_sql(collection)})",
+                    "INSERT OR IGNORE INTO index_outbox (collection, item_id) "
+                    f"SELECT ?, id FROM ({self._indexable_ids_sql(collection)})",
                     [collection],
                 )
         total = self._one("SELECT count(*) AS n FROM index_outbox")["n"]

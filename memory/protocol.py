@@ -9,8 +9,9 @@ Each method means what ``Store``'s own docstring says.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Callable, ContextManager, Protocol
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from .effects import Effect
 from .embedder import Embedder
@@ -270,7 +271,7 @@ class ExperienceStore(Protocol):
     def set_meta(self, key: str, value: str) -> None: ...
 
     # --- upkeep ------------------------------------------------------------------------------------------
-    def transaction(self) -> ContextManager[object]:
+    def transaction(self) -> AbstractContextManager[object]:
         """A block whose writes commit together or not at all (nested blocks join the outer one)."""
         ...
 

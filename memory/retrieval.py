@@ -8,7 +8,8 @@ insights and tools for a single query embedding.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .records import Context, InsightHit, ToolHit, TrajectoryHit
 from .search import Filters, fuse, keyword_search

@@ -186,7 +186,7 @@ class _TermStatistics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_db: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+        self._by_db: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
     def get(self, db: sqlite_utils.Database, table: str, stems: list[str]) -> dict[str, int]:
         size = db.execute(f"SELECT coalesce(max(rowid), 0) FROM {table}").fetchone()[0]

@@ -19,10 +19,11 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import sqlite_utils
 
@@ -163,7 +164,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             raise
 
     @classmethod
-    def open(cls, data_dir: Path, **kwargs) -> "Store":
+    def open(cls, data_dir: Path, **kwargs) -> Store:
         store = cls(data_dir, **kwargs)
         if store.index is not None and not store.readonly:
             try:
@@ -173,7 +174,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 raise
         return store
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -484,7 +485,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         trajectory_id = new_id("traj")
         with self._write() as db:
             db.execute(
-                "INSERT INTO trajectories (id, task_id, node_id, prompt, status, attempt, started_at) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO trajectories (id, task_id, node_id, prompt, status, attempt, started_at) "
+                "VALUES (?,?,?,?,?,?,?)",
                 [trajectory_id, task.id, node_id, task.prompt, "running", attempt, time.time()],
             )
         return self.get_trajectory(trajectory_id)
@@ -531,7 +533,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                     raise  # say, a missing content: not a missing trajectory
                 raise NotFound(f"No trajectory with id {trajectory_id!r}.") from exc
             db.execute(
-                "UPDATE trajectories SET tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, cost_usd = cost_usd + ? WHERE id = ?",
+                "UPDATE trajectories SET tokens_in = tokens_in + ?, tokens_out = tokens_out + ?, "
+                "cost_usd = cost_usd + ? WHERE id = ?",
                 [tokens_in, tokens_out, cost_usd, trajectory_id],
             )
         return Step(
@@ -644,7 +647,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """
         at, last_id = mark or (0.0, "")
         rows = self._all(
-            "SELECT t.*, o.success AS outcome_success FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
+            "SELECT t.*, o.success AS outcome_success FROM trajectories t "
+            "LEFT JOIN outcomes o ON o.trajectory_id = t.id "
             "WHERE t.finished_at IS NOT NULL AND (t.finished_at > ? OR (t.finished_at = ? AND t.id > ?)) "
             f"AND {learnable_sql('t')} ORDER BY t.finished_at, t.id LIMIT ?",
             [at, at, last_id, limit],
@@ -735,7 +739,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                    ON CONFLICT (trajectory_id) DO UPDATE SET feedback = excluded.feedback,
                    person_good = excluded.person_good,
                    success = CASE WHEN outcomes.verifier IS NULL THEN excluded.success ELSE outcomes.success END,
-                   decided_at = CASE WHEN outcomes.verifier IS NULL THEN excluded.decided_at ELSE outcomes.decided_at END""",
+                   decided_at = CASE WHEN outcomes.verifier IS NULL THEN excluded.decided_at
+                                     ELSE outcomes.decided_at END""",
                 [trajectory_id, int(good), note or ("good" if good else "bad"), int(good), time.time()],
             )
         self.sync_index()
@@ -756,7 +761,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 task_id, trajectory_id = new_id("task"), new_id("traj")
                 started = now if item.started_at is None else item.started_at
                 db.execute(
-                    """INSERT INTO tasks (id, prompt, "check", status, source, metadata, created_at, updated_at, finished_at)
+                    """INSERT INTO tasks (id, prompt, "check", status, source, metadata, created_at, updated_at,
+                                          finished_at)
                        VALUES (?,?,?,?,?,?,?,?,?)""",
                     [task_id, item.prompt, _json(item.check), "done", item.source, "{}", started, started, started],
                 )
@@ -765,7 +771,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                     sum(step.get(key) or 0 for step in item.steps) for key in ("tokens_in", "tokens_out", "cost_usd")
                 ]
                 db.execute(
-                    """INSERT INTO trajectories (id, task_id, node_id, prompt, status, final_answer, started_at, finished_at,
+                    """INSERT INTO trajectories (id, task_id, node_id, prompt, status, final_answer, started_at,
+                                                 finished_at,
                        tokens_in, tokens_out, cost_usd) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
                     [
                         trajectory_id,
@@ -817,7 +824,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         now = time.time()
         with self._write() as db:
             cursor = db.execute(
-                "INSERT INTO insights (text, importance, status, provenance, node_id, created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO insights (text, importance, status, provenance, node_id, created_at, updated_at) "
+                "VALUES (?,?,?,?,?,?,?)",
                 [text, importance, "active", _json(provenance or []), node_id, now, now],
             )
             insight_id = cursor.lastrowid
@@ -902,7 +910,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def record_tool_use(self, tool_id: int, *, ok: bool) -> ToolRecord:
         with self._write() as db:
             cursor = db.execute(
-                "UPDATE tools SET uses = uses + 1, successes = successes + ?, failures = failures + ?, updated_at = ? WHERE id = ?",
+                "UPDATE tools SET uses = uses + 1, successes = successes + ?, failures = failures + ?, updated_at = ? "
+                "WHERE id = ?",
                 [int(ok), int(not ok), time.time(), tool_id],
             )
             if cursor.rowcount == 0:
@@ -937,7 +946,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         node_id = node_id or new_id("node")
         with self._write() as db:
             db.execute(
-                """INSERT INTO nodes (id, parent_id, scaffold_hash, status, diff, rationale, cost_usd, tokens, created_at)
+                """INSERT INTO nodes (id, parent_id, scaffold_hash, status, diff, rationale, cost_usd, tokens,
+                                      created_at)
                    VALUES (?,?,?,?,?,?,?,?,?)""",
                 [node_id, parent_id, scaffold_hash, status, diff, rationale, cost_usd, tokens, time.time()],
             )
@@ -1067,7 +1077,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     ) -> LedgerEntry:
         with self._write() as db:
             cursor = db.execute(
-                """INSERT INTO ledger (at, model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id, node_id)
+                """INSERT INTO ledger (at, model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id,
+                                       node_id)
                    VALUES (?,?,?,?,?,?,?,?,?)""",
                 [time.time(), model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id, node_id],
             )

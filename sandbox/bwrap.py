@@ -36,7 +36,6 @@ from .errors import SandboxUnavailable
 from .limits import MIB, Limits
 from .seccomp import no_userns_program, program_fd
 
-
 WORKSPACE = "/workspace"
 _SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _ETC = ("/etc/ld.so.cache", "/etc/alternatives")

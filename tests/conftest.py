@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from _helpers import without_bubblewrap
+
 from memory import Embedder, Store
 from sandbox import SandboxUnavailable, make_sandbox
 

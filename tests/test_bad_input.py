@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from _daemon import DaemonProcess, assert_error, list_tasks, make_root, read_events, serving
+from evolver.testing.daemon import DaemonProcess, assert_error, list_tasks, make_root, read_events, serving
 
 EVOLVER = str(Path(sys.executable).parent / "evolver")
 MAX_ID = 2**63 - 1  # SQLite's largest INTEGER
@@ -346,11 +346,10 @@ BODY_ROUTES = [
 def test_bodies_that_are_not_utf8_or_hold_what_json_lacks_are_refused_everywhere(daemon, http, before):
     count = len(_listed(http))
     task_id = next(iter(before))
-    post = lambda path, body: http.post(
-        path.format(task=task_id),
-        content=body,  # noqa: E731
-        headers={"content-type": "application/json"},
-    )
+
+    def post(path, body):
+        return http.post(path.format(task=task_id), content=body, headers={"content-type": "application/json"})
+
     for path in BODY_ROUTES:
         for body in (b"\xff\xfe{}", b'{"prompt": "caf\xe9"}', b"\xc3\x28", b"\x00"):
             error = assert_error(post(path, body), 400, "body")

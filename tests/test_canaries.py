@@ -26,12 +26,12 @@ import pytest
 import memory
 import sandbox as sandbox_package
 from evolver import judge
-from evolver.llm import scripted
-from evolver.config import load_config
 from evolver.agent.engine import Engine
 from evolver.cli.canaries import CANARIES, run_canary
-from evolver.tree.incumbent import ensure_root, incumbent
+from evolver.config import load_config
+from evolver.llm import scripted
 from evolver.meta.synthesize import synthesize_round
+from evolver.tree.incumbent import ensure_root, incumbent
 from evolver.tree.search import TreeSearch
 from memory import NewTrajectory
 
@@ -276,7 +276,7 @@ def test_through_the_daemon_an_early_exit_fails_and_a_catastrophic_regex_leaves_
     import threading
 
     from evolver.judge.catalog import resolve_pack
-    from tests._daemon import DaemonProcess, make_root, remove_root, wait_for, write_script
+    from evolver.testing.daemon import DaemonProcess, make_root, remove_root, wait_for, write_script
 
     root = make_root()
     model = write_script(

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 
 import httpx
-from _daemon import DaemonProcess, make_root, serving, wait_for, write_script
+
+from evolver.testing.daemon import DaemonProcess, make_root, serving, wait_for, write_script
 
 SLOWER = {
     "match": r"\ATask:\nSLOW",

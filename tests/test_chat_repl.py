@@ -18,7 +18,8 @@ import threading
 import time
 
 import pytest
-from _daemon import (
+
+from evolver.testing.daemon import (
     SLOW_STEP,
     DaemonProcess,
     demo_rules,
@@ -26,7 +27,6 @@ from _daemon import (
     serving,
     write_script,
 )
-
 from tests.test_cli import EVOLVER
 
 

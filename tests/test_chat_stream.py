@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from _daemon import DaemonProcess, make_root, serving, write_script
 
 from evolver.agent.answer_stream import AnswerStream, partial_json_string
 from evolver.agent.scaffold import default_scaffold
@@ -20,6 +19,7 @@ from evolver.config import BudgetSettings, ModelSettings
 from evolver.llm import scripted
 from evolver.llm.budget import BudgetGuard
 from evolver.llm.client import ModelClient
+from evolver.testing.daemon import DaemonProcess, make_root, serving, write_script
 
 # Escapes, a quote, a newline, non-ASCII and a character outside the BMP (a surrogate pair in JSON).
 ANSWER = 'The total is "409.5" \\ 100%.\nNaïve café — ok 😀. ' + "More words follow here. " * 6

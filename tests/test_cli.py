@@ -11,7 +11,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 EVOLVER = str(Path(sys.executable).parent / "evolver")
 

@@ -16,8 +16,7 @@ import openai
 import pytest
 
 from evolver.cli.client import finished_rounds
-
-from _daemon import (
+from evolver.testing.daemon import (
     SLOW_STEP,
     DaemonProcess,
     assert_error,
@@ -323,11 +322,9 @@ def test_an_unknown_model_is_not_found(openai_client):
 
 
 def test_every_bad_request_gets_a_4xx_json_error_and_the_daemon_keeps_serving(daemon, http):
-    post = lambda path, content: http.post(
-        path,
-        content=content,  # noqa: E731
-        headers={"content-type": "application/json"},
-    )
+    def post(path, content):
+        return http.post(path, content=content, headers={"content-type": "application/json"})
+
     assert_error(post("/v1/tasks", b'{"prompt": "x",'), 400, "not valid JSON")
     assert_error(post("/v1/tasks", b"\xff\xfe not UTF-8"), 400, "body")
     assert_error(post("/v1/tasks", b""), 422, "JSON body is required")

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from _daemon import SLOW_STEP, DaemonProcess, make_root, remove_root, serving, wait_for, write_script
+from evolver.testing.daemon import SLOW_STEP, DaemonProcess, make_root, remove_root, serving, wait_for, write_script
 
 NOBODY = 65534
 GRACE_S = 5

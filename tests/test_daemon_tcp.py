@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _daemon import free_port
+from evolver.testing.daemon import free_port
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests._daemon import (
+from evolver.testing.daemon import (
     SLOW_STEP,
     DaemonProcess,
     demo_rules,

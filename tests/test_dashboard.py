@@ -23,7 +23,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _daemon import (
+from starlette.testclient import TestClient
+
+from evolver.cli.client import finished_rounds
+from evolver.meta import packs
+from evolver.testing.daemon import (
     REPO,
     SLOW_STEP,
     DaemonProcess,
@@ -33,10 +37,6 @@ from _daemon import (
     wait_for,
     write_script,
 )
-from starlette.testclient import TestClient
-
-from evolver.cli.client import finished_rounds
-from evolver.meta import packs
 from evolver.ui.app import cookie_name, create_ui_app
 from evolver.ui.serve import bind_loopback
 from memory import Store

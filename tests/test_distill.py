@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from evolver.agent.engine import Engine
+from evolver.config import load_config
 from evolver.llm import scripted
 from evolver.llm.budget import BudgetExceeded
-from evolver.config import load_config
 from evolver.meta.distill import WATERMARK_KEY, distill_round
-from evolver.agent.engine import Engine
 from evolver.meta.insights import InsightOpError
 from evolver.meta.jobs import Job, Jobs, builtin_jobs
 from memory import NewTrajectory
@@ -124,8 +124,8 @@ def test_a_failed_round_is_a_loud_job_failed_event(engine):
 
 
 def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
-    from evolver.meta.revert import RevertError, revert_event
     from evolver.meta.insights import apply_ops, numbered, parse_ops
+    from evolver.meta.revert import RevertError, revert_event
 
     e = engine(ADD, "distill-revert")
     kept = e.store.add_insight("Read the task's files before answering.", importance=3)

@@ -1,6 +1,6 @@
 """Durability: what an acknowledgement promises survives kill -9, a power cut and a lost reply.
 
-Each test runs real daemons (``tests/_durability.py`` has the drills and the
+Each test runs real daemons (``evolver/testing/durability.py`` has the drills and the
 checks); ``benchmarks/reliability_durability.py`` runs the same drills with
 many more kills.
 """
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from tests._daemon import DaemonProcess, make_root, remove_root, wait_for
-from tests._durability import (
+from evolver.testing.daemon import DaemonProcess, make_root, remove_root, wait_for
+from evolver.testing.durability import (
     build_shim,
     durable_settings,
     kill_loop,
@@ -51,7 +51,8 @@ def shim(root):
 @pytest.mark.timeout(900)  # seven daemon starts: minutes on a busy machine
 def test_kill_nine_at_random_points_loses_no_acknowledged_task_and_reruns_no_finished_one(root):
     """Six SIGKILLs at seeded random moments: while clients submit with idempotency keys, while a task is
-    between its steps, of a worker process alone in the middle of a task and then of the daemon, during a distillation round, a tree-search step and a tool-synthesis round; a
+    between its steps, of a worker process alone in the middle of a task and then of the daemon, during a
+    distillation round, a tree-search step and a tool-synthesis round; a
     restart after each. After every kill: the database passes integrity_check, every task acknowledged
     so far is there under its key, a task whose end was recorded has not changed since (no new
     trajectory or step: it never ran again), only validated nodes were ever served, and every active
@@ -97,10 +98,10 @@ class _Killed(BaseException):
 
 
 def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_store, sandbox, tmp_path, monkeypatch):
-    from evolver.llm import scripted
-    from evolver.config import load_config
-    from evolver.meta.distill import WATERMARK_KEY, distill_round
     from evolver.agent.engine import Engine
+    from evolver.config import load_config
+    from evolver.llm import scripted
+    from evolver.meta.distill import WATERMARK_KEY, distill_round
     from memory import NewTrajectory
 
     add = {"operations": [{"op": "ADD", "text": "Compute with run_python before answering a number."}]}
@@ -222,7 +223,7 @@ def test_a_retry_after_a_lost_reply_gets_the_one_task_the_commit_made(root):
                     )
                     assert client.returncode == -signal.SIGKILL, client.stderr
 
-                def committed():
+                def committed(body=body):
                     tasks = http.get("/v1/tasks", params={"source": "api", "limit": 1000}).json()["tasks"]
                     return [t for t in tasks if t["prompt"] == body["prompt"]]
 

@@ -1,6 +1,6 @@
 """The API fuzzed from its own OpenAPI schema: no 5xx, and every answer as the schema declares it.
 
-Two doors, the same checks (tests/_fuzz.py): in-process through the ASGI app
+Two doors, the same checks (evolver/testing/fuzz.py): in-process through the ASGI app
 over a real daemon object, and black-box over a real daemon's loopback TCP
 listener with its bearer token (and without it: 401 everywhere, in the error
 shape). Every operation is fuzzed but ``POST /v1/shutdown``, which would stop
@@ -16,8 +16,8 @@ import json
 import httpx
 import pytest
 
-from _daemon import DaemonProcess, free_port, make_root, serving
-from _fuzz import EXCLUDED, InProcessDaemon, black_box, fuzz, known_ids, tcp_settings
+from evolver.testing.daemon import DaemonProcess, free_port, make_root, serving
+from evolver.testing.fuzz import EXCLUDED, InProcessDaemon, black_box, fuzz, known_ids, tcp_settings
 
 # Cases per operation and mode (positive, negative).
 IN_PROCESS_EXAMPLES = 25

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests._daemon import DaemonProcess, demo_rules, make_root, remove_root, run_rounds, wait_for, write_script
+from evolver.testing.daemon import DaemonProcess, demo_rules, make_root, remove_root, run_rounds, wait_for, write_script
 from tests.test_cli import run
 
 PACK = (

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from memory import NewTrajectory, Store, StoreError, StoreOptions
-
 from tests.test_store_index import PROMPTS, assert_findable, assert_in_sync
 
 CHROMA = Path(sys.executable).with_name("chroma")

@@ -45,10 +45,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _helpers import REPO
 
-from _daemon import REPO, DaemonProcess, make_root, serving, write_script
 from evolver.judge.checks import parse_check
 from evolver.judge.verify import verify
+from evolver.testing.daemon import DaemonProcess, make_root, serving, write_script
 from sandbox import Limits, SandboxError, WorkspaceError, list_dir, read_bytes, read_text, write_text
 from tools import TaskTools, ToolRegistry, builtin_specs
 

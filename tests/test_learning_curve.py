@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from _daemon import REPO
+from _helpers import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 

@@ -25,8 +25,9 @@ import sys
 import time
 
 import pytest
+from _helpers import REPO
 
-from _daemon import REPO, DaemonProcess, list_tasks, make_root, serving, wait_for
+from evolver.testing.daemon import DaemonProcess, list_tasks, make_root, serving, wait_for
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 

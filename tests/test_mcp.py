@@ -25,12 +25,13 @@ from pathlib import Path
 import httpx
 import httpx2
 import pytest
-from _daemon import REPO, DaemonProcess, demo_rules, make_root, serving, write_script
+from _helpers import REPO
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from evolver.cli.client import finished_rounds
+from evolver.testing.daemon import DaemonProcess, demo_rules, make_root, serving, write_script
 from tests.test_cli import EVOLVER
 
 FIXED = {"memory_search", "insights", "submit_task", "task_status"}

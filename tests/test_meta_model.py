@@ -118,7 +118,7 @@ def test_config_check_names_a_missing_meta_key_without_printing_any_key(tmp_path
 
 @pytest.mark.daemon
 def test_the_daemons_status_shows_each_models_spend():
-    from _daemon import DaemonProcess, make_root, run_rounds, serving, write_script
+    from evolver.testing.daemon import DaemonProcess, make_root, run_rounds, serving, write_script
 
     root = make_root()
     task_model, meta = write_script(root, "task-side", TASK_RULES), write_script(root, "meta-side", META_RULES)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from evolver.config import BudgetSettings, ModelSettings
 from evolver.llm import scripted
 from evolver.llm.budget import BudgetExceeded, BudgetGuard
-from evolver.config import BudgetSettings, ModelSettings
 from evolver.llm.client import ModelClient, ModelError, parse_text_tool_calls
 from evolver.llm.scripted import ScriptError
 

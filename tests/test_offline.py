@@ -5,7 +5,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
 from _helpers import last_json, run_python, works
 
 IN_A_WORLD_WITHOUT_NETWORK = textwrap.dedent("""
@@ -67,7 +66,7 @@ def test_store_embeds_indexes_and_searches_with_no_network(tmp_path):
 
 def test_importing_memory_forces_offline_settings():
     """A stray ``HF_HUB_OFFLINE=0`` in a user's shell must not let a library go online."""
-    code = "import json, os, memory; print(json.dumps({k: os.environ[k] for k in %r}))" % (list(FORCED),)
+    code = f"import json, os, memory; print(json.dumps({{k: os.environ[k] for k in {list(FORCED)!r}}}))"
     proc = run_python(
         code,
         env={

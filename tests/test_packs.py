@@ -291,7 +291,7 @@ def test_a_tool_whose_tests_fail_is_refused_with_its_reason_and_the_rest_comes_i
 
 def _terminal_escapes(manifest: dict, contents: dict) -> None:
     """An insight and a tool whose texts carry terminal escapes (their hashes in order: not tampering)."""
-    contents["insights/0001.txt"] = "Set the title\x1b]0;pwned\x07 before calling finish.".encode()
+    contents["insights/0001.txt"] = b"Set the title\x1b]0;pwned\x07 before calling finish."
     code = SHOUT.replace("exclamation mark.", "exclamation mark.\x1b[2J")
     contents["tools/shout/code.py"], contents["tools/shout/tests.py"] = code.encode(), SHOUT_TESTS.encode()
     manifest["tools"].append(
@@ -630,7 +630,7 @@ def test_the_cli_exports_and_imports_with_the_daemon_down(engine, tmp_path):
 
 
 def test_the_cli_imports_through_a_running_daemon(engine, tmp_path):
-    from _daemon import DaemonProcess, make_root, serving
+    from evolver.testing.daemon import DaemonProcess, make_root, serving
 
     source = engine("source")
     learned(source)

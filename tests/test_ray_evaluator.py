@@ -21,9 +21,7 @@ from evolver.agent.engine import Engine
 from evolver.agent.recording import ReplayError, Write, replay
 from evolver.config import load_config
 from evolver.llm import scripted
-from evolver.tree.incumbent import ensure_root
-from sandbox import make_sandbox
-from tests._daemon import (
+from evolver.testing.daemon import (
     DaemonProcess,
     demo_rules,
     free_port,
@@ -33,6 +31,8 @@ from tests._daemon import (
     wait_for,
     write_script,
 )
+from evolver.tree.incumbent import ensure_root
+from sandbox import make_sandbox
 
 try:
     import ray  # noqa: F401  (the optional dependency these tests are about)

@@ -30,11 +30,11 @@ from evolver.agent.engine import Engine
 from evolver.agent.scaffold import load_scaffold
 from evolver.config import load_config
 from evolver.meta.distill import distill_round
-from evolver.tree.incumbent import ensure_root, incumbent
 from evolver.meta.insights import InsightOpError
+from evolver.testing.daemon import DaemonProcess, free_port, make_root, remove_root
+from evolver.tree.incumbent import ensure_root, incumbent
 from evolver.tree.search import TreeSearch
 from memory import Ending
-from tests._daemon import DaemonProcess, free_port, make_root, remove_root
 
 ALIAS = "qwen2.5-coder-0.5b"
 META_ALIAS = "qwen2.5-coder-1.5b"

@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from _helpers import without_bubblewrap
+
 from sandbox import (
     Limits,
     SandboxError,

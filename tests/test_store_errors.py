@@ -8,6 +8,7 @@ import sqlite3
 import textwrap
 
 import pytest
+from _helpers import last_json, run_python, works
 
 from memory import (
     EmbeddingMismatch,
@@ -21,8 +22,6 @@ from memory import (
     StoreOptions,
     StoreReadOnly,
 )
-
-from _helpers import last_json, run_python, works
 
 IS_ROOT = os.geteuid() == 0
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

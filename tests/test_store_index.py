@@ -7,15 +7,13 @@ import subprocess
 import textwrap
 
 import pytest
+from _helpers import PYTHON, REPO, OtherModel, run_python
 from sqlite_utils.migrations import Migrations
 
 import memory.store as store_module
-
 from memory import EmbeddingMismatch, IndexBusy, NewTrajectory, NotFound, Store, StoreError, StoreOptions
 from memory.db import MIGRATIONS
 from memory.index import VectorIndex
-
-from _helpers import PYTHON, REPO, OtherModel, run_python
 
 PROMPTS = [
     "resize every png in a folder to half its size",

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from evolver.agent.engine import Engine
+from evolver.config import load_config
 from evolver.llm import scripted
 from evolver.llm.budget import BudgetExceeded
-from evolver.config import load_config
-from evolver.agent.engine import Engine
 from evolver.meta.revert import RevertError, revert_event
 from evolver.meta.synthesize import WATERMARK_KEY, SynthesisError, normalized_code, synthesize_round
 from memory import NewTrajectory, NotFound

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evolver.llm import scripted
-from evolver.config import load_config
 from evolver.agent.engine import Engine
+from evolver.config import load_config
+from evolver.llm import scripted
+from evolver.service.worker import Worker
+from evolver.tree.export import to_dot, to_html
 from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
 from evolver.tree.search import TreeSearch, tree_view
 from evolver.tree.split import hashed_split
-from evolver.tree.export import to_dot, to_html
-from evolver.service.worker import Worker
 from memory import Ending, NewTrajectory, NotFound, new_id
 
 PACK = (

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from evolver.llm import scripted
-from evolver.config import load_config
 from evolver.agent.engine import Engine
+from evolver.config import load_config
+from evolver.llm import scripted
 from evolver.service.worker import Worker
 
 LOOP = {

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from tests._daemon import DaemonProcess, make_root, remove_root, wait_for, write_script
-from tests._durability import durable_settings, script_rules
+from evolver.testing.daemon import DaemonProcess, make_root, remove_root, wait_for, write_script
+from evolver.testing.durability import durable_settings, script_rules
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sandbox import ExecResult, Limits, PythonWorker, Sandbox, SandboxError, list_dir, read_text, write_text
 
@@ -152,7 +153,7 @@ class TaskTools:
             self._worker.close()
             self._worker = None
 
-    def __enter__(self) -> "TaskTools":
+    def __enter__(self) -> TaskTools:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from .spec import ToolSpec, ToolSpecError, schema_for_call, spec_from_source
 
@@ -34,7 +34,7 @@ class ToolRegistry:
             self._specs[spec.name] = spec
         return spec
 
-    def snapshot(self) -> "ToolRegistry":
+    def snapshot(self) -> ToolRegistry:
         """A copy that later registrations and removals leave alone: one task sees one tool set."""
         copy = ToolRegistry()
         with self._lock:

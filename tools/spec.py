@@ -118,7 +118,7 @@ class ToolSpec:
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
-    def with_version(self, version: int) -> "ToolSpec":
+    def with_version(self, version: int) -> ToolSpec:
         return replace(self, version=version)
 
 

@@ -71,7 +71,7 @@ class Engine:
         data_dir: Path | None = None,
         store: ExperienceStore | None = None,
         sandbox: Sandbox | None = None,
-    ) -> "Engine":
+    ) -> Engine:
         data_dir = Path(data_dir or config.data_dir)
         store = store or open_store(config, data_dir=data_dir)
         try:
@@ -124,7 +124,7 @@ class Engine:
             self.mcp.close()
         self.store.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:

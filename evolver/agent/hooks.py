@@ -36,9 +36,9 @@ from __future__ import annotations
 import ast
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from sandbox import Limits, PythonWorker, Sandbox

@@ -15,9 +15,9 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from memory import Context, Ending, ExperienceStore, Step, Task
 from sandbox import Limits, Sandbox, write_text

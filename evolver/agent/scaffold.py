@@ -14,7 +14,6 @@ import hashlib
 import json
 from importlib import resources
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator

@@ -8,8 +8,9 @@ the API over any object that keeps them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from memory import ExperienceStore, Step
 

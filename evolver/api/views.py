@@ -193,7 +193,7 @@ def event_detail(store: ExperienceStore, event_id: int) -> dict:
 def tool_detail(store: ExperienceStore, name: str) -> dict:
     """A synthesized tool by name: every version with its status, usage, measured effect, the events
     that changed it, its code and its tests."""
-    from tools import ToolFiles, ToolFileError
+    from tools import ToolFileError, ToolFiles
 
     versions = [t for t in store.list_tools(status=None) if t.name == name]
     if not versions:

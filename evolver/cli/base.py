@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 from rich.console import Console

@@ -7,9 +7,8 @@ returns (held, what it saw), and ``canaries.py`` lists them with the others."""
 from __future__ import annotations
 
 import secrets
-from pathlib import Path
-
 from collections.abc import Callable
+from pathlib import Path
 
 from ..judge.catalog import resolve_pack
 

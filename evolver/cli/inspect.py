@@ -126,7 +126,8 @@ def node(state: State, node_id: str, as_json: bool) -> None:
 @click.option(
     "--kind",
     default=None,
-    help="Only events of this kind (distill, tool_registered, tool_rejected, tool_retired, job, job_failed, promote, revert, ...).",
+    help="Only events of this kind (distill, tool_registered, tool_rejected, tool_retired, job, job_failed, "
+    "promote, revert, ...).",
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=30, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

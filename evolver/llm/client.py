@@ -15,8 +15,9 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from memory import ExperienceStore, _offline  # noqa: F401  (before litellm)
 

@@ -90,7 +90,7 @@ class Script:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def from_data(cls, data: dict) -> "Script":
+    def from_data(cls, data: dict) -> Script:
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise ScriptError('a script is an object with a "rules" list')
         unknown = set(data) - {"rules", "native_tools", "record", "stream_delay_s"}
@@ -115,7 +115,7 @@ class Script:
         )
 
     @classmethod
-    def from_file(cls, path: Path) -> "Script":
+    def from_file(cls, path: Path) -> Script:
         try:
             return cls.from_data(json.loads(Path(path).read_text(encoding="utf-8")))
         except UnicodeDecodeError as exc:

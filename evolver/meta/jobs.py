@@ -26,9 +26,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from datetime import datetime, timezone
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from datetime import UTC, datetime
+from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -369,7 +370,7 @@ class Jobs:
 
     def _reschedule(self, name: str, seconds: float) -> None:
         if self.scheduler.running and self.scheduler.get_job(name) is not None:
-            self.scheduler.modify_job(name, next_run_time=datetime.fromtimestamp(time.time() + seconds, timezone.utc))
+            self.scheduler.modify_job(name, next_run_time=datetime.fromtimestamp(time.time() + seconds, UTC))
 
     def _scheduled(self, name: str) -> None:
         if self._backing_off(name):  # a poke, or a trigger that raced the failure

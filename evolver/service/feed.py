@@ -39,7 +39,7 @@ class Feed:
             self._waiters[task_id].add(entry)
         try:
             await asyncio.wait_for(entry[1].wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             with self._lock:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from memory import ExperienceStore
 

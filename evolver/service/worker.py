@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from memory import ExperienceStore, Lease, Step, Task
 

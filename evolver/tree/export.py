@@ -121,7 +121,8 @@ def _node_html(node: dict, incumbent: str | None) -> str:
     summary = (
         f'<span class="node{marker}" style="background:{fill}" title="{html.escape(node["id"])}">'
         f'<span class="what">{html.escape(_what(node))}</span> '
-        f"<small>{html.escape(node.get('short_id') or node['id'])} · {html.escape(node['status'])}{' ★ incumbent' if marker else ''} · own "
+        f"<small>{html.escape(node.get('short_id') or node['id'])} · {html.escape(node['status'])}"
+        f"{' ★ incumbent' if marker else ''} · own "
         f"{node['successes']}/{own} · clade {node['clade_successes']}/{clade} · mean {node['mean']:.2f} · "
         f"held-out {node['held_out_successes']}/{held}, bound {node['bound']:.2f}</small></span>"
     )

@@ -95,7 +95,7 @@ class ProposalError(ValueError):
     """The proposer's answer is not an edit at all. ``proposal`` holds what it cost (an empty edit), so the
     search records it as an invalid node, the answer in its reason, like any other proposal spent."""
 
-    def __init__(self, message: str, proposal: "Proposal") -> None:
+    def __init__(self, message: str, proposal: Proposal) -> None:
         super().__init__(message)
         self.proposal = proposal
 

@@ -36,8 +36,8 @@ from memory import TERMINAL_STATUSES, ExperienceStore, Node, Task
 from ..agent.engine import Engine
 from ..agent.scaffold import ScaffoldError
 from ..judge.catalog import resolve_pack
-from ..llm.budget import BudgetExceeded
 from ..judge.taskpack import TaskPackError
+from ..llm.budget import BudgetExceeded
 from . import policy
 from .incumbent import incumbent, promote, scaffold_of
 from .proposer import (
@@ -507,7 +507,10 @@ def best_candidate(store: ExperienceStore, min_evaluations: int, quantile: float
     if policy.should_promote((best.successes, best.failures), mine, min_evaluations=min_evaluations, quantile=quantile):
         why = "ready: the next record round promotes it (or asks for approval)"
     elif best.evaluations < min_evaluations:
-        why = f"{min_evaluations - best.evaluations} more held-out evaluations needed ({best.evaluations} of {min_evaluations})"
+        why = (
+            f"{min_evaluations - best.evaluations} more held-out evaluations needed "
+            f"({best.evaluations} of {min_evaluations})"
+        )
     else:
         why = f"its bound {bound:.3f} does not beat the incumbent's {theirs:.3f}"
     return {

@@ -39,7 +39,7 @@ def main() -> None:
     from evolver.agent.scaffold import load_scaffold
     from evolver.config import load_config
     from evolver.judge.catalog import resolve_pack
-    from tests._daemon import free_port
+    from evolver.testing.daemon import free_port
 
     python, model = os.environ["REAL_MODEL_PYTHON"], os.environ["REAL_MODEL_GGUF"]
     port = free_port()

@@ -15,7 +15,7 @@ Two ways to reach the API:
 - ``InProcessDaemon``: a real ``evolver.service.daemon.Daemon`` serving in a thread of
   this process (its store, intake, workers and jobs are real), and a second
   ASGI app over it that schemathesis calls in-process;
-- ``tests/_daemon.py``'s ``DaemonProcess`` with its loopback TCP listener,
+- ``evolver.testing.daemon``'s ``DaemonProcess`` with its loopback TCP listener,
   called black-box over HTTP with the bearer token.
 """
 
@@ -27,14 +27,13 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import hypothesis
-from hypothesis import HealthCheck, Phase
-
 import schemathesis
+from hypothesis import HealthCheck, Phase
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import Failure, FailureGroup, ServerError
@@ -239,7 +238,7 @@ def _fuzz_operation(operation, mode, path_parameters, send, max_examples, report
 def known_ids(http, *, timeout_s: float = 120.0) -> dict[str, object]:
     """Ids that exist in the daemon behind ``http`` (an httpx-like client): a finished task, the
     served node, the oldest event. Fuzzing them reaches past the lookups into the routes' work."""
-    from _daemon import wait_for
+    from evolver.testing.daemon import wait_for
 
     task = http.post("/v1/tasks", json={"prompt": "What is (12 + 30) * 2?"})
     assert task.status_code == 201, task.text
@@ -300,7 +299,7 @@ class InProcessDaemon:
             self._failed = exc
             self._ready.set()
 
-    def start(self, timeout_s: float = 180.0) -> "InProcessDaemon":
+    def start(self, timeout_s: float = 180.0) -> InProcessDaemon:
         from evolver.api import create_app
 
         self._thread.start()

@@ -17,16 +17,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
+import evolver
 from evolver.cli.client import finished_rounds, server_events
 
-REPO = Path(__file__).resolve().parent.parent
+# The directory the evolver package was imported from: the daemon runs there, so the child runs the same
+# code as its parent (a checkout's, not an installed copy's).
+SOURCE = Path(evolver.__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 # One step that takes a while and never finishes: the task runs until cancelled, drained or its step limit.
@@ -54,7 +57,7 @@ def write_script(root: Path, name: str, rules: list[dict], *, record: Path | Non
 
 
 def demo_rules() -> list[dict]:
-    return json.loads((REPO / "evolver" / "data" / "demo_script.json").read_text(encoding="utf-8"))["rules"]
+    return json.loads((resources.files("evolver") / "data" / "demo_script.json").read_text(encoding="utf-8"))["rules"]
 
 
 def wait_for(predicate: Callable[[], object], *, timeout_s: float, what: str, interval_s: float = 0.1):
@@ -111,7 +114,7 @@ class DaemonProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [PYTHON, "-m", "evolver", "up", "--foreground"],
-                cwd=str(REPO),
+                cwd=str(SOURCE),
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -120,7 +123,7 @@ class DaemonProcess:
             )
         return self.proc
 
-    def start(self, timeout_s: float = 120.0) -> "DaemonProcess":
+    def start(self, timeout_s: float = 120.0) -> DaemonProcess:
         """Start the child and wait until it answers /v1/health."""
         self.spawn()
         self.wait_healthy(timeout_s)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from tests._daemon import DaemonProcess, demo_rules, run_rounds, wait_for, write_script
+from evolver.testing.daemon import DaemonProcess, demo_rules, run_rounds, wait_for, write_script
 
 __all__ = [
     "kill_loop",
@@ -204,7 +204,7 @@ class Submitters:
             threading.Thread(target=self._run, args=(n,), name=f"submitter-{n}", daemon=True) for n in range(clients)
         ]
 
-    def start(self) -> "Submitters":
+    def start(self) -> Submitters:
         for thread in self._threads:
             thread.start()
         return self
@@ -648,7 +648,7 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
 
 # --- power loss -----------------------------------------------------------------------------------
 
-SHIM = Path(__file__).with_name("data") / "fsync_snapshot.c"
+SHIM = Path(__file__).with_name("fsync_snapshot.c")
 
 
 def build_shim(directory: Path) -> Path | None:
