@@ -12,6 +12,12 @@ Where settings come from, later wins:
      ``EVOLVER_MODEL_TIMEOUT_S=300`` (values are read as TOML, so ``300`` is a
      number and ``true`` a boolean; anything else is a string).
 
+The settings a person sets are few (``SURFACE``: the model or models, the budget, the data dir, the
+workers, isolation, packs, evolution on or off, approval, MCP servers, the evaluator). Every other key is
+a tuning knob with its reason, kept in the file under ``[advanced.<section>]``; the code reads both as
+``config.<section>.<key>``, and the environment names both ``EVOLVER_<SECTION>_<KEY>``. An advanced key
+still set in its section, as an older file does, is read with a warning naming its new place.
+
 In the file, an unknown section or key, a value of the wrong type or an
 impossible value is refused with a ``ConfigError`` that names where it came
 from, the key, and what is allowed. A known setting's variable with a bad value
@@ -552,6 +558,33 @@ SECTIONS: dict[str, type[_Section]] = {
     name: field.annotation for name, field in Config.model_fields.items() if name != "source"
 }
 
+# The settings a person sets, by section: the top of config.toml. Every other key is advanced: a tuning knob
+# that lives under [advanced.<section>] in the file (its default is right unless a measurement says not).
+SURFACE: dict[str, tuple[str, ...]] = {
+    "model": ("name", "api_base", "api_key_env", "timeout_s", "structured_output", "schema_format"),
+    "meta": ("name", "api_base", "api_key_env", "timeout_s"),
+    "daemon": ("data_dir", "workers"),
+    "sandbox": ("require_isolation",),
+    "evolution": ("enabled", "packs", "require_approval"),
+    "budget": ("tokens_per_day", "usd_per_day"),
+    "mcp": ("servers",),
+    "evaluator": ("backend",),
+}
+ADVANCED = "advanced"
+
+
+def is_advanced(section: str, key: str) -> bool:
+    return key not in SURFACE.get(section, ())
+
+
+def place(section: str, key: str) -> str:
+    """Where a key is written in the file: ``[model]`` or ``[advanced.model]``."""
+    return f"[{ADVANCED}.{section}]" if is_advanced(section, key) else f"[{section}]"
+
+
+def _keys(section: str, *, advanced: bool) -> list[str]:
+    return [k for k in SECTIONS[section].model_fields if is_advanced(section, k) == advanced]
+
 
 def default_config_path() -> Path:
     return Path(platformdirs.user_config_dir(APP)) / "config.toml"
@@ -588,7 +621,10 @@ def _allowed(section: str, key: str) -> str:
 # Keys that were settings and are no longer, with what became of them: a config file written by an older
 # `evolver config init` still loads (the key is ignored, with a warning that says why), for one release.
 RETIRED_KEYS = {
-    ("model", "max_tokens_chat"): "a chat turn's replies are capped by [model] max_tokens_step, as a task's are",
+    (
+        "model",
+        "max_tokens_chat",
+    ): "a chat turn's replies are capped by [advanced.model] max_tokens_step, as a task's are",
 }
 
 # Settings whose value is the name of a variable holding a secret: that variable is never a setting.
@@ -623,6 +659,50 @@ def _not_a_setting(name: str, section: str, key: str) -> None:
         )
 
 
+def _fold_advanced(data: dict[str, Any], file: Path, written: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """The file's sections with their [advanced.<section>] keys folded in; ``written`` gets the table each key
+    was written in, for messages. A key in the wrong one of the two places: an advanced key in its section
+    (an older file) is read with a warning naming its new place; a key of the surface under [advanced.*], or
+    a key set in both, is refused."""
+    advanced = data.pop(ADVANCED, {})
+    if not isinstance(advanced, dict):
+        raise ConfigError(f"{file}: {ADVANCED} must be a table of [{ADVANCED}.<section>] tables, not a single value.")
+    for section, values in [*data.items(), *((f"{ADVANCED}.{s}", v) for s, v in advanced.items())]:
+        name = section.removeprefix(f"{ADVANCED}.")
+        if name not in SECTIONS:
+            raise ConfigError(
+                f"{file}: unknown section [{section}]; the sections are "
+                + ", ".join(f"[{s}]" for s in SECTIONS)
+                + f", and [{ADVANCED}.<section>] for each of them."
+            )
+        if not isinstance(values, dict):
+            raise ConfigError(f"{file}: {section} must be a [{section}] table, not a single value.")
+    folded = {section: dict(values) for section, values in data.items()}
+    for section, values in data.items():
+        for key in values:
+            written[(section, key)] = f"[{section}]"
+            if key in SECTIONS[section].model_fields and is_advanced(section, key):
+                log.warning(
+                    "%s: [%s] %s has moved to %s (an advanced setting); it is read from [%s] for this release",
+                    file,
+                    section,
+                    key,
+                    place(section, key),
+                    section,
+                )
+    for section, values in advanced.items():
+        for key, value in values.items():
+            if key in SECTIONS[section].model_fields and not is_advanced(section, key):
+                raise ConfigError(
+                    f"{file}: [{ADVANCED}.{section}] {key} is not an advanced setting: set it in [{section}]."
+                )
+            if key in folded.get(section, {}):
+                raise ConfigError(f"{file}: {key} is set in both [{section}] and [{ADVANCED}.{section}]: keep one.")
+            folded.setdefault(section, {})[key] = value
+            written[(section, key)] = f"[{ADVANCED}.{section}]"
+    return folded
+
+
 def load_config(
     path: Path | str | None = None, *, env: Mapping[str, str] | None = None, secret_variables: Collection[str] = ()
 ) -> Config:
@@ -633,6 +713,7 @@ def load_config(
     file = Path(path or env.get("EVOLVER_CONFIG") or default_config_path()).expanduser()
     data: dict[str, Any] = {}
     origin: dict[tuple[str, str], str] = {}
+    written: dict[tuple[str, str], str] = {}  # the table a key of the file was written in
     if file.exists() or explicit:
         try:
             data = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -642,15 +723,8 @@ def load_config(
             raise ConfigError(f"{file}: cannot be read ({exc}).") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}.") from None
+        data = _fold_advanced(data, file, written)
         for section, values in data.items():
-            if section not in SECTIONS:
-                raise ConfigError(
-                    f"{file}: unknown section [{section}]; the sections are "
-                    + ", ".join(f"[{s}]" for s in SECTIONS)
-                    + "."
-                )
-            if not isinstance(values, dict):
-                raise ConfigError(f"{file}: {section} must be a [{section}] table, not a single value.")
             for key in values:
                 origin[(section, key)] = str(file)
     for (section, key), why in RETIRED_KEYS.items():
@@ -672,28 +746,34 @@ def load_config(
     try:
         return Config(**data, source=str(file) if file.exists() else "defaults")
     except ValidationError as exc:
-        raise ConfigError(_explain(exc, origin, file)) from None
+        raise ConfigError(_explain(exc, origin, written, file)) from None
 
 
-def _explain(exc: ValidationError, origin: dict[tuple[str, str], str], file: Path) -> str:
+def _explain(
+    exc: ValidationError, origin: dict[tuple[str, str], str], written: dict[tuple[str, str], str], file: Path
+) -> str:
     lines = []
     for error in exc.errors():
         loc = [str(p) for p in error["loc"]]
         section = loc[0] if loc else ""
         key = loc[1] if len(loc) > 1 else ""
         where = origin.get((section, key), str(file))
+        table = written.get((section, key)) or (place(section, key) if section in SECTIONS else f"[{section}]")
         field = SECTIONS[section].model_fields.get(key) if section in SECTIONS else None
         if len(loc) > 2 and field is not None and field.annotation not in _KINDS:  # in a table ([[mcp.servers]])
             path = key + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[2:])
             message = error["msg"].removeprefix("Value error, ")
             shown = "" if error["type"] == "missing" else f" = {error.get('input')!r}"
-            lines.append(f"{where}: [{section}] {path}{shown} is refused: {message}.")
+            lines.append(f"{where}: {table} {path}{shown} is refused: {message}.")
         elif error["type"] == "extra_forbidden" and section in SECTIONS:
-            allowed = ", ".join(SECTIONS[section].model_fields)
-            lines.append(f"{where}: unknown key {key!r} in [{section}]; the keys of [{section}] are: {allowed}.")
+            surface, advanced = _keys(section, advanced=False), _keys(section, advanced=True)
+            allowed = (f"the keys of [{section}] are: {', '.join(surface)}; " if surface else "") + (
+                f"those of [{ADVANCED}.{section}]: {', '.join(advanced)}"
+            )
+            lines.append(f"{where}: unknown key {key!r} in {written.get((section, key), f'[{section}]')}; {allowed}.")
         elif key and section in SECTIONS and key in SECTIONS[section].model_fields:
             lines.append(
-                f"{where}: [{section}] {key} = {error.get('input')!r} is refused: "
+                f"{where}: {table} {key} = {error.get('input')!r} is refused: "
                 f"{error['msg']} (allowed: {_allowed(section, key)})."
             )
         else:
@@ -718,7 +798,8 @@ def _toml_value(value: Any) -> str:
 
 
 def render_config() -> str:
-    """The documented default config.toml, generated from the models' docstrings."""
+    """The documented default config.toml, generated from the models' docstrings: the settings a person
+    sets first, then the advanced ones, each with its default and what it does."""
     out = [
         "# evolver configuration. Every setting, with its default and what it does.",
         "# Copy to ~/.config/evolver/config.toml (or pass --config PATH) and change what you need;",
@@ -726,16 +807,39 @@ def render_config() -> str:
         "# This file is generated from evolver/config.py (`evolver config show --defaults`).",
     ]
     for name, model in SECTIONS.items():
-        out.append("")
-        out += [f"# {line.strip()}" for line in (model.__doc__ or "").strip().splitlines()]
-        out.append(f"[{name}]")
-        for key, field in model.model_fields.items():
+        keys = _keys(name, advanced=False)
+        if keys:
             out.append("")
-            for line in (field.description or "").splitlines():
-                out.append(f"# {line.strip()}")
-            default = field.get_default(call_default_factory=True)
-            if isinstance(default, list) and not default and model is McpSettings:
-                out.append(f"# {key}: add [[{name}.{key}]] tables (above)")  # `servers = []` would clash with them
-                continue
-            out.append(f"{key} = {_toml_value(default)}")
+            out += [f"# {line.strip()}" for line in (model.__doc__ or "").strip().splitlines()]
+            out.append(f"[{name}]")
+            out += _render_keys(name, model, keys)
+    out += [
+        "",
+        "# ---------------------------------------------------------------------------------------------",
+        "# Advanced: tuning knobs, each with its reason. Their defaults are measured or reasoned; change",
+        "# one when a measurement on your machine says so. Same names in the environment (EVOLVER_<SECTION>_<KEY>).",
+    ]
+    for name, model in SECTIONS.items():
+        keys = _keys(name, advanced=True)
+        if keys:
+            out.append("")
+            title = (model.__doc__ or "").strip().splitlines()[0].removeprefix(f"[{name}]").strip()
+            out.append(f"# {title}")
+            out.append(f"[{ADVANCED}.{name}]")
+            out += _render_keys(name, model, keys)
     return "\n".join(out) + "\n"
+
+
+def _render_keys(name: str, model: type[_Section], keys: list[str]) -> list[str]:
+    out = []
+    for key in keys:
+        field = model.model_fields[key]
+        out.append("")
+        for line in (field.description or "").splitlines():
+            out.append(f"# {line.strip()}")
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, list) and not default and model is McpSettings:
+            out.append(f"# {key}: add [[{name}.{key}]] tables (above)")  # `servers = []` would clash with them
+            continue
+        out.append(f"{key} = {_toml_value(default)}")
+    return out

@@ -1,5 +1,5 @@
 """Chat turns never hold the API: each waits for an agent in a thread of its own, and a burst beyond
-``[daemon] chat_queue`` is answered 429 with a Retry-After.
+``[advanced.daemon] chat_queue`` is answered 429 with a Retry-After.
 
 Forty-one non-streaming chats waiting for the two chat slots used to hold every thread of the API's
 pool (anyio's 40), and every synchronous route froze until they ended: a test failed before.
@@ -88,8 +88,7 @@ def test_refused_chats_say_when_to_come_back():
                 json={"model": "evolver", "messages": [{"role": "user", "content": "What is 2 + 2?"}]},
             )
             assert busy.status_code == 429 and busy.headers["retry-after"] == "5"
-            assert (
-                busy.json()["error"]["type"] == "chat_busy" and "[daemon] chat_queue" in busy.json()["error"]["message"]
-            )
+            error = busy.json()["error"]
+            assert error["type"] == "chat_busy" and "[advanced.daemon] chat_queue" in error["message"]
         # The stream closed: its turn is cancelled, and its place is given back when it has ended.
         wait_for(lambda: http.get("/v1/status").json()["chat"]["turns"] == 0, timeout_s=60, what="the turn to end")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
 
-from evolver.config import SECTIONS, Config, ConfigError, load_config, render_config
+from evolver.config import SECTIONS, SURFACE, Config, ConfigError, load_config, render_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,19 +60,30 @@ def test_paths_follow_the_data_dir_setting(tmp_path):
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("[agent]\nmax_stepz = 2\n", ["unknown key 'max_stepz' in [agent]", "observation_chars"]),
+        ("[advanced.agent]\nmax_stepz = 2\n", ["unknown key 'max_stepz' in [advanced.agent]", "observation_chars"]),
+        ("[model]\nnmae = 'x'\n", ["unknown key 'nmae' in [model]", "the keys of [model] are: name,"]),
         ("[agnt]\nmax_steps = 2\n", ["unknown section [agnt]", "[agent]"]),
         (
-            "[agent]\nobservation_chars = 2.5\n",
-            ["[agent] observation_chars = 2.5", "valid integer", "whole number >= 200 and <= 1000000"],
+            "[advanced.agent]\nobservation_chars = 2.5\n",
+            ["[advanced.agent] observation_chars = 2.5", "valid integer", "whole number >= 200 and <= 1000000"],
         ),
-        ("[agent]\nobservation_chars = '900'\n", ["[agent] observation_chars = '900'", "whole number"]),
+        (
+            "[advanced.agent]\nobservation_chars = '900'\n",
+            ["[advanced.agent] observation_chars = '900'", "whole number"],
+        ),
         ("[agent]\nobservation_chars = 0\n", ["[agent] observation_chars = 0", "greater than or equal to 200"]),
         ("[model]\ntimeout_s = -1.0\n", ["[model] timeout_s = -1.0", "a number > 0"]),
         ("[sandbox]\nrequire_isolation = 'yes'\n", ["require_isolation", "true or false"]),
-        ("[model]\nfallbacks = ['a', 2]\n", ["[model] fallbacks", "list of strings"]),
-        ("[budget]\nusd_per_task = 10.0\n", ["[budget]", "usd_per_task exceeds usd_per_day"]),
-        ("[daemon]\ntcp_port = 8080\n", ["[daemon]", "needs a token"]),
+        ("[advanced.model]\nfallbacks = ['a', 2]\n", ["[advanced.model] fallbacks", "list of strings"]),
+        ("[advanced.budget]\nusd_per_task = 10.0\n", ["[budget]", "usd_per_task exceeds usd_per_day"]),
+        ("[advanced.daemon]\ntcp_port = 8080\n", ["[daemon]", "needs a token"]),
+        ("[advanced.model]\nname = 'x'\n", ["[advanced.model] name is not an advanced setting: set it in [model]"]),
+        (
+            "[memory]\nrrf_k = 1\n[advanced.memory]\nrrf_k = 2\n",
+            ["rrf_k is set in both [memory] and [advanced.memory]"],
+        ),
+        ("[advanced.nope]\nx = 1\n", ["unknown section [advanced.nope]", "[advanced.<section>]"]),
+        ("advanced = 3\n", ["advanced must be a table of [advanced.<section>] tables"]),
         ("[agent\n", ["not valid TOML", "line 1"]),
         ("agent = 3\n", ["must be a [agent] table"]),
     ],
@@ -88,7 +100,8 @@ def test_bad_values_are_refused_naming_file_key_and_what_is_allowed(tmp_path, te
 
 def test_bad_environment_override_names_the_variable(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"environment variable EVOLVER_AGENT_OBSERVATION_CHARS: \[agent\] observation_chars = 0"
+        ConfigError,
+        match=r"environment variable EVOLVER_AGENT_OBSERVATION_CHARS: \[advanced.agent\] observation_chars = 0",
     ):
         load_config(env={"EVOLVER_AGENT_OBSERVATION_CHARS": "0"})
 
@@ -116,7 +129,7 @@ def test_a_variable_that_is_no_setting_never_stops_the_program(caplog):
 
 def test_a_variable_named_as_holding_a_secret_is_never_read_as_a_setting(tmp_path, caplog):
     # Even a name that is a setting's: the variable a setting or the command names holds a token, not a value.
-    path = write(tmp_path, '[daemon]\ntcp_token_env = "EVOLVER_DAEMON_WORKERS"\n')
+    path = write(tmp_path, '[advanced.daemon]\ntcp_token_env = "EVOLVER_DAEMON_WORKERS"\n')
     with caplog.at_level(logging.WARNING, logger="evolver.config"):
         assert load_config(path, env={"EVOLVER_DAEMON_WORKERS": "s3cret"}).daemon.workers == 2
         from_env = load_config(env={"EVOLVER_MODEL_API_KEY_ENV": "EVOLVER_MODEL_NAME", "EVOLVER_MODEL_NAME": "k"})
@@ -140,6 +153,40 @@ def test_an_old_file_with_a_retired_key_still_loads_and_says_why_it_is_ignored(t
         config = load_config(old, env={})
     assert config.model.max_tokens_step == 700 and not hasattr(config.model, "max_tokens_chat")
     assert [r.getMessage() for r in caplog.records] == [
+        f"{old}: [model] max_tokens_step has moved to [advanced.model] (an advanced setting); it is read from "
+        "[model] for this release",
         f"{old}: [model] max_tokens_chat is no longer a setting and is ignored: a chat turn's replies are capped "
-        "by [model] max_tokens_step, as a task's are; remove it"
+        "by [advanced.model] max_tokens_step, as a task's are; remove it",
     ]
+
+
+def test_an_old_file_with_moved_keys_loads_them_and_names_their_new_place(tmp_path, caplog):
+    old = write(tmp_path, "[memory]\nrrf_k = 30\n[daemon]\nworkers = 3\nlease_s = 60.0\n")  # before [advanced]
+    with caplog.at_level(logging.WARNING, logger="evolver.config"):
+        config = load_config(old, env={})
+    assert (config.memory.rrf_k, config.daemon.workers, config.daemon.lease_s) == (30, 3, 60.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{old}: [memory] rrf_k has moved to [advanced.memory] (an advanced setting); it is read from [memory] "
+        "for this release",
+        f"{old}: [daemon] lease_s has moved to [advanced.daemon] (an advanced setting); it is read from [daemon] "
+        "for this release",
+    ]
+
+
+def test_advanced_keys_are_read_from_their_tables_and_the_environment_names_them_as_before(tmp_path, caplog):
+    path = write(tmp_path, "[daemon]\nworkers = 3\n[advanced.daemon]\nlease_s = 60.0\n[advanced.memory]\nrrf_k = 30\n")
+    with caplog.at_level(logging.WARNING, logger="evolver.config"):
+        config = load_config(path, env={"EVOLVER_MEMORY_RRF_K": "40"})
+    assert (config.daemon.workers, config.daemon.lease_s, config.memory.rrf_k) == (3, 60.0, 40)
+    assert not caplog.records
+
+
+def test_the_settings_a_person_sets_are_twenty_keys_at_most_and_head_the_documented_file(caplog):
+    assert sum(len(keys) for keys in SURFACE.values()) <= 20
+    assert all(key in SECTIONS[section].model_fields for section, keys in SURFACE.items() for key in keys)
+    surface, _, _ = render_config().partition("\n[advanced.")
+    top = {line.split(" = ")[0] for line in surface.splitlines() if re.match(r"^[a-z_]+ = ", line)}
+    assert top == {key for keys in SURFACE.values() for key in keys} - {"servers"}  # [[mcp.servers]]: tables
+    with caplog.at_level(logging.WARNING, logger="evolver.config"):
+        load_config(REPO / "config.toml", env={})
+    assert not caplog.records  # the documented file puts every key in its place

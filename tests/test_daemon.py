@@ -350,7 +350,7 @@ def test_every_bad_request_gets_a_4xx_json_error_and_the_daemon_keeps_serving(da
         http.post("/v1/tasks", json={"prompt": "x", "metadata": {"files": {"a.txt": 3}}}), 422, "metadata.files"
     )
 
-    # Over [daemon] max_body_bytes: refused before any route reads it, declared or streamed.
+    # Over [advanced.daemon] max_body_bytes: refused before any route reads it, declared or streamed.
     big = {"prompt": "What is 1 + 1? " + "x" * (MAX_BODY * 2)}
     error = assert_error(http.post("/v1/tasks", json=big), 413, f"{MAX_BODY}-byte")
     assert error["type"] == "body_too_large"

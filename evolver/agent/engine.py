@@ -41,7 +41,7 @@ def sandbox_limits(config: Config) -> Limits:
 
 def hook_limits(config: Config) -> Limits:
     """The hooks' interpreter: the sandbox's limits with the hooks' own memory. Its timeout only bounds
-    the start; each call has ``[agent] hook_timeout_s``."""
+    the start; each call has ``[advanced.agent] hook_timeout_s``."""
     return replace(sandbox_limits(config), memory_mb=config.agent.hook_memory_mb)
 
 

@@ -40,7 +40,9 @@ class BodyCap:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         too_large = error_response(
-            413, "body_too_large", f"the body is larger than the {self.max_bytes}-byte cap ([daemon] max_body_bytes)"
+            413,
+            "body_too_large",
+            f"the body is larger than the {self.max_bytes}-byte cap ([advanced.daemon] max_body_bytes)",
         )
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await too_large(scope, receive, send)

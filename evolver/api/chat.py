@@ -12,7 +12,7 @@ with another reply than the text streamed (that finish call was unusable),
 the stream says so and sends the reply whole. A client that goes away
 mid-turn, or `evolver cancel` on the turn's task, stops the turn at its next
 step, and the task ends cancelled. Each turn waits for an agent in a thread of its own, never in the
-API's; at most ``[daemon] chat_queue`` turns run or wait at once, and more are answered 429 with a
+API's; at most ``[advanced.daemon] chat_queue`` turns run or wait at once, and more are answered 429 with a
 Retry-After.
 """
 
@@ -133,7 +133,7 @@ RETRY_AFTER_S = 5
 
 class _Admission:
     """How many chat turns are running or waiting: counted on the event loop (no lock needed), bounded
-    by ``[daemon] chat_queue``, so a burst of chats is answered 429 instead of piling up."""
+    by ``[advanced.daemon] chat_queue``, so a burst of chats is answered 429 instead of piling up."""
 
     def __init__(self) -> None:
         self.turns = 0
@@ -156,7 +156,9 @@ def _leave(request: Request) -> None:
 def _busy(request: Request) -> JSONResponse:
     limit = request.app.state.daemon.config.daemon.chat_queue
     response = error_response(
-        429, "chat_busy", f"{limit} chat turns are already running or waiting ([daemon] chat_queue); try again shortly"
+        429,
+        "chat_busy",
+        f"{limit} chat turns are already running or waiting ([advanced.daemon] chat_queue); try again shortly",
     )
     response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response

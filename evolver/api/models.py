@@ -235,7 +235,7 @@ _ERRORS = {
     401: "Over TCP, without the right bearer token.",
     404: "There is no such task, node, event, job or model.",
     409: "The request conflicts with the state: nothing to revert, no answer yet, not a node to promote...",
-    413: "The body is over [daemon] max_body_bytes.",
+    413: "The body is over [advanced.daemon] max_body_bytes.",
     422: "A field, parameter or header is missing, of the wrong type or out of range.",
     429: "The budget is spent.",
     500: "The daemon failed on this request; it keeps serving, and its log has the details.",

@@ -2,7 +2,7 @@
 
 Import writes (tool files, rows, an event, the vector index), and while the
 daemon runs it owns the store, so `evolver import` goes through here then. The
-pack travels as base64 in JSON, inside ``[daemon] max_body_bytes`` (a bigger
+pack travels as base64 in JSON, inside ``[advanced.daemon] max_body_bytes`` (a bigger
 one is refused with 413, before anything reads it). The import holds the
 synthesize job's lock while it vets and registers tools, so a round of tool
 synthesis cannot pick the same version number beside it.

@@ -10,7 +10,7 @@ from dataclasses import asdict
 import click
 
 from ..api import views
-from ..config import default_config_path, render_config
+from ..config import default_config_path, is_advanced, place, render_config
 from .base import State, _print_step, check_options, cli, echo, err, out, print_json, table
 
 # --- config ------------------------------------------------------------------------
@@ -31,10 +31,13 @@ def config_show(state: State, defaults: bool) -> None:
         return
     cfg = state.config
     echo(f"# from {cfg.source}")
-    for section, values in cfg.model_dump().items():
-        echo(f"\n[{section}]")
-        for key, value in values.items():
-            echo(f"{key} = {json.dumps(value)}")
+    for advanced in (False, True):
+        for section, values in cfg.model_dump().items():
+            keys = [k for k in values if is_advanced(section, k) == advanced]
+            if keys:
+                echo(f"\n{place(section, keys[0])}")
+            for key in keys:
+                echo(f"{key} = {json.dumps(values[key])}")
 
 
 @config.command("path")

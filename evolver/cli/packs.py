@@ -129,7 +129,7 @@ def _through_daemon(state: State, data: bytes, expect: str | None) -> dict:
     if size > cap:
         _refuse(
             f"the pack is {len(data)} bytes, {size} as the request, over the daemon's {cap}-byte cap "
-            "([daemon] max_body_bytes); raise it, or stop the daemon and import again"
+            "([advanced.daemon] max_body_bytes); raise it, or stop the daemon and import again"
         )
     with state.client(timeout_s=IMPORT_TIMEOUT_S) as client:
         try:

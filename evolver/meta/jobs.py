@@ -6,7 +6,7 @@ reason), never overlaps itself (a per-job lock), and a missed run is coalesced
 into one. A job may also be due after ``after`` new items of work (its
 ``pending`` count, read from a watermark in the database, so a restart neither
 repeats nor skips work); a trigger checks that every 30 s. Scheduled rounds wait
-while the inbox has work (``[evolution] wait_for_idle``) and while the budget
+while the inbox has work (``[advanced.evolution] wait_for_idle``) and while the budget
 for background work is spent. ``run_now`` runs rounds in the caller's thread
 in the caller's thread, without those gates (tests, the foreground). ``submit``
 queues rounds on the job host, for `evolver evolve` through the API, which

@@ -17,7 +17,7 @@ attempted with and without it. It leaves probation in one of two ways:
   rule (``evolver.meta.prune.verdict``), an insight that helps becomes active
   (``insight_earned``), one that hurts or never helps is retired.
 
-Either way the active list keeps its cap (``[evolution] max_insights``): the
+Either way the active list keeps its cap (``[advanced.evolution] max_insights``): the
 lowest-ranked active insight over it is retired by the same event.
 """
 

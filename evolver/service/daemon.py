@@ -3,7 +3,7 @@
 After supervisord, signals and the shutdown API call only change the daemon's
 mood; one loop in the main thread acts on it. On SIGTERM (or `evolver down`)
 the daemon stops taking work, lets running tasks reach a step boundary within
-``[daemon] shutdown_grace_s``, sends what is unfinished back to the queue for
+``[advanced.daemon] shutdown_grace_s``, sends what is unfinished back to the queue for
 the next start, stops the API and exits 0. The socket is the single-instance
 lock: ``evolver.service.sockets.bind`` refuses when a live daemon answers on it.
 """
@@ -184,7 +184,7 @@ class Daemon:
             return None
         if not os.environ.get(d.tcp_token_env):
             raise SocketError(
-                f"[daemon] tcp_port is {d.tcp_port} but ${d.tcp_token_env} is empty or unset: "
+                f"[advanced.daemon] tcp_port is {d.tcp_port} but ${d.tcp_token_env} is empty or unset: "
                 "a TCP listener needs its bearer token there."
             )
         try:

@@ -18,7 +18,7 @@ A node that cannot isolate model-written code (no working bubblewrap) while
 anything; the task fails with a message naming the node. A Ray task that
 fails (its worker or node died, an exception) gives its task back at once with
 the attempt counted, so it runs again, and is dead-lettered after
-``[daemon] max_attempts``. A cancel request stops the Ray task; the task ends
+``[advanced.daemon] max_attempts``. A cancel request stops the Ray task; the task ends
 cancelled, without the attempt's steps (they are on the node).
 
 What a node does not get: the user's MCP servers (they run on the daemon's

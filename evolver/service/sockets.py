@@ -38,11 +38,11 @@ def prepare_runtime_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode):
-        raise SocketError(f"{path} is not a directory; choose another [daemon] runtime_dir.")
+        raise SocketError(f"{path} is not a directory; choose another [advanced.daemon] runtime_dir.")
     if info.st_uid != os.geteuid():
         raise SocketError(
             f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
-            "choose another [daemon] runtime_dir."
+            "choose another [advanced.daemon] runtime_dir."
         )
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(path, 0o700)
@@ -91,7 +91,7 @@ def bind(path: Path, *, backlog: int = 128) -> BoundSocket:
     if len(os.fsencode(str(path))) > MAX_PATH_BYTES:
         raise SocketError(
             f"the socket path {path} is {len(os.fsencode(str(path)))} bytes; Unix sockets allow "
-            f"{MAX_PATH_BYTES}: choose a shorter [daemon] runtime_dir."
+            f"{MAX_PATH_BYTES}: choose a shorter [advanced.daemon] runtime_dir."
         )
     prepare_runtime_dir(path.parent)
     if path.exists() or path.is_symlink():

@@ -58,7 +58,7 @@ EXCLUDED = {
 
 TOKEN_ENV = "FUZZ_DAEMON_TOKEN"  # not EVOLVER_*: those are read as settings
 
-# Given explicitly (no schemathesis.toml is looked for): a body over [daemon] max_body_bytes is refused
+# Given explicitly (no schemathesis.toml is looked for): a body over [advanced.daemon] max_body_bytes is refused
 # with 413 before anything reads it, which is how the daemon rejects invalid data that big.
 CONFIG = {
     "checks": {

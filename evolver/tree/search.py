@@ -329,7 +329,7 @@ class TreeSearch:
         in_flight = sum(n.in_flight for n in stats)
         free = self.slots - in_flight
         if not self.slots:
-            return "[evolution] evaluation_slots is 0: no evaluations are handed out"
+            return "[advanced.evolution] evaluation_slots is 0: no evaluations are handed out"
         if free <= 0:
             return f"{in_flight} evaluations in flight; waiting for them"
         self.engine.model.budget.check(purpose="evaluate", tokens=1)

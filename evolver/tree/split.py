@@ -5,7 +5,7 @@ task whose metadata says ``split: "test"``. This module says which tasks those a
 committed, so no attempt at one is ever learnable, not even for a moment:
 
 - a person's task with a check (a possible evaluation task, ``TreeSearch.pool``) is held out by the
-  hash of its id, ``[evolution] held_out_share`` of them; the rest train;
+  hash of its id, ``[advanced.evolution] held_out_share`` of them; the rest train;
 - a benchmark's task keeps its pack's split (held out when none is given);
 - a task whose text is a held-out task of a configured pack is held out, whoever sends it and however
   it is labelled, so a held-out task cannot be brought into training by submitting it;
