@@ -1,14 +1,16 @@
-"""Helpers of the store's tests that run code in other processes."""
+"""Helpers of the tests that run code in other processes."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import IO, TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -82,3 +84,15 @@ class OtherModel:
 
     def embed_query(self, text, **kwargs):
         return self._inner.embed_query(text, **kwargs)
+
+
+def read_line(stream: IO[str], *, timeout_s: float, what: str) -> str:
+    """The next line a child writes, waited for until a deadline: a bare ``readline()`` on a child that never
+    writes (a cold start, a crash before its first line) hangs the test instead of failing it. The reading
+    thread ends when the caller's cleanup kills the child (end of file)."""
+    box: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: box.put(stream.readline()), daemon=True).start()
+    try:
+        return box.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no line within {timeout_s:g} s: {what}") from None

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _helpers import read_line
 from starlette.testclient import TestClient
 
 from evolver.cli.client import finished_rounds
@@ -259,7 +260,7 @@ def dashboard(daemon):
     printed."""
     proc = subprocess.Popen([EVOLVER, "ui"], env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = proc.stdout.readline().strip()
+        url = read_line(proc.stdout, timeout_s=60, what="`evolver ui` to print its URL").strip()
         assert url.startswith("http://127.0.0.1:") and "?token=" in url, proc.stderr.read()
         yield url
     finally:
@@ -438,7 +439,7 @@ def test_open_keeps_the_token_off_every_command_line_and_removes_its_page_once_t
         text=True,
     )
     try:
-        printed = proc.stdout.readline().strip()
+        printed = read_line(proc.stdout, timeout_s=60, what="`evolver ui` to print its address").strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", printed), printed  # no token in the scrollback
         args = (tmp_path / "seen.args").read_text(encoding="utf-8").strip()
         opened = Path(args.removeprefix("file://"))

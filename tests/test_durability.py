@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from _helpers import read_line
 
 from evolver.testing.daemon import DaemonProcess, make_root, remove_root, wait_for
 from evolver.testing.durability import (
@@ -156,7 +157,7 @@ sys.stdin.read()  # wait for the power cut
             stdout=subprocess.PIPE,
         )
         try:
-            acked = [int(proc.stdout.readline()) for _ in range(200)]
+            acked = [int(read_line(proc.stdout, timeout_s=60, what=f"acknowledgement {n}")) for n in range(200)]
         finally:
             proc.kill()
             proc.wait(30)

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import httpx2
 import pytest
-from _helpers import REPO
+from _helpers import REPO, read_line
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -115,8 +115,8 @@ def test_mcp_serve_over_http_needs_its_token_and_its_host(daemon):
         [EVOLVER, "mcp", "serve", "--http"], env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        url = proc.stdout.readline().strip()
-        token = proc.stdout.readline().strip().removeprefix("token: ")
+        url = read_line(proc.stdout, timeout_s=60, what="`evolver mcp serve --http` to print its URL").strip()
+        token = read_line(proc.stdout, timeout_s=60, what="its token").strip().removeprefix("token: ")
         assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp") and len(token) > 30
         hello = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         assert httpx.post(url, json=hello).status_code == 401

@@ -7,7 +7,7 @@ import subprocess
 import textwrap
 
 import pytest
-from _helpers import PYTHON, REPO, OtherModel, run_python
+from _helpers import PYTHON, REPO, OtherModel, read_line, run_python
 from sqlite_utils.migrations import Migrations
 
 import memory.store as store_module
@@ -295,7 +295,8 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
         cwd=str(REPO),
     )
     try:
-        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        ready = read_line(holder.stdout, timeout_s=120, what="the index holder to open the store")
+        assert ready.strip() == "ready", ready
 
         with pytest.raises(IndexBusy) as caught:
             Store.open(data_dir, embedder=embedder)
