@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 
@@ -33,6 +34,8 @@ from ..llm.budget import BudgetExceeded
 from .errors import error_response
 from .host import WorkerLost
 from .models import ChatIn, errors
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["chat"])
 
@@ -310,15 +313,7 @@ async def completions(body: ChatIn, request: Request):
                 else:
                     yield f": {value} step\n\n".encode()
             if "error" in outcome:
-                exc = outcome["error"]
-                kind = (
-                    "budget_exceeded"
-                    if isinstance(exc, BudgetExceeded)
-                    else "worker_lost"
-                    if isinstance(exc, WorkerLost)
-                    else "internal_error"
-                )
-                error = {"error": {"type": kind, "message": str(exc), "param": None}}
+                error = {"error": _stream_error(outcome["error"], chat_id)}
                 yield f"data: {json.dumps(error)}\n\n".encode()
                 finished = True
                 return
@@ -335,3 +330,19 @@ async def completions(body: ChatIn, request: Request):
                 cancel.set()
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _stream_error(exc: BaseException, chat_id: str) -> dict:
+    """The error event that ends a streamed turn. The budget and a lost worker say what happened, as their
+    JSON answers do; any other failure is logged with its traceback and the client gets a generic message
+    (an exception's text may carry paths, prompts or a server's reply, none of which is the client's)."""
+    if isinstance(exc, BudgetExceeded):
+        return {"type": "budget_exceeded", "message": str(exc), "param": None}
+    if isinstance(exc, WorkerLost):
+        return {"type": "worker_lost", "message": str(exc), "param": None}
+    log.error("chat turn %s failed", chat_id, exc_info=exc)
+    return {
+        "type": "internal_error",
+        "message": f"the chat turn failed ({type(exc).__name__}); the daemon keeps serving; the log has the details",
+        "param": None,
+    }
