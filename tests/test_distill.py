@@ -415,6 +415,35 @@ def test_a_poke_while_a_round_of_the_job_runs_is_not_lost(engine):
         jobs.stop()
 
 
+def test_stopping_the_jobs_waits_for_a_running_round_and_starts_none_after(engine):
+    """The daemon closes the store after the jobs stop: a round running then is waited for (its event is
+    written before stop returns), one that outlives the wait is named as cut, and no round starts after."""
+    import threading
+
+    e = engine(ADD, "jobs-stop")
+    started, release = threading.Event(), threading.Event()
+
+    def slow(host) -> str:
+        started.set()
+        assert release.wait(30)
+        return "slow round"
+
+    jobs = Jobs(
+        SimpleNamespace(store=e.store, engine=e, config=e.config),
+        [Job("record", slow, every_min=60.0, description="a slow round", waits_for_idle=False)],
+    )
+    jobs.start(schedule=False)
+    jobs.poke("record")
+    assert started.wait(30)
+    assert jobs.stop(timeout_s=0.2) == ["record"]  # still running: cut, were the store closed now
+    threading.Timer(0.2, release.set).start()
+    assert jobs.stop(timeout_s=30) == []  # waited for
+    assert [ev.what for ev in e.store.list_events(kind="job")] == ["record: slow round"]
+    (late,) = jobs.run_now("record")
+    assert not late.ok and late.event_id is None and "stopping" in late.summary
+    assert len(e.store.list_events(kind="job")) == 1
+
+
 def test_a_batch_the_model_keeps_answering_unusably_is_passed_after_three_tries(engine):
     """The 0.5B model echoed the instructions' example every round: the round failed and kept its
     watermark, so distillation stood at that batch for good. Now the third unusable answer for the same

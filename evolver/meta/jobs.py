@@ -240,6 +240,7 @@ class Jobs:
         self._wanted: set[str] = set()  # jobs asked for while a round of theirs was running
         self._wanted_lock = threading.Lock()
         self._pokes = itertools.count(1)
+        self._stopping = threading.Event()  # no round starts once set
 
     def start(self, *, schedule: bool = True) -> None:
         """Start the job host; with ``schedule`` also the intervals and triggers (``[evolution] enabled``).
@@ -316,9 +317,22 @@ class Jobs:
                 return str(exc)
         return None
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 0.0) -> list[str]:
+        """Start no more rounds, and wait up to ``timeout_s`` for the running ones to end, so the store is not
+        closed under them. Returns the jobs whose round outlived the wait: cut by the shutdown, such a round
+        runs again after the restart, as every round takes up from what the store holds (its marks move only
+        when what they cover is written)."""
+        self._stopping.set()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        deadline = time.monotonic() + timeout_s
+        cut = []
+        for job in self.jobs.values():
+            if job.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                job.lock.release()
+            else:
+                cut.append(job.name)
+        return cut
 
     def next_runs(self) -> list[dict]:
         """Each job as `evolver status` shows it: its interval, the work that also makes it due (``after``
@@ -411,7 +425,11 @@ class Jobs:
             job.lock.release()
 
     def _round(self, job: Job) -> JobRound:
-        """One round of ``job`` (its lock held), recorded as an event."""
+        """One round of ``job`` (its lock held), recorded as an event; none once the jobs are stopping."""
+        if self._stopping.is_set():
+            return JobRound(
+                job=job.name, ok=False, summary="not run: the daemon is stopping", seconds=0.0, event_id=None
+            )
         started = time.perf_counter()
         try:
             summary, ok = job.run(self.host), True

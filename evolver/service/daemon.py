@@ -229,6 +229,8 @@ class Daemon:
         self.drain.set()
         with self._work_ready:
             self._work_ready.notify_all()
+        if self.jobs is not None:
+            self.jobs.stop()  # no new round; the running ones are waited for below, with the workers'
         deadline = time.monotonic() + self.config.daemon.shutdown_grace_s
         processes = [w for w in self.workers if isinstance(w, WorkerProcess)]
         for handle in processes:
@@ -241,6 +243,9 @@ class Daemon:
             self._chats.wait_for(lambda: self._chats.turns == 0, max(0.0, deadline - time.monotonic()))
         if self.evaluator is not None:
             self.evaluator.close(max(0.0, deadline - time.monotonic()))
+        if self.jobs is not None:  # the store closes after this: a round still running then is cut
+            for name in self.jobs.stop(max(0.0, deadline - time.monotonic())):
+                log.warning("a %s round did not end within the grace; it runs again after the restart", name)
         for worker in self.workers:
             lease = worker.current
             if isinstance(worker, Worker) and lease is not None and self.store.release_task(lease):
