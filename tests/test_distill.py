@@ -15,7 +15,7 @@ from evolver.llm import scripted
 from evolver.llm.budget import BudgetExceeded
 from evolver.meta.distill import WATERMARK_KEY, distill_round
 from evolver.meta.insights import InsightOpError
-from evolver.meta.jobs import Job, Jobs, builtin_jobs
+from evolver.meta.jobs import Job, Jobs, Unchanged, builtin_jobs
 from memory import NewTrajectory
 
 ADD = {"operations": [{"op": "ADD", "text": "Compute with run_python before answering a number."}]}
@@ -442,6 +442,27 @@ def test_stopping_the_jobs_waits_for_a_running_round_and_starts_none_after(engin
     (late,) = jobs.run_now("record")
     assert not late.ok and late.event_id is None and "stopping" in late.summary
     assert len(e.store.list_events(kind="job")) == 1
+
+
+def test_a_round_that_changes_nothing_is_telemetry_not_history(engine):
+    """`evolver history` shows changes: a round that found nothing to do is no event, yet status still shows
+    it as the job's last round."""
+    e = engine(ADD, "jobs-quiet")
+    answers = iter([Unchanged("nothing ended"), "recorded evaluation 1", Unchanged("nothing ended")])
+    jobs = Jobs(
+        SimpleNamespace(store=e.store, engine=e, config=e.config),
+        [Job("record", lambda host: next(answers), every_min=5.0, description="record", waits_for_idle=False)],
+    )
+    jobs.start(schedule=False)
+    try:
+        quiet, changed, quiet_again = (jobs.run_now("record")[0] for _ in range(3))
+        assert quiet.ok and quiet.event_id is None and quiet_again.event_id is None
+        assert [ev.what for ev in e.store.list_events(kind="job")] == ["record: recorded evaluation 1"]
+        assert changed.event_id == e.store.list_events(kind="job")[0].id
+        (status,) = jobs.next_runs()
+        assert status["last"]["summary"] == "record: nothing ended" and status["last"]["ok"]
+    finally:
+        jobs.stop()
 
 
 def test_a_batch_the_model_keeps_answering_unusably_is_passed_after_three_tries(engine):

@@ -68,6 +68,10 @@ class DistillError(RuntimeError):
     """A round that could not be applied; nothing was changed."""
 
 
+# A round that found nothing to learn from says so in these words (the jobs keep it out of the history).
+NOTHING_NEW = "no new trajectories since the last round"
+
+
 def watermark(store: ExperienceStore) -> tuple[float, str] | None:
     raw = store.get_meta(WATERMARK_KEY)
     return None if raw is None else tuple(json.loads(raw))  # type: ignore[return-value]
@@ -161,7 +165,7 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
     mark = watermark(store)
     recent = store.finished_since(mark, limit=BATCH)
     if not recent:
-        return "no new trajectories since the last round"
+        return NOTHING_NEW
     batch = [(t, s) for t, s in recent if t.status in LEARNED_FROM]
     cap = config.evolution.max_insights
     shown = numbered(store, limit=cap)

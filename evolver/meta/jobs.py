@@ -68,7 +68,7 @@ class JobError(ValueError):
 @dataclass
 class Job:
     name: str
-    run: Callable[[JobHost], str]
+    run: Callable[[JobHost], str | Unchanged]
     every_min: float
     description: str
     after: int | None = None  # also due after this many new items of work...
@@ -100,26 +100,38 @@ class JobRound:
     event_id: int | None
 
 
-def _reconcile(host: JobHost) -> str:
+@dataclass(frozen=True)
+class Unchanged:
+    """What a round that changed nothing returns: job telemetry (status, the dashboard), not an evolution
+    event. A record round every 5 minutes wrote 288 events a day that `evolver history` showed."""
+
+    summary: str
+
+
+def _reconcile(host: JobHost) -> str | Unchanged:
     fixed = host.store.reconcile()
     # Rows waiting in the outbox are normal (worker processes leave theirs for the daemon): synced, not repaired.
     synced = fixed.get("outbox", 0)
     repaired = sum(n for collection, n in fixed.items() if collection != "outbox")
-    return f"index agrees with the database; repaired {repaired} entries" + (
+    summary = f"index agrees with the database; repaired {repaired} entries" + (
         f" (and synced {synced} waiting in the outbox)" if synced else ""
     )
+    return summary if repaired else Unchanged(summary)
 
 
-def _distill(host: JobHost) -> str:
-    from .distill import distill_round
+def _distill(host: JobHost) -> str | Unchanged:
+    from .distill import NOTHING_NEW, distill_round
 
-    return distill_round(host.store, host.engine.meta, host.config)
+    summary = distill_round(host.store, host.engine.meta, host.config)
+    return Unchanged(summary) if summary == NOTHING_NEW else summary
 
 
-def _synthesize(host: JobHost) -> str:
+def _synthesize(host: JobHost) -> str | Unchanged:
+    from .distill import NOTHING_NEW
     from .synthesize import synthesize_round
 
-    return synthesize_round(host.engine)
+    summary = synthesize_round(host.engine)
+    return Unchanged(summary) if summary == NOTHING_NEW else summary
 
 
 def _prune(host: JobHost) -> str:
@@ -143,8 +155,11 @@ def _evolve(host: JobHost) -> str:
     return host.tree.step()
 
 
-def _record(host: JobHost) -> str:
-    return host.tree.record_ended()
+def _record(host: JobHost) -> str | Unchanged:
+    from ..tree.search import NOTHING_ENDED
+
+    summary = host.tree.record_ended()
+    return Unchanged(summary) if summary == NOTHING_ENDED else summary
 
 
 def _ended_evaluations(host: JobHost) -> int:
@@ -241,6 +256,7 @@ class Jobs:
         self._wanted_lock = threading.Lock()
         self._pokes = itertools.count(1)
         self._stopping = threading.Event()  # no round starts once set
+        self._quiet: dict[str, dict] = {}  # each job's last round that changed nothing (not an event)
 
     def start(self, *, schedule: bool = True) -> None:
         """Start the job host; with ``schedule`` also the intervals and triggers (``[evolution] enabled``).
@@ -347,6 +363,9 @@ class Jobs:
                 name = (event.payload or {}).get("job")
                 if name in self.jobs and (name not in last or event.at > last[name]["at"]):
                     last[name] = {"at": event.at, "ok": kind == "job", "summary": event.what}
+        for name, quiet in list(self._quiet.items()):
+            if name not in last or quiet["at"] > last[name]["at"]:
+                last[name] = quiet
         out = []
         for name, job in self.jobs.items():
             entry = scheduled.get(name)
@@ -431,13 +450,19 @@ class Jobs:
                 job=job.name, ok=False, summary="not run: the daemon is stopping", seconds=0.0, event_id=None
             )
         started = time.perf_counter()
+        changed = True
         try:
-            summary, ok = job.run(self.host), True
+            result = job.run(self.host)
+            summary, ok = (result.summary, True) if isinstance(result, Unchanged) else (result, True)
+            changed = not isinstance(result, Unchanged)
         except Exception as exc:  # a failed round is loud and recorded, never silent
             log.exception("job %s failed", job.name)
             summary, ok = f"{type(exc).__name__}: {exc}", False
         seconds = time.perf_counter() - started
         retry_in = self._note(job, ok)
+        if not changed:
+            self._quiet[job.name] = {"at": time.time(), "ok": True, "summary": f"{job.name}: {summary}"}
+            return JobRound(job=job.name, ok=True, summary=summary, seconds=seconds, event_id=None)
         payload = {"job": job.name, "seconds": round(seconds, 3)}
         if retry_in is not None:
             payload |= {"failures": self._failures[job.name], "retry_in_s": round(retry_in)}

@@ -47,6 +47,7 @@ from ..llm import jsonfix
 from ..llm.client import json_schema_format
 from ..text import clip, control_character
 from ..tree.incumbent import incumbent
+from .distill import NOTHING_NEW
 
 __all__ = [
     "WATERMARK_KEY",
@@ -479,7 +480,7 @@ def synthesize_round(engine: Engine) -> str:
     window = store.finished_since(after, limit=WINDOW)
     if state["until"] is None:
         if not window:
-            return "no new trajectories since the last round"
+            return NOTHING_NEW
         state = {"after": state["after"], "until": _key(window[-1][0]), "done": []}
     until = tuple(state["until"])
     window = [(t, s) for t, s in window if (t.finished_at, t.id) <= until]

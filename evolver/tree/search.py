@@ -87,6 +87,10 @@ def node_stats(store: ExperienceStore, *, split: str = "train") -> list[policy.N
     return stats
 
 
+# What a record round that found nothing ended says (the jobs keep such a round out of the history).
+NOTHING_ENDED = "no evaluation or smoke task ended since the last record"
+
+
 class TreeSearch:
     def __init__(self, engine: Engine, *, slots: int = 1, rng: np.random.Generator | None = None) -> None:
         self.engine = engine
@@ -440,7 +444,7 @@ class TreeSearch:
         with self._lock:
             notes = self.reconcile()
             notes += [f"node {n.id}: {self._validate(n)}" for n in self._smoked()]
-        return "; ".join(notes) if notes else "no evaluation or smoke task ended since the last record"
+        return "; ".join(notes) if notes else NOTHING_ENDED
 
     def consider_promotion(self) -> str | None:
         """Promote the best held-out candidate whose bound beats the incumbent's (or ask for approval)."""
