@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ._host import StoreHost
 from .search import learnable_sql
 
 __all__ = ["Effect", "Exposures"]
@@ -114,7 +115,7 @@ def _rate(successes: int, failures: int) -> float:
     return (successes + 1) / (successes + failures + 2)
 
 
-class Exposures:
+class Exposures(StoreHost):
     """The part of ``Store`` that records exposures and measures effects (a mixin)."""
 
     def record_exposures(self, trajectory_id: str, items: dict[str, Iterable[str]]) -> None:

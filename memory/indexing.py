@@ -12,6 +12,7 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Callable
 
+from ._host import StoreHost
 from .db import INDEXED_COLLECTIONS
 from .errors import StoreError
 
@@ -22,7 +23,7 @@ def _text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-class IndexMaintenance:
+class IndexMaintenance(StoreHost):
     """The part of ``Store`` that writes the vector index (a mixin: it uses the
     store's connection, lock, embedder and index)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from ._host import StoreHost
 from .errors import NotFound
 from .records import Event, Insight
 
@@ -17,7 +18,7 @@ def _snapshot(insight: Insight) -> str:
     return json.dumps({f: getattr(insight, f) for f in _FIELDS})
 
 
-class InsightLog:
+class InsightLog(StoreHost):
     """The part of ``Store`` that applies the meta-agent's insight operations (a mixin)."""
 
     def apply_insight_changes(self, changes: list[dict], *, event_id: int | None = None) -> list[Insight]:

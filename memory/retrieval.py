@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._host import StoreHost
 from .records import Context, InsightHit, ToolHit, TrajectoryHit
 from .search import Filters, fuse, keyword_search
 
@@ -40,7 +41,7 @@ class _Pending:
         return self._value
 
 
-class Retrieval:
+class Retrieval(StoreHost):
     """The part of ``Store`` that answers similarity queries (a mixin: it uses the
     store's connection, embedder and index)."""
 

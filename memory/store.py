@@ -42,6 +42,7 @@ from .inbox import Inbox, interrupt_trajectories
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .insight_log import InsightLog
+from .options import StoreOptions
 from .records import (
     Ending,
     Evaluation,
@@ -73,28 +74,6 @@ def new_id(prefix: str) -> str:
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    """The knobs of the store; ``evolver.config`` fills them from ``[memory]``."""
-
-    busy_timeout_ms: int = 5000
-    rrf_k: int = 60
-    # How many candidates each ranking contributes before fusion, per result wanted.
-    candidates_per_result: int = 4
-    hnsw_ef_construction: int = 100
-    hnsw_ef_search: int = 100
-    hnsw_max_neighbors: int = 16
-    index_batch: int = 256
-    index_server: str = ""  # a Chroma server ("http://host:port") holding the index; empty: the data dir
-
-    def hnsw(self) -> dict:
-        return {
-            "ef_construction": self.hnsw_ef_construction,
-            "ef_search": self.hnsw_ef_search,
-            "max_neighbors": self.hnsw_max_neighbors,
-        }
 
 
 @dataclass

@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from ._host import StoreHost
 from .errors import NotFound
 from .records import Event, ToolRecord
 
@@ -44,7 +45,7 @@ class RecordedCall:
     finished_at: float | None = None  # when the trajectory ended
 
 
-class ToolLog:
+class ToolLog(StoreHost):
     """The part of ``Store`` that records tool changes and reads real tool calls (a mixin)."""
 
     def apply_tool_changes(
