@@ -19,7 +19,7 @@ against it, and with no task seen both ways this is the plain comparison.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ._host import StoreHost
@@ -105,10 +105,15 @@ class Effect:
         }
 
 
-def _two_sided(group: Group) -> bool:
+def _two_sided(group: Sequence[int]) -> bool:
     """Whether a group holds attempts both with and without the item: only such a group says anything
     about the difference."""
     return bool((group[0] + group[1]) and (group[2] + group[3]))
+
+
+def _as_group(counts: Sequence[int]) -> Group:
+    successes, failures, control_successes, control_failures = counts
+    return successes, failures, control_successes, control_failures
 
 
 def _rate(successes: int, failures: int) -> float:
@@ -174,12 +179,12 @@ class Exposures(StoreHost):
                 counts = by_task.setdefault(row["task"], [0, 0, 0, 0])
                 counts[side + (0 if row["success"] else 1)] += 1
             rest = [0, 0, 0, 0]
-            groups = []
+            groups: list[Group] = []
             for counts in by_task.values():
                 if _two_sided(counts):
-                    groups.append(tuple(counts))
+                    groups.append(_as_group(counts))
                 else:
                     rest = [a + b for a, b in zip(rest, counts)]
             totals = [sum(g[i] for g in groups) + rest[i] for i in range(4)]
-            out[str(item)] = Effect(str(item), *totals, groups=(*groups, tuple(rest)))
+            out[str(item)] = Effect(str(item), *_as_group(totals), groups=(*groups, _as_group(rest)))
         return out

@@ -119,7 +119,7 @@ class IndexMaintenance(StoreHost):
         fixed = {"outbox": self.sync_index()}
         for collection in INDEXED_COLLECTIONS:
             sql = self._indexable_ids_sql(collection)
-            expected = self._one(f"SELECT count(*) AS n FROM ({sql})")["n"]
+            expected = self._all(f"SELECT count(*) AS n FROM ({sql})")[0]["n"]
             if expected == self.index.count(collection):
                 continue
             truth = {r["id"] for r in self._all(sql)}
@@ -152,7 +152,7 @@ class IndexMaintenance(StoreHost):
                     f"SELECT ?, id FROM ({self._indexable_ids_sql(collection)})",
                     [collection],
                 )
-        total = self._one("SELECT count(*) AS n FROM index_outbox")["n"]
+        total = self._all("SELECT count(*) AS n FROM index_outbox")[0]["n"]
         for collection in INDEXED_COLLECTIONS:
             self.index.reset(collection)
         with self._write() as db:

@@ -47,6 +47,7 @@ class InsightLog(StoreHost):
                         ],
                     )
                     insight_id, before = cursor.lastrowid, None
+                    assert insight_id is not None  # an INSERT just ran
                 else:
                     insight_id = change["id"]
                     row = self._one("SELECT * FROM insights WHERE id = ?", [insight_id])
@@ -67,7 +68,7 @@ class InsightLog(StoreHost):
                             insight_id,
                         ],
                     )
-                after = Insight.from_row(self._one("SELECT * FROM insights WHERE id = ?", [insight_id]))
+                after = self.get_insight(insight_id)
                 db.execute(
                     "INSERT INTO insight_history (insight_id, op, before, after, event_id, at) VALUES (?,?,?,?,?,?)",
                     [insight_id, change["op"], before, _snapshot(after), event_id, now],

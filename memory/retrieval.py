@@ -91,7 +91,9 @@ class Retrieval(StoreHost):
         with self._sqlite_errors():
             where, params = (filters or Filters()).sql("t")
             keyword_args = (self._reader(), "trajectories", query, fetch)
-            keyword_kwargs = dict(where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id")
+            keyword_kwargs: dict[str, Any] = dict(
+                where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id"
+            )
             if callable(vector):
                 # A query embedding still to compute (``context``): the keyword
                 # search needs no vector, so it runs on another thread meanwhile

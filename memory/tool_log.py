@@ -107,6 +107,7 @@ class ToolLog(StoreHost):
                     reverts,
                 ],
             ).lastrowid
+            assert event_id is not None  # an INSERT just ran
             for new_id in new_ids:
                 db.execute("UPDATE tools SET event_id = ? WHERE id = ?", [event_id, new_id])
             for key, value in (meta or {}).items():
@@ -121,7 +122,7 @@ class ToolLog(StoreHost):
         return None if row is None else ToolRecord.from_row(row)
 
     def next_tool_version(self, name: str) -> int:
-        return self._one("SELECT coalesce(max(version), 0) + 1 AS v FROM tools WHERE name = ?", [name])["v"]
+        return self._all("SELECT coalesce(max(version), 0) + 1 AS v FROM tools WHERE name = ?", [name])[0]["v"]
 
     def tool_events(self, tool_id: int) -> list[Event]:
         """Events that changed this tool, oldest first."""
