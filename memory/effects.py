@@ -19,7 +19,7 @@ against it, and with no task seen both ways this is the plain comparison.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ._host import StoreHost
@@ -123,7 +123,7 @@ def _rate(successes: int, failures: int) -> float:
 class Exposures(StoreHost):
     """The part of ``Store`` that records exposures and measures effects (a mixin)."""
 
-    def record_exposures(self, trajectory_id: str, items: dict[str, Iterable[str]]) -> None:
+    def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None:
         """Note, in one write, what the attempt was shown: ``{"insight": ids, "tool": names}``;
         recording one twice changes nothing."""
         rows = [(trajectory_id, kind, str(item)) for kind, names in items.items() for item in names]
