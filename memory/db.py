@@ -270,9 +270,9 @@ def _initial(db: sqlite_utils.Database) -> None:
     ]
     for sql in triggers:
         db.execute(sql)
-    db["trajectories"].enable_fts(["prompt", "final_answer"], create_triggers=True, tokenize="porter unicode61")
-    db["insights"].enable_fts(["text"], create_triggers=True, tokenize="porter unicode61")
-    db["tools"].enable_fts(["name", "description"], create_triggers=True, tokenize="porter unicode61")
+    db.table("trajectories").enable_fts(["prompt", "final_answer"], create_triggers=True, tokenize="porter unicode61")
+    db.table("insights").enable_fts(["text"], create_triggers=True, tokenize="porter unicode61")
+    db.table("tools").enable_fts(["name", "description"], create_triggers=True, tokenize="porter unicode61")
 
 
 @MIGRATIONS(name="0002_inbox_leases")

@@ -19,9 +19,10 @@ against it, and with no task seen both ways this is the plain comparison.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ._host import StoreHost
 from .search import learnable_sql
 
 __all__ = ["Effect", "Exposures"]
@@ -104,20 +105,25 @@ class Effect:
         }
 
 
-def _two_sided(group: Group) -> bool:
+def _two_sided(group: Sequence[int]) -> bool:
     """Whether a group holds attempts both with and without the item: only such a group says anything
     about the difference."""
     return bool((group[0] + group[1]) and (group[2] + group[3]))
+
+
+def _as_group(counts: Sequence[int]) -> Group:
+    successes, failures, control_successes, control_failures = counts
+    return successes, failures, control_successes, control_failures
 
 
 def _rate(successes: int, failures: int) -> float:
     return (successes + 1) / (successes + failures + 2)
 
 
-class Exposures:
+class Exposures(StoreHost):
     """The part of ``Store`` that records exposures and measures effects (a mixin)."""
 
-    def record_exposures(self, trajectory_id: str, items: dict[str, Iterable[str]]) -> None:
+    def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None:
         """Note, in one write, what the attempt was shown: ``{"insight": ids, "tool": names}``;
         recording one twice changes nothing."""
         rows = [(trajectory_id, kind, str(item)) for kind, names in items.items() for item in names]
@@ -173,12 +179,12 @@ class Exposures:
                 counts = by_task.setdefault(row["task"], [0, 0, 0, 0])
                 counts[side + (0 if row["success"] else 1)] += 1
             rest = [0, 0, 0, 0]
-            groups = []
+            groups: list[Group] = []
             for counts in by_task.values():
                 if _two_sided(counts):
-                    groups.append(tuple(counts))
+                    groups.append(_as_group(counts))
                 else:
                     rest = [a + b for a, b in zip(rest, counts)]
             totals = [sum(g[i] for g in groups) + rest[i] for i in range(4)]
-            out[str(item)] = Effect(str(item), *totals, groups=(*groups, tuple(rest)))
+            out[str(item)] = Effect(str(item), *_as_group(totals), groups=(*groups, _as_group(rest)))
         return out

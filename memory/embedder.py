@@ -26,6 +26,9 @@ from . import _offline  # noqa: F401  (must precede transformers)
 
 if TYPE_CHECKING:
     import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from .onnx_query import OnnxQueryEncoder
 
 __all__ = ["Embedder", "bundled_model_path", "MODEL_NAME"]
 
@@ -75,8 +78,8 @@ class Embedder:
         # A fast tokenizer is not thread-safe (each call sets its padding and truncation): the batch
         # model's is used under this lock, and the fast query path has a tokenizer and a lock of its own.
         self._batch_lock = threading.Lock()
-        self._model = None
-        self._query_model = None
+        self._model: SentenceTransformer | None = None
+        self._query_model: OnnxQueryEncoder | None = None
 
     @property
     def model_id(self) -> str:
@@ -104,7 +107,8 @@ class Embedder:
             model = SentenceTransformer(str(self.model_path), device="cpu")
             model.eval()
             transformer = model[0].auto_model
-            self.dimensions = model.get_embedding_dimension()
+            # None only for a model whose output size sentence-transformers cannot tell: keep the default then.
+            self.dimensions = model.get_embedding_dimension() or self.dimensions
             query_model = None
             if self.fast_queries:
                 try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ._host import StoreHost
 from .errors import NotFound
 from .records import Ending, Task
 
@@ -33,7 +34,7 @@ class Lease:
     expires_at: float
 
 
-class Inbox:
+class Inbox(StoreHost):
     """The part of ``Store`` that hands out work (a mixin over the store's connection)."""
 
     def claim_task(

@@ -23,10 +23,13 @@ import secrets
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _offline  # noqa: F401  (must precede chromadb)
 from .errors import EmbeddingMismatch, IndexBusy, StoreError, translate_os_error
+
+if TYPE_CHECKING:
+    from chromadb.api.collection_configuration import CreateHNSWConfiguration
 
 __all__ = ["VectorIndex"]
 
@@ -83,7 +86,8 @@ class VectorIndex:
         self.server = server
         self._rebuild = rebuild
         self.model_id = model_id
-        self._hnsw = {"space": "cosine", **hnsw}
+        # ``hnsw`` holds Chroma's HNSW settings by their names (``StoreOptions.hnsw``).
+        self._hnsw = cast("CreateHNSWConfiguration", {"space": "cosine", **hnsw})
         self._lock_file = self._take_lock(path)
         try:
             import chromadb
@@ -162,9 +166,11 @@ class VectorIndex:
         return lock_file
 
     def close(self) -> None:
-        client, self._client = getattr(self, "_client", None), None
-        if client is not None and hasattr(client, "close"):
-            client.close()  # releases Chroma's files; it caches a system per path otherwise
+        client = getattr(self, "_client", None)
+        if client is not None:
+            del self._client  # closed once, however often close() is called
+            if hasattr(client, "close"):
+                client.close()  # releases Chroma's files; it caches a system per path otherwise
         lock_file, self._lock_file = getattr(self, "_lock_file", None), None
         if lock_file is not None:
             fcntl.flock(lock_file, fcntl.LOCK_UN)

@@ -12,6 +12,7 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Callable
 
+from ._host import StoreHost
 from .db import INDEXED_COLLECTIONS
 from .errors import StoreError
 
@@ -22,7 +23,7 @@ def _text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-class IndexMaintenance:
+class IndexMaintenance(StoreHost):
     """The part of ``Store`` that writes the vector index (a mixin: it uses the
     store's connection, lock, embedder and index)."""
 
@@ -118,7 +119,7 @@ class IndexMaintenance:
         fixed = {"outbox": self.sync_index()}
         for collection in INDEXED_COLLECTIONS:
             sql = self._indexable_ids_sql(collection)
-            expected = self._one(f"SELECT count(*) AS n FROM ({sql})")["n"]
+            expected = self._all(f"SELECT count(*) AS n FROM ({sql})")[0]["n"]
             if expected == self.index.count(collection):
                 continue
             truth = {r["id"] for r in self._all(sql)}
@@ -151,7 +152,7 @@ class IndexMaintenance:
                     f"SELECT ?, id FROM ({self._indexable_ids_sql(collection)})",
                     [collection],
                 )
-        total = self._one("SELECT count(*) AS n FROM index_outbox")["n"]
+        total = self._all("SELECT count(*) AS n FROM index_outbox")[0]["n"]
         for collection in INDEXED_COLLECTIONS:
             self.index.reset(collection)
         with self._write() as db:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from ._host import StoreHost
 from .errors import NotFound
 from .records import Event, Insight
 
@@ -17,7 +18,7 @@ def _snapshot(insight: Insight) -> str:
     return json.dumps({f: getattr(insight, f) for f in _FIELDS})
 
 
-class InsightLog:
+class InsightLog(StoreHost):
     """The part of ``Store`` that applies the meta-agent's insight operations (a mixin)."""
 
     def apply_insight_changes(self, changes: list[dict], *, event_id: int | None = None) -> list[Insight]:
@@ -46,6 +47,7 @@ class InsightLog:
                         ],
                     )
                     insight_id, before = cursor.lastrowid, None
+                    assert insight_id is not None  # an INSERT just ran
                 else:
                     insight_id = change["id"]
                     row = self._one("SELECT * FROM insights WHERE id = ?", [insight_id])
@@ -66,7 +68,7 @@ class InsightLog:
                             insight_id,
                         ],
                     )
-                after = Insight.from_row(self._one("SELECT * FROM insights WHERE id = ?", [insight_id]))
+                after = self.get_insight(insight_id)
                 db.execute(
                     "INSERT INTO insight_history (insight_id, op, before, after, event_id, at) VALUES (?,?,?,?,?,?)",
                     [insight_id, change["op"], before, _snapshot(after), event_id, now],

@@ -9,7 +9,7 @@ Each method means what ``Store``'s own docstring says.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -226,7 +226,7 @@ class ExperienceStore(Protocol):
 
     def hook_effects(self, node_id: str) -> dict[str, dict[str, int]]: ...
 
-    def record_exposures(self, trajectory_id: str, items: dict[str, Iterable[str]]) -> None: ...
+    def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None: ...
 
     def exposures_of(self, trajectory_id: str) -> dict[str, list[str]]: ...
 

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._host import StoreHost
 from .records import Context, InsightHit, ToolHit, TrajectoryHit
 from .search import Filters, fuse, keyword_search
 
@@ -40,7 +41,7 @@ class _Pending:
         return self._value
 
 
-class Retrieval:
+class Retrieval(StoreHost):
     """The part of ``Store`` that answers similarity queries (a mixin: it uses the
     store's connection, embedder and index)."""
 
@@ -90,7 +91,9 @@ class Retrieval:
         with self._sqlite_errors():
             where, params = (filters or Filters()).sql("t")
             keyword_args = (self._reader(), "trajectories", query, fetch)
-            keyword_kwargs = dict(where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id")
+            keyword_kwargs: dict[str, Any] = dict(
+                where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id"
+            )
             if callable(vector):
                 # A query embedding still to compute (``context``): the keyword
                 # search needs no vector, so it runs on another thread meanwhile

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 
+from ._host import StoreHost
 from .errors import NotFound
 
 __all__ = ["Snapshots"]
 
 
-class Snapshots:
+class Snapshots(StoreHost):
     """The part of ``Store`` that keeps scaffold snapshots and meta values (a mixin)."""
 
     def put_scaffold(self, scaffold_hash: str, body: str) -> None:

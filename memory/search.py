@@ -96,7 +96,8 @@ class Filters:
 
     def sql(self, alias: str = "t") -> tuple[str, list]:
         """A WHERE fragment over trajectories (alias) left-joined to outcomes (o)."""
-        parts, params = [], []
+        parts: list[str] = []
+        params: list = []
         if self.success is not None:
             parts.append("o.success = ?")
             params.append(1 if self.success else 0)
@@ -241,7 +242,8 @@ def informative_terms(db: sqlite_utils.Database, table: str, words: list[str], b
     cost = {w: sum(frequency.get(s, 0) for s in ws) for w, ws in zip(words, stems)}
     if sum(cost.values()) <= budget:
         return words
-    kept, spent = set(), 0
+    kept: set[str] = set()
+    spent = 0
     for word in sorted(words, key=lambda w: cost[w]):
         if kept and spent + cost[word] > budget:
             break

@@ -42,6 +42,7 @@ from .inbox import Inbox, interrupt_trajectories
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .insight_log import InsightLog
+from .options import StoreOptions
 from .records import (
     Ending,
     Evaluation,
@@ -73,28 +74,6 @@ def new_id(prefix: str) -> str:
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    """The knobs of the store; ``evolver.config`` fills them from ``[memory]``."""
-
-    busy_timeout_ms: int = 5000
-    rrf_k: int = 60
-    # How many candidates each ranking contributes before fusion, per result wanted.
-    candidates_per_result: int = 4
-    hnsw_ef_construction: int = 100
-    hnsw_ef_search: int = 100
-    hnsw_max_neighbors: int = 16
-    index_batch: int = 256
-    index_server: str = ""  # a Chroma server ("http://host:port") holding the index; empty: the data dir
-
-    def hnsw(self) -> dict:
-        return {
-            "ef_construction": self.hnsw_ef_construction,
-            "ef_search": self.hnsw_ef_search,
-            "max_neighbors": self.hnsw_max_neighbors,
-        }
 
 
 @dataclass
@@ -304,7 +283,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """
         if self._closed:
             raise StoreError(f"{self.db_path}: the store is closed.")
-        if self.readonly or getattr(self._local, "writing", 0):
+        if self.readonly or getattr(self._local, "writing", 0) > 0:
             return self.db
         reader = getattr(self._local, "reader", None)
         if reader is None:
@@ -439,7 +418,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def list_tasks(
         self, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
     ) -> list[Task]:
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list = []
         if status:
             clauses, params = clauses + ["status = ?"], params + [status]
         if source:
@@ -598,9 +578,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             if table is None:
                 out[full] = full
                 continue
-            # Only the neighbours in sorted order can share a longer prefix with it.
-            before = self._one(f"SELECT max(id) AS id FROM {table} WHERE id < ?", [full])["id"] or ""
-            after = self._one(f"SELECT min(id) AS id FROM {table} WHERE id > ?", [full])["id"] or ""
+            # Only the neighbours in sorted order can share a longer prefix with it (an aggregate: one row).
+            before = self._all(f"SELECT max(id) AS id FROM {table} WHERE id < ?", [full])[0]["id"] or ""
+            after = self._all(f"SELECT min(id) AS id FROM {table} WHERE id > ?", [full])[0]["id"] or ""
             shared = max(len(os.path.commonprefix([full, before])), len(os.path.commonprefix([full, after])))
             out[full] = full[: max(13, shared + 1)]
         return out
@@ -727,7 +707,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 ],
             )
         self.sync_index()
-        return self.outcome(trajectory_id)
+        outcome = self.outcome(trajectory_id)
+        assert outcome is not None  # written above
+        return outcome
 
     def add_feedback(self, trajectory_id: str, *, good: bool, note: str = "") -> Outcome:
         """A person's verdict, kept as they gave it (``person_good``); it decides success where no
@@ -744,7 +726,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 [trajectory_id, int(good), note or ("good" if good else "bad"), int(good), time.time()],
             )
         self.sync_index()
-        return self.outcome(trajectory_id)
+        outcome = self.outcome(trajectory_id)
+        assert outcome is not None  # written above
+        return outcome
 
     def outcome(self, trajectory_id: str) -> Outcome | None:
         row = self._one("SELECT * FROM outcomes WHERE trajectory_id = ?", [trajectory_id])
@@ -829,6 +813,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 [text, importance, "active", _json(provenance or []), node_id, now, now],
             )
             insight_id = cursor.lastrowid
+            assert insight_id is not None  # an INSERT just ran
         self.sync_index()
         return self.get_insight(insight_id)
 
@@ -894,6 +879,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 [name, version, description, code_hash, status, origin, node_id, event_id, now, now],
             )
             tool_id = cursor.lastrowid
+            assert tool_id is not None  # an INSERT just ran
         self.sync_index()
         return self.get_tool(tool_id)
 
@@ -979,6 +965,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 [node_id, task_ref, split, "running", time.time()],
             )
             evaluation_id = cursor.lastrowid
+            assert evaluation_id is not None  # an INSERT just ran
             if task is not None:
                 metadata = {
                     **(task.get("metadata") or {}),
@@ -1083,7 +1070,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 [time.time(), model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id, node_id],
             )
             entry_id = cursor.lastrowid
-        return LedgerEntry.from_row(self._one("SELECT * FROM ledger WHERE id = ?", [entry_id]))
+        return LedgerEntry.from_row(
+            self._require(self._one("SELECT * FROM ledger WHERE id = ?", [entry_id]), "ledger entry", entry_id)
+        )
 
     def spent(
         self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None, task_id: str | None = None
@@ -1145,14 +1134,15 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def learned_since(self, since: float) -> dict[str, int]:
         """What was learned and unlearned since a time: insights added and retired, synthesized tools
         that came into use and that were retired."""
-        row = self._one(
+        # A SELECT of values, no FROM: always one row.
+        row = self._all(
             "SELECT (SELECT count(*) FROM insight_history WHERE at >= ? AND op = 'ADD') AS insights_added, "
             "(SELECT count(*) FROM insight_history WHERE at >= ? AND json_extract(after, '$.status') = 'retired' "
             " AND coalesce(json_extract(before, '$.status'), '') != 'retired') AS insights_retired, "
             "(SELECT count(*) FROM tools WHERE created_at >= ? AND status IN ('active', 'retired')) AS tools_added, "
             "(SELECT count(*) FROM tools WHERE updated_at >= ? AND status = 'retired') AS tools_retired",
             [since] * 4,
-        )
+        )[0]
         return {key: int(row[key]) for key in ("insights_added", "insights_retired", "tools_added", "tools_retired")}
 
     def append_event(
@@ -1174,7 +1164,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 [time.time(), kind, what, why, _json(evidence or []), cost_usd, node_id, _json(payload or {}), reverts],
             )
             event_id = cursor.lastrowid
-        return Event.from_row(self._one("SELECT * FROM events WHERE id = ?", [event_id]))
+            assert event_id is not None  # an INSERT just ran
+        return self.get_event(event_id)
 
     def get_event(self, event_id: int) -> Event:
         return Event.from_row(
@@ -1182,7 +1173,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         )
 
     def list_events(self, *, kind: str | None = None, since: float = 0.0, limit: int = 100) -> list[Event]:
-        sql, params = "SELECT * FROM events WHERE at >= ?", [since]
+        sql = "SELECT * FROM events WHERE at >= ?"
+        params: list = [since]
         if kind:
             sql, params = sql + " AND kind = ?", [*params, kind]
         rows = self._all(sql + " ORDER BY id DESC LIMIT ?", [*params, limit])

@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from ._host import StoreHost
 from .errors import NotFound
 from .records import Event, ToolRecord
 
@@ -44,7 +45,7 @@ class RecordedCall:
     finished_at: float | None = None  # when the trajectory ended
 
 
-class ToolLog:
+class ToolLog(StoreHost):
     """The part of ``Store`` that records tool changes and reads real tool calls (a mixin)."""
 
     def apply_tool_changes(
@@ -106,6 +107,7 @@ class ToolLog:
                     reverts,
                 ],
             ).lastrowid
+            assert event_id is not None  # an INSERT just ran
             for new_id in new_ids:
                 db.execute("UPDATE tools SET event_id = ? WHERE id = ?", [event_id, new_id])
             for key, value in (meta or {}).items():
@@ -120,7 +122,7 @@ class ToolLog:
         return None if row is None else ToolRecord.from_row(row)
 
     def next_tool_version(self, name: str) -> int:
-        return self._one("SELECT coalesce(max(version), 0) + 1 AS v FROM tools WHERE name = ?", [name])["v"]
+        return self._all("SELECT coalesce(max(version), 0) + 1 AS v FROM tools WHERE name = ?", [name])[0]["v"]
 
     def tool_events(self, tool_id: int) -> list[Event]:
         """Events that changed this tool, oldest first."""

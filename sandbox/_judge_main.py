@@ -166,7 +166,7 @@ class _Clock:
 
 CLOCK = _Clock(60.0)
 SOURCE = ""
-SUBJECTS = []
+SUBJECTS: "list[Subject]" = []  # quoted: Subject comes below, and annotations here are evaluated
 
 
 def _kill(proc):
@@ -206,6 +206,7 @@ class Subject:
         return f"; its stderr: {text}" if text else ""
 
     def _reply(self):
+        assert self._proc.stdout is not None  # a pipe (``__init__``)
         fd = self._proc.stdout.fileno()
         while b"\n" not in self._buffer:
             left = CLOCK.left()
@@ -233,6 +234,7 @@ class Subject:
         if self.load_error is not None:
             raise AttemptError(f"{self._module}.py does not load: {self.load_error}")
         request = {"call": name, "args": encode(list(args)), "kwargs": encode(dict(kwargs)), "capture": capture}
+        assert self._proc.stdin is not None  # a pipe (``__init__``)
         try:
             self._proc.stdin.write((json.dumps(request) + "\n").encode())
             self._proc.stdin.flush()
@@ -313,6 +315,7 @@ def run(argv, *, stdin=None, timeout=None):
         timed_out = False
         try:
             if stdin is not None:
+                assert proc.stdin is not None  # a pipe, as there is something to write
                 proc.stdin.write(stdin.encode() if isinstance(stdin, str) else stdin)
                 proc.stdin.close()
             proc.wait(timeout=limit)
@@ -366,7 +369,7 @@ class _NoAttemptImports:
 
 
 def _python_check(job):
-    namespace = {
+    namespace: dict = {
         "__name__": "evolver_check",
         "solution": solution,
         "run": run,
@@ -393,7 +396,7 @@ def _tool_check(job):
     """A synthesized tool's tests and recorded calls; the tool runs in the subject, the tests here."""
     name = job["name"]
     tool = Subject(job["module"])
-    report = {"tests": [], "replays": [], "load_error": tool.load_error}
+    report: dict = {"tests": [], "replays": [], "load_error": tool.load_error}
     if tool.load_error is None:
         for path, source in job["tests"]:
             namespace = {"__name__": "evolver_tool_tests", name: getattr(tool, name)}

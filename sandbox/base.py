@@ -58,6 +58,8 @@ class Sandbox(Protocol):
         self, workspace: str | os.PathLike[str], limits: Limits | None = None, prelude: str = ""
     ) -> PythonWorker: ...
 
+    def workspace_dir(self, workspace: str | os.PathLike[str]) -> str: ...
+
 
 @dataclass
 class Launch:

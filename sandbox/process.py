@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .limits import Limits
 from .result import RunResult
@@ -42,7 +43,7 @@ def spawn(
     ``pass_fds`` (bubblewrap's seccomp program) are handed over: they are closed
     here once the child has them, or when it could not start.
     """
-    extra = {}
+    extra: dict[str, Any] = {}
     if user is not None:
         extra = {"user": user, "group": group, "extra_groups": []}
     try:
@@ -137,6 +138,7 @@ def collect(
     deadline = started + limits.timeout_s
     out, err = bytearray(), bytearray()
     sizes = {"out": 0, "err": 0}
+    assert proc.stdout is not None and proc.stderr is not None  # started with pipes for both (``run_process``)
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, ("out", out))
     sel.register(proc.stderr, selectors.EVENT_READ, ("err", err))
@@ -172,7 +174,8 @@ def collect(
                     pending = pending[:0]
                 if not pending:
                     sel.unregister(key.fileobj)
-                    key.fileobj.close()
+                    assert proc.stdin is not None  # the one file registered for writing
+                    proc.stdin.close()
                 continue
             name, buf = key.data
             chunk = os.read(key.fd, 65536)

@@ -40,6 +40,9 @@ _ARCHES = {
     "aarch64": (0xC00000B7, 220, 97, 435, False),
 }
 
+# An instruction: (code, k), or a jump (code, k, if true, if false), each an offset or the name of a block.
+_Insn = tuple[int, int] | tuple[int, int, int | str, int | str]
+
 
 def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
@@ -52,7 +55,7 @@ def no_userns_program(machine: str | None = None) -> bytes | None:
         return None
     audit_arch, clone, unshare, clone3, x32 = arch
     # Jumps name a block at the end; offsets (instructions to skip) are worked out below.
-    body = [
+    body: list[_Insn] = [
         (_LD_W_ABS, _ARCH),
         (_JEQ, audit_arch, 0, "deny"),
         (_LD_W_ABS, _NR),
@@ -62,12 +65,13 @@ def no_userns_program(machine: str | None = None) -> bytes | None:
         (_JEQ, clone, "flags", 0),
         (_RET, _ALLOW),
     ]
-    tail = {
+    tail: dict[str, list[_Insn]] = {
         "flags": [(_LD_W_ABS, _ARG0_LOW), (_JSET, _CLONE_NEWUSER, "deny", 0), (_RET, _ALLOW)],
         "enosys": [(_RET, _ERRNO | errno.ENOSYS)],
         "deny": [(_RET, _ERRNO | errno.EPERM)],
     }
-    labels, program = {}, list(body)
+    labels: dict[str, int] = {}
+    program = list(body)
     for name, block in tail.items():
         labels[name] = len(program)
         program.extend(block)

@@ -14,12 +14,13 @@ import json
 import os
 import secrets
 import selectors
+import subprocess
 import tempfile
 import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from .limits import Limits
 from .process import signal_name, terminate
@@ -32,7 +33,7 @@ class WorkerHost(Protocol):
 
     isolated: bool
 
-    def _spawn_worker(self, workspace: str | os.PathLike[str], limits: Limits, stderr) -> Any: ...
+    def _spawn_worker(self, workspace: str | os.PathLike[str], limits: Limits, stderr) -> subprocess.Popen[bytes]: ...
 
 
 WORKER_SOURCE = (Path(__file__).parent / "_worker_main.py").read_text(encoding="utf-8")
@@ -62,8 +63,8 @@ class PythonWorker:
         # Run in every fresh worker before its first call (the task's tools as functions): a worker that
         # was restarted has them again, though the names the calls defined are gone.
         self.prelude = prelude
-        self._proc = None
-        self._crash_log = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._crash_log: IO[bytes] | None = None
         self._finalizer: weakref.finalize | None = None  # kills a worker whose owner forgot close()
         self._buffer = bytearray()
         self._lock = threading.Lock()
@@ -169,6 +170,7 @@ class PythonWorker:
         wrote on the channel itself, or a reply left behind by one it forged) is dropped. The line
         itself, b"" when the worker closed its end, None past the deadline."""
         nonce = secrets.token_hex(8)
+        assert self._proc is not None and self._proc.stdin is not None  # started (``_start``), with pipes
         self._proc.stdin.write(json.dumps({**message, "id": nonce}).encode() + b"\n")
         self._proc.stdin.flush()
         while True:
@@ -222,6 +224,7 @@ class PythonWorker:
 
     def _read_line(self, deadline: float) -> bytes | None:
         """The next line from the worker; b"" when it closed its end, None past the deadline."""
+        assert self._proc is not None and self._proc.stdout is not None  # started (``_start``), with pipes
         fd = self._proc.stdout.fileno()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
@@ -263,7 +266,7 @@ class PythonWorker:
             self._finalizer = None
         already = proc.poll()
         terminate(proc, isolated=self._sandbox.isolated)
-        for stream in (proc.stdin, proc.stdout):
+        for stream in filter(None, (proc.stdin, proc.stdout)):
             try:
                 stream.close()
             except OSError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from _helpers import REPO
 
 
@@ -20,4 +21,10 @@ def test_ruff_finds_nothing_to_lint():
 
 def test_ruff_finds_nothing_to_reformat():
     done = _run("ruff", "format", "--no-cache", "--check", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow  # a whole mypy run: most of a minute without its cache
+def test_mypy_finds_no_type_errors():
+    done = _run("mypy")
     assert done.returncode == 0, done.stdout + done.stderr

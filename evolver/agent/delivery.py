@@ -103,9 +103,9 @@ def task_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
     for line in lines:
         match = _ARROW.match(line.replace(">>>", " "))
         if match and match["name"] in functions:
-            call, want = match["call"], match["want"].rstrip(".")
-            if _literal_call(call, functions) and _literal(want) and Example(call, want) not in found:
-                found.append(Example(call, want))
+            call, expected = match["call"], match["want"].rstrip(".")
+            if _literal_call(call, functions) and _literal(expected) and Example(call, expected) not in found:
+                found.append(Example(call, expected))
     return found[:MAX_EXAMPLES]
 
 

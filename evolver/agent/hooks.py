@@ -212,6 +212,7 @@ class Hooks:
         problem = self._ready()
         if problem is not None:
             return HookOutcome(point, error=problem)
+        assert self._worker is not None  # started by _ready
         result = self._worker.call(point, {"data": data}, timeout_s=self.timeout_s)
         if not result.ok:
             return HookOutcome(point, error=f"{point} failed: {_last_line(result.error)}")

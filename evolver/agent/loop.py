@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,11 +191,11 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
             break
         examples.append(block)
         left -= len(block)
-    for hit in sorted(context.insights, key=lambda h: -h.importance):  # stable: relevance within a level
-        if len(hit.text) + 2 > left:
+    for insight in sorted(context.insights, key=lambda h: -h.importance):  # stable: relevance within a level
+        if len(insight.text) + 2 > left:
             break
-        insights.append(hit)
-        left -= len(hit.text) + 2
+        insights.append(insight)
+        left -= len(insight.text) + 2
     return examples, insights
 
 
@@ -480,7 +480,7 @@ class Agent:
         note: str | None = None,
         *,
         code: bool = False,
-        tool_names: list[str] = (),
+        tool_names: Sequence[str] = (),
         deliverable: Deliverable | None = None,
     ) -> list[dict]:
         prompts = self.scaffold.prompts
@@ -502,7 +502,7 @@ class Agent:
             system = prompts.code.format(functions=self._functions(tool_names))
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
-    def _functions(self, tool_names: list[str]) -> str:
+    def _functions(self, tool_names: Sequence[str]) -> str:
         """The session's functions as the code prompt lists them, and the tools code cannot reach."""
         lines, unreachable = [], []
         for spec in self.registry.specs(tool_names):
@@ -540,6 +540,7 @@ class Agent:
         if not turn.tried and not turn.examples:
             return latest, "latest definition"
         if all(failed for _, failed in turn.tried) and all(source != latest for source, _ in turn.tried):
+            assert turn.deliverable is not None and turn.workspace is not None  # as _hand_in, its caller, checked
             failures = try_examples(
                 self.sandbox, turn.workspace, turn.deliverable.file, latest, turn.examples, self.limits
             )
@@ -646,7 +647,7 @@ class Agent:
             task_id=task.id,
             node_id=self.node_id,
             max_tokens=max_tokens,
-            **({"stream": tap} if tap is not None else {}),
+            stream=tap,
         )
 
     def _recorder(self, trajectory_id: str, on_step):
@@ -742,9 +743,10 @@ class Agent:
                 observation = tools.run(call.name, call.arguments)
                 text, ok, took = observation.text, observation.ok, observation.duration_ms
                 repeats.result = text
-                if call.name == "run_python" and isinstance(call.arguments.get("code"), str):
-                    turn.blocks.append(call.arguments["code"])
-                if observation.finished and finished is None:
+                code = (call.arguments or {}).get("code")
+                if call.name == "run_python" and isinstance(code, str):
+                    turn.blocks.append(code)
+                if observation.finished and observation.answer is not None and finished is None:
                     decided = self._finishing(observation.answer, task, turn, record)
                     if isinstance(decided, Submitted):
                         finished = decided.answer
@@ -785,9 +787,10 @@ class Agent:
             outgoing = change.get("messages", messages)
         reply = self._ask(outgoing, None, task, purpose)
         blocks = code_blocks(reply.content)
-        arguments = {"code": "\n\n".join(blocks)} if blocks else None
-        calls = [{"id": f"code_{turn.step}", "name": "run_python", "arguments": arguments}] if blocks else None
-        record("assistant", reply.content, reply=reply, tool_calls=calls)
+        code = "\n\n".join(blocks)
+        arguments = {"code": code}
+        calls = [{"id": f"code_{turn.step}", "name": "run_python", "arguments": arguments}]
+        record("assistant", reply.content, reply=reply, tool_calls=calls if blocks else None)
         messages.append({"role": "assistant", "content": reply.content})
         if not blocks and any(m[1].lower() in _SHELL for m in FENCE.finditer(reply.content)):
             # an action, not an answer, in the wrong language
@@ -805,7 +808,6 @@ class Agent:
                 raise decided
             messages.append({"role": "user", "content": decided})
             return
-        code = arguments["code"]
         times = repeats.see("run_python", arguments)
         if repeats.limit and times >= repeats.limit:
             stop = times >= 2 * repeats.limit
@@ -819,7 +821,7 @@ class Agent:
             turn.blocks.append(code)
             text, ok, took = observation.text, observation.ok, observation.duration_ms
         finished: str | None = None
-        if observation is not None and observation.finished:
+        if observation is not None and observation.finished and observation.answer is not None:
             decided = self._finishing(observation.answer, task, turn, record)
             if isinstance(decided, Submitted):
                 finished = decided.answer
@@ -853,6 +855,7 @@ class Agent:
         """The first turn of a code task with a stub: the model completes the stub as it would alone (the draft
         prompt, no system message, temperature 0). Its code runs in the session; a definition that passes the
         task's examples is handed in at once, otherwise the attempt goes on from it, told what failed."""
+        assert turn.deliverable is not None  # a draft completes the stub of a deliverable (``task_stub``)
         draft = [{"role": "user", "content": turn.draft}]
         change = turn.hooks("before_model", {**turn.data(task), "messages": draft, "tools": []}, record)
         reply = self._ask(change.get("messages", draft) if change else draft, None, task, purpose, temperature=0.0)
@@ -876,9 +879,7 @@ class Agent:
         messages.append({"role": "assistant", "content": reply.content})
         messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
 
-    def _finishing(
-        self, answer: str | None, task: Task, turn: _Turn, record, *, draft: str | None = None
-    ) -> Submitted | str:
+    def _finishing(self, answer: str, task: Task, turn: _Turn, record, *, draft: str | None = None) -> Submitted | str:
         """The answer handed in (``before_finish`` may change it), or why the finish was refused: for a code
         task, first its deliverable must be defined and pass the task's own examples (a few rounds; a draft's
         refusal uses none of them). A draft (its code) is tried as it was written, as the model alone's

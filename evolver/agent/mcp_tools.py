@@ -17,6 +17,7 @@ one's name (``ToolRegistry.register``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -129,7 +130,7 @@ class McpServers:
                             description=f"[{settings.name}] {tool.description or tool.name}",
                             parameters=schema,
                             origin=ORIGIN,
-                            runner=lambda arguments, s=settings, t=tool.name: self.call(s, t, arguments),
+                            runner=functools.partial(self.call, settings, tool.name),
                         )
                     )
                 self._clients[settings.name] = client

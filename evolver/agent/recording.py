@@ -21,8 +21,9 @@ not as a silently dropped write.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from memory import (
     Context,
@@ -154,7 +155,7 @@ class RecordingStore:
         self._trajectories[made] = trajectory
         return trajectory
 
-    def record_exposures(self, trajectory_id: str, items: dict[str, Iterable[str]]) -> None:
+    def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None:
         self.get_trajectory(trajectory_id)
         self._note(
             "record_exposures",
@@ -177,7 +178,7 @@ class RecordingStore:
     ) -> Step:
         trajectory = self.get_trajectory(trajectory_id)
         seq = self._seq[trajectory_id] = self._seq.get(trajectory_id, 0) + 1
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "role": role,
             "content": content,
             "tool_calls": tool_calls,
@@ -243,7 +244,7 @@ class RecordingStore:
         task_id: str | None = None,
         node_id: str | None = None,
     ) -> LedgerEntry:
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "model": model,
             "purpose": purpose,
             "tokens_in": tokens_in,

@@ -17,13 +17,16 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memory import ExperienceStore, _offline  # noqa: F401  (before litellm)
 
 from ..config import ModelSettings
 from . import jsonfix, scripted
 from .budget import BudgetGuard
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = [
     "Model",
@@ -193,7 +196,7 @@ def credentials_problem(settings: ModelSettings, section: str = "model") -> str 
     return "; ".join(problems) or None
 
 
-def json_schema_format(name: str, shape: type) -> dict:
+def json_schema_format(name: str, shape: type[BaseModel]) -> dict:
     """A response_format that asks the server for JSON of this pydantic model's schema (a server that supports
     it, such as llama.cpp, vLLM or OpenAI, constrains the reply to it)."""
     return {"type": "json_schema", "json_schema": {"name": name, "schema": shape.model_json_schema()}}

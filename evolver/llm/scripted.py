@@ -128,8 +128,9 @@ class Script:
         max_tokens, temperature, response_format and the names of the tools offered when it had them."""
         if self.record is None:
             return
-        extra = {k: v for k, v in (options or {}).items() if k in ("max_tokens", "temperature", "response_format")}
-        if (options or {}).get("tools"):
+        options = options or {}
+        extra = {k: v for k, v in options.items() if k in ("max_tokens", "temperature", "response_format")}
+        if options.get("tools"):
             extra["tools"] = [t.get("function", {}).get("name") for t in options["tools"]]
         line = json.dumps({"messages": [{"role": m.get("role"), "content": _text(m)} for m in messages], **extra})
         with self._lock, open(self.record, "a", encoding="utf-8") as f:

@@ -1,0 +1,67 @@
+"""What the store's parts (the mixins ``Store`` is made of) use of the store they are part of.
+
+Each part reads the store's connection, options, embedder and index, and calls a few of its
+methods, all defined on ``Store`` or on a sibling part. ``StoreHost`` declares them once, for the
+type checker only: at run time its body is empty, so a part's attributes and methods still come
+from ``Store`` and its other parts, as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable, Iterable
+    from contextlib import AbstractContextManager
+    from pathlib import Path
+
+    import sqlite_utils
+
+    from .embedder import Embedder
+    from .index import VectorIndex
+    from .options import StoreOptions
+    from .records import Event, Insight, Task
+
+__all__ = ["StoreHost"]
+
+
+class StoreHost:
+    """The store as its parts see it (see the module); a part inherits this."""
+
+    if TYPE_CHECKING:
+        db_path: Path
+        options: StoreOptions
+        readonly: bool
+        embedder: Embedder
+        index: VectorIndex | None
+        _local: threading.local
+        _index_lock: threading.Lock
+
+        # The plumbing (``Store``).
+        def _sqlite_errors(self) -> AbstractContextManager[None]: ...
+        def _write(self) -> AbstractContextManager[sqlite_utils.Database]: ...
+        def transaction(self) -> AbstractContextManager[sqlite_utils.Database]: ...
+        def _reader(self) -> sqlite_utils.Database: ...
+        def _one(self, sql: str, params: Iterable = ()) -> dict | None: ...
+        def _all(self, sql: str, params: Iterable = ()) -> list[dict]: ...
+
+        # The index (``IndexMaintenance``).
+        def sync_index(self, *, progress: Callable[[int], None] | None = None) -> int: ...
+
+        # Entities (``Store``).
+        def get_task(self, task_id: str) -> Task: ...
+        def get_insight(self, insight_id: int) -> Insight: ...
+        def get_event(self, event_id: int) -> Event: ...
+        def append_event(
+            self,
+            kind: str,
+            what: str,
+            *,
+            why: str = "",
+            evidence: list | None = None,
+            cost_usd: float = 0.0,
+            node_id: str | None = None,
+            payload: dict | None = None,
+            reverts: int | None = None,
+        ) -> Event: ...
