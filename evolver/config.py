@@ -378,12 +378,6 @@ class EvolutionSettings(_Section):
     tool_dedup_threshold: float = Field(default=0.9, gt=0, le=1)
     """A new tool whose description is this similar to an active tool's is refused as a duplicate."""
 
-    tool_retire_min_uses: int = Field(default=10, ge=1)
-    """Uses a synthesized tool gets before its success rate can retire it."""
-
-    tool_retire_below: float = Field(default=0.5, ge=0, le=1)
-    """A synthesized tool whose share of calls that succeed falls under this is retired."""
-
     evolve_every_min: float = Field(default=240.0, gt=0)
     """Take a step of the self-modification tree search at least this often, in minutes."""
 
@@ -620,11 +614,12 @@ def _allowed(section: str, key: str) -> str:
 
 # Keys that were settings and are no longer, with what became of them: a config file written by an older
 # `evolver config init` still loads (the key is ignored, with a warning that says why), for one release.
+_BY_PRUNE = "a tool is retired in one place, the prune job, by its measured effect on outcomes"
 RETIRED_KEYS = {
-    (
-        "model",
-        "max_tokens_chat",
-    ): "a chat turn's replies are capped by [advanced.model] max_tokens_step, as a task's are",
+    ("model", "max_tokens_chat"): "a chat turn's replies are capped by [advanced.model] max_tokens_step, "
+    "as a task's are",
+    ("evolution", "tool_retire_min_uses"): _BY_PRUNE,
+    ("evolution", "tool_retire_below"): _BY_PRUNE,
 }
 
 # Settings whose value is the name of a variable holding a secret: that variable is never a setting.
@@ -730,7 +725,8 @@ def load_config(
     for (section, key), why in RETIRED_KEYS.items():
         if isinstance(data.get(section), dict) and key in data[section]:
             del data[section][key]
-            log.warning("%s: [%s] %s is no longer a setting and is ignored: %s; remove it", file, section, key, why)
+            table = written.get((section, key), f"[{section}]")
+            log.warning("%s: %s %s is no longer a setting and is ignored: %s; remove it", file, table, key, why)
     secrets = _secret_variables(data, env) | set(secret_variables)
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name == "EVOLVER_CONFIG" or name in secrets:

@@ -141,3 +141,26 @@ def views_effect(effect) -> str:
 )
 def test_the_verdict_on_an_effect(counts, said):
     assert verdict(Effect("x", *counts), 6) == said
+
+
+def test_a_tool_that_hurts_is_retired_by_the_prune_job_as_an_event_that_can_be_undone(open_store, tmp_path):
+    """The one place a tool is retired: by its measured effect on the attempts it was offered to."""
+    from memory import NewTool
+
+    store = open_store(tmp_path / "d")
+    store.apply_tool_changes(
+        "synthesize", "registered shout", why="test", new=NewTool("shout", "shouts", code_hash="0" * 64, version=1)
+    )
+    for i in range(6):
+        task, _ = store.add_task(f"task {i}", check={"type": "answer", "expected": "x"})
+        for success, offered in ((False, ["shout"]), (True, [])):
+            trajectory = store.start_trajectory(task.id)
+            store.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")
+            store.record_outcome(trajectory.id, success=success)
+            store.record_exposures(trajectory.id, {"tool": offered})
+    config = load_config(env={"EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "6"})
+    assert prune_round(store, config) == "retired tool shout (hurts)"
+    assert [t.status for t in store.list_tools(status=None)] == ["retired"]
+    (event,) = store.list_events(kind="tool_retired")
+    revert_event(store, event.id)
+    assert [t.status for t in store.list_tools(status=None)] == ["active"]

@@ -114,7 +114,7 @@ class Engine:
             sandbox=sandbox,
             registry=registry,
             data_dir=data_dir,
-            toolbox=Toolbox(store, registry, data_dir, config.evolution),
+            toolbox=Toolbox(store, registry, data_dir),
             mcp=servers,
             meta_model=meta,
         )

@@ -27,31 +27,22 @@ from tools import (
     spec_from_source,
 )
 
-from ..config import EvolutionSettings
-
 __all__ = ["Toolbox"]
 
 log = logging.getLogger(__name__)
 
 
 class Toolbox:
-    def __init__(
-        self, store: ExperienceStore, registry: ToolRegistry, data_dir: Path, settings: EvolutionSettings
-    ) -> None:
+    def __init__(self, store: ExperienceStore, registry: ToolRegistry, data_dir: Path) -> None:
         self.store = store
         self.registry = registry
         self.files = ToolFiles(Path(data_dir) / "tools")
-        self.settings = settings
         self._loaded: tuple = ()
         self._lock = threading.Lock()
-        self._due: set[int] = set()  # tools whose record says retire, at the next refresh
-        self._due_lock = threading.Lock()
 
     def refresh(self) -> None:
-        """Retire the tools found failing since the last refresh, then offer exactly the active
-        synthesized versions (those whose files check out)."""
+        """Offer exactly the active synthesized versions (those whose files check out)."""
         with self._lock:
-            self._retire_failing()
             rows = self.store.list_tools(status="active")
             signature = tuple((r.id, r.code_hash) for r in rows)
             if signature == self._loaded:
@@ -78,34 +69,7 @@ class Toolbox:
             self._loaded = signature
 
     def record_use(self, spec: ToolSpec, ok: bool) -> None:
-        """Count one call; a tool whose record now says it does more harm than good is retired at
-        the next refresh (between tasks), not under the task that is using it."""
-        if spec.tool_id is None:
-            return
-        record = self.store.record_tool_use(spec.tool_id, ok=ok)
-        s = self.settings
-        if (
-            record.status == "active"
-            and record.uses >= s.tool_retire_min_uses
-            and record.successes / record.uses < s.tool_retire_below
-        ):
-            with self._due_lock:
-                self._due.add(record.id)
-
-    def _retire_failing(self) -> None:
-        with self._due_lock:
-            due, self._due = self._due, set()
-        s = self.settings
-        for tool_id in sorted(due):
-            record = self.store.get_tool(tool_id)
-            if record.status != "active":  # retired, replaced or reverted meanwhile
-                continue
-            rate = record.successes / record.uses
-            self.store.apply_tool_changes(
-                "tool_retired",
-                f"retired tool {record.name} v{record.version}: {record.successes} of {record.uses} calls succeeded",
-                why=f"success rate {rate:.0%} under tool_retire_below {s.tool_retire_below:.0%}",
-                node_id=record.node_id,
-                status={record.id: "retired"},
-                payload={"uses": record.uses, "successes": record.successes},
-            )
+        """Count one call. Only counted: a tool is retired in one place, the prune job, by its measured
+        effect on the attempts it was offered to (a call that fails may still serve a task that succeeds)."""
+        if spec.tool_id is not None:
+            self.store.record_tool_use(spec.tool_id, ok=ok)
