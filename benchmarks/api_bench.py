@@ -42,7 +42,7 @@ Phases, all against the same daemon unless said otherwise:
    clients at once; tasks/s is K over the span from the first task's
    ``created_at`` to the last ``finished_at`` (the daemon's own clock), with the
    wall time until ``GET /v1/status`` shows none queued or running beside it. It runs twice: with the
-   workers in processes of their own (the daemon's default, ``[daemon] worker_processes``) and as
+   workers in processes of their own (the daemon's default, ``[advanced.daemon] worker_processes``) and as
    threads of the daemon (how it ran before), so the two figures come from the same run.
 
 Targets (the issue's, judged in the same run against its floor): ack p50 <=

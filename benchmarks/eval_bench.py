@@ -4,7 +4,7 @@
 
 Each backend runs in a real daemon (``evolver up --foreground`` in a child
 process) on a fresh data dir, twice: one evaluation at a time (the local
-backend with one worker, Ray with ``[evaluator] in_flight = 1``), which gives
+backend with one worker, Ray with ``[advanced.evaluator] in_flight = 1``), which gives
 each evaluation's latency, and two at a time (two workers; ``in_flight = 2``),
 which gives evaluations/s on this machine. Ray is the daemon's private
 instance (``[evaluator]`` with no address: ``ray.init()`` on loopback), so its

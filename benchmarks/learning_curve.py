@@ -40,7 +40,7 @@ Measured on the same held-out tasks, in one run:
   promotes by itself when a node's held-out bound beats the incumbent's.
 
 ``--max-steps`` and ``--max-attempts`` shorten the seed scaffold (the bundled one, with those two
-parameters changed, as ``[agent] seed_scaffold``): the seed's own limits (20 steps, 2 attempts) let
+parameters changed, as ``[advanced.agent] seed_scaffold``): the seed's own limits (20 steps, 2 attempts) let
 one task of a slow local model take many minutes. Everything is then measured from that seed.
 
 Background jobs run only when asked (``[evolution] enabled = false``); the daemon still pokes
@@ -717,7 +717,7 @@ def parse(argv: list[str] | None):
         "--slots",
         type=int,
         default=None,
-        help="[evolution] evaluation_slots of the daemon (default: 1 with the local server, else 2)",
+        help="[advanced.evolution] evaluation_slots of the daemon (default: 1 with the local server, else 2)",
     )
     parser.add_argument(
         "--workers",

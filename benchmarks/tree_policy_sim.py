@@ -47,7 +47,7 @@ and which node they finally pick. The policies:
 * evolver: ``evolver.tree.policy``: the same two Thompson samplers with
   virtual loss (inert when sequential) and the cool-down sharpness
   (B / (B - t))^0.5 on both (t: budget spent); from ``--race-start`` of the
-  budget on (default 0.85, the [evolution] race_start default; 1: no race)
+  budget on (default 0.85, the [advanced.evolution] race_start default; 1: no race)
   it stops expanding and races: ``choose_racer`` evaluates the node with the
   best 5% lower bound or its challenger with the best 95% upper bound,
   whichever has fewer evaluations; and ``final_pick``, the best 5% lower
@@ -101,7 +101,7 @@ POLICIES = ("greedy", "dgm", "hgm", "evolver")
 ALPHA = 0.6
 MIN_EVALUATIONS = 10
 QUANTILE = 0.05
-RACE_START = 0.85  # [evolution] race_start's default
+RACE_START = 0.85  # [advanced.evolution] race_start's default
 
 
 @dataclasses.dataclass(frozen=True)

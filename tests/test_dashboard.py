@@ -23,13 +23,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _helpers import read_line
+from _helpers import REPO, read_line
 from starlette.testclient import TestClient
 
 from evolver.cli.client import finished_rounds
 from evolver.meta import packs
 from evolver.testing.daemon import (
-    REPO,
     SLOW_STEP,
     DaemonProcess,
     demo_rules,

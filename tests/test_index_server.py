@@ -1,4 +1,4 @@
-"""The vector index on a Chroma server (``[memory] index_server``): a real ``chroma run`` on loopback.
+"""The vector index on a Chroma server (``[advanced.memory] index_server``): a real ``chroma run`` on loopback.
 
 SQLite stays the truth and the data dir's process stays the index's one writer;
 only the collections live on the server, under a prefix of the data dir's own.

@@ -209,7 +209,7 @@ def test_the_race_is_the_last_part_of_a_finite_budget_only():
     ],
 )
 def test_a_race_start_that_is_not_a_share_of_the_budget_is_refused_by_the_settings(value, allowed):
-    with pytest.raises(ConfigError, match=rf"\[evolution\] race_start = .*{allowed}"):
+    with pytest.raises(ConfigError, match=rf"\[advanced.evolution\] race_start = .*{allowed}"):
         load_config(env={"EVOLVER_EVOLUTION_RACE_START": value})
     assert load_config(env={"EVOLVER_EVOLUTION_RACE_START": "1"}).evolution.race_start == 1.0
 
