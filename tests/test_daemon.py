@@ -446,7 +446,7 @@ def test_the_tree_has_one_root_which_is_served_and_promote_or_rollback_without_a
     assert "seed" in kinds and "promote" not in kinds and "rollback" not in kinds
 
 
-def test_evolve_queues_the_reconcile_job_on_the_job_host_and_history_records_it(http):
+def test_evolve_queues_the_reconcile_job_on_the_job_host_and_a_round_that_changed_nothing_is_no_event(http):
     response = http.post("/v1/evolve", json={"job": "reconcile"})
     assert response.status_code == 202, response.text  # queued, not run inside the request
     (queued,) = response.json()["rounds"]
@@ -455,7 +455,10 @@ def test_evolve_queues_the_reconcile_job_on_the_job_host_and_history_records_it(
     assert [r["job"] for r in rounds] == ["reconcile"] and rounds[0]["ok"] is True
     assert rounds[0]["status"] == "done" and rounds[0]["id"] == queued["id"]
     assert_error(http.get("/v1/evolve/round-999999"), 404, "no round")
+    # The index agreed: nothing changed, so `evolver history` gets no event; status shows the round.
+    assert rounds[0]["event_id"] is None and "repaired 0 entries" in rounds[0]["summary"]
     events = http.get("/v1/history", params={"kind": "job"}).json()["events"]
-    assert events and events[0]["kind"] == "job" and events[0]["id"] == rounds[0]["event_id"]
-    assert events[0]["payload"]["job"] == "reconcile"
+    assert not [e for e in events if e["payload"]["job"] == "reconcile"]
+    (reconcile,) = [j for j in http.get("/v1/status").json()["jobs"] if j["job"] == "reconcile"]
+    assert reconcile["last"]["ok"] and "repaired 0 entries" in reconcile["last"]["summary"]
     assert_error(http.post("/v1/evolve", json={"job": "nope"}), (404, 409), "nope", "reconcile")
