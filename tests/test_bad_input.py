@@ -41,16 +41,19 @@ def run(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess
 @pytest.mark.parametrize(
     ("content", "words"),
     [
-        (b"[agent]\nmax_stepz = 3\n", ["unknown key 'max_stepz' in [agent]", "observation_chars"]),
+        (b"[advanced.agent]\nmax_stepz = 3\n", ["unknown key 'max_stepz' in [advanced.agent]", "observation_chars"]),
         (b"[agnet]\nobservation_chars = 900\n", ["unknown section [agnet]", "[agent]"]),
-        (b"[agent]\nobservation_chars = 'lots'\n", ["[agent] observation_chars = 'lots'", "whole number"]),
-        (b"[agent]\nobservation_chars = [1, 2]\n", ["[agent] observation_chars", "whole number"]),
+        (
+            b"[advanced.agent]\nobservation_chars = 'lots'\n",
+            ["[advanced.agent] observation_chars = 'lots'", "whole number"],
+        ),
+        (b"[advanced.agent]\nobservation_chars = [1, 2]\n", ["[advanced.agent] observation_chars", "whole number"]),
         (b"[daemon]\nworkers = 0\n", ["[daemon] workers = 0"]),
         (b"[sandbox]\nrequire_isolation = 'no'\n", ["require_isolation", "true or false"]),
-        (b"[agent]\nobservation_chars = \n", ["not valid TOML", "line 2"]),
-        (b"[agent\nobservation_chars = 900\n", ["not valid TOML", "line 1"]),
+        (b"[advanced.agent]\nobservation_chars = \n", ["not valid TOML", "line 2"]),
+        (b"[advanced.agent\nobservation_chars = 900\n", ["not valid TOML", "line 1"]),
         (b"model = 'gpt'\n", ["must be a [model] table"]),
-        (b"[agent]\n# caf\xe9 in Latin-1\nobservation_chars = 900\n", ["cannot be read", "utf-8"]),
+        (b"[advanced.agent]\n# caf\xe9 in Latin-1\nobservation_chars = 900\n", ["cannot be read", "utf-8"]),
     ],
     ids=[
         "unknown-key",

@@ -30,11 +30,11 @@ def test_defaults_printed_by_the_cli_are_the_repository_config_toml():
 
 def test_a_bad_config_is_one_line_and_exit_code_2_never_a_traceback(tmp_path):
     bad = tmp_path / "config.toml"
-    bad.write_text("[agent]\nobservation_chars = -3\n")
+    bad.write_text("[advanced.agent]\nobservation_chars = -3\n")
     result = run("--config", str(bad), "config", "check")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert f"{bad}: [agent] observation_chars = -3 is refused" in result.stderr
+    assert f"{bad}: [advanced.agent] observation_chars = -3 is refused" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

@@ -1,14 +1,19 @@
 """The held-out split never leaks, told through a real daemon: a held-out task solved once (a pack's,
 benched through the daemon, and a person's, put in the held-out split at intake) never reaches any
 prompt its model is sent afterwards: not as a retrieved example for a similar task, not in a distill
-round, a tool-synthesis round or the proposer's prompt."""
+round, a tool-synthesis round or the proposer's prompt. And a held-out task's text is held out through
+every door a task comes in by: the API, chat, MCP's submit_task, and with the daemon stopped `evolver run`
+and a local `evolver bench`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from mcp import Client
 
+from evolver.mcp.serve import build_server
 from evolver.testing.daemon import DaemonProcess, demo_rules, make_root, remove_root, run_rounds, wait_for, write_script
 from tests.test_cli import run
 
@@ -118,6 +123,15 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(daemon):
         (chatted,) = http.get("/v1/tasks", params={"source": "chat"}).json()["tasks"]
         assert chatted["metadata"]["split"] == "test", chatted
 
+        # And handed over by an MCP client's submit_task (a task of the API's, through the socket).
+        async def submit_by_mcp() -> dict:
+            async with Client(build_server(daemon.socket_path)) as client:
+                done = await client.call_tool("submit_task", {"prompt": "What is 7717 + 1?", "wait_s": 60})
+                return json.loads(done.content[0].text)
+
+        by_mcp = http.get(f"/v1/tasks/{asyncio.run(submit_by_mcp())['task_id']}").json()
+        assert by_mcp["metadata"]["split"] == "test", by_mcp
+
         # Similar tasks later (no check: nothing to hold out) get examples from memory.
         for prompt in ("What is 7717 + 2?", "What is 8818 + 2?"):
             later = http.post("/v1/tasks", json={"prompt": prompt}).json()
@@ -151,3 +165,17 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(daemon):
         text = "\n".join(m["content"] for m in conversation)
         for prompt in held_out:
             assert prompt.removeprefix("What is ").removesuffix("?") not in text, (prompt, text[:3000])
+
+    # The doors that work on the store with no daemon: `evolver run`, and a local bench of a pack that
+    # labels the held-out text as training.
+    daemon.close()
+    (daemon.root / "sneaky.jsonl").write_text(
+        json.dumps({"id": "s1", "prompt": "What is 7717 + 1?", "check": {"type": "answer", "expected": "7718"}}) + "\n"
+    )
+    for door in (["run", "What is 7717 + 1?", "--quiet"], ["bench", str(daemon.root / "sneaky.jsonl"), "--json"]):
+        done = run(*door, env=daemon.env)
+        assert done.returncode == 0, door + [done.stdout, done.stderr]
+    tasks = json.loads(run("tasks", "--json", "--limit", "100", env=daemon.env).stdout)["tasks"]
+    for source in ("cli", "bench"):
+        local = [t for t in tasks if t["source"] == source and t["prompt"] == "What is 7717 + 1?"]
+        assert local and all(t["metadata"].get("split") == "test" for t in local), (source, local)
