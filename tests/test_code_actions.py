@@ -550,3 +550,20 @@ def test_a_synthesized_tool_is_a_function_in_the_session_and_each_call_is_counte
     assert "- triple(x: int): Multiply a whole number by three." in system
     counted = engine.store.get_tool(tool.id)
     assert (counted.uses, counted.successes) == (2, 1)
+
+
+def test_the_draft_shows_what_was_learned_before_the_task_and_ends_with_the_tasks_stub():
+    """A small model completes the last code it is shown: with a worked example after the stub, the 0.5B model
+    wrote the example's function again (12 of 13 training tasks) and delivered nothing. The seed's draft puts
+    what was learned first and the task's stub last; with nothing learned it is the model alone's prompt."""
+    from evolver.agent.loop import _render, draft_prompt
+
+    stub = 'def correct_bracketing(brackets: str):\n    """Every "<" has its ">"."""\n'
+    example = "- Task: find_max\n  Code that worked:\n```python\ndef find_max(words):\n    return max(words)\n```\n"
+    learned = _render([example], [])
+    shown = draft_prompt(default_scaffold(), stub, learned)
+    assert shown.endswith(f"```python\n{stub}```")
+    assert shown.index("def find_max") < shown.index("def correct_bracketing")
+    assert draft_prompt(default_scaffold(), stub, ("", "")) == (
+        f"Complete the following Python function:\n\n```python\n{stub}```"
+    )

@@ -201,12 +201,14 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
 
 def draft_prompt(scaffold: Scaffold, stub: str | None, prompt_context: tuple[str, str]) -> str | None:
     """The draft's prompt (draft_first): the task's stub to complete, as the model alone is asked; with nothing
-    learned to show, exactly that."""
+    learned to show, exactly that. What was learned comes before the task (the seed's template): a small model
+    completes the last code it is shown, and with a worked example after the stub the 0.5B model wrote the
+    example's function again in 12 of 13 training tasks, and delivered nothing."""
     template = scaffold.prompts.draft
     if stub is None or not template or not scaffold.parameters.draft_first:
         return None
     examples, insights = prompt_context
-    return template.format(stub=stub, examples=examples, insights=insights).rstrip()
+    return template.format(stub=stub, examples=examples, insights=insights).strip()
 
 
 def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
