@@ -118,10 +118,8 @@ def test_an_operation_on_an_insight_retired_in_the_same_answer_changes_nothing(s
 def test_an_answer_that_echoes_the_instructions_example_is_refused_whole():
     """What the 0.5B model answered distillation with (after its unquoted keys were repaired): the
     prompt's own example. Its ADD "..." was taken as a lesson and its votes as judgements of real
-    insights; now nothing of it is applied, even where a bad operation would only be skipped."""
-    from evolver.meta.distill import SYSTEM
-
-    assert '"text": "..."' in SYSTEM.format(max_ops=4)  # the example this answer copies
+    insights; now nothing of it is applied, even where a bad operation would only be skipped. (The
+    instruction no longer shows that example; a model may still answer with placeholders.)"""
     echoed = {
         "operations": [
             {"op": "ADD", "text": "..."},
@@ -135,3 +133,23 @@ def test_an_answer_that_echoes_the_instructions_example_is_refused_whole():
             parse_ops(answer, shown=3, skipped=[])
     real = parse_ops({"operations": [{"op": "ADD", "text": "Compute with run_python, then finish."}]}, shown=0)
     assert [op.text for op in real] == ["Compute with run_python, then finish."]
+
+
+def test_operations_past_the_most_one_answer_may_have_are_left_out_not_the_whole_answer():
+    """The 1.5B model, asked for at most four, wrote five: the first four are taken, and the rest said."""
+    answer = {"operations": [{"op": "ADD", "text": f"Lesson number {n} is a whole sentence."} for n in range(1, 6)]}
+    skipped: list[str] = []
+    ops = parse_ops(answer, shown=0, max_ops=4, skipped=skipped)
+    assert [op.text for op in ops] == [f"Lesson number {n} is a whole sentence." for n in range(1, 5)]
+    assert skipped == ["operations 5 to 5: at most 4 are taken from one answer"]
+    with pytest.raises(InsightOpError, match="5 operations; at most 4"):
+        parse_ops(answer, shown=0, max_ops=4)  # strict, as the API's insight edits are
+
+
+def test_the_distill_instruction_describes_the_operations_and_shows_no_example_to_copy():
+    """With an example whose texts were "...", the 0.5B and the 1.5B model answered with the example itself."""
+    from evolver.meta.distill import SYSTEM
+
+    instruction = SYSTEM.format(max_ops=4)
+    assert '"..."' not in instruction and "..." not in instruction
+    assert all(op in instruction for op in ('"ADD"', '"EDIT"', '"UPVOTE"', '"DOWNVOTE"'))

@@ -43,12 +43,16 @@ WATERMARK_KEY = "watermark.distill"
 BATCH = 20
 LEARNED_FROM = ("finished", "asked", "step_limit", "repeating")  # how an attempt of the agent's own ended
 
+# The operations are described, not shown as an example: with an example whose texts were "...", the 0.5B and
+# the 1.5B model both answered with the example itself (its "..." texts, its ids, its votes).
 SYSTEM = (
     "You maintain a short list of insights: general, reusable lessons for an agent that solves tasks with "
     "tools. Compare what worked with what failed and propose at most {max_ops} operations on the list. "
-    'Answer with JSON only: {{"operations": [{{"op": "ADD", "text": "..."}}, {{"op": "EDIT", "id": 2, '
-    '"text": "..."}}, {{"op": "UPVOTE", "id": 1}}, {{"op": "DOWNVOTE", "id": 3}}]}}. Refer to insights only by '
-    'the numbers shown. Answer {{"operations": []}} when nothing should change.'
+    'Answer with JSON only, one object with the key "operations", a list in which each operation is an object '
+    'with an "op": "ADD" with a "text" (a new lesson, one sentence, in your own words, that would have turned '
+    'a failure into a success); "EDIT" with the "id" of a listed insight and its better "text"; "UPVOTE" or '
+    '"DOWNVOTE" with the "id" of a listed insight the experience confirms or contradicts. Refer to insights only '
+    "by the numbers shown. An empty list when nothing should change."
 )
 
 

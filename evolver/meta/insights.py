@@ -68,8 +68,9 @@ def parse_ops(
 ) -> list[InsightOp]:
     """The operations in the model's answer, or ``InsightOpError`` naming the first problem. With a
     ``skipped`` list, an operation that is wrong on its own (an unlisted id, no text) is left out and
-    its problem appended there instead: a weak model's one bad operation need not cost its good ones.
-    The answer's shape (JSON, an operations list, at most ``max_ops``) is always checked whole."""
+    its problem appended there instead: a weak model's one bad operation need not cost its good ones, nor do
+    the operations past ``max_ops`` (the 1.5B model wrote five for four). The answer's shape (JSON, an
+    operations list) is always checked whole."""
     data = answer
     if isinstance(answer, str):
         try:
@@ -81,7 +82,10 @@ def parse_ops(
     if not isinstance(data, list):
         raise InsightOpError('the answer must be {"operations": [...]}')
     if len(data) > max_ops:
-        raise InsightOpError(f"{len(data)} operations; at most {max_ops} are allowed in one answer")
+        if skipped is None:
+            raise InsightOpError(f"{len(data)} operations; at most {max_ops} are allowed in one answer")
+        skipped.append(f"operations {max_ops + 1} to {len(data)}: at most {max_ops} are taken from one answer")
+        data = data[:max_ops]
     copied = [
         n
         for n, item in enumerate(data, start=1)
