@@ -554,7 +554,7 @@ def test_a_synthesized_tool_is_a_function_in_the_session_and_each_call_is_counte
 
 def test_the_draft_shows_what_was_learned_before_the_task_and_ends_with_the_tasks_stub():
     """A small model completes the last code it is shown: with a worked example after the stub, the 0.5B model
-    wrote the example's function again (12 of 13 training tasks) and delivered nothing. The seed's draft puts
+    wrote the example's function again (27 of 36 training tasks) and delivered nothing. The seed's draft puts
     what was learned first and the task's stub last; with nothing learned it is the model alone's prompt."""
     from evolver.agent.loop import _render, draft_prompt
 

@@ -203,7 +203,7 @@ def draft_prompt(scaffold: Scaffold, stub: str | None, prompt_context: tuple[str
     """The draft's prompt (draft_first): the task's stub to complete, as the model alone is asked; with nothing
     learned to show, exactly that. What was learned comes before the task (the seed's template): a small model
     completes the last code it is shown, and with a worked example after the stub the 0.5B model wrote the
-    example's function again in 12 of 13 training tasks, and delivered nothing."""
+    example's function again, and delivered nothing, in 27 of 36 training tasks of the learning curve."""
     template = scaffold.prompts.draft
     if stub is None or not template or not scaffold.parameters.draft_first:
         return None
