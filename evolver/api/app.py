@@ -20,7 +20,7 @@ from ..meta.probation import ApprovalError
 from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
-from .errors import error_response, http_error, validation_error
+from .errors import error_response, http_error, internal_message, validation_error
 from .host import ServiceHost, Starting, Stopping, WorkerLost
 
 __all__ = ["create_app"]
@@ -128,7 +128,7 @@ def create_app(daemon: ServiceHost) -> FastAPI:
         return error_response(
             500,
             "internal_error",
-            f"the daemon failed on this request ({type(exc).__name__}); it keeps serving, and the log has the details",
+            internal_message("the daemon failed on this request", exc),
         )
 
     app.add_exception_handler(Exception, _internal)

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from memory import Ending, new_id
 
 from ..llm.budget import BudgetExceeded
-from .errors import error_response
+from .errors import error_response, internal_message
 from .host import WorkerLost
 from .models import ChatIn, errors
 
@@ -343,6 +343,6 @@ def _stream_error(exc: BaseException, chat_id: str) -> dict:
     log.error("chat turn %s failed", chat_id, exc_info=exc)
     return {
         "type": "internal_error",
-        "message": f"the chat turn failed ({type(exc).__name__}); the daemon keeps serving; the log has the details",
+        "message": internal_message("the daemon failed on this chat turn", exc),
         "param": None,
     }

@@ -13,11 +13,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-__all__ = ["error_response", "validation_error", "http_error"]
+__all__ = ["error_response", "internal_message", "validation_error", "http_error"]
 
 
 def error_response(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message, "param": param}}, status_code=status)
+
+
+def internal_message(failed: str, exc: BaseException) -> str:
+    """What a client is told of an unexpected failure: its kind, never its text (which may carry paths,
+    prompts or a server's reply); the log has the rest."""
+    return f"{failed} ({type(exc).__name__}); it keeps serving, and the log has the details"
 
 
 def _where(loc: tuple) -> str:
