@@ -3,7 +3,8 @@
     python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL]
         [--meta 0.5b|1.5b] [--aa] [--seed 0]
         [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
-        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N] [--out DIR] [--keep]
+        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N] [--baseline JSON]
+        [--out DIR] [--keep]
     python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
@@ -70,6 +71,13 @@ on the measured tasks carries no selection bias.
 tool synthesis and the tree's proposals go to it while the task model answers the tasks; the ledger's
 figures come by model as well as by purpose. ``--aa`` measures the seed a second time on the same tasks
 (``aa`` in the JSON): how far two runs of the same agent differ, the noise floor a gain must clear.
+
+``--baseline JSON`` takes the model alone and generation 0 from an earlier run's report instead of
+measuring them again (about an hour and a half with the 0.5B model on 80 tasks), when that run had the
+same split, models and seed limits (anything else is refused, naming what differs); generation 0 then
+says where it came from (``reused_from``). Both are at temperature 0 on the same server build, so the
+pairs stay pairs: what separates two measurements of the same agent is the server's own nondeterminism,
+which an ``--aa`` run measures.
 
 Output: the JSON on stdout and in ``DIR/learning_curve.json``, the plot in ``DIR/learning_curve.png``
 (``--out``, default a new temp dir; the paths go to stderr). Nothing about success is ever asserted.
@@ -755,9 +763,19 @@ def parse(argv: list[str] | None):
         default=None,
         help="join the JSON of a sharded run's parts into one report (runs nothing)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="take the model alone and generation 0 from an earlier run's JSON on the same split, models "
+        "and seed limits, and measure only the generations after learning",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
     args = parser.parse_args(argv)
+    if args.baseline and args.aa:
+        parser.error("--aa measures generation 0 twice, and --baseline measures it not at all")
     sizes = dict(
         zip(
             ("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds", "promotion"),
@@ -870,6 +888,32 @@ def write_report(out: Path, report: dict) -> dict:
     return report
 
 
+BASELINE_SAME = ("model", "local", "meta", "seed", "max_steps", "max_attempts", "structured", "shard")
+
+
+def baseline_of(path: Path, args, held, trained, promote) -> dict:
+    """The model alone and generation 0 of an earlier run (``--baseline``), refused unless that run measured
+    the same agent on the same tasks: the same split, the same models, the same seed limits. Both are at
+    temperature 0, so measuring them again costs a long run to learn what the earlier one says (the A/A
+    check of a run bounds how far two runs of the seed differ)."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        settings, tasks, direct, seed = (
+            earlier["settings"],
+            earlier["tasks"],
+            earlier["direct"],
+            earlier["generations"][0],
+        )
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise RuntimeError(f"--baseline {path}: not a learning-curve report with a generation 0 ({exc})") from None
+    differ = [name for name in BASELINE_SAME if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
+    now = {"held_out": [t.id for t in held], "train": [t.id for t in trained], "promotion": [t.id for t in promote]}
+    differ += [f"the {name} tasks" for name in now if tasks.get(name) != now[name]]
+    if differ:
+        raise RuntimeError(f"--baseline {path} measured something else: its {', '.join(differ)} differ from this run's")
+    return {"direct": direct, "generation_0": seed | {"reused_from": str(path)}}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.merge:
@@ -957,8 +1001,13 @@ def main(argv: list[str] | None = None) -> int:
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
             "tasks are in no pack of the daemon's and decide nothing",
         }
-        log(f"direct completions of the {len(held)} held-out problems")
-        report["direct"] = direct_reference(daemon.env, root, held, problems)
+        baseline = args.baseline and baseline_of(args.baseline, args, held, trained, promote)
+        if baseline:
+            log(f"the model alone and generation 0 from {args.baseline}")
+            report["direct"] = baseline["direct"]
+        else:
+            log(f"direct completions of the {len(held)} held-out problems")
+            report["direct"] = direct_reference(daemon.env, root, held, problems)
         log(f"direct: {report['direct']['successes']}/{report['direct']['total']}")
         try:
             daemon.start(timeout_s=300.0)
@@ -968,7 +1017,9 @@ def main(argv: list[str] | None = None) -> int:
         db = daemon.data_dir / "evolver.db"
         generations = []
         with daemon.client(timeout_s=600.0) as http:
-            for g in range(args.generations + 1):
+            if baseline:
+                generations.append(baseline["generation_0"])
+            for g in range(1 if baseline else 0, args.generations + 1):
                 began_at, began = time.time(), time.perf_counter()
                 row: dict = {"generation": g}
                 if g:

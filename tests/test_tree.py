@@ -804,6 +804,9 @@ def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_
     assert "Edits already tried on this scaffold (propose something else):\n(none yet)" in first
     assert "result: invalid: its tools do not import: no tool named 'teleport'" in second
     assert '"teleport"' in second.split("Edits already tried")[1]  # the edit itself, from the node's diff
+    # what each part does, so that a prompt its parameter leaves unused is not "added" as a change
+    assert "- parameters.plan_first: Ask prompts.plan before the first step" in first
+    assert "Off: the plan prompt is never used." in first
 
 
 def test_a_child_whose_only_change_is_a_hook_is_evaluated_and_promoted_on_its_results(engine):

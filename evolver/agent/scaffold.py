@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-__all__ = ["Scaffold", "Prompts", "Parameters", "ScaffoldError", "load_scaffold", "default_scaffold"]
+__all__ = ["Scaffold", "Prompts", "Parameters", "ScaffoldError", "load_scaffold", "default_scaffold", "parts_guide"]
 
 FORMAT_VERSION = 1
 BUILTIN_TOOLS = ("run_python", "run_shell", "read_file", "write_file", "list_files", "finish")
@@ -29,7 +29,8 @@ class ScaffoldError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # the attribute docstrings are the fields' descriptions: the proposer is shown them (parts_guide)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
 class Prompts(_Strict):
@@ -54,14 +55,24 @@ class Prompts(_Strict):
 
 class Parameters(_Strict):
     max_steps: int = Field(default=20, ge=1, le=500)
+    """Model turns an attempt may take before it ends unfinished."""
     temperature: float = Field(default=0.2, ge=0, le=2)
+    """The sampling temperature of every turn but the draft's (which is 0)."""
     similar_trajectories: int = Field(default=3, ge=0, le=20)
+    """Past successes on similar tasks retrieved as worked examples ({examples}), within context_tokens."""
     insights: int = Field(default=5, ge=0, le=50)
+    """Lessons from experience retrieved for the task ({insights}), within context_tokens."""
     tools: int = Field(default=5, ge=0, le=50)
+    """Synthesized tools retrieved for the task and enabled beside the scaffold's own."""
     context_tokens: int = Field(default=2000, ge=0, le=100_000)
+    """The budget of the examples and insights shown with a task (about 4 characters a token)."""
     reflect_retry: bool = True
+    """After a failed attempt, ask prompts.reflection and start the next attempt with prompts.retry."""
     max_attempts: int = Field(default=2, ge=1, le=10)
+    """Attempts per task; a retry happens only with reflect_retry on."""
     plan_first: bool = False
+    """Ask prompts.plan before the first step and keep the plan in the conversation. Off: the plan
+    prompt is never used."""
     repeat_limit: int = Field(default=3, ge=0, le=100)
     """After this many identical tool calls in a row (same name and arguments) the model is given the
     earlier result instead and told to do something else; after twice as many the attempt ends as a
@@ -107,6 +118,17 @@ class Scaffold(_Strict):
     @property
     def hash(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+
+def parts_guide() -> str:
+    """What each prompt and parameter does, a line each, from their docstrings: a proposer that sees only
+    the values cannot tell that the plan prompt is unused while plan_first is off (the 1.5B meta model
+    proposed "adding" the plan prompt three times over)."""
+    lines = []
+    for section, model in (("prompts", Prompts), ("parameters", Parameters)):
+        for name, field in model.model_fields.items():
+            lines.append(f"- {section}.{name}: {' '.join((field.description or '').split())}")
+    return "\n".join(lines)
 
 
 def _from_data(data: object, where: str) -> Scaffold:

@@ -34,7 +34,7 @@ from memory import Ending, ExperienceStore, Node, Task
 from ..agent.engine import Engine, hook_limits
 from ..agent.failures import behaviour, count_modes
 from ..agent.hooks import HOOKS_GUIDE, SAMPLE_DATA, HookError, Hooks, hook_points
-from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold
+from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold, parts_guide
 from ..llm import jsonfix
 from ..llm.client import json_schema_format
 from ..text import clip
@@ -71,7 +71,8 @@ SYSTEM = (
     "raise its success rate. Answer with JSON only: "
     '{"rationale": "<what you change and why>", "edit": {"prompts": {"<name>": "<new template>"}, '
     '"parameters": {"<name>": <value>}, "tools": ["<tool>", ...], "hooks": "<python>"}} '
-    "(include only the parts you change). Templates must keep to their placeholders. Nothing outside the "
+    "(include only the parts you change). Templates must keep to their placeholders. A part set to the value "
+    "it has changes nothing, and a prompt acts only where its parameter uses it. Nothing outside the "
     "scaffold can be edited. " + HOOKS_GUIDE
 )
 
@@ -168,6 +169,7 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
     insights = store.list_insights(limit=10)
     user = (
         f"The scaffold (JSON):\n{json.dumps(parent_scaffold.model_dump(mode='json'), indent=1)}\n\n"
+        f"What each part does:\n{parts_guide()}\n\n"
         f"How it did on training tasks:\n{_attempts(store, parent)}\n\n"
         f"Edits already tried on this scaffold (propose something else):\n{_tried(store, parent)}\n\n"
         "Lessons from experience:\n"
