@@ -1,7 +1,6 @@
 """The daemon's API under 50 concurrent clients over its Unix socket; prints JSON.
 
-    python benchmarks/api_bench.py [--quick] [--requests N] [--clients 50] [--workers 2]
-                                   [--worker-mode processes|threads] [--out FILE]
+    python benchmarks/api_bench.py [--quick] [--requests N] [--clients 50] [--workers 2] [--out FILE]
 
 The daemon is a real ``evolver up --foreground`` in a child process (so the load
 generator never shares its GIL), on a fresh data dir, with a scripted model
@@ -41,15 +40,19 @@ Phases, all against the same daemon unless said otherwise:
 4. end-to-end: a fresh daemon (same workers) gets K one-step tasks from the 50
    clients at once; tasks/s is K over the span from the first task's
    ``created_at`` to the last ``finished_at`` (the daemon's own clock), with the
-   wall time until ``GET /v1/status`` shows none queued or running beside it. It runs twice: with the
-   workers in processes of their own (the daemon's default, ``[advanced.daemon] worker_processes``) and as
-   threads of the daemon (how it ran before), so the two figures come from the same run.
+   wall time until ``GET /v1/status`` shows none queued or running beside it.
+5. idle: the same daemon with nothing to do, its processes (the daemon and its worker processes)
+   traced with ``strace`` for ``--idle-s`` seconds: how often one takes SQLite's write lock (WAL's
+   write lock, byte 120 of the ``-shm`` file, taken ``F_WRLCK``) and how often one takes any lock
+   there (a look in the inbox is a read transaction, which takes a read mark), per second. Without
+   strace (or ptrace rights) the figures are null.
 
-Targets (the issue's, judged in the same run against its floor): ack p50 <=
-2x the health p50, ack p99 <= 20 ms, >= 1,000 submits/s, no lost or duplicated
-task. The benchmark reports; it never asserts timings. It exits 0 when a
-target is missed, 2 when a daemon does not start, 3 when tasks are lost or
-duplicated.
+Targets, each a ratio to the health floor of the same run and phase, because absolute times on
+these shared machines vary several-fold from one machine to the next (``judged``): paced at 300
+requests/s, submit p99 <= 1.5x the health p99; under 50 closed-loop clients, submit p99 <= 2x the
+health p99 and submits/s >= 0.5x the health requests/s; no lost or duplicated task. The benchmark
+reports; it never asserts timings. It exits 0 when a target is missed, 2 when a daemon does not
+start, 3 when tasks are lost or duplicated.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ import glob
 import json
 import os
 import platform
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,7 +108,7 @@ def summary(latencies_s: list[float], seconds: float) -> dict:
 class Daemon:
     """``evolver up --foreground`` in a child process on its own temp root."""
 
-    def __init__(self, root: Path, *, workers: int, name: str, processes: bool = True) -> None:
+    def __init__(self, root: Path, *, workers: int, name: str) -> None:
         self.root = root
         self.name = name
         self.log_path = root / f"{name}.log"
@@ -116,7 +121,6 @@ class Daemon:
                 "EVOLVER_DAEMON_DATA_DIR": str(root / f"{name}-data"),
                 "EVOLVER_DAEMON_RUNTIME_DIR": str(root / f"{name}-run"),
                 "EVOLVER_DAEMON_WORKERS": str(workers),
-                "EVOLVER_DAEMON_WORKER_PROCESSES": "true" if processes else "false",
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -183,20 +187,30 @@ class Daemon:
             return self.proc.wait(10)
 
 
-def _health_sync(path: str) -> bool:
+def _get_sync(path: str, route: str) -> bytes:
     import socket
 
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5.0)
+        sock.connect(path)
+        sock.sendall(f"GET {route} HTTP/1.1\r\nHost: evolver\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def _health_sync(path: str) -> bool:
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5.0)
-            sock.connect(path)
-            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: evolver\r\nConnection: close\r\n\r\n")
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-        return data.startswith(b"HTTP/1.1 200") and data.endswith(b'{"ok":true}')
+        data = _get_sync(path, "/v1/health")
     except OSError:
         return False
+    return data.startswith(b"HTTP/1.1 200") and data.endswith(b'{"ok":true}')
+
+
+def _status_sync(path: str) -> dict:
+    data = _get_sync(path, "/v1/status")
+    return json.loads(data.split(b"\r\n\r\n", 1)[1])
 
 
 # --- clients ---------------------------------------------------------------------------------
@@ -512,7 +526,6 @@ async def phase_api(daemon: Daemon, args, run: str) -> dict:
         "seconds": s["seconds"],
         "client": args.client,
         "workers": args.workers,
-        "worker_mode": args.worker_mode,
         "client_cpu_ms_per_request": round((cpu1 - cpu0) * 1000 / len(lat), 3),
         "daemon_cpu_ms_per_request": round((dcpu1 - dcpu0) * 1000 / len(lat), 3),
     }
@@ -583,6 +596,36 @@ async def phase_end_to_end(daemon: Daemon, args, run: str) -> dict:
     }
 
 
+WAL_WRITE_LOCK = re.compile(r"F_SETLK.*F_WRLCK.*l_start=120, l_len=1")
+SHM_LOCK = re.compile(r"F_SETLK.*l_type=F_(RD|WR)LCK.*l_start=(1[2-9][0-9])")
+
+
+def phase_idle(daemon: Daemon, seconds: float) -> dict:
+    """Lock takes per second by the daemon and its worker processes while nothing is queued (see 5.)."""
+    status = _status_sync(daemon.socket)
+    pids = [daemon.proc.pid, *[p for p in status.get("worker_pids", []) if p]]
+    out: dict = {"seconds": seconds, "processes": len(pids), "write_locks_per_s": None, "shm_locks_per_s": None}
+    strace = shutil.which("strace")
+    if strace is None:
+        out["note"] = "no strace on this machine"
+        return out
+    trace = daemon.root / "idle.strace"
+    command = [strace, "-f", "-qq", "-e", "trace=fcntl", "-o", str(trace)]
+    for pid in pids:
+        command += ["-p", str(pid)]
+    tracer = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(seconds)  # the measurement is the time itself: what the idle processes do in it
+    tracer.send_signal(signal.SIGINT)
+    _, err = tracer.communicate(timeout=30)
+    if not trace.exists():
+        out["note"] = f"strace could not attach: {err.decode(errors='replace').strip()[:200]}"
+        return out
+    lines = trace.read_text(errors="replace").splitlines()
+    out["write_locks_per_s"] = round(sum(bool(WAL_WRITE_LOCK.search(line)) for line in lines) / seconds, 2)
+    out["shm_locks_per_s"] = round(sum(bool(SHM_LOCK.search(line)) for line in lines) / seconds, 2)
+    return out
+
+
 def run_loop(coro):
     try:
         import uvloop
@@ -598,12 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2, help="the daemon's workers (its default is 2)")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="raw")
-    parser.add_argument(
-        "--worker-mode",
-        choices=("processes", "threads"),
-        default="processes",
-        help="the daemon's workers in processes of their own (its default) or as its threads",
-    )
+    parser.add_argument("--idle-s", type=float, default=None, help="seconds the idle daemon is traced (0: skip)")
     parser.add_argument("--rate", type=float, default=300.0, help="the paced phase's total requests/s")
     parser.add_argument("--paced-s", type=float, default=None, help="seconds of each paced phase (0: skip)")
     parser.add_argument("--replays", type=int, default=None, help="submits re-sent with the same key")
@@ -615,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     args.paced_s = args.paced_s if args.paced_s is not None else (2.0 if args.quick else 10.0)
     args.replays = args.replays if args.replays is not None else (20 if args.quick else 200)
     args.e2e_tasks = args.e2e_tasks or (50 if args.quick else 500)
+    args.idle_s = args.idle_s if args.idle_s is not None else (3.0 if args.quick else 20.0)
 
     run = uuid.uuid4().hex[:8]
     report: dict = {
@@ -624,8 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     lost = False
     with tempfile.TemporaryDirectory(prefix="evab-", dir="/tmp") as tmp:
         root = Path(tmp)
-        processes = args.worker_mode == "processes"
-        daemon = Daemon(root, workers=args.workers, name="api", processes=processes)
+        daemon = Daemon(root, workers=args.workers, name="api")
         try:
             daemon.start()
             api, loop_kind = run_loop(phase_api(daemon, args, run))
@@ -638,43 +676,35 @@ def main(argv: list[str] | None = None) -> int:
         report["client_loop"] = loop_kind
         report.update(api)
 
-        # End to end under both worker modes, one after the other on the same machine: the figure before
-        # worker processes existed (threads) beside the one now.
-        for mode in (args.worker_mode, "threads" if processes else "processes"):
-            e2e_daemon = Daemon(root, workers=args.workers, name=f"e2e-{mode}", processes=mode == "processes")
-            try:
-                e2e_daemon.start()
-                key = "end_to_end" if mode == args.worker_mode else f"end_to_end_{mode}"
-                report[key], _ = run_loop(phase_end_to_end(e2e_daemon, args, run))
-                report[key]["worker_mode"] = mode
-            except DaemonFailed as exc:
-                print(str(exc), file=sys.stderr)
-                return 2
-            finally:
-                e2e_daemon.stop()
+        e2e_daemon = Daemon(root, workers=args.workers, name="e2e")
+        try:
+            e2e_daemon.start()
+            report["end_to_end"], _ = run_loop(phase_end_to_end(e2e_daemon, args, run))
+            if args.idle_s > 0:
+                report["idle"] = phase_idle(e2e_daemon, args.idle_s)
+        except DaemonFailed as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+        finally:
+            e2e_daemon.stop()
 
     h, s, v = report["health"], report["submit"], report["verify"]
-    report["judged"] = {
-        "ack_p50_le_2x_health_p50": s["p50_ms"] <= 2 * h["p50_ms"],
-        "ack_p99_le_20ms": s["p99_ms"] <= 20.0,
-        "submits_per_s_ge_1000": s["submits_per_s"] >= 1000,
-        "no_lost_or_duplicated": bool(v["ok"])
-        and all(report[k]["lost"] == 0 for k in report if k.startswith("end_to_end")),
-    }
-    if "paced" in report:
-        p = report["paced"]
-        report["judged_paced"] = {
-            "ack_p50_le_2x_health_p50": p["submit"]["p50_ms"] <= 2 * p["health"]["p50_ms"],
-            "ack_p99_le_20ms": p["submit"]["p99_ms"] <= 20.0,
-        }
     report["ratios"] = {
-        "ack_p50_over_health_p50": round(s["p50_ms"] / h["p50_ms"], 2),
-        "ack_p50_over_busy_health_p50": round(s["p50_ms"] / report["health_workers_busy"]["p50_ms"], 2),
-        "health_rps_over_submits_per_s": round(h["rps"] / s["submits_per_s"], 2),
+        "submit_p99_over_health_p99": round(s["p99_ms"] / h["p99_ms"], 2),
+        "submits_per_s_over_health_rps": round(s["submits_per_s"] / h["rps"], 2),
+        "submit_p50_over_health_p50": round(s["p50_ms"] / h["p50_ms"], 2),
     }
     if "paced" in report:
         p = report["paced"]
-        report["ratios"]["paced_ack_p50_over_health_p50"] = round(p["submit"]["p50_ms"] / p["health"]["p50_ms"], 2)
+        report["ratios"]["paced_submit_p99_over_health_p99"] = round(p["submit"]["p99_ms"] / p["health"]["p99_ms"], 2)
+        report["ratios"]["paced_submit_p50_over_health_p50"] = round(p["submit"]["p50_ms"] / p["health"]["p50_ms"], 2)
+    r = report["ratios"]
+    report["judged"] = {
+        "paced_submit_p99_le_1.5x_health_p99": r.get("paced_submit_p99_over_health_p99", float("inf")) <= 1.5,
+        "submit_p99_le_2x_health_p99": r["submit_p99_over_health_p99"] <= 2.0,
+        "submits_per_s_ge_half_health_rps": r["submits_per_s_over_health_rps"] >= 0.5,
+        "no_lost_or_duplicated": bool(v["ok"]) and report["end_to_end"]["lost"] == 0,
+    }
     lost = not report["judged"]["no_lost_or_duplicated"]
     text = json.dumps(report, indent=2)
     print(text)

@@ -309,11 +309,6 @@ class DaemonSettings(_Section):
     workers: int = Field(default=2, ge=1, le=64)
     """Tasks worked on at once."""
 
-    worker_processes: bool = True
-    """Run the agent workers in processes of their own beside the daemon's (true), so agent work never
-    holds the API; a worker that crashes or is killed loses at most its current attempt, which its
-    lease brings back. False: threads inside the daemon, as before."""
-
     chat_queue: int = Field(default=32, ge=1, le=10_000)
     """Chat turns that may be running or waiting for an agent at once; more are answered 429 with a
     Retry-After (each waits in a thread of its own, never in the API's)."""
@@ -620,6 +615,8 @@ RETIRED_KEYS = {
     "as a task's are",
     ("evolution", "tool_retire_min_uses"): _BY_PRUNE,
     ("evolution", "tool_retire_below"): _BY_PRUNE,
+    ("daemon", "worker_processes"): "the agent workers always run in processes of their own beside the daemon "
+    "(worker threads inside the daemon are gone)",
 }
 
 # Settings whose value is the name of a variable holding a secret: that variable is never a setting.

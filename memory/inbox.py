@@ -61,13 +61,14 @@ class Inbox(StoreHost):
         if exclude_sources:  # another pool serves those (evaluations on Ray)
             where += f" AND source NOT IN ({','.join('?' * len(exclude_sources))})"
             params += list(exclude_sources)
+        select = f"SELECT id, attempts, status FROM tasks WHERE {where} ORDER BY priority DESC, created_at, id LIMIT 1"
+        # Read first, without the write lock: an idle worker asking finds nothing far more often than
+        # something, and taking the lock for that would make every idle worker a writer.
+        if self._one(select, params) is None:
+            return None
         with self._write() as db:
             while True:
-                row = db.execute(
-                    f"SELECT id, attempts, status FROM tasks WHERE {where} "
-                    "ORDER BY priority DESC, created_at, id LIMIT 1",
-                    params,
-                ).fetchone()
+                row = db.execute(select, params).fetchone()
                 if row is None:
                     return None
                 task_id, attempts, status = row

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 import pytest
@@ -20,6 +21,22 @@ def test_claims_go_by_priority_then_age_and_lease_the_task(store):
     assert task.lease_expires_at == pytest.approx(time.time() + 30, abs=5)
     assert [store.claim_task("w", lease_s=30, max_attempts=3).task.id for _ in range(2)] == [low.id, older.id]
     assert store.claim_task("w", lease_s=30, max_attempts=3) is None
+
+
+def test_a_claim_that_finds_nothing_takes_no_write_lock(store):
+    """An idle worker's look in the inbox is a read: while another process holds the write lock, it
+    answers at once instead of waiting behind the lock (each idle look was a writer before)."""
+    store.add_task("leased elsewhere")
+    assert store.claim_task("busy", lease_s=60, max_attempts=3) is not None
+    writer = sqlite3.connect(store.db_path, timeout=0)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        assert store.claim_task("idle", lease_s=60, max_attempts=3) is None
+    finally:
+        writer.rollback()
+        writer.close()
+    queued, _ = store.add_task("now there is one")
+    assert store.claim_task("idle", lease_s=60, max_attempts=3).task.id == queued.id
 
 
 def test_a_fenced_completion_counts_once(store):

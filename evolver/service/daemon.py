@@ -21,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-from memory import Ending, ExperienceStore, IndexBusy, Step, Task
+from memory import Ending, ExperienceStore, IndexBusy
 
 from ..agent.engine import Engine
-from ..agent.loop import Agent, TaskResult
+from ..agent.loop import TaskResult
 from ..api.host import Stopping, WorkerLost
 from ..config import Config
 from ..llm.budget import start_of_day
@@ -32,19 +32,15 @@ from ..meta.jobs import Jobs, builtin_jobs
 from ..tree.incumbent import ensure_root, incumbent
 from ..tree.search import SEARCH_SOURCES, TreeSearch
 from ..tree.split import decide_split, held_out_prompts
-from .agents import Agents
 from .evaluator import Evaluator, local_exclusions, open_evaluator
 from .feed import Feed
 from .intake import Intake
 from .sockets import SocketError, bind
-from .worker import Worker
-from .worker_process import WorkerProcess
+from .workers import WorkerPool
 
 __all__ = ["Daemon", "Mood", "socket_path"]
 
 log = logging.getLogger(__name__)
-
-READY_WAIT_S = 120.0  # how long a chat turn waits for a worker process that is still starting
 
 
 class Mood(str, enum.Enum):
@@ -75,11 +71,8 @@ class Daemon:
         self.drain = threading.Event()
         self._wake = threading.Event()
         self._index_due = threading.Event()
-        self._work_ready = threading.Condition()
-        self._agents: Agents | None = None
+        self._index_sync: threading.Thread | None = None
         self.engine: Engine | None = None
-        self.workers: list[Worker | WorkerProcess] = []
-        self._threads: list[threading.Thread] = []
         self.jobs: Jobs | None = None
         self.tree: TreeSearch | None = None
         self.intake: Intake | None = None
@@ -88,6 +81,8 @@ class Daemon:
         self._chats = threading.Condition()  # .turns: chat turns holding a slot (shutdown waits for them)
         self._chats.turns = 0  # type: ignore[attr-defined]
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
+        # Its processes start once the store is open; a chat turn that comes sooner waits for one (READY_WAIT_S).
+        self.workers = WorkerPool(self, config.daemon.workers, local_exclusions(self), self.drain)
 
     @property
     def store(self) -> ExperienceStore:
@@ -111,7 +106,6 @@ class Daemon:
             self._install_signals()  # a SIGTERM while starting stops the daemon once it has started
             tcp = self._tcp_listener()
             self.engine = self._open_engine()
-            self._agents = Agents(self.engine)
             self._recover()
             # Load the embedding model now, not inside the first task (seconds of imports).
             self.store.embedder.embed_documents(["warm up"])
@@ -133,7 +127,9 @@ class Daemon:
 
             server = ApiServer(create_app(self), [bound.sock] + ([tcp] if tcp else []))
             server.start()
-            self.tree = TreeSearch(self.engine, slots=self.config.evolution.evaluation_slots)
+            self.tree = TreeSearch(
+                self.engine, slots=self.config.evolution.evaluation_slots, on_queued=self.task_submitted
+            )
             self._start_workers()
             self.evaluator = open_evaluator(self)
             if self.evaluator is not None:
@@ -156,7 +152,7 @@ class Daemon:
             while self.mood is Mood.RUNNING:
                 self._wake.wait(1.0)
                 self._wake.clear()
-                self._supervise()
+                self.workers.supervise()
                 if server.error is not None:
                     self.request_stop(f"the API server failed: {server.error}")
             log.info("stopping: %s", self.stop_reason)
@@ -227,18 +223,12 @@ class Daemon:
 
     def _shutdown(self) -> None:
         self.drain.set()
-        with self._work_ready:
-            self._work_ready.notify_all()
         if self.jobs is not None:
             self.jobs.stop()  # no new round; the running ones are waited for below, with the workers'
         deadline = time.monotonic() + self.config.daemon.shutdown_grace_s
-        processes = [w for w in self.workers if isinstance(w, WorkerProcess)]
-        for handle in processes:
-            handle.drain()
-        for handle in processes:  # killed after the grace; its task goes back to the queue (WorkerProcess)
-            handle.stop(deadline - time.monotonic())
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self.workers.stop(deadline)  # killed after the grace, a worker's task goes back to the queue
+        if self._index_sync is not None:
+            self._index_sync.join(max(0.0, deadline - time.monotonic()))
         with self._chats:  # running chat turns stop at their next step (drain); the store outlives them
             self._chats.wait_for(lambda: self._chats.turns == 0, max(0.0, deadline - time.monotonic()))
         if self.evaluator is not None:
@@ -246,18 +236,8 @@ class Daemon:
         if self.jobs is not None:  # the store closes after this: a round still running then is cut
             for name in self.jobs.stop(max(0.0, deadline - time.monotonic())):
                 log.warning("a %s round did not end within the grace; it runs again after the restart", name)
-        for worker in self.workers:
-            lease = worker.current
-            if isinstance(worker, Worker) and lease is not None and self.store.release_task(lease):
-                # Its late result will be refused: the lease token no longer matches a running task.
-                log.warning("task %s did not reach a step boundary in time; queued for the restart", lease.task.id)
 
     # --- workers -----------------------------------------------------------------------
-
-    def agent(self, task: Task | None = None) -> Agent:
-        """An agent for ``task`` (``Agents``: the node a search task tests, else the incumbent)."""
-        assert self._agents is not None, "the daemon has not opened its engine"
-        return self._agents(task)
 
     def task_ended(self, task_id: str) -> None:
         self.feed.publish(task_id)
@@ -265,41 +245,15 @@ class Daemon:
         if self.jobs is not None and self.store.get_task(task_id).source in SEARCH_SOURCES:
             self.jobs.poke("record")
 
-    def _on_step(self, task_id: str, step: Step) -> None:
-        self.feed.publish(task_id)
-
     def worker_wrote(self, task_id: str) -> None:
         """A worker process wrote to ``task_id``: wake its live streams and bring the index up to date."""
         self.feed.publish(task_id)
         self._index_due.set()
 
     def _start_workers(self) -> None:
-        d = self.config.daemon
-        if d.worker_processes:
-            self._threads.append(threading.Thread(target=self._keep_index, name="index-sync", daemon=True))
-            self._threads[-1].start()
-            for n in range(d.workers):
-                handle = WorkerProcess(self, n, d.workers, local_exclusions(self))
-                handle.start()
-                self.workers.append(handle)
-            return
-        for n in range(d.workers):
-            worker = Worker(
-                self.agent,
-                owner=f"{self.owner_prefix}w{n}",
-                lease_s=d.lease_s,
-                max_attempts=d.max_attempts,
-                drain=self.drain,
-                on_step=self._on_step,
-                on_end=self.task_ended,
-                store=self.store,
-                exclude_sources=local_exclusions(self),
-            )
-            self.workers.append(worker)
-            # A long-lived thread per worker: sandboxes die with the thread that started them.
-            thread = threading.Thread(target=self._work, args=(worker,), name=f"worker-{n}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
+        self._index_sync = threading.Thread(target=self._keep_index, name="index-sync", daemon=True)
+        self._index_sync.start()
+        self.workers.start()
 
     def _keep_index(self) -> None:
         """Worker processes write SQLite only; their rows wait in the outbox until this syncs them."""
@@ -311,29 +265,8 @@ class Daemon:
             except Exception:  # the rows stay in the outbox; the next round tries again
                 log.exception("syncing the vector index failed")
 
-    def _supervise(self) -> None:
-        for handle in self.workers:
-            if isinstance(handle, WorkerProcess) and handle.restart_if_dead():
-                log.info("started worker process %s in place of the one that died", handle.owner)
-
-    def _work(self, worker: Worker) -> None:
-        while not self.drain.is_set():
-            try:
-                ran = worker.run_once()
-            except Exception:  # a broken part must not kill the worker: log, pause, go on
-                log.exception("worker %s failed", worker.owner)
-                ran = None
-                self.drain.wait(1.0)
-            if ran is None and not self.drain.is_set():
-                with self._work_ready:
-                    self._work_ready.wait(0.25)
-
     def task_submitted(self) -> None:
-        with self._work_ready:
-            self._work_ready.notify_all()
-        for handle in self.workers:
-            if isinstance(handle, WorkerProcess):
-                handle.send("work")
+        self.workers.work_arrived()
 
     # --- what the API asks of the daemon -----------------------------------------------------
 
@@ -385,38 +318,12 @@ class Daemon:
         )
         ((task, _),) = self.store.add_tasks([item])
         try:
-            if self.config.daemon.worker_processes:  # answered in a worker process, the least busy ready one
-                try:
-                    return self._ready_worker(cancel).chat(task, cancel=cancel, on_step=on_step, on_answer=on_answer)
-                except (WorkerLost, Stopping) as exc:  # it never reached a worker, or died with one
-                    self.store.interrupt_task(task.id, f"interrupted: {exc}")
-                    raise
-
-            def step_seen(step: Step) -> None:
-                self.feed.publish(task.id)
-                if on_step is not None:
-                    on_step(step)
-                if self.drain.is_set() or self.store.cancel_requested(task.id):
-                    cancel.set()
-
-            return self.agent().run_task(task, cancel=cancel, on_step=step_seen, on_answer=on_answer)
+            return self.workers.chat(task, cancel=cancel, on_step=on_step, on_answer=on_answer)
+        except (WorkerLost, Stopping) as exc:  # it never reached a worker, or died with one
+            self.store.interrupt_task(task.id, f"interrupted: {exc}")
+            raise
         finally:
             self.feed.publish(task.id)
-
-    def _ready_worker(self, cancel: threading.Event) -> WorkerProcess:
-        """The ready worker process answering the fewest chat turns; waits while one is (re)starting."""
-        deadline = time.monotonic() + READY_WAIT_S
-        while True:
-            ready = [w for w in self.workers if isinstance(w, WorkerProcess) and w.ready.is_set()]
-            if ready:
-                return min(ready, key=lambda w: len(w.turns))
-            if self.drain.is_set():
-                raise Stopping("the daemon is stopping; send the chat again once it has restarted")
-            if cancel.is_set() or time.monotonic() > deadline:
-                raise WorkerLost(
-                    f"no worker process was ready to answer within {READY_WAIT_S:.0f} s; send the chat again"
-                )
-            time.sleep(0.1)
 
     def call_tool(self, name: str, arguments: dict) -> dict:
         """Run an active synthesized tool in the sandbox for a caller outside any task (``Engine.call_tool``)."""
@@ -436,23 +343,7 @@ class Daemon:
         ]
 
     def _running(self) -> list[dict]:
-        running = []
-        for worker in self.workers:
-            lease = worker.current  # read once: a worker process's reader thread may clear it meanwhile
-            if lease is not None:
-                running.append(
-                    {
-                        "task_id": lease.task.id,
-                        "worker": worker.owner,
-                        **({"pid": worker.pid} if isinstance(worker, WorkerProcess) else {}),
-                    }
-                )
-            if isinstance(worker, WorkerProcess):  # the chat turns it answers
-                running += [
-                    {"task_id": turn.task_id, "worker": worker.owner, "pid": worker.pid, "chat": True}
-                    for turn in list(worker.turns.values())
-                ]
-        return running + (self.evaluator.running() if self.evaluator else [])
+        return self.workers.running() + (self.evaluator.running() if self.evaluator else [])
 
     def status(self) -> dict:
         day = start_of_day()
@@ -469,7 +360,7 @@ class Daemon:
             "meta_model": self.config.meta.name or self.config.model.name,
             "queue": self.store.queue_depth(),
             "workers": len(self.workers),
-            "worker_pids": [w.pid for w in self.workers if isinstance(w, WorkerProcess)],
+            "worker_pids": self.workers.pids(),
             "running": self._running(),
             "budget": {
                 "tokens_today": tokens,

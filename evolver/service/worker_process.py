@@ -11,14 +11,10 @@ Chat turns are answered in the worker processes too, each in a thread of its
 own beside the process's inbox work: the daemon records the turn's task and
 hands it over; the steps and the answer's pieces come back as they happen.
 
-The pipe carries small messages both ways. From the worker: ``ready``,
-``claimed`` (the lease, so the daemon can show it and hand it back), ``step``
-and ``ended`` (a task changed: wake its live streams, sync the index, tell the
-tree), ``idle``, ``context`` requests, and a chat turn's ``chat_step``,
-``answer`` and ``chat_done``. From the daemon: ``work`` (a task was
-submitted), ``drain`` (stop at the next step boundary, send the task back to
-the queue, exit), ``context`` replies, ``chat`` (answer this turn) and
-``cancel`` (its client went away).
+The pipe carries the typed messages of ``evolver.service.messages`` both ways, each side
+reading them with one ``match``. A worker process looks in the inbox when the daemon says work
+arrived (a submit, a task of the search, a lease handed back), and otherwise only every
+``IDLE_LOOK_S`` for a lease that expired unannounced, with a read that takes no lock.
 
 A worker process dies with the daemon (``PR_SET_PDEATHSIG``, and it exits when
 its pipe closes without a drain). When a worker process dies on its own, the
@@ -51,6 +47,24 @@ from ..api.host import WorkerLost
 from ..config import Config
 from ..storage import open_store
 from .agents import Agents
+from .messages import (
+    ChatAsked,
+    ChatCancelled,
+    ChatDone,
+    ChatPiece,
+    ChatStep,
+    Claimed,
+    ContextAsked,
+    ContextReply,
+    Drain,
+    Ended,
+    FromWorker,
+    Idle,
+    Ready,
+    ToWorker,
+    WorkArrived,
+    Wrote,
+)
 from .worker import Worker
 
 __all__ = ["WorkerDied", "WorkerProcess", "worker_main"]
@@ -59,6 +73,7 @@ log = logging.getLogger(__name__)
 
 CONTEXT_TIMEOUT_S = 120.0  # the daemon embeds the query and searches; it answers in milliseconds when well
 RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that keeps dying at start is restarted ever more slowly
+IDLE_LOOK_S = 5.0  # an idle worker looks in the inbox unasked this often: for a lease that expired unannounced
 
 
 # --- the worker process's side ---------------------------------------------------------------------
@@ -78,48 +93,49 @@ class DaemonLink:
         self.on_chat: Callable[[int, Task], None] | None = None  # set by worker_main
         self.chat_cancels: dict[int, threading.Event] = {}
 
-    def send(self, *message: Any) -> None:
+    def send(self, message: FromWorker) -> None:
         with self._send_lock:
             self.conn.send(message)
 
     def listen(self) -> None:
         while True:
             try:
-                message = self.conn.recv()
+                message: ToWorker = self.conn.recv()
             except (EOFError, OSError):
                 if not self.drain.is_set():
                     os._exit(70)  # the daemon died without draining us: so do we (the lease brings the task back)
                 return
-            kind = message[0]
-            if kind == "work":
-                self.work.set()
-            elif kind == "drain":
-                self.drain.set()
-                self.work.set()
-                for cancel in list(self.chat_cancels.values()):  # chat turns stop at their next step
-                    cancel.set()
-            elif kind == "chat" and self.on_chat is not None:
-                self.chat_cancels[message[1]] = threading.Event()
-                self.on_chat(message[1], message[2])
-            elif kind == "cancel":
-                cancel = self.chat_cancels.get(message[1])
-                if cancel is not None:
-                    cancel.set()
-            elif kind == "context":
-                _, request, ok, value = message
-                with self._replies_lock:
-                    waiting = self._replies.get(request)
-                if waiting is not None:
-                    waiting[1:] = [ok, value]
-                    waiting[0].set()
+            match message:
+                case WorkArrived():
+                    self.work.set()
+                case Drain():
+                    self.drain.set()
+                    self.work.set()
+                    for cancel in list(self.chat_cancels.values()):  # chat turns stop at their next step
+                        cancel.set()
+                case ChatAsked(turn, task) if self.on_chat is not None:
+                    self.chat_cancels[turn] = threading.Event()
+                    self.on_chat(turn, task)
+                case ChatCancelled(turn):
+                    cancel = self.chat_cancels.get(turn)
+                    if cancel is not None:
+                        cancel.set()
+                case ContextReply(request):
+                    with self._replies_lock:
+                        waiting = self._replies.get(request)
+                    if waiting is not None:
+                        waiting[1] = message
+                        waiting[0].set()
+                case _:
+                    log.error("the daemon sent a message this worker does not know: %r", message)
 
-    def context(self, query: str, **kwargs: Any) -> Context:
+    def context(self, query: str, **options: Any) -> Context:
         request = next(self._ids)
-        waiting: list = [threading.Event(), None, None]
+        waiting: list = [threading.Event(), None]
         with self._replies_lock:
             self._replies[request] = waiting
         try:
-            self.send("context", request, query, kwargs)
+            self.send(ContextAsked(request, query, options))
             if not waiting[0].wait(CONTEXT_TIMEOUT_S):
                 raise StoreError(
                     f"the daemon did not answer for a task's retrieval context in {CONTEXT_TIMEOUT_S:.0f} s"
@@ -127,10 +143,10 @@ class DaemonLink:
         finally:
             with self._replies_lock:
                 self._replies.pop(request, None)
-        ok, value = waiting[1], waiting[2]
-        if not ok:
-            raise StoreError(f"retrieving the task's context failed in the daemon: {value}")
-        return value
+        reply: ContextReply = waiting[1]
+        if reply.context is None:
+            raise StoreError(f"retrieving the task's context failed in the daemon: {reply.error}")
+        return reply.context
 
 
 class ContextFromDaemon:
@@ -183,18 +199,18 @@ class ChatTurns:
         link, cancel = self.link, self.link.chat_cancels[turn]
 
         def step_seen(step) -> None:
-            link.send("chat_step", turn, step)
-            link.send("step", task.id)
+            link.send(ChatStep(turn, step))
+            link.send(Wrote(task.id))
             if link.drain.is_set() or self.store.cancel_requested(task.id):
                 cancel.set()
 
         try:
             result = self.agents().run_task(
-                task, cancel=cancel, on_step=step_seen, on_answer=lambda piece: link.send("answer", turn, piece)
+                task, cancel=cancel, on_step=step_seen, on_answer=lambda piece: link.send(ChatPiece(turn, piece))
             )
-            link.send("chat_done", turn, True, result)
+            link.send(ChatDone(turn, result=result))
         except BaseException as exc:  # noqa: BLE001  (the daemon raises it for the turn's request)
-            link.send("chat_done", turn, False, _portable(exc))
+            link.send(ChatDone(turn, error=_portable(exc)))
         finally:
             link.chat_cancels.pop(turn, None)
             with self._running:
@@ -237,9 +253,9 @@ def worker_main(
         lease_s=d.lease_s,
         max_attempts=d.max_attempts,
         drain=link.drain,
-        on_step=lambda task_id, step: link.send("step", task_id),
-        on_end=lambda task_id: link.send("ended", task_id),
-        on_claim=lambda lease: link.send("claimed", lease),
+        on_step=lambda task_id, step: link.send(Wrote(task_id)),
+        on_end=lambda task_id: link.send(Ended(task_id)),
+        on_claim=lambda lease: link.send(Claimed(lease)),
         store=engine.store,
         exclude_sources=exclude_sources,
     )
@@ -248,20 +264,20 @@ def worker_main(
     gc.collect()  # what is loaded now lives as long as the process: the collector stops walking it (Daemon.serve)
     gc.freeze()
     try:
-        link.send("ready", os.getpid())
+        link.send(Ready(os.getpid()))
         while not link.drain.is_set():
+            link.work.clear()  # before looking: work that arrives while it looks is looked for again
             ran = None
             try:
                 ran = worker.run_once()
             except Exception:  # a broken part must not end the worker: log, pause, go on
                 log.exception("worker %s failed", owner)
-                link.send("idle")
+                link.send(Idle())
                 link.drain.wait(1.0)
             if ran is not None:
-                link.send("idle")
-            if ran is None and not link.drain.is_set():
-                link.work.wait(0.25)
-                link.work.clear()
+                link.send(Idle())
+            elif not link.drain.is_set():
+                link.work.wait(IDLE_LOOK_S)
         chats.wait(config.daemon.shutdown_grace_s)  # drained, they stop at their next step
     finally:
         engine.close()
@@ -286,6 +302,9 @@ class WorkerHost(Protocol):
     def task_ended(self, task_id: str) -> None:
         """A task ended (its live streams wake, the search reads its result)."""
 
+    def task_submitted(self) -> None:
+        """A task may be claimable now: the worker processes look in the inbox."""
+
 
 class WorkerDied(WorkerLost):
     """The worker process answering a chat turn ended before the turn did."""
@@ -298,18 +317,19 @@ class ChatTurn:
         self.task_id = task_id
         self.on_step, self.on_answer = on_step, on_answer
         self.done = threading.Event()
-        self.outcome: tuple[bool, Any] = (False, WorkerDied("the chat turn did not end"))
+        self.outcome = ChatDone(0, error=WorkerDied("the chat turn did not end"))
 
-    def hear(self, kind: str, values: tuple) -> None:
+    def hear(self, message: ChatStep | ChatPiece | ChatDone) -> None:
         if self.done.is_set():
             return
-        if kind == "chat_step" and self.on_step is not None:
-            self.on_step(values[0])
-        elif kind == "answer" and self.on_answer is not None:
-            self.on_answer(values[0])
-        elif kind == "chat_done":
-            self.outcome = (values[0], values[1])
-            self.done.set()
+        match message:
+            case ChatStep(_, step) if self.on_step is not None:
+                self.on_step(step)
+            case ChatPiece(_, piece) if self.on_answer is not None:
+                self.on_answer(piece)
+            case ChatDone():
+                self.outcome = message
+                self.done.set()
 
 
 class WorkerProcess:
@@ -362,7 +382,7 @@ class WorkerProcess:
         )
         self._reader.start()
 
-    def send(self, *message: Any) -> None:
+    def send(self, message: ToWorker) -> None:
         conn = self.conn
         if conn is None:
             return
@@ -376,35 +396,35 @@ class WorkerProcess:
         d = self.daemon
         while True:
             try:
-                message = conn.recv()
+                message: FromWorker = conn.recv()
             except (EOFError, OSError):
                 break
-            kind = message[0]
-            if kind == "claimed":
-                self.current = message[1]
-            elif kind == "idle":
-                self.current = None
-            elif kind == "step":
-                d.worker_wrote(message[1])
-            elif kind == "ended":
-                self.current = None
-                d.worker_wrote(message[1])
-                d.task_ended(message[1])
-            elif kind == "context":
-                _, request, query, kwargs = message
-                try:
-                    d.store.sync_index()  # what the workers wrote so far is found (one SELECT when nothing is due)
-                    reply = (True, d.store.context(query, **kwargs))
-                except Exception as exc:  # noqa: BLE001  (the worker's task gets the message)
-                    reply = (False, str(exc))
-                self.send("context", request, *reply)
-            elif kind in ("chat_step", "answer", "chat_done"):
-                turn = self.turns.get(message[1])
-                if turn is not None:
-                    turn.hear(kind, message[2:])
-            elif kind == "ready":
-                self.ready.set()
-                log.info("worker process %s (pid %d) is ready", self.owner, message[1])
+            match message:
+                case Claimed(lease):
+                    self.current = lease
+                case Idle():
+                    self.current = None
+                case Wrote(task_id):
+                    d.worker_wrote(task_id)
+                case Ended(task_id):
+                    self.current = None
+                    d.worker_wrote(task_id)
+                    d.task_ended(task_id)
+                case ContextAsked(request, query, options):
+                    try:
+                        d.store.sync_index()  # what the workers wrote so far is found (one SELECT when none is due)
+                        self.send(ContextReply(request, context=d.store.context(query, **options)))
+                    except Exception as exc:  # noqa: BLE001  (the worker's task gets the message)
+                        self.send(ContextReply(request, error=str(exc)))
+                case ChatStep(turn) | ChatPiece(turn) | ChatDone(turn):
+                    waiting = self.turns.get(turn)
+                    if waiting is not None:
+                        waiting.hear(message)
+                case Ready(pid):
+                    self.ready.set()
+                    log.info("worker process %s (pid %d) is ready", self.owner, pid)
+                case _:
+                    log.error("worker process %s sent a message the daemon does not know: %r", self.owner, message)
         process.join(timeout=5.0)
         self._ended(process.exitcode)
 
@@ -418,16 +438,12 @@ class WorkerProcess:
         for turn_id, turn in list(self.turns.items()):  # chat turns it was answering: they end here
             store.interrupt_task(turn.task_id, "interrupted: the worker process answering it died")
             self.daemon.worker_wrote(turn.task_id)
+            how = f"{'exit code' if (code or 0) >= 0 else 'signal'} {abs(code or 0)}"
             turn.hear(
-                "chat_done",
-                (
-                    False,
-                    WorkerDied(
-                        f"the worker process answering this chat turn "
-                        f"ended ({'exit code' if (code or 0) >= 0 else 'signal'} "
-                        f"{abs(code or 0)}); send it again"
-                    ),
-                ),
+                ChatDone(
+                    turn_id,
+                    error=WorkerDied(f"the worker process answering this chat turn ended ({how}); send it again"),
+                )
             )
             self.turns.pop(turn_id, None)
         if self._draining:
@@ -446,6 +462,8 @@ class WorkerProcess:
         )
         for task_id in abandoned:
             self.daemon.worker_wrote(task_id)
+        if abandoned:  # claimable again at once, by the other processes, or by the one started in its place
+            self.daemon.task_submitted()
         if time.monotonic() - self._started_at > 60.0:
             self._backoff = RESTART_BACKOFF_S[0]  # it had been working: restart at once next time
         self._next_start = time.monotonic() + self._backoff
@@ -470,22 +488,21 @@ class WorkerProcess:
         try:
             if self.conn is None:
                 raise WorkerDied("no worker process is running to answer the chat turn; send it again")
-            self.send("chat", turn_id, task)
+            self.send(ChatAsked(turn_id, task))
             told = False
             while not turn.done.wait(0.2):
                 if cancel.is_set() and not told:  # the client went away, or the daemon drains
-                    self.send("cancel", turn_id)
+                    self.send(ChatCancelled(turn_id))
                     told = True
         finally:
             self.turns.pop(turn_id, None)
-        ok, value = turn.outcome
-        if not ok:
-            raise value
-        return value
+        if turn.outcome.error is not None:
+            raise turn.outcome.error
+        return turn.outcome.result
 
     def drain(self) -> None:
         self._draining = True
-        self.send("drain")
+        self.send(Drain())
 
     def stop(self, timeout_s: float) -> None:
         """Wait for a drained process to exit; kill it when it does not in time (its task is handed back)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -92,8 +93,16 @@ NOTHING_ENDED = "no evaluation or smoke task ended since the last record"
 
 
 class TreeSearch:
-    def __init__(self, engine: Engine, *, slots: int = 1, rng: np.random.Generator | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        slots: int = 1,
+        rng: np.random.Generator | None = None,
+        on_queued: Callable[[], None] = lambda: None,
+    ) -> None:
         self.engine = engine
+        self.on_queued = on_queued  # told when it has queued tasks (the daemon's workers then look for them)
         self.store = engine.store
         self.config = engine.config
         self.slots = slots  # evaluations in flight at most
@@ -327,6 +336,7 @@ class TreeSearch:
                 "metadata": {**item.task.get("metadata", {}), "node": node.id},
             }
         )
+        self.on_queued()
         return task
 
     def _dispatch(self, stats: list[policy.NodeStats], sharpness: float, *, race: bool = False) -> str:
@@ -359,7 +369,10 @@ class TreeSearch:
                 n = by_id[chosen]
                 by_id[chosen] = policy.NodeStats(n.id, n.parent, n.successes, n.failures, n.in_flight + 1, n.expandable)
             log.info("evaluation %s queued: node %s on %s", evaluation.id, chosen, item.ref)
-        return f"queued {len(queued)} evaluations: " + ", ".join(queued) if queued else "nothing to evaluate"
+        if not queued:
+            return "nothing to evaluate"
+        self.on_queued()
+        return f"queued {len(queued)} evaluations: " + ", ".join(queued)
 
     def _split_for(self, node_id: str, pool: dict[str, list[EvalItem]]) -> str:
         """Held-out evaluations go to a node whose training record beats the incumbent's (and to the
