@@ -14,6 +14,8 @@ import json
 import re
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -162,17 +164,40 @@ def test_bad_server_settings_are_refused_by_name(servers, problem):
         load_config(env={"EVOLVER_MCP_SERVERS": servers})
 
 
-def test_the_daemon_lists_its_mcp_tools_with_their_usage(server_file):
+def _processes_running(script) -> list[int]:
+    """The pids of the live processes whose command line names ``script``."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(script).encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # it ended while we looked
+            continue
+    return pids
+
+
+def test_the_daemon_runs_each_mcp_server_once_and_lists_its_tools_with_their_usage(server_file):
+    """Two worker processes offer the server's tools, and the server runs once, in the daemon: a worker's
+    call goes through the daemon's session with it."""
     root = make_root()
     proc = DaemonProcess(
-        root, model=write_script(root, "script", RULES), settings={"EVOLVER_MCP_SERVERS": _servers(server_file)}
+        root,
+        model=write_script(root, "script", RULES),
+        settings={"EVOLVER_MCP_SERVERS": _servers(server_file), "EVOLVER_DAEMON_WORKERS": "2"},
     )
     with serving(proc), proc.client() as http:
+        deadline = time.monotonic() + 120
+        while http.get("/v1/status").json()["workers_ready"] < 2:  # each has opened its engine
+            assert time.monotonic() < deadline, "the two worker processes did not become ready in 120 s"
+            time.sleep(0.1)
+        assert len(_processes_running(server_file)) == 1
         task = http.post("/v1/tasks", json={"prompt": "What is the capital of Peru?"}).json()
         assert proc.wait_task(http, task["id"], ("done", "failed"))["status"] == "done"
         listed = {t["name"]: t for t in http.get("/v1/tools").json()["mcp"]}
         assert set(listed) == {"capitals__lookup", "capitals__broken"}
-        assert (listed["capitals__lookup"]["uses"], listed["capitals__lookup"]["server"]) == (1, "capitals")
+        lookup = listed["capitals__lookup"]
+        assert (lookup["uses"], lookup["successes"], lookup["server"]) == (1, 1, "capitals")  # it answered Lima
+        assert len(_processes_running(server_file)) == 1
 
 
 def test_synthesis_and_import_refuse_a_users_mcp_tool_name(engine):

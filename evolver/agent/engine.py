@@ -17,7 +17,7 @@ from ..llm.budget import BudgetGuard
 from ..llm.client import Model, ModelClient
 from ..storage import open_store
 from .loop import Agent
-from .mcp_tools import McpServers
+from .mcp_tools import McpServers, McpThrough
 from .scaffold import Scaffold, default_scaffold, load_scaffold
 from .toolbox import Toolbox
 
@@ -54,7 +54,7 @@ class Engine:
     registry: ToolRegistry
     data_dir: Path
     toolbox: Toolbox
-    mcp: McpServers | None = None  # the user's MCP servers, whose tools are registered as the agent's
+    mcp: McpServers | McpThrough | None = None  # the user's MCP servers, whose tools are the agent's too
     meta_model: Model | None = None
     """The meta-agent's model ([meta]): distillation, tool synthesis, scaffold proposals; None: ``model``."""
 
@@ -71,7 +71,10 @@ class Engine:
         data_dir: Path | None = None,
         store: ExperienceStore | None = None,
         sandbox: Sandbox | None = None,
+        mcp: McpThrough | None = None,
     ) -> Engine:
+        """``mcp``: another process's MCP servers, called through it (a worker process's, the daemon's);
+        without it the engine starts the configured servers itself."""
         data_dir = Path(data_dir or config.data_dir)
         store = store or open_store(config, data_dir=data_dir)
         try:
@@ -99,7 +102,7 @@ class Engine:
             store.close()
             raise
         registry = ToolRegistry(builtin_specs())
-        servers = McpServers(config.mcp.servers)
+        servers = mcp or McpServers(config.mcp.servers)
         try:
             for spec in servers.start():
                 registry.register(spec)

@@ -1,9 +1,12 @@
 """The user's MCP servers ([[mcp.servers]]) as tools the agent is offered like its built-ins.
 
-Each server is started (or, for a URL, connected) once, by whoever opens the
-engine, and held by one background thread that runs an asyncio loop: the
-agent's workers are threads, so each call is handed to that loop and waited
-for, with the server's timeout. A server's tools become ``ToolSpec``s of
+Each server is started (or, for a URL, connected) once, by the daemon (or by
+the one command that opens an engine, ``evolver run``), and held by one
+background thread that runs an asyncio loop: each call is handed to that loop
+and waited for, with the server's timeout. The daemon's worker processes start
+none: they get the daemon's list of tools (``McpServers.offered``) and call
+through it (``McpThrough``), so each server runs once however many workers
+there are. A server's tools become ``ToolSpec``s of
 origin "mcp" named ``SERVER__TOOL``, with the server's own input schema and a
 ``runner`` that calls it; the loop records each call as a step, as any tool's,
 and its exposures are measured like a synthesized tool's.
@@ -22,15 +25,17 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import Any
 
 from tools import ToolSpec
 
 from ..config import McpServerSettings
 
-__all__ = ["ORIGIN", "McpServers", "tool_name"]
+__all__ = ["ORIGIN", "McpServers", "McpThrough", "Offered", "tool_name"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,18 @@ def _text(result) -> str:
     return "\n".join(parts)
 
 
+@dataclass(frozen=True)
+class Offered:
+    """The servers' tools as one process offers them to another: what a ``ToolSpec`` needs but its runner."""
+
+    tools: list[dict] = field(default_factory=list)  # name, description, parameters, server, tool
+    problems: dict[str, str] = field(default_factory=dict)  # a server left out: why
+
+
+def _spec(name: str, description: str, parameters: dict, runner: Callable[[dict], tuple[bool, str]]) -> ToolSpec:
+    return ToolSpec(name=name, description=description, parameters=parameters, origin=ORIGIN, runner=runner)
+
+
 class McpServers:
     """Connected servers and their tools; ``close`` ends them. A server that cannot be started or listed is
     logged and left out (``problems`` says why), and the others serve."""
@@ -63,6 +80,7 @@ class McpServers:
         self.specs: list[ToolSpec] = []
         self.problems: dict[str, str] = {}
         self._clients: dict[str, Any] = {}
+        self._tools: dict[str, tuple[str, str]] = {}  # the agent's name of a tool: its server and its own name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -124,15 +142,10 @@ class McpServers:
                 for tool in listed.tools:
                     name = tool_name(settings.name, tool.name)
                     schema = dict(tool.input_schema or {"type": "object", "properties": {}})
-                    self.specs.append(
-                        ToolSpec(
-                            name=name,
-                            description=f"[{settings.name}] {tool.description or tool.name}",
-                            parameters=schema,
-                            origin=ORIGIN,
-                            runner=functools.partial(self.call, settings, tool.name),
-                        )
-                    )
+                    description = f"[{settings.name}] {tool.description or tool.name}"
+                    runner = functools.partial(self.call, settings, tool.name)
+                    self.specs.append(_spec(name, description, schema, runner))
+                    self._tools[name] = (settings.name, tool.name)
                 self._clients[settings.name] = client
                 await asyncio.Event().wait()  # held open until cancelled by close()
         except asyncio.CancelledError:
@@ -147,7 +160,22 @@ class McpServers:
         if self._thread is not None:
             self._thread.join(15)
 
+    def offered(self) -> Offered:
+        """What another process needs to offer these tools and call them through ``call_offered``."""
+        tools = [
+            {"name": spec.name, "description": spec.description, "parameters": spec.parameters} for spec in self.specs
+        ]
+        return Offered(tools=tools, problems=dict(self.problems))
+
     # --- calling ------------------------------------------------------------------------
+
+    def call_offered(self, name: str, arguments: dict) -> tuple[bool, str]:
+        """A call of an offered tool by the agent's name of it (``McpThrough``, in a worker process)."""
+        if name not in self._tools:
+            return False, f"no MCP tool is named {name}"
+        server, tool = self._tools[name]
+        settings = next(s for s in self.settings if s.name == server)
+        return self.call(settings, tool, arguments)
 
     def call(self, settings: McpServerSettings, tool: str, arguments: dict) -> tuple[bool, str]:
         """One call of a server's tool, from any thread: (ok, the text it returned or why it failed)."""
@@ -166,3 +194,21 @@ class McpServers:
         except Exception as exc:  # noqa: BLE001 - the server's failure is the observation
             return False, f"MCP server {settings.name}: {tool} failed: {type(exc).__name__}: {exc}"
         return not result.is_error, _text(result) or "(no content)"
+
+
+class McpThrough:
+    """The daemon's MCP tools in a worker process: the same tools, each call sent to the daemon, whose
+    servers answer it (``call``: the name and arguments to ``McpServers.call_offered`` there)."""
+
+    def __init__(self, offered: Offered, call: Callable[[str, dict], tuple[bool, str]]) -> None:
+        self.problems = dict(offered.problems)
+        self.specs = [
+            _spec(t["name"], t["description"], t["parameters"], functools.partial(call, t["name"]))
+            for t in offered.tools
+        ]
+
+    def start(self) -> list[ToolSpec]:
+        return self.specs
+
+    def close(self) -> None:
+        """Nothing to end here: the servers are the daemon's."""

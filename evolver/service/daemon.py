@@ -25,6 +25,7 @@ from memory import Ending, ExperienceStore, IndexBusy
 
 from ..agent.engine import Engine
 from ..agent.loop import TaskResult
+from ..agent.mcp_tools import McpServers, Offered
 from ..api.host import Stopping, WorkerLost
 from ..config import Config
 from ..llm.budget import start_of_day
@@ -330,6 +331,17 @@ class Daemon:
         assert self.engine is not None, "the daemon has not opened its store"
         return self.engine.call_tool(name, arguments)
 
+    def mcp_offered(self) -> Offered:
+        """The daemon's MCP tools, which its worker processes offer and call through it."""
+        servers = self.engine.mcp if self.engine is not None else None
+        return servers.offered() if isinstance(servers, McpServers) else Offered()
+
+    def mcp_call(self, name: str, arguments: dict) -> tuple[bool, str]:
+        servers = self.engine.mcp if self.engine is not None else None
+        if not isinstance(servers, McpServers):
+            return False, "the daemon runs no MCP servers"
+        return servers.call_offered(name, arguments)
+
     def mcp_tools(self) -> list[dict]:
         """The tools of the user's MCP servers the agent is offered, and servers left out (with why)."""
         servers = self.engine.mcp if self.engine is not None else None
@@ -361,6 +373,7 @@ class Daemon:
             "queue": self.store.queue_depth(),
             "workers": len(self.workers),
             "worker_pids": self.workers.pids(),
+            "workers_ready": self.workers.ready(),
             "running": self._running(),
             "budget": {
                 "tokens_today": tokens,

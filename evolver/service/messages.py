@@ -31,6 +31,8 @@ __all__ = [
     "ChatStep",
     "ChatPiece",
     "ChatDone",
+    "McpCalled",
+    "McpAnswer",
 ]
 
 
@@ -71,7 +73,16 @@ class ChatCancelled:
     turn: int
 
 
-ToWorker = WorkArrived | Drain | ContextReply | ChatAsked | ChatCancelled
+@dataclass(frozen=True)
+class McpAnswer:
+    """The answer to ``McpCalled`` ``request``: whether the tool succeeded, and its text or why it failed."""
+
+    request: int
+    ok: bool
+    text: str
+
+
+ToWorker = WorkArrived | Drain | ContextReply | ChatAsked | ChatCancelled | McpAnswer
 
 
 # --- from a worker process to the daemon ------------------------------------------------------------
@@ -144,4 +155,14 @@ class ChatDone:
     error: BaseException | None = None
 
 
-FromWorker = Ready | Claimed | Idle | Wrote | Ended | ContextAsked | ChatStep | ChatPiece | ChatDone
+@dataclass(frozen=True)
+class McpCalled:
+    """Call the user's MCP tool ``name`` (the agent's name of it) with ``arguments``: the servers are the
+    daemon's, started once."""
+
+    request: int
+    name: str
+    arguments: dict[str, Any]
+
+
+FromWorker = Ready | Claimed | Idle | Wrote | Ended | ContextAsked | ChatStep | ChatPiece | ChatDone | McpCalled

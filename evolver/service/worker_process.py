@@ -26,6 +26,7 @@ interrupted), fails the chat turns it was answering (their requests get 503
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import itertools
 import logging
@@ -43,6 +44,7 @@ from typing import Any, Protocol
 from memory import Context, Lease, StoreError, Task
 
 from ..agent.engine import Engine
+from ..agent.mcp_tools import McpThrough, Offered
 from ..api.host import WorkerLost
 from ..config import Config
 from ..storage import open_store
@@ -60,6 +62,8 @@ from .messages import (
     Ended,
     FromWorker,
     Idle,
+    McpAnswer,
+    McpCalled,
     Ready,
     ToWorker,
     WorkArrived,
@@ -120,7 +124,7 @@ class DaemonLink:
                     cancel = self.chat_cancels.get(turn)
                     if cancel is not None:
                         cancel.set()
-                case ContextReply(request):
+                case ContextReply(request) | McpAnswer(request):
                     with self._replies_lock:
                         waiting = self._replies.get(request)
                     if waiting is not None:
@@ -129,24 +133,38 @@ class DaemonLink:
                 case _:
                     log.error("the daemon sent a message this worker does not know: %r", message)
 
-    def context(self, query: str, **options: Any) -> Context:
+    def ask(self, make: Callable[[int], FromWorker], timeout_s: float, what: str):
+        """Send the message ``make(request)`` and wait for the daemon's reply to ``request``."""
         request = next(self._ids)
         waiting: list = [threading.Event(), None]
         with self._replies_lock:
             self._replies[request] = waiting
         try:
-            self.send(ContextAsked(request, query, options))
-            if not waiting[0].wait(CONTEXT_TIMEOUT_S):
-                raise StoreError(
-                    f"the daemon did not answer for a task's retrieval context in {CONTEXT_TIMEOUT_S:.0f} s"
-                )
+            self.send(make(request))
+            if not waiting[0].wait(timeout_s):
+                raise StoreError(f"the daemon did not answer for {what} in {timeout_s:.0f} s")
         finally:
             with self._replies_lock:
                 self._replies.pop(request, None)
-        reply: ContextReply = waiting[1]
+        return waiting[1]
+
+    def context(self, query: str, **options: Any) -> Context:
+        reply: ContextReply = self.ask(
+            lambda request: ContextAsked(request, query, options), CONTEXT_TIMEOUT_S, "a task's retrieval context"
+        )
         if reply.context is None:
             raise StoreError(f"retrieving the task's context failed in the daemon: {reply.error}")
         return reply.context
+
+    def mcp_call(self, timeouts: dict[str, float], name: str, arguments: dict) -> tuple[bool, str]:
+        """A call of the user's MCP tool ``name``, by the daemon's servers (``timeouts``: each server's)."""
+        server = name.split("__", 1)[0]
+        wait = timeouts.get(server, 60.0) + 10.0  # the daemon's own call times out first and says so
+        try:
+            answer: McpAnswer = self.ask(lambda request: McpCalled(request, name, arguments), wait, f"MCP tool {name}")
+        except StoreError as exc:
+            return False, str(exc)
+        return answer.ok, answer.text
 
 
 class ContextFromDaemon:
@@ -232,9 +250,16 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 def worker_main(
-    config: Config, data_dir: str, owner: str, slot: int, slots: int, exclude_sources: tuple[str, ...], conn: Connection
+    config: Config,
+    data_dir: str,
+    owner: str,
+    slot: int,
+    slots: int,
+    exclude_sources: tuple[str, ...],
+    mcp: Offered,
+    conn: Connection,
 ) -> None:
-    """The worker process: claim and run tasks until drained."""
+    """The worker process: claim and run tasks until drained. ``mcp``: the daemon's MCP tools."""
     _die_with_parent()
     # The daemon decides when its workers stop: a Ctrl-C or a SIGTERM sent to the whole group (systemd)
     # reaches the daemon, which drains us through the pipe.
@@ -245,7 +270,13 @@ def worker_main(
     threading.Thread(target=link.listen, name="daemon-link", daemon=True).start()
     config = own_uids(config, slot, slots)
     store = open_store(config, data_dir=Path(data_dir), index_owner=False)
-    engine = Engine.open(config, data_dir=Path(data_dir), store=ContextFromDaemon(store, link))  # type: ignore[arg-type]
+    timeouts = {s.name: s.timeout_s for s in config.mcp.servers}
+    engine = Engine.open(
+        config,
+        data_dir=Path(data_dir),
+        store=ContextFromDaemon(store, link),  # type: ignore[arg-type]
+        mcp=McpThrough(mcp, functools.partial(link.mcp_call, timeouts)),
+    )
     d = config.daemon
     worker = Worker(
         Agents(engine),
@@ -304,6 +335,12 @@ class WorkerHost(Protocol):
 
     def task_submitted(self) -> None:
         """A task may be claimable now: the worker processes look in the inbox."""
+
+    def mcp_offered(self) -> Offered:
+        """The daemon's MCP tools, as a worker process offers them."""
+
+    def mcp_call(self, name: str, arguments: dict) -> tuple[bool, str]:
+        """A call of one of the daemon's MCP tools by its offered name."""
 
 
 class WorkerDied(WorkerLost):
@@ -371,7 +408,16 @@ class WorkerProcess:
             target=worker_main,
             name=f"evolver-worker-{self.slot}",
             daemon=False,
-            args=(d.config, str(d.data_dir), self.owner, self.slot, self.slots, self.exclude_sources, theirs),
+            args=(
+                d.config,
+                str(d.data_dir),
+                self.owner,
+                self.slot,
+                self.slots,
+                self.exclude_sources,
+                d.mcp_offered(),
+                theirs,
+            ),
         )
         self.process.start()
         theirs.close()
@@ -420,6 +466,10 @@ class WorkerProcess:
                     waiting = self.turns.get(turn)
                     if waiting is not None:
                         waiting.hear(message)
+                case McpCalled(request, name, arguments):  # a call may take its server's whole timeout
+                    threading.Thread(
+                        target=self._call_mcp, args=(request, name, arguments), name="mcp-call", daemon=True
+                    ).start()
                 case Ready(pid):
                     self.ready.set()
                     log.info("worker process %s (pid %d) is ready", self.owner, pid)
@@ -427,6 +477,13 @@ class WorkerProcess:
                     log.error("worker process %s sent a message the daemon does not know: %r", self.owner, message)
         process.join(timeout=5.0)
         self._ended(process.exitcode)
+
+    def _call_mcp(self, request: int, name: str, arguments: dict) -> None:
+        try:
+            ok, text = self.daemon.mcp_call(name, arguments)
+        except Exception as exc:  # noqa: BLE001  (the worker's agent sees the failure as the call's result)
+            ok, text = False, f"MCP tool {name} failed in the daemon: {type(exc).__name__}: {exc}"
+        self.send(McpAnswer(request, ok, text))
 
     def _ended(self, code: int | None) -> None:
         self.ready.clear()

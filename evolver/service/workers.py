@@ -79,6 +79,10 @@ class WorkerPool:
             ]
         return running
 
+    def ready(self) -> int:
+        """How many processes have opened their engine and take work."""
+        return sum(process.ready.is_set() for process in self.processes)
+
     def pids(self) -> list[int | None]:
         return [process.pid for process in self.processes]
 
