@@ -160,6 +160,17 @@ def test_an_old_file_with_a_retired_key_still_loads_and_says_why_it_is_ignored(t
     ]
 
 
+def test_an_old_file_that_chose_worker_threads_loads_and_says_they_are_gone(tmp_path, caplog):
+    old = write(tmp_path, "[advanced.daemon]\nworker_processes = false\n")
+    with caplog.at_level(logging.WARNING, logger="evolver.config"):
+        config = load_config(old, env={})
+    assert not hasattr(config.daemon, "worker_processes")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{old}: [advanced.daemon] worker_processes is no longer a setting and is ignored: the agent workers always "
+        "run in processes of their own beside the daemon (worker threads inside the daemon are gone); remove it"
+    ]
+
+
 def test_an_old_file_with_moved_keys_loads_them_and_names_their_new_place(tmp_path, caplog):
     old = write(tmp_path, "[memory]\nrrf_k = 30\n[daemon]\nworkers = 3\nlease_s = 60.0\n")  # before [advanced]
     with caplog.at_level(logging.WARNING, logger="evolver.config"):
