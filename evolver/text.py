@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["clip", "control_character", "visible"]
+__all__ = ["Unchanged", "clip", "control_character", "visible"]
 
 # C0 controls but newline and tab, DEL, and the C1 controls (U+0080-U+009F, which some terminals act on too).
 # Newline keeps multi-line text multi-line; a tab only moves right, to the next stop, so it forges nothing.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class Unchanged(str):
+    """The summary of a background round that changed nothing (no new trajectory, no evaluation ended, an
+    index that agrees): a str like any summary, which the jobs keep as telemetry (status, the dashboard)
+    rather than as an evolution event. A record round every 5 minutes wrote 288 events a day that
+    `evolver history` showed."""
+
+    __slots__ = ()
 
 
 def clip(text: str | None, chars: int, *, one_line: bool = False) -> str:

@@ -15,7 +15,8 @@ from evolver.llm import scripted
 from evolver.llm.budget import BudgetExceeded
 from evolver.meta.distill import WATERMARK_KEY, distill_round
 from evolver.meta.insights import InsightOpError
-from evolver.meta.jobs import Job, Jobs, Unchanged, builtin_jobs
+from evolver.meta.jobs import Job, Jobs, builtin_jobs
+from evolver.text import Unchanged
 from memory import NewTrajectory
 
 ADD = {"operations": [{"op": "ADD", "text": "Compute with run_python before answering a number."}]}

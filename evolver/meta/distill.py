@@ -26,7 +26,7 @@ from ..agent.failures import behaviour
 from ..config import Config
 from ..llm import jsonfix
 from ..llm.client import Model, json_schema_format
-from ..text import clip
+from ..text import Unchanged, clip
 from .insights import (
     KINDS,
     InsightOpError,
@@ -73,7 +73,7 @@ class DistillError(RuntimeError):
 
 
 # A round that found nothing to learn from says so in these words (the jobs keep it out of the history).
-NOTHING_NEW = "no new trajectories since the last round"
+NOTHING_NEW = Unchanged("no new trajectories since the last round")
 
 
 def watermark(store: ExperienceStore) -> tuple[float, str] | None:

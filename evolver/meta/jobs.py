@@ -38,6 +38,7 @@ from memory import ExperienceStore
 from ..agent.engine import Engine
 from ..config import Config
 from ..llm.budget import BudgetExceeded
+from ..text import Unchanged
 from ..tree.search import SEARCH_SOURCES, TreeSearch
 
 __all__ = ["Job", "JobRound", "Jobs", "JobError", "JobHost", "SubmittedRound", "builtin_jobs"]
@@ -68,7 +69,7 @@ class JobError(ValueError):
 @dataclass
 class Job:
     name: str
-    run: Callable[[JobHost], str | Unchanged]
+    run: Callable[[JobHost], str]  # a summary; an ``Unchanged`` one when the round changed nothing
     every_min: float
     description: str
     after: int | None = None  # also due after this many new items of work...
@@ -100,15 +101,7 @@ class JobRound:
     event_id: int | None
 
 
-@dataclass(frozen=True)
-class Unchanged:
-    """What a round that changed nothing returns: job telemetry (status, the dashboard), not an evolution
-    event. A record round every 5 minutes wrote 288 events a day that `evolver history` showed."""
-
-    summary: str
-
-
-def _reconcile(host: JobHost) -> str | Unchanged:
+def _reconcile(host: JobHost) -> str:
     fixed = host.store.reconcile()
     # Rows waiting in the outbox are normal (worker processes leave theirs for the daemon): synced, not repaired.
     synced = fixed.get("outbox", 0)
@@ -119,19 +112,16 @@ def _reconcile(host: JobHost) -> str | Unchanged:
     return summary if repaired else Unchanged(summary)
 
 
-def _distill(host: JobHost) -> str | Unchanged:
-    from .distill import NOTHING_NEW, distill_round
+def _distill(host: JobHost) -> str:
+    from .distill import distill_round
 
-    summary = distill_round(host.store, host.engine.meta, host.config)
-    return Unchanged(summary) if summary == NOTHING_NEW else summary
+    return distill_round(host.store, host.engine.meta, host.config)
 
 
-def _synthesize(host: JobHost) -> str | Unchanged:
-    from .distill import NOTHING_NEW
+def _synthesize(host: JobHost) -> str:
     from .synthesize import synthesize_round
 
-    summary = synthesize_round(host.engine)
-    return Unchanged(summary) if summary == NOTHING_NEW else summary
+    return synthesize_round(host.engine)
 
 
 def _prune(host: JobHost) -> str:
@@ -155,11 +145,8 @@ def _evolve(host: JobHost) -> str:
     return host.tree.step()
 
 
-def _record(host: JobHost) -> str | Unchanged:
-    from ..tree.search import NOTHING_ENDED
-
-    summary = host.tree.record_ended()
-    return Unchanged(summary) if summary == NOTHING_ENDED else summary
+def _record(host: JobHost) -> str:
+    return host.tree.record_ended()
 
 
 def _ended_evaluations(host: JobHost) -> int:
@@ -453,8 +440,7 @@ class Jobs:
         changed = True
         try:
             result = job.run(self.host)
-            summary, ok = (result.summary, True) if isinstance(result, Unchanged) else (result, True)
-            changed = not isinstance(result, Unchanged)
+            summary, ok, changed = str(result), True, not isinstance(result, Unchanged)
         except Exception as exc:  # a failed round is loud and recorded, never silent
             log.exception("job %s failed", job.name)
             summary, ok = f"{type(exc).__name__}: {exc}", False

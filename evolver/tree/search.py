@@ -39,6 +39,7 @@ from ..agent.scaffold import ScaffoldError
 from ..judge.catalog import resolve_pack
 from ..judge.taskpack import TaskPackError
 from ..llm.budget import BudgetExceeded
+from ..text import Unchanged
 from . import policy
 from .incumbent import incumbent, promote, scaffold_of
 from .proposer import (
@@ -89,7 +90,7 @@ def node_stats(store: ExperienceStore, *, split: str = "train") -> list[policy.N
 
 
 # What a record round that found nothing ended says (the jobs keep such a round out of the history).
-NOTHING_ENDED = "no evaluation or smoke task ended since the last record"
+NOTHING_ENDED = Unchanged("no evaluation or smoke task ended since the last record")
 
 
 class TreeSearch:
