@@ -51,7 +51,7 @@ def run(engine, scaffold, tasks) -> dict:
             metadata={"pack_task": pack_task.id, **pack_task.metadata()},
         )
         started = time.perf_counter()
-        result = engine.agent(scaffold).run_task(task, purpose="evaluate")
+        result = engine.agent(scaffold).run_task(task)
         steps = [s for tid in result.trajectory_ids for s in engine.store.steps(tid)]
         per_task[pack_task.id] = bool(result.success)
         work[pack_task.id] = {

@@ -29,6 +29,7 @@ from .records import (
     Outcome,
     Step,
     Task,
+    TaskKind,
     ToolHit,
     ToolRecord,
     Trajectory,
@@ -52,7 +53,7 @@ class ExperienceStore(Protocol):
         *,
         check: dict | None = None,
         priority: int = 0,
-        source: str = "inbox",
+        source: TaskKind | str = TaskKind.INBOX,
         metadata: dict | None = None,
         idempotency_key: str | None = None,
         status: str = "queued",
@@ -213,7 +214,7 @@ class ExperienceStore(Protocol):
     def list_nodes(self) -> list[Node]: ...
     def set_node_status(self, node_id: str, status: str, *, reason: str | None = None) -> Node: ...
     def start_evaluation(
-        self, node_id: str, task_ref: str, *, split: str = "train", task: dict | None = None
+        self, node_id: str, task_ref: str, *, split: str = "train", task_for: Callable[[int], dict] | None = None
     ) -> Evaluation: ...
     def get_evaluation(self, evaluation_id: int) -> Evaluation: ...
     def running_evaluations(self) -> list[Evaluation]: ...

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "Ending",
+    "TaskKind",
     "Task",
     "Trajectory",
     "Step",
@@ -56,6 +57,8 @@ class _Record:
                 value = bool(value)
             if key == "ending" and value is not None:
                 value = Ending(value)
+            if key == "source" and cls is Task:
+                value = TaskKind.of(value)
             values[key] = value
         return cls(**values)
 
@@ -77,6 +80,52 @@ class Ending(str, enum.Enum):
     INTERRUPTED = "interrupted"  # the daemon stopped while it ran
 
 
+class TaskKind(str, enum.Enum):
+    """Where a task came from, which decides how it is run and counted: what budget it spends, whether a
+    failing hook fails its run, whether the tree search reads its result. Stored as the task's ``source``.
+
+    A task is admitted through one door (``evolver.tree.split.admit``), which also decides its split."""
+
+    API = "api"  # a person's, through the socket API (``evolver submit``, MCP's submit_task)
+    CLI = "cli"  # a person's, run in the foreground without the daemon (``evolver run``)
+    CHAT = "chat"  # a chat turn
+    BENCH = "bench"  # a benchmark's measured task (``evolver bench``), through the daemon or not
+    EVALUATION = "evaluation"  # the tree search's evaluation of a node on a pack task
+    SMOKE = "smoke"  # the tree search's smoke run of a new node
+    IMPORT = "import"  # an attempt brought in whole (``ExperienceStore.ingest``): never run here
+    INBOX = "inbox"  # added to the store directly, by no door (tests, and rows older than the kinds)
+
+    @classmethod
+    def of(cls, value: str) -> TaskKind:
+        """The kind stored as ``value``; a source no kind has is refused, naming the kinds."""
+        try:
+            return cls(value)
+        except ValueError:
+            kinds = ", ".join(k.value for k in cls)
+            raise ValueError(f"a task's source is one of {kinds}, not {value!r}") from None
+
+    @property
+    def searched(self) -> bool:
+        """The tree search's own work: it reads the result, and it runs on the node it tests."""
+        return self in (TaskKind.EVALUATION, TaskKind.SMOKE)
+
+    @property
+    def purpose(self) -> str:
+        """What its model calls are charged as: the search's work is background work (``evaluate``)."""
+        return "evaluate" if self.searched else "task"
+
+    @property
+    def measured(self) -> bool:
+        """A run whose result measures a scaffold (the search's, a benchmark's): a hook that failed in it
+        fails the run, since its result would not be the scaffold's. A person's task gets its answer."""
+        return self.searched or self is TaskKind.BENCH
+
+    @property
+    def persons(self) -> bool:
+        """Handed over by a person, to be solved (not a chat turn, a measurement or an import)."""
+        return self in (TaskKind.API, TaskKind.CLI, TaskKind.INBOX)
+
+
 @dataclass(frozen=True)
 class Task(_Record):
     id: str
@@ -86,7 +135,7 @@ class Task(_Record):
     updated_at: float
     check: dict | None = None
     priority: int = 0
-    source: str = "inbox"
+    source: TaskKind = TaskKind.INBOX
     metadata: dict = field(default_factory=dict)
     idempotency_key: str | None = None
     finished_at: float | None = None

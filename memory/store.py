@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,7 @@ from .records import (
     Outcome,
     Step,
     Task,
+    TaskKind,
     ToolRecord,
     Trajectory,
 )
@@ -87,7 +88,7 @@ class NewTrajectory:
     steps: list[dict] = field(default_factory=list)
     started_at: float | None = None
     check: dict | None = None
-    source: str = "import"
+    source: TaskKind | str = TaskKind.IMPORT
     status: str = "finished"
     """How the attempt ended: finished (with an answer), step_limit, repeating, ..."""
     verifier_output: str | None = None
@@ -339,7 +340,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         *,
         check: dict | None = None,
         priority: int = 0,
-        source: str = "inbox",
+        source: TaskKind | str = TaskKind.INBOX,
         metadata: dict | None = None,
         idempotency_key: str | None = None,
         status: str = "queued",
@@ -371,6 +372,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         for item in items:
             if not item.get("prompt") or not item["prompt"].strip():
                 raise ValueError("A task needs a non-empty prompt.")
+            TaskKind.of(item.get("source", TaskKind.INBOX))  # a source no kind has is refused, naming them
         now = time.time()
         results: list[tuple[Task, bool]] = []
         with self._write() as db:
@@ -389,7 +391,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                     updated_at=now,
                     check=item.get("check"),
                     priority=item.get("priority", 0),
-                    source=item.get("source", "inbox"),
+                    source=TaskKind.of(item.get("source", TaskKind.INBOX)),
                     metadata=item.get("metadata") or {},
                     idempotency_key=key,
                 )
@@ -402,7 +404,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                         _json(task.check),
                         task.status,
                         task.priority,
-                        task.source,
+                        task.source.value,
                         _json(task.metadata),
                         key,
                         now,
@@ -742,13 +744,14 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             for item in items:
                 if not item.prompt.strip():
                     raise ValueError("A trajectory needs a non-empty prompt.")
+                source = TaskKind.of(item.source).value
                 task_id, trajectory_id = new_id("task"), new_id("traj")
                 started = now if item.started_at is None else item.started_at
                 db.execute(
                     """INSERT INTO tasks (id, prompt, "check", status, source, metadata, created_at, updated_at,
                                           finished_at)
                        VALUES (?,?,?,?,?,?,?,?,?)""",
-                    [task_id, item.prompt, _json(item.check), "done", item.source, "{}", started, started, started],
+                    [task_id, item.prompt, _json(item.check), "done", source, "{}", started, started, started],
                 )
                 # A step's accounting is kept as add_step keeps it, and summed on the trajectory.
                 totals = [
@@ -955,10 +958,16 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return [Node.from_row(r) for r in self._all("SELECT * FROM nodes ORDER BY created_at, id")]
 
     def start_evaluation(
-        self, node_id: str, task_ref: str, *, split: str = "train", task: dict | None = None
+        self,
+        node_id: str,
+        task_ref: str,
+        *,
+        split: str = "train",
+        task_for: Callable[[int], dict] | None = None,
     ) -> Evaluation:
-        """Record an evaluation in flight; with ``task`` (``add_task``'s arguments) also queue the
-        inbox task that runs it, in the same transaction, so neither exists without the other."""
+        """Record an evaluation in flight; with ``task_for`` also queue the inbox task that runs it, in the
+        same transaction, so neither exists without the other: ``task_for(evaluation_id)`` gives its
+        ``add_task`` arguments (what the task says is the tree's to decide, ``evolver.tree``)."""
         with self._write() as db:
             cursor = db.execute(
                 "INSERT INTO evaluations (node_id, task_ref, split, status, started_at) VALUES (?,?,?,?,?)",
@@ -966,14 +975,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             )
             evaluation_id = cursor.lastrowid
             assert evaluation_id is not None  # an INSERT just ran
-            if task is not None:
-                metadata = {
-                    **(task.get("metadata") or {}),
-                    "evaluation": evaluation_id,
-                    "node": node_id,
-                    "split": split,
-                }
-                ((queued, _),) = self.add_tasks([{**task, "metadata": metadata, "source": "evaluation"}])
+            if task_for is not None:
+                ((queued, _),) = self.add_tasks([task_for(evaluation_id)])
                 db.execute("UPDATE evaluations SET task_id = ? WHERE id = ?", [queued.id, evaluation_id])
         return self.get_evaluation(evaluation_id)
 

@@ -266,7 +266,7 @@ def test_the_suite_can_tell_a_pass_and_a_leak(lab):
         source="bench",
         metadata={"files": {"notes.txt": "self.assertEqual(fizzbuzz(15), ...)"}},
     )[0]
-    assert lab.engine.agent().run_task(leaked, purpose="evaluate").success is True
+    assert lab.engine.agent().run_task(leaked).success is True
 
 
 # -- through the real daemon ------------------------------------------------------------------------------------

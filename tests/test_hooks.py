@@ -12,6 +12,7 @@ from evolver.agent.hooks import HookError, check_reply, hook_points
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import load_config
 from evolver.llm import scripted
+from memory import TaskKind
 
 # The model hands in its answer as a sentence; the check wants the number alone.
 WORDY = [
@@ -53,10 +54,10 @@ def with_hooks(source: str, **parameters):
     )
 
 
-def solve(engine: Engine, source: str, purpose: str = "task", **parameters):
-    """What is 19 + 23? (checked: 42), on the seed scaffold with these hooks."""
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK)
-    return engine.agent(with_hooks(source, **parameters)).run_task(task, purpose=purpose)
+def solve(engine: Engine, source: str, kind: TaskKind = TaskKind.API, **parameters):
+    """What is 19 + 23? (checked: 42), as a task of ``kind``, on the seed scaffold with these hooks."""
+    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK, source=kind)
+    return engine.agent(with_hooks(source, **parameters)).run_task(task)
 
 
 def hook_steps(engine: Engine, result) -> list:
@@ -164,7 +165,7 @@ def test_a_broken_hook_is_recorded_and_ignored_and_fails_an_evaluation(engine_fo
     assert (result.status, result.answer, result.success) == ("done", "42", True)  # the agent went on
     (step,) = hook_steps(engine, result)
     assert error in step.content and step.tool_results[0]["error"]
-    evaluated = solve(engine, source, purpose="evaluate")
+    evaluated = solve(engine, source, TaskKind.EVALUATION)
     assert (evaluated.answer, evaluated.success) == ("42", False)
     assert evaluated.verdict.startswith("a hook failed during this evaluation") and error in evaluated.verdict
 

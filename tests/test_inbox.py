@@ -106,11 +106,17 @@ def test_cancelling_a_queued_task_ends_it_and_a_running_one_is_asked_to_stop(sto
 
 
 def test_claims_can_be_limited_to_sources(store):
-    store.add_task("evaluation work", source="eval")
+    store.add_task("evaluation work", source="evaluation")
     person, _ = store.add_task("a person's task", source="inbox")
     lease = store.claim_task("w", lease_s=30, max_attempts=3, sources=("inbox",))
     assert lease.task.id == person.id
     assert store.claim_task("w", lease_s=30, max_attempts=3, sources=("inbox",)) is None
+
+
+def test_a_task_of_no_kind_is_refused_naming_the_kinds(store):
+    with pytest.raises(ValueError, match="a task's source is one of api, cli, chat, bench, evaluation, smoke"):
+        store.add_task("from nowhere", source="eval")
+    assert store.list_tasks() == []
 
 
 def test_leases_survive_a_reopen(open_store, data_dir):

@@ -34,7 +34,7 @@ def test_task_round_trip(store):
         "What is six times seven?",
         check=check,
         priority=7,
-        source="pack",
+        source="bench",
         metadata=metadata,
         idempotency_key="req-1",
     )
@@ -45,7 +45,7 @@ def test_task_round_trip(store):
         "What is six times seven?",
         check,
         7,
-        "pack",
+        "bench",
         metadata,
     )
     assert (task.status, task.idempotency_key, task.finished_at, task.error) == ("queued", "req-1", None, None)

@@ -17,7 +17,7 @@ from evolver.llm import scripted
 from evolver.service.worker import Worker
 from evolver.tree.export import to_dot, to_html
 from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
-from evolver.tree.search import TreeSearch, tree_view
+from evolver.tree.search import EvalItem, TreeSearch, tree_view
 from evolver.tree.split import hashed_split
 from memory import Ending, NewTrajectory, NotFound, new_id
 
@@ -73,6 +73,12 @@ def engine(open_store, sandbox, tmp_path):
 
 def _search(e: Engine, seed: int = 7, slots: int = 1) -> TreeSearch:
     return TreeSearch(e, slots=slots, rng=np.random.default_rng(seed))
+
+
+def _evaluate_on(e: Engine, node: str, ref: str, split: str, prompt: str, expected: str):
+    """Queue an evaluation of ``node`` on a task, as the search queues one (its task admitted at the door)."""
+    item = EvalItem(ref=ref, split=split, task={"prompt": prompt, "check": {"type": "answer", "expected": expected}})
+    return e.store.start_evaluation(node, ref, split=split, task_for=_search(e)._evaluation_task(item, node, split))
 
 
 def _run_queued(e: Engine, search: TreeSearch) -> int:
@@ -662,19 +668,17 @@ def test_the_pool_keeps_the_split_a_persons_task_was_given_when_it_came_in(engin
 
 
 def test_nothing_is_learned_from_the_held_out_split(engine):
+    """An evaluation on the held-out split is not learnable, and neither is one of a held-out task's text on
+    the training split: the door holds that text out whatever the evaluation says."""
     e = engine([*SOLVER], "tree-leak")
     root = incumbent(e.store).id
-    for split in ("train", "test"):
-        e.store.start_evaluation(
-            root,
-            f"pack:x:{split}",
-            split=split,
-            task={"prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}},
-        )
-    search = _search(e, slots=2)
-    assert _run_queued(e, search) == 2
+    _evaluate_on(e, root, "pack:x:t", "train", "What is 2 + 5?", "7")
+    _evaluate_on(e, root, "pack:x:h", "test", "What is 1 + 6?", "7")
+    _evaluate_on(e, root, "pack:x:h1", "train", "What is 1 + 6?", "7")  # h1's text, held out in the pack
+    search = _search(e, slots=3)
+    assert _run_queued(e, search) == 3
     learnable = e.store.finished_since(None, limit=100)
-    assert [e.store.get_task(t.task_id).metadata["split"] for t, _ in learnable] == ["train"]
+    assert [e.store.get_task(t.task_id).prompt for t, _ in learnable] == ["What is 2 + 5?"]
     mark = (learnable[-1][0].finished_at + 1, "")
     assert len(e.store.finished_until(mark, limit=100)) == 1
 
@@ -687,15 +691,8 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
 
     e = engine([*SOLVER], "tree-held-out-prompts")
     root = incumbent(e.store).id
-    e.store.start_evaluation(
-        root, "pack:x:h1", split="test", task={"prompt": "What is 1 + 6?", "check": {"type": "answer", "expected": "7"}}
-    )
-    e.store.start_evaluation(
-        root,
-        "pack:x:t1",
-        split="train",
-        task={"prompt": "What is 2 + 3?", "check": {"type": "answer", "expected": "5"}},
-    )
+    _evaluate_on(e, root, "pack:x:h1", "test", "What is 1 + 6?", "7")
+    _evaluate_on(e, root, "pack:x:t1", "train", "What is 2 + 3?", "5")
     assert _run_queued(e, _search(e, slots=2)) == 2
     held_out = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "test"}
     trained = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "train"}

@@ -267,14 +267,15 @@ class Agent:
         *,
         cancel: threading.Event | None = None,
         on_step: Callable[[Step], None] | None = None,
-        purpose: str = "task",
         record_status: bool = True,
         on_answer: Callable[[str], None] | None = None,
     ) -> TaskResult:
         """Solve one task. With ``record_status=False`` the caller records how it ended
         (a leased worker does, fenced by its lease). ``on_answer`` gets the answer in pieces while the
-        model writes its finish call (``AnswerStream``), unless a ``before_finish`` hook may change it."""
+        model writes its finish call (``AnswerStream``), unless a ``before_finish`` hook may change it.
+        The task's kind decides what its model calls are charged as and whether a failing hook fails it."""
         cancel = cancel or threading.Event()
+        purpose = task.source.purpose
         params = self.scaffold.parameters
         workspace = self._prepare_workspace(task)
         context = task_context(self.store, task, params)
@@ -357,9 +358,9 @@ class Agent:
                         if check
                         else None
                     )
-                    if verdict is not None and purpose == "evaluate" and hooks.failures:
-                        # A node's hooks are part of what is evaluated: one that broke, in this attempt or
-                        # after an earlier one, fails the run.
+                    if verdict is not None and task.source.measured and hooks.failures:
+                        # A node's hooks are part of what is measured: one that broke, in this attempt or
+                        # after an earlier one, fails the run (a person's task still gets its answer).
                         verdict = Verdict(
                             False,
                             f"a hook failed during this evaluation: {hooks.failures[0]}",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from memory import ExperienceStore, Step
+from memory import ExperienceStore, Step, TaskKind
 
 from ..agent.loop import TaskResult
 from ..config import Config
@@ -47,7 +47,7 @@ class StepFeed(Protocol):
 class TaskIntake(Protocol):
     """Commits submitted tasks; the future gives ``(task, new)`` once the task is durable."""
 
-    def submit(self, **task: Any) -> Future: ...
+    def submit(self, kind: TaskKind, prompt: str, **item: Any) -> Future: ...
 
 
 class ServiceHost(Protocol):

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from memory import TERMINAL_STATUSES, NotFound
+from memory import TERMINAL_STATUSES, NotFound, TaskKind
 
 from . import views
 from .errors import error_response
@@ -67,10 +67,10 @@ async def submit(
     # Committed together with whatever other submits arrive meanwhile (group commit), before the reply.
     task, new = await asyncio.wrap_future(
         daemon.intake.submit(
-            prompt=body.prompt,
+            TaskKind.of(body.source),
+            body.prompt,
             check=body.check,
             priority=body.priority,
-            source=body.source,
             metadata=body.metadata,
             idempotency_key=idempotency_key,
         )

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import click
 
+from memory import TaskKind
+
 from ..config import load_config
 from ..judge.catalog import resolve_pack
 from ..llm import scripted
@@ -227,10 +229,13 @@ class Lab:
     def script(self, rules: list[dict]) -> None:
         scripted.register_script(MODEL, {"rules": rules})
 
-    def solve(self, prompt: str, check: dict, *, scaffold=None, purpose: str = "evaluate") -> tuple[bool | None, str]:
-        """One task through the agent loop and the verifier, as a worker runs it."""
-        task, _ = self.engine.store.add_task(prompt, check=check, source="bench")
-        result = self.engine.agent(scaffold).run_task(task, purpose=purpose)
+    def solve(
+        self, prompt: str, check: dict, *, scaffold=None, kind: TaskKind = TaskKind.BENCH
+    ) -> tuple[bool | None, str]:
+        """One task of ``kind`` (a measured one by default) through the agent loop and the verifier, as a
+        worker runs it."""
+        task, _ = self.engine.store.add_task(prompt, check=check, source=kind)
+        result = self.engine.agent(scaffold).run_task(task)
         return result.success, str(result.verdict or result.error or result.status)
 
     def with_hooks(self, source: str, **parameters):
@@ -489,7 +494,7 @@ def _hook_reads_canary(lab: Lab) -> Held:
         "Name the secret word.",
         {"type": "answer", "expected": SECRET},
         scaffold=lab.with_hooks(_HOOK_SEARCH),
-        purpose="task",
+        kind=TaskKind.API,  # a person's task: a hook that fails does not fail it, so only the answer decides
     )
     return Held(success is False, reason[:200])
 
@@ -538,7 +543,7 @@ def _hook_calls_out_canary(lab: Lab) -> Held:
             "Name the secret word.",
             {"type": "answer", "expected": SECRET},
             scaffold=lab.with_hooks(hook),
-            purpose="task",
+            kind=TaskKind.API,
         )
     finally:
         tcp.close()
@@ -577,7 +582,7 @@ def _hook_hog_canary(key: str) -> Canary:
         )
         started = time.perf_counter()
         success, reason = lab.solve(
-            "What is 19 + 23?", {"type": "answer", "expected": "42"}, scaffold=lab.with_hooks(source), purpose="task"
+            "What is 19 + 23?", {"type": "answer", "expected": "42"}, scaffold=lab.with_hooks(source), kind=TaskKind.API
         )
         took = time.perf_counter() - started
         return Held(success is True and took < 60, f"the task went on and ended in {took:.1f} s: {reason[:120]}")

@@ -45,7 +45,7 @@ def _solve(lab, rules: list[dict]):
     stored, _ = lab.engine.store.add_task(
         task.prompt, check={**task.check_data(), "timeout_s": _TIMEOUT_S}, source="bench", metadata=task.metadata()
     )
-    result = lab.engine.agent(scaffold).run_task(stored, purpose="evaluate")
+    result = lab.engine.agent(scaffold).run_task(stored)
     seen = [s.content for s in lab.engine.store.steps(result.trajectory_ids[-1]) if s.role == "tool"]
     return result, seen
 

@@ -42,7 +42,7 @@ def _seed_memory(state: State, data_dir: Path) -> None:
         started = time.perf_counter()
         store.ingest(
             [
-                NewTrajectory(prompt=t["prompt"], final_answer=t["final_answer"], success=t["success"], source="demo")
+                NewTrajectory(prompt=t["prompt"], final_answer=t["final_answer"], success=t["success"])
                 for t in _sample("sample_trajectories.jsonl")
             ]
         )

@@ -9,6 +9,8 @@ from dataclasses import asdict
 
 import click
 
+from memory import TaskKind
+
 from ..api import views
 from ..config import default_config_path, is_advanced, place, render_config
 from .base import State, _print_step, check_options, cli, echo, err, out, print_json, table
@@ -160,7 +162,7 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
     """Solve one task now, in the foreground, and record it in the store."""
     from ..agent.engine import Engine
     from ..judge.checks import CheckError, parse_check
-    from ..tree.split import decide_split, held_out_prompts
+    from ..tree.split import Admission
 
     if not text.strip():
         raise click.UsageError("TEXT is empty; say what the task is.")
@@ -169,12 +171,7 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
             parse_check(check)
         except CheckError as exc:
             raise click.UsageError(str(exc)) from None
-    evolution = state.config.evolution
-    item = decide_split(
-        {"prompt": text, "check": check, "source": "cli"},
-        share=evolution.held_out_share,
-        held_out_prompts=held_out_prompts(evolution.packs),
-    )
+    item = Admission.of(state.config).admit(TaskKind.CLI, text, check=check)
     with Engine.open(state.config, data_dir=state.data_dir) as engine:
         ((task, _),) = engine.store.add_tasks([item])
         result = engine.agent().run_task(task, on_step=None if quiet else _print_step)
@@ -246,28 +243,23 @@ def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
 
 def _bench_here(state: State, tasks) -> list[dict]:
     from ..agent.engine import Engine
-    from ..tree.split import decide_split, held_out_prompts
+    from ..tree.split import Admission
 
     results = []
-    evolution = state.config.evolution
-    held = held_out_prompts(evolution.packs)
+    admission = Admission.of(state.config)
     with Engine.open(state.config, data_dir=state.data_dir) as engine:
         agent = engine.agent()
         with out.status(f"0/{len(tasks)}") as status:
             for n, pack_task in enumerate(tasks, start=1):
-                # As the daemon's intake decides it: a held-out task's text stays held out, whatever its label.
-                item = decide_split(
-                    {
-                        "prompt": pack_task.prompt,
-                        "check": pack_task.check_data(),
-                        "source": "bench",
-                        "metadata": {"pack_task": pack_task.id, **pack_task.metadata()},
-                    },
-                    share=evolution.held_out_share,
-                    held_out_prompts=held,
+                # By the daemon's door: a held-out task's text stays held out, whatever its label.
+                item = admission.admit(
+                    TaskKind.BENCH,
+                    pack_task.prompt,
+                    check=pack_task.check_data(),
+                    metadata={"pack_task": pack_task.id, **pack_task.metadata()},
                 )
                 ((task, _),) = engine.store.add_tasks([item])
-                result = agent.run_task(task, purpose="evaluate")
+                result = agent.run_task(task)
                 results.append(_result(pack_task, result.status, result.success, result.answer, result.attempts))
                 status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")
     return results

@@ -15,7 +15,6 @@ from ..agent.engine import Engine
 from ..agent.loop import Agent
 from ..agent.scaffold import Scaffold
 from ..tree.incumbent import incumbent, scaffold_of
-from ..tree.search import SEARCH_SOURCES
 
 __all__ = ["Agents"]
 
@@ -28,7 +27,7 @@ class Agents:
 
     def __call__(self, task: Task | None = None) -> Agent:
         store = self.engine.store
-        if task is not None and task.source in SEARCH_SOURCES and task.metadata.get("node"):
+        if task is not None and task.source.searched and task.metadata.get("node"):
             node = store.get_node(task.metadata["node"])
             return self.engine.agent(scaffold_of(store, node), node_id=node.id)
         node = incumbent(store)

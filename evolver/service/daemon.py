@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from memory import Ending, ExperienceStore, IndexBusy
+from memory import Ending, ExperienceStore, IndexBusy, TaskKind
 
 from ..agent.engine import Engine
 from ..agent.loop import TaskResult
@@ -31,8 +31,8 @@ from ..config import Config
 from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
 from ..tree.incumbent import ensure_root, incumbent
-from ..tree.search import SEARCH_SOURCES, TreeSearch
-from ..tree.split import decide_split, held_out_prompts
+from ..tree.search import TreeSearch
+from ..tree.split import Admission
 from .evaluator import Evaluator, local_exclusions, open_evaluator
 from .feed import Feed
 from .intake import Intake
@@ -116,12 +116,7 @@ class Daemon:
             gc.collect()
             gc.freeze()
             ensure_root(self.store, self.engine.seed_scaffold())
-            self.intake = Intake(
-                self.store,
-                on_committed=self.task_submitted,
-                held_out_share=self.config.evolution.held_out_share,
-                held_out_prompts=held_out_prompts(self.config.evolution.packs),
-            )
+            self.intake = Intake(self.store, on_committed=self.task_submitted, admission=Admission.of(self.config))
             self.intake.start()
             from ..api import create_app
             from .server import ApiServer
@@ -243,7 +238,7 @@ class Daemon:
     def task_ended(self, task_id: str) -> None:
         self.feed.publish(task_id)
         # The search reads its tasks' results itself, on the job host: the worker only says one ended.
-        if self.jobs is not None and self.store.get_task(task_id).source in SEARCH_SOURCES:
+        if self.jobs is not None and self.store.get_task(task_id).source.searched:
             self.jobs.poke("record")
 
     def worker_wrote(self, task_id: str) -> None:
@@ -304,19 +299,9 @@ class Daemon:
                 self._chats.notify_all()
 
     def _chat_turn(self, prompt: str, *, on_step, metadata, task_id, cancel, on_answer) -> TaskResult:
-        item = {
-            "prompt": prompt,
-            "source": "chat",
-            "status": "running",
-            "metadata": metadata,
-            **({"id": task_id} if task_id else {}),
-        }
-        # A chat message is held out like any task from outside: the text of a held-out task stays held out.
-        item = decide_split(
-            item,
-            share=self.config.evolution.held_out_share,
-            held_out_prompts=self.intake.held_out_prompts if self.intake else frozenset(),
-        )
+        # A chat turn comes in by the same door as any task: the text of a held-out task stays held out.
+        admission = self.intake.admission if self.intake else Admission.of(self.config)
+        item = admission.admit(TaskKind.CHAT, prompt, status="running", metadata=metadata, id=task_id)
         ((task, _),) = self.store.add_tasks([item])
         try:
             return self.workers.chat(task, cancel=cancel, on_step=on_step, on_answer=on_answer)

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from memory import ExperienceStore
+from memory import ExperienceStore, TaskKind
 
-from ..tree.split import decide_split
+from ..tree.split import Admission
 
 __all__ = ["Intake"]
 
@@ -33,12 +33,10 @@ class Intake:
         *,
         on_committed: Callable[[], None] = lambda: None,
         max_batch: int = 256,
-        held_out_share: float = 0.0,
-        held_out_prompts: frozenset[str] = frozenset(),
+        admission: Admission | None = None,
     ) -> None:
         self.store = store
-        self.held_out_share = held_out_share  # a person's tasks with a check held out (``decide_split``)
-        self.held_out_prompts = held_out_prompts  # the configured packs' held-out task texts
+        self.admission = admission or Admission()  # the front door: each task's kind and split
         self.on_committed = on_committed
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -47,12 +45,11 @@ class Intake:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, **task) -> Future:
-        """Queue ``ExperienceStore.add_task`` arguments; the future gives ``(task, new)`` once committed.
-
-        The task's split is decided here, before it is committed (``evolver.tree.split``), so no
-        learner ever sees an attempt at a task that is held out."""
-        task = decide_split(task, share=self.held_out_share, held_out_prompts=self.held_out_prompts)
+    def submit(self, kind: TaskKind, prompt: str, **item) -> Future:
+        """Queue a task of ``kind`` (``add_task``'s other arguments in ``item``); the future gives ``(task,
+        new)`` once committed. It is admitted here (``Admission.admit``), so its split is decided before it
+        is committed and no learner ever sees an attempt at a task that is held out."""
+        task = self.admission.admit(kind, prompt, **item)
         future: Future = Future()
         self._queue.put((task, future))
         return future

@@ -159,7 +159,7 @@ def evaluate(shipment: Shipment, *, sandbox_factory: Callable[..., Sandbox] = ma
         engine = Engine.open(config, data_dir=data_dir, store=recording, sandbox=sandbox)  # type: ignore[arg-type]
         try:
             agent = engine.agent(shipment.scaffold, node_id=shipment.node_id)
-            result = agent.run_task(task, record_status=False, purpose="evaluate")
+            result = agent.run_task(task, record_status=False)
         finally:
             engine.close()
     finally:

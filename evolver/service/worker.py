@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from memory import ExperienceStore, Lease, Step, Task
 
 from ..agent.loop import Agent, TaskResult
-from ..tree.search import SEARCH_SOURCES
 
 __all__ = ["Worker", "WorkerResult"]
 
@@ -111,10 +110,9 @@ class Worker:
                 cancel.set()
 
         try:
-            # The search's tasks are background work: their model calls count against the background share.
-            purpose = "evaluate" if lease.task.source in SEARCH_SOURCES else "task"
+            # The task's kind decides its budget (the search's work is background work) and its hook policy.
             result = self.agent_for(lease.task).run_task(
-                lease.task, cancel=cancel, on_step=on_step, record_status=False, purpose=purpose
+                lease.task, cancel=cancel, on_step=on_step, record_status=False
             )
         finally:
             done.set()

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from memory import TERMINAL_STATUSES, ExperienceStore, Node, Task
+from memory import TERMINAL_STATUSES, ExperienceStore, Node, Task, TaskKind
 
 from ..agent.engine import Engine
 from ..agent.scaffold import ScaffoldError
@@ -51,16 +51,16 @@ from .proposer import (
     scaffold_diff,
     smoke_ran,
 )
-from .split import SPLITS, hashed_split
+from .split import SPLITS, Admission, hashed_split
 
 __all__ = ["TreeSearch", "EvalItem", "SERVABLE", "SEARCH_SOURCES", "best_candidate", "node_stats", "tree_view"]
 
 log = logging.getLogger(__name__)
 
 SERVABLE = ("evaluating", "evaluated", "promoted")
-PERSON_SOURCES = ("api", "cli", "inbox")  # tasks a person handed over (not evaluations, smoke tests or chat)
+PERSON_SOURCES = tuple(k for k in TaskKind if k.persons)  # not evaluations, smoke tests, chat or benchmarks
 # The search's own inbox tasks: background work, run on the scaffold of the node in their metadata.
-SEARCH_SOURCES = ("evaluation", "smoke")
+SEARCH_SOURCES = tuple(k for k in TaskKind if k.searched)
 FAILED_STEPS_KEY = "search.failed_steps"  # in the store's meta: kept across restarts, like the budget
 
 
@@ -106,6 +106,7 @@ class TreeSearch:
         self.on_queued = on_queued  # told when it has queued tasks (the daemon's workers then look for them)
         self.store = engine.store
         self.config = engine.config
+        self.admission = Admission.of(self.config)  # the one door its evaluation and smoke tasks come in by
         self.slots = slots  # evaluations in flight at most
         self.rng = rng or np.random.default_rng()
         # One step or recording at a time: the job host may run the "evolve" and "record" jobs at once.
@@ -135,7 +136,7 @@ class TreeSearch:
         for task in sorted(people, key=lambda t: (t.created_at, t.id)):
             if task.check is None or task.status not in ("done", "failed"):
                 continue
-            # Decided once, when the task came in (``split.decide_split``); a task recorded before
+            # Decided once, when the task came in (``Admission.admit``); a task recorded before
             # splits were kept is split by the same hash.
             split = task.metadata.get("split")
             if split not in SPLITS:
@@ -329,13 +330,16 @@ class TreeSearch:
                 "there is no evaluation task to run a smoke test with "
                 "([evolution] packs is empty and no inbox task had a check)"
             )
-        task, _ = self.store.add_task(
-            **{
-                **item.task,
-                "source": "smoke",
-                "priority": self.config.evolution.evaluation_priority,
-                "metadata": {**item.task.get("metadata", {}), "node": node.id},
-            }
+        ((task, _),) = self.store.add_tasks(
+            [
+                self.admission.admit(
+                    TaskKind.SMOKE,
+                    item.task["prompt"],
+                    check=item.task.get("check"),
+                    priority=self.config.evolution.evaluation_priority,
+                    metadata={**item.task.get("metadata", {}), "node": node.id},
+                )
+            ]
         )
         self.on_queued()
         return task
@@ -363,7 +367,7 @@ class TreeSearch:
             if item is None:
                 break
             evaluation = self.store.start_evaluation(
-                chosen, item.ref, split=split, task={**item.task, "priority": self.config.evolution.evaluation_priority}
+                chosen, item.ref, split=split, task_for=self._evaluation_task(item, chosen, split)
             )
             queued.append(f"{chosen} on {item.ref} ({split})")
             if split == "train":  # a virtual loss, so the next pick of this step spreads out
@@ -374,6 +378,22 @@ class TreeSearch:
             return "nothing to evaluate"
         self.on_queued()
         return f"queued {len(queued)} evaluations: " + ", ".join(queued)
+
+    def _evaluation_task(self, item: EvalItem, node_id: str, split: str) -> Callable[[int], dict]:
+        """The inbox task that runs evaluation ``evaluation_id`` of ``node_id`` on ``item``: the evaluation,
+        the node and the split it is on go in its metadata."""
+
+        def admitted(evaluation_id: int) -> dict:
+            metadata = {**item.task.get("metadata", {}), "evaluation": evaluation_id, "node": node_id, "split": split}
+            return self.admission.admit(
+                TaskKind.EVALUATION,
+                item.task["prompt"],
+                check=item.task.get("check"),
+                priority=self.config.evolution.evaluation_priority,
+                metadata=metadata,
+            )
+
+        return admitted
 
     def _split_for(self, node_id: str, pool: dict[str, list[EvalItem]]) -> str:
         """Held-out evaluations go to a node whose training record beats the incumbent's (and to the

@@ -1,47 +1,69 @@
-"""Which split a task from outside is in: decided once, when it is created, and recorded in its metadata.
+"""The front door for tasks: every way a task is created admits it here, which decides its id, its kind and
+its split before it is committed.
+
+The kind (``memory.TaskKind``, stored as the task's source) decides the rest: the budget its model calls
+spend, whether a failing hook fails its run, whether the tree search reads its result.
 
 The store has one rule for what a learner may see (``memory.search.learnable_sql``): nothing of a
-task whose metadata says ``split: "test"``. This module says which tasks those are, before they are
-committed, so no attempt at one is ever learnable, not even for a moment:
+task whose metadata says ``split: "test"``. The split is decided here, so no attempt at a held-out task
+is ever learnable, not even for a moment:
 
-- a person's task with a check (a possible evaluation task, ``TreeSearch.pool``) is held out by the
-  hash of its id, ``[advanced.evolution] held_out_share`` of them; the rest train;
+- a task whose text is a held-out task of a configured pack is held out, whatever its kind and whoever
+  sends it (the API, ``evolver run``, a local ``evolver bench``, chat, MCP's submit_task, the search), so
+  a held-out task cannot be brought into training by submitting it;
+- anyone may hold out their own task (``split: "test"``); no one can move one out of the held-out split;
 - a benchmark's task keeps its pack's split (held out when none is given);
-- a task whose text is a held-out task of a configured pack is held out, whoever sends it and however
-  it is labelled, so a held-out task cannot be brought into training by submitting it;
-- anyone may hold out their own task (``split: "test"``); no one can move one out of the held-out split.
+- the search's evaluations and smoke runs keep the split the search gives them;
+- a person's task with a check (a possible evaluation task, ``TreeSearch.pool``) is held out by the
+  hash of its id, ``[advanced.evolution] held_out_share`` of them; the rest train; a task without a
+  check, or a chat turn, has no split (it is learnable and never an evaluation task).
 """
 
 from __future__ import annotations
 
-from memory import new_id
+from dataclasses import dataclass
 
+from memory import TaskKind, new_id
+
+from ..config import Config
 from ..judge.catalog import resolve_pack
 from ..judge.taskpack import SPLITS, TaskPackError, hashed_split
 
-__all__ = ["hashed_split", "decide_split", "held_out_prompts", "SPLITS"]
+__all__ = ["Admission", "hashed_split", "held_out_prompts", "SPLITS"]
 
 
-def decide_split(item: dict, *, share: float, held_out_prompts: frozenset[str] = frozenset()) -> dict:
-    """``item`` (``add_task``'s arguments, for a task from a person or a benchmark) with an id of its
-    own and its split in its metadata; without a check or a split asked for, no split is recorded
-    (the task is learnable and never an evaluation task)."""
-    task_id = item.get("id") or new_id("task")
-    metadata = dict(item.get("metadata") or {})
-    asked = metadata.get("split")
-    if asked == "test" or item["prompt"].strip() in held_out_prompts:
-        split = "test"
-    elif item.get("source") == "bench":
-        split = asked if asked in SPLITS else "test"
-    elif item.get("check") is not None:
-        split = hashed_split(task_id, share)
-    else:
-        split = None
-    if split is None:
-        metadata.pop("split", None)
-    else:
-        metadata["split"] = split
-    return {**item, "id": task_id, "metadata": metadata}
+@dataclass(frozen=True)
+class Admission:
+    share: float = 0.0  # [advanced.evolution] held_out_share
+    held_out_prompts: frozenset[str] = frozenset()  # the held-out task texts of [evolution] packs
+
+    @classmethod
+    def of(cls, config: Config) -> Admission:
+        return cls(config.evolution.held_out_share, held_out_prompts(config.evolution.packs))
+
+    def admit(self, kind: TaskKind | str, prompt: str, **item) -> dict:
+        """``add_task``'s arguments for a task of ``kind``: ``item``'s (check, priority, metadata,
+        idempotency_key, status, id) with an id of its own, its kind as its source, and its split in its
+        metadata. A kind no task has is refused (ValueError)."""
+        kind = TaskKind.of(kind)
+        task_id = item.get("id") or new_id("task")
+        metadata = dict(item.get("metadata") or {})
+        asked = metadata.get("split")
+        if asked == "test" or prompt.strip() in self.held_out_prompts:
+            split = "test"
+        elif kind is TaskKind.BENCH:
+            split = asked if asked in SPLITS else "test"
+        elif kind.searched:
+            split = asked if asked in SPLITS else None
+        elif kind is not TaskKind.CHAT and item.get("check") is not None:
+            split = hashed_split(task_id, self.share)
+        else:
+            split = None
+        if split is None:
+            metadata.pop("split", None)
+        else:
+            metadata["split"] = split
+        return {**item, "prompt": prompt, "id": task_id, "source": kind, "metadata": metadata}
 
 
 def held_out_prompts(packs: list[str]) -> frozenset[str]:
