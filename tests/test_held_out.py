@@ -40,7 +40,7 @@ PROPOSER = {
 # A distiller that writes the first task it is shown into an insight, so a leak into distillation
 # would travel on into the proposer's "lessons from experience" too.
 DISTILLER = {
-    "match": r"You maintain a short list of insights[\s\S]*?New experience:\n1\. Task: (?P<t>[^\n]*)\n",
+    "match": r"You maintain a short list of insights[\s\S]*?New experience:\n- Task: (?P<t>[^\n]*)\n",
     "on": "all",
     "reply": '{"operations": [{"op": "ADD", "text": "Learned from: \\g<t>"}]}',
 }

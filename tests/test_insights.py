@@ -60,7 +60,7 @@ def test_an_insight_with_a_control_character_is_refused_naming_its_text(text, pr
 
 def test_operations_count_importance_retire_at_zero_and_keep_history(store):
     shown = _seed(store, (CSV, 3), (TESTS, 1))
-    assert render(shown).splitlines() == [f"1. {CSV} (importance 3)", f"2. {TESTS} (importance 1)"]
+    assert render(shown).splitlines() == [f"[1] {CSV} (importance 3)", f"[2] {TESTS} (importance 1)"]
     ops = parse_ops(
         {
             "operations": [
@@ -147,9 +147,13 @@ def test_operations_past_the_most_one_answer_may_have_are_left_out_not_the_whole
 
 
 def test_the_distill_instruction_describes_the_operations_and_shows_no_example_to_copy():
-    """With an example whose texts were "...", the 0.5B and the 1.5B model answered with the example itself."""
-    from evolver.meta.distill import SYSTEM
+    """With an example whose texts were "...", the 0.5B and the 1.5B model answered with the example itself.
+    With no insight listed, only ADD is offered (the 1.5B model edited and voted on "insights" that were the
+    numbers of its tasks)."""
+    from evolver.meta.distill import OPS, OPS_FIRST, SYSTEM
 
-    instruction = SYSTEM.format(max_ops=4)
-    assert '"..."' not in instruction and "..." not in instruction
-    assert all(op in instruction for op in ('"ADD"', '"EDIT"', '"UPVOTE"', '"DOWNVOTE"'))
+    for ops in (OPS, OPS_FIRST):
+        instruction = SYSTEM.format(max_ops=4, ops=ops)
+        assert '"..."' not in instruction and "..." not in instruction
+    assert all(op in OPS for op in ('"ADD"', '"EDIT"', '"UPVOTE"', '"DOWNVOTE"'))
+    assert '"ADD"' in OPS_FIRST and not any(op in OPS_FIRST for op in ('"EDIT"', '"UPVOTE"', '"DOWNVOTE"'))

@@ -44,15 +44,23 @@ BATCH = 20
 LEARNED_FROM = ("finished", "asked", "step_limit", "repeating")  # how an attempt of the agent's own ended
 
 # The operations are described, not shown as an example: with an example whose texts were "...", the 0.5B and
-# the 1.5B model both answered with the example itself (its "..." texts, its ids, its votes).
+# the 1.5B model both answered with the example itself (its "..." texts, its ids, its votes). With an empty
+# list only ADD is offered, and the experience is not numbered: asked with all four and numbered tasks, the
+# 1.5B model edited and voted on "insights" 12, 14 and 20 (the tasks' numbers), and wrote an ADD whose text
+# described the operation ("Add a new lesson that explains how to use is_multiply_prime").
 SYSTEM = (
-    "You maintain a short list of insights: general, reusable lessons for an agent that solves tasks with "
-    "tools. Compare what worked with what failed and propose at most {max_ops} operations on the list. "
-    'Answer with JSON only, one object with the key "operations", a list in which each operation is an object '
-    'with an "op": "ADD" with a "text" (a new lesson, one sentence, in your own words, that would have turned '
-    'a failure into a success); "EDIT" with the "id" of a listed insight and its better "text"; "UPVOTE" or '
-    '"DOWNVOTE" with the "id" of a listed insight the experience confirms or contradicts. Refer to insights only '
-    "by the numbers shown. An empty list when nothing should change."
+    "You maintain a short list of insights: general, reusable lessons for an agent that solves tasks by "
+    "writing Python. Compare what worked with what failed and propose at most {max_ops} operations on the "
+    'list. Answer with JSON only, one object with the key "operations", a list in which each operation is an '
+    'object with an "op": {ops} An insight\'s text is the lesson itself, one sentence of advice the agent '
+    "reads before a similar task (what to do, or what to avoid), in your own words, general enough to help on "
+    "other tasks: it names no task, function or test. An empty list when nothing should change."
+)
+OPS_FIRST = '"ADD" with a "text", a new lesson that would have turned a failure into a success (the list is empty).'
+OPS = (
+    '"ADD" with a "text", a new lesson that would have turned a failure into a success; "EDIT" with the "id" of '
+    'a listed insight and its better "text"; "UPVOTE" or "DOWNVOTE" with the "id" of a listed insight the '
+    "experience confirms or contradicts. An id is the number of an insight in the list ([1] is 1)."
 )
 
 
@@ -66,6 +74,17 @@ class DistillAnswer(BaseModel):
     """The answer's shape, as a JSON schema for servers that constrain output (parse_ops checks the rest)."""
 
     operations: list[_Operation]
+
+
+class _Lesson(BaseModel):
+    op: Literal["ADD"]
+    text: str
+
+
+class FirstLessons(BaseModel):
+    """The answer's shape while the list is empty: only new lessons."""
+
+    operations: list[_Lesson]
 
 
 class DistillError(RuntimeError):
@@ -97,9 +116,9 @@ def _named(op, shown) -> str:
 
 
 def _prompt(store: ExperienceStore, batch, shown) -> str:
-    lines = ["Insights now (numbered):", render(shown), "", "New experience:"]
-    for n, (trajectory, success) in enumerate(batch, start=1):
-        lines.append(f"{n}. Task: {clip(trajectory.prompt, 300, one_line=True)}")
+    lines = ["Insights now:", render(shown), "", "New experience:"]
+    for trajectory, success in batch:
+        lines.append(f"- Task: {clip(trajectory.prompt, 300, one_line=True)}")
         if trajectory.status in ("finished", "asked"):
             lines.append(f"   Answer: {clip(trajectory.final_answer, 200, one_line=True)} ({_outcome(success)})")
         else:
@@ -177,10 +196,11 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
     if not batch:  # only attempts cut short (cancelled, errors, the budget): nothing to learn, move on
         store.set_meta(WATERMARK_KEY, new_mark)
         return f"{len(recent)} trajectories cut short (cancelled or an error); nothing to distill"
-    structured = json_schema_format("insight_operations", DistillAnswer) if config.model.structured_output else None
+    shape = DistillAnswer if shown else FirstLessons
+    structured = json_schema_format("insight_operations", shape) if config.model.structured_output else None
     reply = model.complete(
         [
-            {"role": "system", "content": SYSTEM.format(max_ops=max_ops)},
+            {"role": "system", "content": SYSTEM.format(max_ops=max_ops, ops=OPS if shown else OPS_FIRST)},
             {"role": "user", "content": _prompt(store, batch, shown)},
         ],
         purpose="distill",

@@ -60,7 +60,7 @@ def numbered(store: ExperienceStore, *, limit: int) -> list[Insight]:
 def render(shown: list[Insight]) -> str:
     if not shown:
         return "(no insights yet)"
-    return "\n".join(f"{n}. {i.text} (importance {i.importance})" for n, i in enumerate(shown, start=1))
+    return "\n".join(f"[{n}] {i.text} (importance {i.importance})" for n, i in enumerate(shown, start=1))
 
 
 def parse_ops(
