@@ -382,3 +382,78 @@ def _person_verdict(db: sqlite_utils.Database) -> None:
     # check decided, the person's "good" was recorded and shown as "bad".
     db.execute("ALTER TABLE outcomes ADD COLUMN person_good INTEGER")
     db.execute("UPDATE outcomes SET person_good = success WHERE feedback IS NOT NULL AND verifier IS NULL")
+
+
+# The values the tasks table may hold (``memory.records``): the database refuses any other.
+TASK_STATUSES = ("queued", "running", "done", "failed", "cancelled", "dead")
+TASK_KINDS = ("api", "cli", "chat", "bench", "evaluation", "smoke", "import", "inbox")
+
+
+def _values(items: tuple[str, ...]) -> str:
+    return ", ".join(f"'{item}'" for item in items)
+
+
+@MIGRATIONS(name="0010_task_checks", transactional=False)
+def _task_checks(db: sqlite_utils.Database) -> None:
+    # A task's status and kind (its source) are typed (memory.records.TaskStatus, TaskKind), and the table
+    # holds the same lists as CHECK constraints. SQLite adds a CHECK only by rebuilding the table, and a
+    # rebuild of a table others refer to needs foreign keys off, which cannot be switched inside a
+    # transaction: this migration opens its own, and is safe to run again (a kill after its commit and
+    # before its record) since a rebuilt table already has its checks.
+    conn = db.conn
+    (created,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'tasks'").fetchone()
+    if "CHECK" in created:
+        return
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                f"""CREATE TABLE tasks_checked (
+                    id TEXT PRIMARY KEY,
+                    prompt TEXT NOT NULL,
+                    "check" TEXT,
+                    status TEXT NOT NULL CHECK (status IN ({_values(TASK_STATUSES)})),
+                    priority INTEGER NOT NULL DEFAULT 0,
+                    source TEXT NOT NULL DEFAULT 'inbox' CHECK (source IN ({_values(TASK_KINDS)})),
+                    metadata TEXT NOT NULL DEFAULT '{{}}',
+                    idempotency_key TEXT UNIQUE,
+                    created_at REAL NOT NULL,
+                    updated_at REAL NOT NULL,
+                    finished_at REAL,
+                    error TEXT,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    lease_owner TEXT,
+                    lease_token INTEGER NOT NULL DEFAULT 0,
+                    lease_expires_at REAL,
+                    cancel_requested INTEGER NOT NULL DEFAULT 0,
+                    started_at REAL,
+                    ending TEXT
+                )"""
+            )
+            columns = (
+                'id, prompt, "check", status, priority, source, metadata, idempotency_key, created_at, updated_at, '
+                "finished_at, error, attempts, lease_owner, lease_token, lease_expires_at, cancel_requested, "
+                "started_at, ending"
+            )
+            # Rows from before the kinds: the demo's imported attempts were "demo"; any other source is a
+            # task that came in by no door the kinds name.
+            source = (
+                f"CASE WHEN source IN ({_values(TASK_KINDS)}) THEN source "
+                "WHEN source = 'demo' THEN 'import' ELSE 'inbox' END"
+            )
+            selected = columns.replace("source,", f"{source},", 1)
+            conn.execute(f"INSERT INTO tasks_checked ({columns}) SELECT {selected} FROM tasks")
+            conn.execute("DROP TABLE tasks")
+            conn.execute("ALTER TABLE tasks_checked RENAME TO tasks")
+            conn.execute("CREATE INDEX tasks_status ON tasks (status, priority DESC, created_at)")
+            conn.execute("CREATE INDEX tasks_lease ON tasks (status, lease_expires_at)")
+            broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise sqlite3.IntegrityError(f"rebuilding tasks would break {len(broken)} references: {broken[:3]}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")

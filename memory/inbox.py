@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from ._host import StoreHost
 from .errors import NotFound
-from .records import Ending, Task
+from .records import Ending, Task, TaskStatus
 
 __all__ = ["Inbox", "Lease", "TERMINAL"]
 
-TERMINAL = ("done", "failed", "cancelled", "dead")
+TERMINAL = (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.DEAD)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Inbox(StoreHost):
     ) -> bool:
         """Record how the leased run ended. False (and nothing written) if the lease was lost."""
         if status not in TERMINAL:
-            raise ValueError(f"a task ends as one of {TERMINAL}, not {status!r}")
+            raise ValueError(f"a task ends as one of {', '.join(TERMINAL)}, not {status!r}")
         now = time.time()
         with self._write() as db:
             cursor = db.execute(

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "Ending",
     "TaskKind",
+    "TaskStatus",
     "Task",
     "Trajectory",
     "Step",
@@ -59,6 +60,8 @@ class _Record:
                 value = Ending(value)
             if key == "source" and cls is Task:
                 value = TaskKind.of(value)
+            if key == "status" and cls is Task:
+                value = TaskStatus.of(value)
             values[key] = value
         return cls(**values)
 
@@ -80,7 +83,38 @@ class Ending(str, enum.Enum):
     INTERRUPTED = "interrupted"  # the daemon stopped while it ran
 
 
-class TaskKind(str, enum.Enum):
+class _Named(str, enum.Enum):
+    """A stored value with a name: printed, it is its value ("done", not "TaskStatus.DONE")."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def of(cls, value: str):
+        """The member stored as ``value``; a value no member has is refused, naming them."""
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(m.value for m in cls)
+            raise ValueError(f"{cls._what} is one of {names}, not {value!r}") from None  # type: ignore[attr-defined]
+
+
+class TaskStatus(_Named):
+    """Where a task is in the inbox (the database's CHECK holds the same list)."""
+
+    _what = enum.nonmember("a task's status")
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"  # dead-lettered: its attempts were used up
+
+
+class TaskKind(_Named):
     """Where a task came from, which decides how it is run and counted: what budget it spends, whether a
     failing hook fails its run, whether the tree search reads its result. Stored as the task's ``source``.
 
@@ -95,14 +129,7 @@ class TaskKind(str, enum.Enum):
     IMPORT = "import"  # an attempt brought in whole (``ExperienceStore.ingest``): never run here
     INBOX = "inbox"  # added to the store directly, by no door (tests, and rows older than the kinds)
 
-    @classmethod
-    def of(cls, value: str) -> TaskKind:
-        """The kind stored as ``value``; a source no kind has is refused, naming the kinds."""
-        try:
-            return cls(value)
-        except ValueError:
-            kinds = ", ".join(k.value for k in cls)
-            raise ValueError(f"a task's source is one of {kinds}, not {value!r}") from None
+    _what = enum.nonmember("a task's source")
 
     @property
     def searched(self) -> bool:
@@ -130,7 +157,7 @@ class TaskKind(str, enum.Enum):
 class Task(_Record):
     id: str
     prompt: str
-    status: str
+    status: TaskStatus
     created_at: float
     updated_at: float
     check: dict | None = None

@@ -38,7 +38,7 @@ from .errors import (
     translate_os_error,
     translate_sqlite_error,
 )
-from .inbox import Inbox, interrupt_trajectories
+from .inbox import TERMINAL, Inbox, interrupt_trajectories
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .insight_log import InsightLog
@@ -54,6 +54,7 @@ from .records import (
     Step,
     Task,
     TaskKind,
+    TaskStatus,
     ToolRecord,
     Trajectory,
 )
@@ -373,6 +374,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             if not item.get("prompt") or not item["prompt"].strip():
                 raise ValueError("A task needs a non-empty prompt.")
             TaskKind.of(item.get("source", TaskKind.INBOX))  # a source no kind has is refused, naming them
+            TaskStatus.of(item.get("status", TaskStatus.QUEUED))
         now = time.time()
         results: list[tuple[Task, bool]] = []
         with self._write() as db:
@@ -386,7 +388,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 task = Task(
                     id=item.get("id") or new_id("task"),
                     prompt=item["prompt"],
-                    status=item.get("status", "queued"),
+                    status=TaskStatus.of(item.get("status", TaskStatus.QUEUED)),
                     created_at=now,
                     updated_at=now,
                     check=item.get("check"),
@@ -402,7 +404,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                         task.id,
                         task.prompt,
                         _json(task.check),
-                        task.status,
+                        task.status.value,
                         task.priority,
                         task.source.value,
                         _json(task.metadata),
@@ -448,13 +450,14 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def set_task_status(
         self, task_id: str, status: str, *, error: str | None = None, ending: Ending | None = None
     ) -> Task:
+        checked = TaskStatus.of(status)  # a status no task has is refused, naming them
         now = time.time()
-        finished = now if status in ("done", "failed", "cancelled", "dead") else None
+        finished = now if checked in TERMINAL else None
         with self._write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET status = ?, error = ?, ending = ?, updated_at = ?, "
                 "finished_at = coalesce(?, finished_at) WHERE id = ?",
-                [status, error, None if ending is None else Ending(ending).value, now, finished, task_id],
+                [checked.value, error, None if ending is None else Ending(ending).value, now, finished, task_id],
             )
             if cursor.rowcount == 0:
                 raise NotFound(f"No task with id {task_id!r}.")

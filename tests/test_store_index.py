@@ -322,6 +322,7 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
                 "0007_task_ending",
                 "0008_exposures",
                 "0009_person_verdict",
+                "0010_task_checks",
             ]
             assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'newer'").fetchone()[0] == 0
 

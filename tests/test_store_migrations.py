@@ -28,6 +28,7 @@ def test_fresh_store_records_every_migration(store):
         "0007_task_ending",
         "0008_exposures",
         "0009_person_verdict",
+        "0010_task_checks",
     ]
     assert MIGRATIONS.pending(store.db) == []
     rows = store.db.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
@@ -41,6 +42,7 @@ def test_fresh_store_records_every_migration(store):
         ("evolver", "0007_task_ending"),
         ("evolver", "0008_exposures"),
         ("evolver", "0009_person_verdict"),
+        ("evolver", "0010_task_checks"),
     ]
     tables = set(store.db.table_names())
     assert {
@@ -83,6 +85,7 @@ def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
         "0007_task_ending",
         "0008_exposures",
         "0009_person_verdict",
+        "0010_task_checks",
     ]
 
     second = open_store()
@@ -112,6 +115,7 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
         "0007_task_ending",
         "0008_exposures",
         "0009_person_verdict",
+        "0010_task_checks",
         "0099_task_labels",
     ]
     assert "label" in store.db["tasks"].columns_dict
@@ -127,8 +131,47 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
         "0007_task_ending",
         "0008_exposures",
         "0009_person_verdict",
+        "0010_task_checks",
         "0099_task_labels",
     ]
+
+
+def test_an_older_store_gets_its_task_checks_and_keeps_every_task_and_reference(open_store, data_dir):
+    """Statuses and kinds are CHECK constraints from 0010 on: a store from before keeps its tasks (a source no
+    kind has becomes one: the demo's imported attempts "import", the rest "inbox") and the attempts that refer
+    to them, and refuses a status or a source no task has from then on, whoever writes it."""
+    from memory.db import connect
+
+    db = connect(data_dir / "evolver.db", busy_timeout_ms=5000)
+    MIGRATIONS.apply(db, stop_before="0010_task_checks")
+    for n, (source, status) in enumerate([("api", "done"), ("demo", "done"), ("pack", "queued"), ("chat", "failed")]):
+        db.execute(
+            "INSERT INTO tasks (id, prompt, status, source, created_at, updated_at) VALUES (?, ?, ?, ?, 1, 1)",
+            [f"t{n}", f"task {n}", status, source],
+        )
+    db.execute(
+        "INSERT INTO trajectories (id, task_id, prompt, status, started_at) VALUES ('j', 't1', 'p', 'finished', 1)"
+    )
+    db.conn.commit()
+    db.conn.close()
+
+    store = open_store()
+    assert store.migrations()[-1] == "0010_task_checks"
+    kinds = {t.id: (str(t.source), str(t.status)) for t in store.list_tasks(limit=10)}
+    assert kinds == {
+        "t0": ("api", "done"),
+        "t1": ("import", "done"),
+        "t2": ("inbox", "queued"),
+        "t3": ("chat", "failed"),
+    }
+    assert store.get_trajectory("j").task_id == "t1"
+    assert store.check() == ["ok"]
+    for column, value in (("status", "lost"), ("source", "eval")):
+        with pytest.raises(StoreError, match=f"CHECK constraint failed: {column} IN"):
+            with store.transaction() as tx:
+                tx.execute(f"UPDATE tasks SET {column} = ? WHERE id = 't0'", [value])
+    with pytest.raises(ValueError, match="a task's status is one of queued, running, done, failed, cancelled, dead"):
+        store.set_task_status("t0", "lost")
 
 
 def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, monkeypatch):
@@ -157,6 +200,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
         "0007_task_ending",
         "0008_exposures",
         "0009_person_verdict",
+        "0010_task_checks",
     ]
 
 
