@@ -145,3 +145,37 @@ def test_the_parts_of_a_sharded_run_merge_into_one_paired_report():
     assert seed["measurement"]["per_task_mean"]["turns"] == 2 and seed["wall_s"] == 6.0
     with pytest.raises(SystemExit, match="given twice"):
         curve.merge([one, one])
+
+
+def test_a_baseline_is_taken_only_from_a_run_of_the_same_agent_on_the_same_tasks(tmp_path):
+    """--baseline reuses the model alone and generation 0 of an earlier report only when that run had this
+    run's split, models and seed limits; otherwise it names what differs."""
+    args = curve.parse(["--held-out", "4", "--train", "2", "--basic", "0", "--promotion", "1", "--max-steps", "6"])
+    held, trained, promote, _ = curve.split_tasks(args.seed, args.held_out, args.train, args.basic, args.promotion)
+    earlier = {
+        "settings": {name: json.loads(json.dumps(getattr(args, name))) for name in curve.BASELINE_SAME},
+        "tasks": {
+            "held_out": [t.id for t in held],
+            "train": [t.id for t in trained],
+            "promotion": [t.id for t in promote],
+        },
+        "direct": {"per_task": dict.fromkeys((t.id for t in held), True)},
+        "generations": [{"generation": 0, "per_task": dict.fromkeys((t.id for t in held), False)}],
+    }
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    baseline = curve.baseline_of(path, args, held, trained, promote)
+    assert baseline["direct"] == earlier["direct"]
+    assert baseline["generation_0"]["per_task"] == earlier["generations"][0]["per_task"]
+    assert baseline["generation_0"]["reused_from"] == str(path)
+
+    other = curve.parse(["--held-out", "4", "--train", "2", "--basic", "0", "--promotion", "1", "--max-steps", "8"])
+    with pytest.raises(RuntimeError, match="its max_steps differ from this run's"):
+        curve.baseline_of(path, other, held, trained, promote)
+    with pytest.raises(RuntimeError, match="its the held_out tasks differ"):
+        curve.baseline_of(path, args, held[:3], trained, promote)
+    path.write_text("{}")
+    with pytest.raises(RuntimeError, match="not a learning-curve report with a generation 0"):
+        curve.baseline_of(path, args, held, trained, promote)
+    with pytest.raises(SystemExit):  # --aa measures generation 0, which --baseline does not
+        curve.parse(["--aa", "--baseline", str(path)])

@@ -130,11 +130,11 @@ def _recorded(http) -> int:
     return sum(s + f for s, f, _ in _tree_counts(http).values())
 
 
-def _daemon(root: Path, **settings) -> DaemonProcess:
+def _daemon(root: Path, rules: list[dict] | None = None, **settings) -> DaemonProcess:
     (root / "pack.jsonl").write_text(PACK)
     return DaemonProcess(
         root,
-        model=write_script(root, "script", demo_rules()),
+        model=write_script(root, "script", demo_rules() if rules is None else rules),
         settings={
             "EVOLVER_DAEMON_WORKERS": 1,
             "EVOLVER_EVOLUTION_EVALUATION_SLOTS": 2,
@@ -283,3 +283,54 @@ def test_a_replay_makes_only_the_writes_a_recording_may_hold(engine):
             task_id=task_id,
         )
     assert engine.store.trajectories_of(task_id) == []
+
+
+SLOW = [  # an evaluation that takes a while in the sandbox: long enough to kill the Ray worker running it
+    {
+        "match": r"What is (?P<a>\d+) \+ (?P<b>\d+)\?",
+        "on": "task",
+        "role": "user",
+        "tool": "run_python",
+        "arguments": {"code": r"import time; time.sleep(4); print(\g<a> + \g<b>)"},
+    },
+    {"match": r"^(?P<n>\d+)$", "role": "tool", "tool": "finish", "arguments": {"answer": r"\g<n>"}},
+]
+
+
+def _ray_workers_running(function: str) -> list[int]:
+    """The pids of the Ray worker processes now running ``function`` (Ray titles such a process ray::NAME)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(f"ray::{function}".encode()):
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # it ended while we looked
+            continue
+    return pids
+
+
+def test_a_ray_worker_killed_mid_evaluation_sends_its_task_back_to_the_queue_and_it_is_counted_once(root):
+    daemon = _daemon(root, SLOW, EVOLVER_EVOLUTION_EVALUATION_SLOTS=1)
+    daemon.env = {k: v for k, v in daemon.env.items() if not k.startswith("RAY_")}  # a private Ray
+    daemon.start()
+    try:
+        with daemon.client() as http:
+            wait_for(lambda: http.get("/v1/status").json()["mood"] == "running", timeout_s=60, what="the daemon")
+            (round_,) = run_rounds(http, "evolve")
+            assert round_["summary"].startswith("queued 1 evaluations"), round_
+            (task,) = http.get("/v1/tasks", params={"source": "evaluation"}).json()["tasks"]
+            wait_for(lambda: _ray_workers_running("evaluate"), timeout_s=120, what="a Ray worker running it")
+            for pid in _ray_workers_running("evaluate"):
+                os.kill(pid, signal.SIGKILL)
+            done = daemon.wait_task(http, task["id"], ("done", "failed", "dead"), timeout_s=180)
+            assert (done["status"], done["attempts"]) == ("done", 2), done  # run again; the lost attempt counts
+            wait_for(lambda: _recorded(http) == 1, timeout_s=60, what="the evaluation recorded")
+            (node,) = http.get("/v1/tree").json()["nodes"]
+            assert _tree_counts(http)[node["id"]] == (1, 0, 0)  # one evaluation, counted once
+            evaluations = http.get(f"/v1/nodes/{node['id']}").json()["evaluations"]
+            assert [(e["status"], e["success"]) for e in evaluations] == [("done", True)]
+        log = daemon.log_path.read_text(errors="replace")
+        assert f"evaluation task {task['id']} failed on Ray and goes back to the queue" in log, daemon.log(80)
+        assert daemon.terminate() == 0, daemon.log()
+    finally:
+        daemon.close()
