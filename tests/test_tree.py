@@ -174,6 +174,29 @@ def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine
     assert node_view["status"] == "invalid" and reason in node_view["reason"]
 
 
+def test_an_edit_of_only_what_the_scaffold_never_uses_is_invalid_and_the_proposer_is_told_what_that_is():
+    """With one attempt the reflection prompt never runs: the 1.5B meta model's three valid proposals of a
+    learning-curve run edited only it, and seven evaluations measured the seed again under other names."""
+    from evolver.agent.scaffold import default_scaffold, parts_guide
+    from evolver.tree.proposer import InvalidProposal, apply_edit
+
+    seed = default_scaffold()
+    one = seed.model_copy(update={"parameters": seed.parameters.model_copy(update={"max_attempts": 1})})
+    reflect = {"prompts": {"reflection": seed.prompts.reflection + " Name the failing example."}}
+    with pytest.raises(InvalidProposal, match=r"changes only what the scaffold never uses: prompts.reflection \(max"):
+        apply_edit(one, reflect)
+    with pytest.raises(InvalidProposal, match=r"prompts.plan \(plan_first is off\)"):
+        apply_edit(seed, {"prompts": {"plan": "Plan it: {task}"}})
+    assert apply_edit(seed, reflect).prompts.reflection.endswith("Name the failing example.")  # two attempts: used
+    both = apply_edit(one, {**reflect, "parameters": {"max_attempts": 2}})  # turned on in the same edit
+    assert both.parameters.max_attempts == 2
+    guide = parts_guide(one)
+    assert (
+        "- prompts.reflection: Asked after a failed attempt. Placeholders: {task}, {verdict}. UNUSED by this " in guide
+    )
+    assert "scaffold (max_attempts is 1)." in guide and "prompts.task: The first user message" in guide
+
+
 def test_a_malformed_proposal_is_an_invalid_node_saying_what_came_back(engine):
     # A proposal is spent effort even when unreadable: it counts, so a model that never answers in JSON
     # cannot keep the search proposing without ever evaluating.

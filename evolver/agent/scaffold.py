@@ -18,7 +18,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-__all__ = ["Scaffold", "Prompts", "Parameters", "ScaffoldError", "load_scaffold", "default_scaffold", "parts_guide"]
+__all__ = [
+    "Scaffold",
+    "Prompts",
+    "Parameters",
+    "ScaffoldError",
+    "load_scaffold",
+    "default_scaffold",
+    "parts_guide",
+    "unused_parts",
+]
 
 FORMAT_VERSION = 1
 BUILTIN_TOOLS = ("run_python", "run_shell", "read_file", "write_file", "list_files", "finish")
@@ -120,14 +129,35 @@ class Scaffold(_Strict):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
 
-def parts_guide() -> str:
-    """What each prompt and parameter does, a line each, from their docstrings: a proposer that sees only
-    the values cannot tell that the plan prompt is unused while plan_first is off (the 1.5B meta model
-    proposed "adding" the plan prompt three times over)."""
+def unused_parts(scaffold: Scaffold) -> dict[str, str]:
+    """The prompts no run of ``scaffold`` ever sends, each with the parameter that leaves it unused."""
+    p = scaffold.parameters
+    unused = {}
+    if not p.plan_first:
+        unused["prompts.plan"] = "plan_first is off"
+    if not p.reflect_retry or p.max_attempts == 1:
+        why = "reflect_retry is off" if not p.reflect_retry else "max_attempts is 1"
+        unused |= {"prompts.reflection": why, "prompts.retry": why}
+    if not p.draft_first:
+        unused["prompts.draft"] = "draft_first is off"
+    if p.action_format == "tools":
+        unused["prompts.code"] = "action_format is tools"
+    return unused
+
+
+def parts_guide(scaffold: Scaffold | None = None) -> str:
+    """What each prompt and parameter does, a line each, from their docstrings, and which prompts
+    ``scaffold`` never uses: a proposer that sees only the values cannot tell that the plan prompt is
+    unused while plan_first is off (the 1.5B meta model proposed "adding" the plan prompt three times
+    over), nor that the reflection prompt is unused with one attempt (it edited it in all three of its
+    next valid proposals)."""
+    unused = unused_parts(scaffold) if scaffold is not None else {}
     lines = []
     for section, model in (("prompts", Prompts), ("parameters", Parameters)):
         for name, field in model.model_fields.items():
-            lines.append(f"- {section}.{name}: {' '.join((field.description or '').split())}")
+            key = f"{section}.{name}"
+            note = f" UNUSED by this scaffold ({unused[key]})." if key in unused else ""
+            lines.append(f"- {key}: {' '.join((field.description or '').split())}{note}")
     return "\n".join(lines)
 
 

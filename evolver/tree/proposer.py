@@ -34,7 +34,7 @@ from memory import Ending, ExperienceStore, Node, Task
 from ..agent.engine import Engine, hook_limits
 from ..agent.failures import behaviour, count_modes
 from ..agent.hooks import HOOKS_GUIDE, SAMPLE_DATA, HookError, Hooks, hook_points
-from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold, parts_guide
+from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold, parts_guide, unused_parts
 from ..llm import jsonfix
 from ..llm.client import json_schema_format
 from ..text import clip
@@ -169,7 +169,7 @@ def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal
     insights = store.list_insights(limit=10)
     user = (
         f"The scaffold (JSON):\n{json.dumps(parent_scaffold.model_dump(mode='json'), indent=1)}\n\n"
-        f"What each part does:\n{parts_guide()}\n\n"
+        f"What each part does:\n{parts_guide(parent_scaffold)}\n\n"
         f"How it did on training tasks:\n{_attempts(store, parent)}\n\n"
         f"Edits already tried on this scaffold (propose something else):\n{_tried(store, parent)}\n\n"
         "Lessons from experience:\n"
@@ -248,7 +248,27 @@ def apply_edit(parent: Scaffold, edit: dict) -> Scaffold:
             ) from None
     if child.hash == parent.hash:
         raise InvalidProposal("the edit changes nothing")
+    changed = _changed_parts(parent, child)
+    unused = unused_parts(child)
+    if changed and all(part in unused for part in changed):
+        # Evaluating it would spend evaluations measuring its parent again.
+        raise InvalidProposal(
+            "the edit changes only what the scaffold never uses: "
+            + "; ".join(f"{part} ({unused[part]})" for part in changed)
+        )
     return child
+
+
+def _changed_parts(parent: Scaffold, child: Scaffold) -> list[str]:
+    """The prompts and parameters ``child`` sets otherwise than ``parent`` (and "tools", "hooks")."""
+    before, after = parent.model_dump(mode="json"), child.model_dump(mode="json")
+    changed = [
+        f"{section}.{name}"
+        for section in ("prompts", "parameters")
+        for name in after[section]
+        if after[section][name] != before[section].get(name)
+    ]
+    return changed + [key for key in ("tools", "hooks") if after[key] != before[key]]
 
 
 def scaffold_diff(parent: Scaffold, child: Scaffold) -> str:
