@@ -384,7 +384,8 @@ def _person_verdict(db: sqlite_utils.Database) -> None:
     db.execute("UPDATE outcomes SET person_good = success WHERE feedback IS NOT NULL AND verifier IS NULL")
 
 
-# The values the tasks table may hold (``memory.records``): the database refuses any other.
+# The values the tasks table may hold as of 0010 (``memory.records.TaskStatus``, ``TaskKind``), written out
+# here because a migration must not change with the code after it: a kind added later needs its own.
 TASK_STATUSES = ("queued", "running", "done", "failed", "cancelled", "dead")
 TASK_KINDS = ("api", "cli", "chat", "bench", "evaluation", "smoke", "import", "inbox")
 

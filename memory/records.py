@@ -118,7 +118,7 @@ class TaskKind(_Named):
     """Where a task came from, which decides how it is run and counted: what budget it spends, whether a
     failing hook fails its run, whether the tree search reads its result. Stored as the task's ``source``.
 
-    A task is admitted through one door (``evolver.tree.split.admit``), which also decides its split."""
+    A task is admitted through one door (``evolver.tree.split.Admission.admit``), which also decides its split."""
 
     API = "api"  # a person's, through the socket API (``evolver submit``, MCP's submit_task)
     CLI = "cli"  # a person's, run in the foreground without the daemon (``evolver run``)

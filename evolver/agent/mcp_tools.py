@@ -63,7 +63,7 @@ def _text(result) -> str:
 class Offered:
     """The servers' tools as one process offers them to another: what a ``ToolSpec`` needs but its runner."""
 
-    tools: list[dict] = field(default_factory=list)  # name, description, parameters, server, tool
+    tools: list[dict] = field(default_factory=list)  # each its name (SERVER__TOOL), description, parameters
     problems: dict[str, str] = field(default_factory=dict)  # a server left out: why
 
 
