@@ -224,3 +224,13 @@ def test_wal_mode_persists_in_the_file(open_store, data_dir):
     open_store().close()
     with sqlite3.connect(data_dir / "evolver.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_the_databases_lists_of_statuses_and_kinds_are_the_enums():
+    """A status or kind added to the code without a migration that widens the CHECK would be refused by every
+    store: the lists written out in 0010 must be the enums' values."""
+    from memory import TaskKind, TaskStatus
+    from memory.db import TASK_KINDS, TASK_STATUSES
+
+    assert TASK_STATUSES == tuple(s.value for s in TaskStatus)
+    assert TASK_KINDS == tuple(k.value for k in TaskKind)
