@@ -552,18 +552,22 @@ def test_a_synthesized_tool_is_a_function_in_the_session_and_each_call_is_counte
     assert (counted.uses, counted.successes) == (2, 1)
 
 
-def test_the_draft_shows_what_was_learned_before_the_task_and_ends_with_the_tasks_stub():
-    """A small model completes the last code it is shown: with a worked example after the stub, the 0.5B model
-    wrote the example's function again (27 of 36 training tasks) and delivered nothing. The seed's draft puts
-    what was learned first and the task's stub last; with nothing learned it is the model alone's prompt."""
+def test_the_seeds_draft_is_the_model_alones_prompt_whatever_was_learned():
+    """Shown worked examples and an insight before the stub, the 0.5B model's drafts were worse than the model
+    alone's on the learning curve's held-out tasks: the seed's draft shows nothing learned. A scaffold that
+    does show it (an edit the tree measures) gets it before the stub, which comes last: with an example after
+    the stub the 0.5B model wrote the example's function again (27 of 36 training tasks)."""
     from evolver.agent.loop import _render, draft_prompt
 
     stub = 'def correct_bracketing(brackets: str):\n    """Every "<" has its ">"."""\n'
     example = "- Task: find_max\n  Code that worked:\n```python\ndef find_max(words):\n    return max(words)\n```\n"
     learned = _render([example], [])
-    shown = draft_prompt(default_scaffold(), stub, learned)
+    alone = f"Complete the following Python function:\n\n```python\n{stub}```"
+    seed = default_scaffold()
+    assert draft_prompt(seed, stub, learned) == draft_prompt(seed, stub, ("", "")) == alone
+    showing = seed.model_copy(
+        update={"prompts": seed.prompts.model_copy(update={"draft": "{examples}{insights}" + seed.prompts.draft})}
+    )
+    shown = draft_prompt(showing, stub, learned)
     assert shown.endswith(f"```python\n{stub}```")
     assert shown.index("def find_max") < shown.index("def correct_bracketing")
-    assert draft_prompt(default_scaffold(), stub, ("", "")) == (
-        f"Complete the following Python function:\n\n```python\n{stub}```"
-    )

@@ -200,10 +200,13 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
 
 
 def draft_prompt(scaffold: Scaffold, stub: str | None, prompt_context: tuple[str, str]) -> str | None:
-    """The draft's prompt (draft_first): the task's stub to complete, as the model alone is asked; with nothing
-    learned to show, exactly that. What was learned comes before the task (the seed's template): a small model
-    completes the last code it is shown, and with a worked example after the stub the 0.5B model wrote the
-    example's function again, and delivered nothing, in 27 of 36 training tasks of the learning curve."""
+    """The draft's prompt (draft_first): the task's stub to complete, as the model alone is asked. The seed's
+    shows nothing learned, so its draft is the model alone's whatever the store holds: shown three worked
+    examples and an insight before the stub, the 0.5B model's drafts were worse than without them on the
+    learning curve's held-out tasks (what was learned still reaches the turns after a draft that fails, in
+    the task's message). A scaffold whose template shows ``{examples}`` or ``{insights}`` here is an edit
+    the tree measures, like any other; put them before the stub, since a small model completes the last code
+    it is shown."""
     template = scaffold.prompts.draft
     if stub is None or not template or not scaffold.parameters.draft_first:
         return None
