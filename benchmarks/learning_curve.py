@@ -382,8 +382,8 @@ def solution_code(reply: str, problem: dict) -> str:
 
 def direct_reference(env: dict, root: Path, held, problems) -> dict:
     """One completion per held-out problem through the model client, judged by the task's own check."""
-    from evolver.agent.engine import Engine, sandbox_limits
     from evolver.config import load_config
+    from evolver.engine import Engine, sandbox_limits
     from evolver.judge.verify import verify
     from evolver.llm.client import ModelError
     from sandbox import write_text

@@ -3,12 +3,13 @@
     python benchmarks/reliability_durability.py [--kills 20] [--seed N] [--clients 3] [--burst 2]
                                                 [--no-power-loss] [--out FILE] [--keep]
 
-1. The kill loop (``tests/_durability.py``, ``kill_loop``): one daemon on a
+1. The kill loop (``evolver/testing/durability.py``, ``kill_loop``): one daemon on a
    fresh data dir with a scripted model, SIGKILLed ``--kills`` times, each at a
    seeded random moment of one kind of work in turn — clients submitting with
    Idempotency-Keys (``--clients`` threads, ``--burst`` submits each per
    start), a task between its sandboxed steps, a worker process alone in the
-   middle of a task (then the daemon), a distillation round, a tree-search
+   middle of a chat turn (whose request must still be answered, right) and of
+   a task (then the daemon), a distillation round, a tree-search
    step, a tool-synthesis round — and restarted each time. Clients
    retry a submit whose reply never came with the same key. After every kill
    the dead daemon's database is read and checked; after the last restart the

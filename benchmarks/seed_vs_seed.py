@@ -76,8 +76,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from evolver.agent.engine import Engine
     from evolver.config import load_config
+    from evolver.engine import Engine
     from evolver.judge.catalog import resolve_pack
 
     tasks = [t for t in resolve_pack(args.pack) if args.split == "all" or t.split == args.split]

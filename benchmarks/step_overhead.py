@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from task_texts import task_texts  # noqa: E402
 
-from evolver.agent.engine import Engine  # noqa: E402
 from evolver.agent.loop import Agent, render_context  # noqa: E402
 from evolver.config import load_config  # noqa: E402
+from evolver.engine import Engine  # noqa: E402
 from evolver.llm import scripted  # noqa: E402
 from memory import NewTrajectory  # noqa: E402
 from tools import TaskTools  # noqa: E402

@@ -21,7 +21,7 @@ from .errors import (
 )
 from .inbox import TERMINAL as TERMINAL_STATUSES
 from .inbox import Lease
-from .protocol import ExperienceStore
+from .protocol import ExperienceStore, InboxStore, LearnedStore, Reports, SearchStore
 from .records import (
     Context,
     Ending,
@@ -41,12 +41,18 @@ from .records import (
     Trajectory,
     TrajectoryHit,
 )
+from .roles import AgentStore
 from .search import Filters
 from .store import NewTrajectory, Store, StoreOptions, new_id
 from .tool_log import NewTool, RecordedCall
 
 __all__ = [
     "ExperienceStore",
+    "AgentStore",
+    "InboxStore",
+    "SearchStore",
+    "LearnedStore",
+    "Reports",
     "Store",
     "StoreOptions",
     "NewTrajectory",

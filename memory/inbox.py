@@ -167,13 +167,14 @@ class Inbox(StoreHost):
         return ids
 
     def interrupt_task(self, task_id: str, error: str) -> bool:
-        """A running task without a lease (a chat turn) whose process died: it fails as interrupted, and
-        so does the attempt it left open. False when it was no longer running."""
+        """A task nobody will run or wait for again (a chat turn whose daemon died with its request): it
+        fails as interrupted, and so does the attempt it left open. The caller holds no lease on it: a
+        daemon starting, before its workers claim anything. False when it had already ended."""
         now = time.time()
         with self._write() as db:
             cursor = db.execute(
-                "UPDATE tasks SET status = 'failed', error = ?, ending = ?, updated_at = ?, finished_at = ? "
-                "WHERE id = ? AND status = 'running' AND lease_owner IS NULL",
+                "UPDATE tasks SET status = 'failed', error = ?, ending = ?, updated_at = ?, finished_at = ?, "
+                "lease_owner = NULL, lease_expires_at = NULL WHERE id = ? AND status IN ('queued', 'running')",
                 [error, Ending.INTERRUPTED.value, now, now, task_id],
             )
             if cursor.rowcount:

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from memory import Ending, NewTrajectory
 from tools import ToolFiles

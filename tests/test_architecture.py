@@ -61,6 +61,9 @@ def test_the_import_contracts_hold():
         ("evolver/api/views.py", "from evolver.service import daemon", "only through a protocol"),
         ("memory/records.py", "import evolver.config", "memory, the experience store"),
         ("evolver/agent/scaffold.py", "from evolver.tree import incumbent", "each imports only those below it"),
+        ("evolver/agent/loop.py", "from memory import Task", "never the store"),
+        ("evolver/llm/budget.py", "from memory.store import Store", "never the store"),
+        ("memory/roles.py", "from memory.inbox import Lease", "implements them"),
         ("sandbox/limits.py", "from sandbox import worker", "no import cycles"),
     ],
 )
@@ -103,10 +106,19 @@ def test_every_package_says_what_lives_there_and_exports_only_what_it_names(pack
         )
 
 
+def _members(protocol: type) -> dict:
+    """A protocol's own members and those of the roles it is made of."""
+    members: dict = {}
+    for klass in reversed(protocol.__mro__):
+        if klass is not object and klass.__module__ != "typing":
+            members.update(vars(klass))
+    return members
+
+
 def _keeps(implementation: type, protocol: type) -> list[str]:
     """What of ``protocol`` the class lacks or declares otherwise (names, kinds and defaults of parameters)."""
     problems = []
-    for name, member in vars(protocol).items():
+    for name, member in _members(protocol).items():
         if name.startswith("_") or not callable(member):
             continue
         theirs = getattr(implementation, name, None)
@@ -130,20 +142,24 @@ def test_the_parts_keep_the_protocols_the_engine_depends_on():
 
     assert _keeps(Store, ExperienceStore) == []
     assert {"embedder", "index"} <= set(ExperienceStore.__annotations__)
+    assert {"claim_task", "add_node", "add_insight", "list_events", "context", "reindex"} <= set(
+        _members(ExperienceStore)
+    ), "the store's protocol is all of its roles"
     assert _keeps(ModelClient, Model) == []
     assert _keeps(BubblewrapSandbox, Sandbox) == [] and _keeps(DegradedSandbox, Sandbox) == []
 
 
-def test_the_recording_store_keeps_the_store_protocol_in_every_method_it_stands_in_for():
-    """The Ray evaluator's agent writes to a RecordingStore: each store method it answers takes what the
-    protocol's does (its ``context`` once lacked the agent's ``probation`` and every shipment failed)."""
+def test_the_recording_store_is_exactly_the_agent_facing_role_of_the_store():
+    """The Ray evaluator's agent writes to a RecordingStore, and an agent asks only ``AgentStore`` (its
+    import contract): the recording store keeps that role in every method, and has nothing beside it
+    (its ``context`` once lacked the agent's ``probation`` and every shipment failed)."""
     from evolver.agent.recording import RecordingStore
-    from memory import ExperienceStore
+    from memory import AgentStore
 
-    standing_in = {name for name in vars(RecordingStore) if name in vars(ExperienceStore)}
-    assert {"context", "start_trajectory", "add_step", "record_exposures"} <= standing_in
-    protocol = type("Part", (), {name: vars(ExperienceStore)[name] for name in standing_in})
-    assert _keeps(RecordingStore, protocol) == []
+    role = {name for name, member in _members(AgentStore).items() if callable(member) and not name.startswith("_")}
+    assert {"context", "start_trajectory", "add_step", "record_exposures", "record_call"} <= role
+    assert _keeps(RecordingStore, AgentStore) == []
+    assert {name for name in vars(RecordingStore) if not name.startswith("_")} == role
 
 
 def test_only_storage_names_the_sqlite_store_and_only_the_engine_the_litellm_client():
@@ -152,7 +168,7 @@ def test_only_storage_names_the_sqlite_store_and_only_the_engine_the_litellm_cli
     the product) open the SQLite store itself, to look at the files a killed daemon left as they are."""
     allowed = {
         "Store": {"evolver/storage.py", "evolver/testing/durability.py"},
-        "ModelClient": {"evolver/agent/engine.py", "evolver/llm/__init__.py", "evolver/llm/client.py"},
+        "ModelClient": {"evolver/engine.py", "evolver/llm/__init__.py", "evolver/llm/client.py"},
     }
     found = []
     for path in sorted((REPO / "evolver").rglob("*.py")):

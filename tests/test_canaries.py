@@ -26,9 +26,9 @@ import pytest
 import memory
 import sandbox as sandbox_package
 from evolver import judge
-from evolver.agent.engine import Engine
 from evolver.cli.canaries import CANARIES, run_canary
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.meta.synthesize import synthesize_round
 from evolver.tree.incumbent import ensure_root, incumbent

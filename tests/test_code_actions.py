@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 
 CODE = {"action_format": "code"}

@@ -174,8 +174,8 @@ def test_an_evaluation_that_ended_unrecorded_before_a_kill_is_recorded_when_the_
     so again, so the starting daemon looks (with scheduled rounds off, nothing else would)."""
     import numpy as np
 
-    from evolver.agent.engine import Engine
     from evolver.config import load_config
+    from evolver.engine import Engine
     from evolver.service.worker import Worker
     from evolver.tree.incumbent import ensure_root
     from evolver.tree.search import TreeSearch

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.llm.budget import BudgetExceeded
 from evolver.meta.distill import WATERMARK_KEY, distill_round

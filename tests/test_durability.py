@@ -52,7 +52,8 @@ def shim(root):
 @pytest.mark.timeout(900)  # seven daemon starts: minutes on a busy machine
 def test_kill_nine_at_random_points_loses_no_acknowledged_task_and_reruns_no_finished_one(root):
     """Six SIGKILLs at seeded random moments: while clients submit with idempotency keys, while a task is
-    between its steps, of a worker process alone in the middle of a task and then of the daemon, during a
+    between its steps, of a worker process alone in the middle of a chat turn (its request is still
+    answered, right, by the turn run again) and of one in the middle of a task, then of the daemon, during a
     distillation round, a tree-search step and a tool-synthesis round; a
     restart after each. After every kill: the database passes integrity_check, every task acknowledged
     so far is there under its key, a task whose end was recorded has not changed since (no new
@@ -72,6 +73,7 @@ def test_kill_nine_at_random_points_loses_no_acknowledged_task_and_reruns_no_fin
         "synthesize",
     }
     assert any(k.get("worker_killed") for k in report["kill_log"]), report["kill_log"]
+    assert any((k.get("chat") or {}).get("worker_killed") for k in report["kill_log"]), report["kill_log"]
     assert report["acknowledged"] >= KILLS * 3 and report["lost"] == 0 and report["completed_twice"] == 0, detail
     assert report["integrity"] == "ok" and report["tasks"].get("done", 0) > 0, detail
     assert report["index_after_stop"]["repaired"] == 0, detail
@@ -99,8 +101,8 @@ class _Killed(BaseException):
 
 
 def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_store, sandbox, tmp_path, monkeypatch):
-    from evolver.agent.engine import Engine
     from evolver.config import load_config
+    from evolver.engine import Engine
     from evolver.llm import scripted
     from evolver.meta.distill import WATERMARK_KEY, distill_round
     from memory import NewTrajectory

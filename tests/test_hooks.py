@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.hooks import HookError, check_reply, hook_points
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from memory import TaskKind
 

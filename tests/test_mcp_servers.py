@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.scaffold import ScaffoldError, default_scaffold, load_scaffold
 from evolver.api import views
 from evolver.config import ConfigError, load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.testing.daemon import DaemonProcess, make_root, serving, write_script
 from evolver.tree.incumbent import ensure_root

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import ConfigError, load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.meta.jobs import builtin_jobs
 from tests.test_cli import run

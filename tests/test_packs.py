@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.scaffold import default_scaffold, load_scaffold
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.meta import packfile, packs
 from evolver.meta.revert import RevertError, revert_event

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.loop import shows_probation
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.meta import packs
 from evolver.meta.jobs import builtin_jobs

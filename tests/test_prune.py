@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.meta.prune import insight_effects, prune_round, verdict
 from evolver.meta.revert import revert_event

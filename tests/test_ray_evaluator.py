@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.agent.recording import ReplayError, Write, replay
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.testing.daemon import (
     DaemonProcess,

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from evolver.agent.answer_stream import AnswerStream
-from evolver.agent.engine import Engine
 from evolver.agent.scaffold import load_scaffold
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.meta.distill import distill_round
 from evolver.meta.insights import InsightOpError
 from evolver.testing.daemon import DaemonProcess, free_port, make_root, remove_root

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.llm.budget import BudgetExceeded
 from evolver.meta.revert import RevertError, revert_event

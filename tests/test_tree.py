@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.service.worker import Worker
 from evolver.tree.export import to_dot, to_html

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from evolver.agent.engine import Engine
 from evolver.config import load_config
+from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.service.worker import Worker
 

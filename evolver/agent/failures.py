@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from memory import Step
+from memory.records import Step
 
 from ..text import clip
 

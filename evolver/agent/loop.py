@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memory import Context, Ending, ExperienceStore, Step, Task
+from memory.records import Context, Ending, Step, Task
+from memory.roles import AgentStore
 from sandbox import Limits, Sandbox, write_text
 from tools import BUILTIN_SOURCES, SESSION_BUILTINS, TaskTools, ToolRegistry, ToolSpec, signature
 
@@ -164,7 +165,7 @@ def shows_probation(task: Task) -> bool:
     return hashlib.sha256(task.id.encode()).digest()[0] % 2 == 0
 
 
-def task_context(store: ExperienceStore, task: Task, params) -> Context:
+def task_context(store: AgentStore, task: Task, params) -> Context:
     """What memory gives an attempt at ``task`` under a scaffold's ``params``: the one query, here and in
     the Ray evaluator's shipment."""
     return store.context(
@@ -232,7 +233,7 @@ class Agent:
     def __init__(
         self,
         *,
-        store: ExperienceStore,
+        store: AgentStore,
         model: Model,
         sandbox: Sandbox,
         registry: ToolRegistry,

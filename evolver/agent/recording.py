@@ -25,16 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from memory import (
-    Context,
-    ExperienceStore,
-    LedgerEntry,
-    NotFound,
-    Outcome,
-    Step,
-    ToolRecord,
-    Trajectory,
-)
+from memory.errors import NotFound
+from memory.records import Context, LedgerEntry, Outcome, Step, Task, ToolRecord, Trajectory
+from memory.roles import AgentStore
 
 __all__ = ["RecordingStore", "ReplayError", "Snapshot", "Write", "replay", "spent_key"]
 
@@ -267,12 +260,17 @@ class RecordingStore:
         )
         return self._tools[tool_id]
 
+    def set_task_status(self, task_id: str, status: str, *, error=None, ending=None) -> Task:
+        """Refused: a task's status is its lease holder's, the daemon, which records how the shipped task
+        ended (the node runs it with ``record_status=False``)."""
+        raise ReplayError("a Ray node never records a task's status; its lease holder does")
+
     def close(self) -> None:
         """Nothing to close: the recording is handed back with the result."""
 
 
 def replay(
-    store: ExperienceStore, writes: list[Write], *, task_id: str, tool_use: Callable[[int, bool], object] | None = None
+    store: AgentStore, writes: list[Write], *, task_id: str, tool_use: Callable[[int, bool], object] | None = None
 ) -> dict[str, str]:
     """Write a recording into ``store``, in order; returns the ids the recording made -> the store's ids.
 

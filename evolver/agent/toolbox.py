@@ -17,7 +17,7 @@ import logging
 import threading
 from pathlib import Path
 
-from memory import ExperienceStore
+from memory.roles import AgentStore
 from tools import (
     ToolFileError,
     ToolFiles,
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class Toolbox:
-    def __init__(self, store: ExperienceStore, registry: ToolRegistry, data_dir: Path) -> None:
+    def __init__(self, store: AgentStore, registry: ToolRegistry, data_dir: Path) -> None:
         self.store = store
         self.registry = registry
         self.files = ToolFiles(Path(data_dir) / "tools")

@@ -21,7 +21,7 @@ from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
 from .errors import error_response, http_error, internal_message, validation_error
-from .host import ServiceHost, Starting, Stopping, WorkerLost
+from .host import ServiceHost, Starting, Stopping
 
 __all__ = ["create_app"]
 
@@ -87,12 +87,6 @@ class TcpToken:
         await self.app(scope, receive, send)
 
 
-def _worker_lost(request: Request, exc: WorkerLost) -> JSONResponse:
-    response = error_response(503, "worker_lost", str(exc))
-    response.headers["Retry-After"] = "2"  # another worker process is starting
-    return response
-
-
 def _starting(request: Request, exc: Starting) -> JSONResponse:
     response = error_response(503, "starting", str(exc))
     response.headers["Retry-After"] = "1"  # the jobs start within a second or two of the socket
@@ -120,7 +114,6 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     app.add_exception_handler(BudgetExceeded, lambda r, e: error_response(429, "budget_exceeded", str(e)))
     app.add_exception_handler(StoreError, lambda r, e: error_response(503, "store_unavailable", str(e)))
     app.add_exception_handler(Stopping, lambda r, e: error_response(503, "stopping", str(e)))
-    app.add_exception_handler(WorkerLost, _worker_lost)
     app.add_exception_handler(Starting, _starting)
 
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

@@ -32,7 +32,7 @@ from memory import Ending, new_id
 
 from ..llm.budget import BudgetExceeded
 from .errors import error_response, internal_message
-from .host import WorkerLost
+from .host import Stopping
 from .models import ChatIn, errors
 
 log = logging.getLogger(__name__)
@@ -333,13 +333,13 @@ async def completions(body: ChatIn, request: Request):
 
 
 def _stream_error(exc: BaseException, chat_id: str) -> dict:
-    """The error event that ends a streamed turn. The budget and a lost worker say what happened, as their
-    JSON answers do; any other failure is logged with its traceback and the client gets a generic message
+    """The error event that ends a streamed turn. The budget and a daemon stopping say what happened, as
+    their JSON answers do; any other failure is logged with its traceback and the client gets a generic message
     (an exception's text may carry paths, prompts or a server's reply, none of which is the client's)."""
     if isinstance(exc, BudgetExceeded):
         return {"type": "budget_exceeded", "message": str(exc), "param": None}
-    if isinstance(exc, WorkerLost):
-        return {"type": "worker_lost", "message": str(exc), "param": None}
+    if isinstance(exc, Stopping):
+        return {"type": "stopping", "message": str(exc), "param": None}
     log.error("chat turn %s failed", chat_id, exc_info=exc)
     return {
         "type": "internal_error",

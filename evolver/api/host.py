@@ -18,7 +18,7 @@ from ..agent.loop import TaskResult
 from ..config import Config
 from ..meta.jobs import Jobs
 
-__all__ = ["ServiceHost", "StepFeed", "TaskIntake", "Starting", "Stopping", "WorkerLost"]
+__all__ = ["ServiceHost", "StepFeed", "TaskIntake", "Starting", "Stopping"]
 
 
 class Stopping(Exception):
@@ -27,11 +27,6 @@ class Stopping(Exception):
 
 class Starting(Exception):
     """The daemon answers but has not started what the request needs yet (the API answers 503)."""
-
-
-class WorkerLost(Exception):
-    """The worker process doing the request's work ended before it (the API answers 503 with a
-    Retry-After: the daemon starts another at once)."""
 
 
 class StepFeed(Protocol):

@@ -203,7 +203,7 @@ class Lab:
     """A temporary data directory, an engine on the scripted model, and a pack for the tree's canaries."""
 
     def __init__(self, root: Path) -> None:
-        from ..agent.engine import Engine
+        from ..engine import Engine
         from ..tree.incumbent import ensure_root
 
         self.root = root

@@ -160,7 +160,7 @@ def memory_check(state: State) -> None:
 @click.pass_obj
 def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool) -> None:
     """Solve one task now, in the foreground, and record it in the store."""
-    from ..agent.engine import Engine
+    from ..engine import Engine
     from ..judge.checks import CheckError, parse_check
     from ..tree.split import Admission
 
@@ -242,7 +242,7 @@ def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
 
 
 def _bench_here(state: State, tasks) -> list[dict]:
-    from ..agent.engine import Engine
+    from ..engine import Engine
     from ..tree.split import Admission
 
     results = []

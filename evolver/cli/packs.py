@@ -108,7 +108,7 @@ def import_(state: State, pack: str, expect: str | None, as_json: bool) -> None:
         if state.daemon_answers():
             report = _through_daemon(state, data, expect)
         else:
-            from ..agent.engine import Engine
+            from ..engine import Engine
 
             with Engine.open(state.config, data_dir=state.data_dir) as engine:
                 report = packs.import_pack(engine, data, expect=expect)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from memory import ExperienceStore
+from memory.roles import AgentStore
 
 from ..config import BudgetSettings
 
@@ -31,7 +31,7 @@ def start_of_day(now: float | None = None) -> float:
 @dataclass
 class BudgetGuard:
     settings: BudgetSettings
-    store: ExperienceStore
+    store: AgentStore
 
     def check(self, *, purpose: str, tokens: int, task_id: str | None = None) -> None:
         """Raise ``BudgetExceeded`` if spending ``tokens`` more would pass a cap."""

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from memory import ExperienceStore, _offline  # noqa: F401  (before litellm)
+import memory._offline  # noqa: F401  (before litellm)
+from memory.roles import AgentStore
 
 from ..config import ModelSettings
 from . import jsonfix, scripted
@@ -286,7 +287,7 @@ class ModelClient:
         self,
         settings: ModelSettings,
         *,
-        store: ExperienceStore,
+        store: AgentStore,
         budget: BudgetGuard,
         sleep: Callable[[float], None] = time.sleep,
         backoff_s: float = 0.5,

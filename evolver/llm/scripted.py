@@ -43,7 +43,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from memory import _offline  # noqa: F401  (before litellm)
+import memory._offline  # noqa: F401  (before litellm)
 
 __all__ = ["Rule", "Script", "register_script", "script_for", "install", "ScriptError", "PROVIDER"]
 

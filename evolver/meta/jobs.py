@@ -35,8 +35,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from memory import ExperienceStore
 
-from ..agent.engine import Engine
 from ..config import Config
+from ..engine import Engine
 from ..llm.budget import BudgetExceeded
 from ..text import Unchanged
 from ..tree.search import SEARCH_SOURCES, TreeSearch

@@ -38,8 +38,8 @@ from pathlib import Path
 from memory import ExperienceStore, NewTool, NotFound
 from tools import BUILTIN_SOURCES, ToolFileError, ToolFiles, code_hash
 
-from ..agent.engine import Engine
 from ..agent.scaffold import ScaffoldError, load_scaffold
+from ..engine import Engine
 from ..text import clip
 from ..tree.incumbent import ensure_root, incumbent, scaffold_of
 from ..tree.proposer import EDITABLE, InvalidProposal, apply_edit, scaffold_diff

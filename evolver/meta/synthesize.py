@@ -41,8 +41,8 @@ from tools import (
     spec_from_source,
 )
 
-from ..agent.engine import Engine, sandbox_limits
 from ..config import Config
+from ..engine import Engine, sandbox_limits
 from ..llm import jsonfix
 from ..llm.client import json_schema_format
 from ..text import clip, control_character

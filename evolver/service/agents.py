@@ -11,9 +11,9 @@ import threading
 
 from memory import Task
 
-from ..agent.engine import Engine
 from ..agent.loop import Agent
 from ..agent.scaffold import Scaffold
+from ..engine import Engine
 from ..tree.incumbent import incumbent, scaffold_of
 
 __all__ = ["Agents"]

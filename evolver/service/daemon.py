@@ -21,18 +21,19 @@ import threading
 import time
 from pathlib import Path
 
-from memory import Ending, ExperienceStore, IndexBusy, TaskKind
+from memory import ExperienceStore, IndexBusy, TaskKind
 
-from ..agent.engine import Engine
 from ..agent.loop import TaskResult
 from ..agent.mcp_tools import McpServers, Offered
-from ..api.host import Stopping, WorkerLost
+from ..api.host import Stopping
 from ..config import Config
+from ..engine import Engine
 from ..llm.budget import start_of_day
 from ..meta.jobs import Jobs, builtin_jobs
 from ..tree.incumbent import ensure_root, incumbent
 from ..tree.search import TreeSearch
 from ..tree.split import Admission
+from .chats import ChatTurns
 from .evaluator import Evaluator, local_exclusions, open_evaluator
 from .feed import Feed
 from .intake import Intake
@@ -78,12 +79,12 @@ class Daemon:
         self.tree: TreeSearch | None = None
         self.intake: Intake | None = None
         self.evaluator: Evaluator | None = None
-        self.chat_slots = threading.BoundedSemaphore(max(2, config.daemon.workers))
-        self._chats = threading.Condition()  # .turns: chat turns holding a slot (shutdown waits for them)
-        self._chats.turns = 0  # type: ignore[attr-defined]
+        self.chats = ChatTurns(self, self.drain)
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
-        # Its processes start once the store is open; a chat turn that comes sooner waits for one (READY_WAIT_S).
-        self.workers = WorkerPool(self, config.daemon.workers, local_exclusions(self), self.drain)
+        # Its processes start once the store is open; a chat turn that comes sooner waits in the inbox.
+        # Two chat turns at once, or one per worker when there are more: chat lanes beside the task lanes.
+        workers = config.daemon.workers
+        self.workers = WorkerPool(self, workers, local_exclusions(self), chats=max(2, workers))
 
     @property
     def store(self) -> ExperienceStore:
@@ -197,16 +198,15 @@ class Daemon:
 
     def _recover(self) -> None:
         """Pick up after a daemon that died: the attempts it left open end as interrupted, its leased
-        tasks are claimable at once (the attempt counts), and its chat turns, which have no lease, end
-        as failed."""
+        tasks are claimable at once (the attempt counts), and its chat turns, whose requests died with
+        it, end as failed (a running task without a lease, from a daemon before chat had a lane, too)."""
         interrupted = self.store.close_interrupted_trajectories()
         if interrupted:
             log.warning("%d trajectories were cut off by a daemon that died; marked interrupted", interrupted)
-        for task in self.store.list_tasks(status="running", limit=10_000):
-            if task.lease_owner is None:
-                self.store.set_task_status(
-                    task.id, "failed", error="interrupted: the daemon stopped mid-run", ending=Ending.INTERRUPTED
-                )
+        for status in ("queued", "running"):
+            for task in self.store.list_tasks(status=status, limit=10_000):
+                if task.source is TaskKind.CHAT or task.lease_owner is None and status == "running":
+                    self.store.interrupt_task(task.id, "interrupted: the daemon stopped before the chat turn ended")
         expired = self.store.expire_leases(except_owner_prefix=self.owner_prefix)
         if expired:
             log.warning("%d tasks were running in a daemon that died; they run again now", expired)
@@ -225,8 +225,8 @@ class Daemon:
         self.workers.stop(deadline)  # killed after the grace, a worker's task goes back to the queue
         if self._index_sync is not None:
             self._index_sync.join(max(0.0, deadline - time.monotonic()))
-        with self._chats:  # running chat turns stop at their next step (drain); the store outlives them
-            self._chats.wait_for(lambda: self._chats.turns == 0, max(0.0, deadline - time.monotonic()))
+        # Drained, the chat turns' requests end; the store outlives them.
+        self.chats.wait_ended(max(0.0, deadline - time.monotonic()))
         if self.evaluator is not None:
             self.evaluator.close(max(0.0, deadline - time.monotonic()))
         if self.jobs is not None:  # the store closes after this: a round still running then is cut
@@ -237,6 +237,7 @@ class Daemon:
 
     def task_ended(self, task_id: str) -> None:
         self.feed.publish(task_id)
+        self.chats.wrote(task_id)
         # The search reads its tasks' results itself, on the job host: the worker only says one ended.
         if self.jobs is not None and self.store.get_task(task_id).source.searched:
             self.jobs.poke("record")
@@ -244,7 +245,11 @@ class Daemon:
     def worker_wrote(self, task_id: str) -> None:
         """A worker process wrote to ``task_id``: wake its live streams and bring the index up to date."""
         self.feed.publish(task_id)
+        self.chats.wrote(task_id)
         self._index_due.set()
+
+    def task_answered(self, task_id: str, attempt: int, piece: str) -> None:
+        self.chats.answered(task_id, attempt, piece)
 
     def _start_workers(self) -> None:
         self._index_sync = threading.Thread(target=self._keep_index, name="index-sync", daemon=True)
@@ -276,38 +281,20 @@ class Daemon:
         cancel: threading.Event | None = None,
         on_answer=None,
     ) -> TaskResult:
-        """One chat turn: the incumbent agent answers, recorded as a task of source "chat" (``task_id``:
-        the id it gets, chosen by the caller). The turn stops at its next step when ``cancel`` is set (a
-        client that went away), when someone cancels its task, or when the daemon drains. ``on_answer``
-        gets the answer in pieces as the model writes it."""
-        cancel = cancel or threading.Event()
-        while not self.chat_slots.acquire(timeout=0.2):  # a turn waiting for a slot: not past a drain
-            if self.drain.is_set():
-                raise Stopping("the daemon is stopping; send the chat again once it has restarted")
-        with self._chats:
-            self._chats.turns += 1
-        try:
-            if self.drain.is_set():
-                raise Stopping("the daemon is stopping; send the chat again once it has restarted")
-            return self._chat_turn(
-                prompt, on_step=on_step, metadata=metadata, task_id=task_id, cancel=cancel, on_answer=on_answer
-            )
-        finally:
-            self.chat_slots.release()
-            with self._chats:
-                self._chats.turns -= 1
-                self._chats.notify_all()
-
-    def _chat_turn(self, prompt: str, *, on_step, metadata, task_id, cancel, on_answer) -> TaskResult:
+        """One chat turn: the incumbent agent answers. The turn is a task of kind chat (``task_id``: the id
+        it gets, chosen by the caller), queued at the highest priority for the workers' chat lanes
+        (``evolver.service.chats``). The turn stops at its next step when ``cancel`` is set (a client
+        that went away), when someone cancels its task, or when the daemon drains. ``on_step`` gets its
+        steps, ``on_answer`` the answer in pieces as the model writes it."""
+        if self.drain.is_set():
+            raise Stopping("the daemon is stopping; send the chat again once it has restarted")
         # A chat turn comes in by the same door as any task: the text of a held-out task stays held out.
         admission = self.intake.admission if self.intake else Admission.of(self.config)
-        item = admission.admit(TaskKind.CHAT, prompt, status="running", metadata=metadata, id=task_id)
+        item = admission.admit(TaskKind.CHAT, prompt, metadata=metadata, id=task_id)
         ((task, _),) = self.store.add_tasks([item])
+        self.task_submitted()
         try:
-            return self.workers.chat(task, cancel=cancel, on_step=on_step, on_answer=on_answer)
-        except (WorkerLost, Stopping) as exc:  # it never reached a worker, or died with one
-            self.store.interrupt_task(task.id, f"interrupted: {exc}")
-            raise
+            return self.chats.wait(task, cancel=cancel or threading.Event(), on_step=on_step, on_answer=on_answer)
         finally:
             self.feed.publish(task.id)
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory import Context, Lease, Step, Task
-
-from ..agent.loop import TaskResult
+from memory import Context, Lease
 
 __all__ = [
     "ToWorker",
@@ -20,17 +18,13 @@ __all__ = [
     "WorkArrived",
     "Drain",
     "ContextReply",
-    "ChatAsked",
-    "ChatCancelled",
     "Ready",
     "Claimed",
     "Idle",
     "Wrote",
     "Ended",
     "ContextAsked",
-    "ChatStep",
-    "ChatPiece",
-    "ChatDone",
+    "Answered",
     "McpCalled",
     "McpAnswer",
 ]
@@ -46,7 +40,7 @@ class WorkArrived:
 
 @dataclass(frozen=True)
 class Drain:
-    """Stop at the next step boundary, send the task back to the queue, end the chat turns, exit."""
+    """Stop at the next step boundary, send the tasks back to the queue (chat turns too), exit."""
 
 
 @dataclass(frozen=True)
@@ -59,21 +53,6 @@ class ContextReply:
 
 
 @dataclass(frozen=True)
-class ChatAsked:
-    """Answer this chat turn; its task is already recorded."""
-
-    turn: int
-    task: Task
-
-
-@dataclass(frozen=True)
-class ChatCancelled:
-    """The chat turn's client went away: stop it at its next step."""
-
-    turn: int
-
-
-@dataclass(frozen=True)
 class McpAnswer:
     """The answer to ``McpCalled`` ``request``: whether the tool succeeded, and its text or why it failed."""
 
@@ -82,7 +61,7 @@ class McpAnswer:
     text: str
 
 
-ToWorker = WorkArrived | Drain | ContextReply | ChatAsked | ChatCancelled | McpAnswer
+ToWorker = WorkArrived | Drain | ContextReply | McpAnswer
 
 
 # --- from a worker process to the daemon ------------------------------------------------------------
@@ -90,21 +69,22 @@ ToWorker = WorkArrived | Drain | ContextReply | ChatAsked | ChatCancelled | McpA
 
 @dataclass(frozen=True)
 class Ready:
-    """The process has opened its engine and takes work and chat turns."""
+    """The process has opened its engine and takes work, chat turns included."""
 
     pid: int
 
 
 @dataclass(frozen=True)
 class Claimed:
-    """It holds this lease (the daemon shows it, and hands it back if the process dies)."""
+    """It holds this lease, in its task lane or a chat lane (the daemon shows it, and hands it back if the
+    process dies)."""
 
     lease: Lease
 
 
 @dataclass(frozen=True)
 class Idle:
-    """It holds no lease any more."""
+    """Its task lane holds no lease any more."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +96,20 @@ class Wrote:
 
 @dataclass(frozen=True)
 class Ended:
-    """This task ended (the search reads its result); the process holds no lease."""
+    """This task ended (the search reads its result, a chat turn's request its answer); the lane that ran
+    it holds no lease."""
 
     task_id: str
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A piece of the answer of ``task_id``'s attempt ``attempt``, as the model writes it (a chat turn's
+    request streams it)."""
+
+    task_id: str
+    attempt: int
+    piece: str
 
 
 @dataclass(frozen=True)
@@ -131,31 +122,6 @@ class ContextAsked:
 
 
 @dataclass(frozen=True)
-class ChatStep:
-    """A step of chat turn ``turn``, as it was recorded."""
-
-    turn: int
-    step: Step
-
-
-@dataclass(frozen=True)
-class ChatPiece:
-    """A piece of chat turn ``turn``'s answer, as the model writes it."""
-
-    turn: int
-    piece: str
-
-
-@dataclass(frozen=True)
-class ChatDone:
-    """Chat turn ``turn`` ended: its result, or the exception it raised (one that survives the pipe)."""
-
-    turn: int
-    result: TaskResult | None = None
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True)
 class McpCalled:
     """Call the user's MCP tool ``name`` (the agent's name of it) with ``arguments``: the servers are the
     daemon's, started once."""
@@ -165,4 +131,4 @@ class McpCalled:
     arguments: dict[str, Any]
 
 
-FromWorker = Ready | Claimed | Idle | Wrote | Ended | ContextAsked | ChatStep | ChatPiece | ChatDone | McpCalled
+FromWorker = Ready | Claimed | Idle | Wrote | Ended | Answered | ContextAsked | McpCalled

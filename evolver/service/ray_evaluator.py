@@ -47,7 +47,6 @@ from sandbox import Sandbox, SandboxUnavailable, make_sandbox
 from tools import ToolFiles
 
 from .. import __version__
-from ..agent.engine import Engine, sandbox_limits
 from ..agent.loop import TaskResult, task_context
 from ..agent.recording import (
     RecordingStore,
@@ -59,6 +58,7 @@ from ..agent.recording import (
 )
 from ..agent.scaffold import Scaffold
 from ..config import Config, ConfigError, McpSettings
+from ..engine import Engine, sandbox_limits
 from ..llm.budget import BACKGROUND_PURPOSES, start_of_day
 from ..tree.incumbent import incumbent, scaffold_of
 from ..tree.search import SEARCH_SOURCES

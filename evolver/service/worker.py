@@ -52,6 +52,7 @@ class Worker:
         store: ExperienceStore | None = None,
         exclude_sources: tuple[str, ...] = (),
         on_claim: Callable[[Lease], None] | None = None,
+        on_answer: Callable[[Task, str], None] | None = None,
     ) -> None:
         # A callable is asked for an agent for each claimed task, so a newly promoted scaffold serves
         # the next task, and an evaluation task runs on the scaffold of the node it evaluates.
@@ -70,6 +71,7 @@ class Worker:
         self.on_step = on_step
         self.on_end = on_end
         self.on_claim = on_claim  # told the lease as soon as it is held (a worker process tells the daemon)
+        self.on_answer = on_answer  # the answer's pieces as the model writes them (a chat turn streams them)
         self.current: Lease | None = None  # the lease being worked on, for status and shutdown
 
     def run_once(self) -> WorkerResult | None:
@@ -111,8 +113,13 @@ class Worker:
 
         try:
             # The task's kind decides its budget (the search's work is background work) and its hook policy.
+            on_answer = self.on_answer
             result = self.agent_for(lease.task).run_task(
-                lease.task, cancel=cancel, on_step=on_step, record_status=False
+                lease.task,
+                cancel=cancel,
+                on_step=on_step,
+                record_status=False,
+                on_answer=None if on_answer is None else lambda piece: on_answer(lease.task, piece),
             )
         finally:
             done.set()

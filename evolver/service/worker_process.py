@@ -7,9 +7,10 @@ thread (``Worker``), and writes its steps durably itself; the rows it writes
 wait in the index outbox until the daemon syncs them. What needs the index,
 the retrieval context of a task, it asks the daemon for over its pipe.
 
-Chat turns are answered in the worker processes too, each in a thread of its
-own beside the process's inbox work: the daemon records the turn's task and
-hands it over; the steps and the answer's pieces come back as they happen.
+Chat turns are tasks of the inbox's chat lane (``evolver.service.chats``): each
+process claims them in lanes of their own, threads beside its task lane, so a
+chat never waits behind a long task. The answer's pieces go to the daemon as the
+model writes them.
 
 The pipe carries the typed messages of ``evolver.service.messages`` both ways, each side
 reading them with one ``match``. A worker process looks in the inbox when the daemon says work
@@ -18,9 +19,9 @@ arrived (a submit, a task of the search, a lease handed back), and otherwise onl
 
 A worker process dies with the daemon (``PR_SET_PDEATHSIG``, and it exits when
 its pipe closes without a drain). When a worker process dies on its own, the
-daemon ends its lease at once (the attempt counts, its open trajectory ends as
-interrupted), fails the chat turns it was answering (their requests get 503
-``worker_lost``) and starts another in its place.
+daemon ends its leases at once (the attempt counts, its open trajectories end as
+interrupted), so its task and its chat turns run again in another process, and
+starts another in its place.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import itertools
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import threading
 import time
@@ -41,20 +41,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol
 
-from memory import Context, Lease, StoreError, Task
+from memory import Context, Lease, StoreError, TaskKind
 
-from ..agent.engine import Engine
 from ..agent.mcp_tools import McpThrough, Offered
-from ..api.host import WorkerLost
 from ..config import Config
+from ..engine import Engine
 from ..storage import open_store
 from .agents import Agents
 from .messages import (
-    ChatAsked,
-    ChatCancelled,
-    ChatDone,
-    ChatPiece,
-    ChatStep,
+    Answered,
     Claimed,
     ContextAsked,
     ContextReply,
@@ -71,7 +66,7 @@ from .messages import (
 )
 from .worker import Worker
 
-__all__ = ["WorkerDied", "WorkerProcess", "worker_main"]
+__all__ = ["WorkerProcess", "worker_main"]
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +84,17 @@ class DaemonLink:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.drain = threading.Event()
-        self.work = threading.Event()
+        self.lanes: list[threading.Event] = []  # each lane's "look in the inbox" (its own: each clears it)
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._replies: dict[int, list] = {}
         self._replies_lock = threading.Lock()
-        self.on_chat: Callable[[int, Task], None] | None = None  # set by worker_main
-        self.chat_cancels: dict[int, threading.Event] = {}
+
+    def lane(self) -> threading.Event:
+        """A new lane's wake-up: set when the daemon says work arrived, and on a drain."""
+        wake = threading.Event()
+        self.lanes.append(wake)
+        return wake
 
     def send(self, message: FromWorker) -> None:
         with self._send_lock:
@@ -111,19 +110,12 @@ class DaemonLink:
                 return
             match message:
                 case WorkArrived():
-                    self.work.set()
+                    for wake in self.lanes:
+                        wake.set()
                 case Drain():
                     self.drain.set()
-                    self.work.set()
-                    for cancel in list(self.chat_cancels.values()):  # chat turns stop at their next step
-                        cancel.set()
-                case ChatAsked(turn, task) if self.on_chat is not None:
-                    self.chat_cancels[turn] = threading.Event()
-                    self.on_chat(turn, task)
-                case ChatCancelled(turn):
-                    cancel = self.chat_cancels.get(turn)
-                    if cancel is not None:
-                        cancel.set()
+                    for wake in self.lanes:
+                        wake.set()
                 case ContextReply(request) | McpAnswer(request):
                     with self._replies_lock:
                         waiting = self._replies.get(request)
@@ -200,53 +192,23 @@ def own_uids(config: Config, slot: int, slots: int) -> Config:
     return config.model_copy(update={"sandbox": sandbox})
 
 
-class ChatTurns:
-    """The chat turns a worker process answers beside its inbox work, each in a thread of its own."""
-
-    def __init__(self, link: DaemonLink, agents: Agents, store) -> None:
-        self.link, self.agents, self.store = link, agents, store
-        self._running = threading.Condition()
-        self._count = 0
-
-    def start(self, turn: int, task: Task) -> None:
-        with self._running:
-            self._count += 1
-        threading.Thread(target=self._answer, args=(turn, task), name=f"chat-{turn}", daemon=True).start()
-
-    def _answer(self, turn: int, task: Task) -> None:
-        link, cancel = self.link, self.link.chat_cancels[turn]
-
-        def step_seen(step) -> None:
-            link.send(ChatStep(turn, step))
-            link.send(Wrote(task.id))
-            if link.drain.is_set() or self.store.cancel_requested(task.id):
-                cancel.set()
-
+def _serve(worker: Worker, wake: threading.Event, link: DaemonLink, *, idle: bool) -> None:
+    """One lane: claim and run its tasks until drained, looking when the daemon says work arrived and
+    otherwise every ``IDLE_LOOK_S``. ``idle``: tell the daemon when a task ends (the task lane's status)."""
+    while not link.drain.is_set():
+        wake.clear()  # before looking: work that arrives while it looks is looked for again
         try:
-            result = self.agents().run_task(
-                task, cancel=cancel, on_step=step_seen, on_answer=lambda piece: link.send(ChatPiece(turn, piece))
-            )
-            link.send(ChatDone(turn, result=result))
-        except BaseException as exc:  # noqa: BLE001  (the daemon raises it for the turn's request)
-            link.send(ChatDone(turn, error=_portable(exc)))
-        finally:
-            link.chat_cancels.pop(turn, None)
-            with self._running:
-                self._count -= 1
-                self._running.notify_all()
-
-    def wait(self, timeout_s: float) -> None:
-        with self._running:
-            self._running.wait_for(lambda: self._count == 0, timeout_s)
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives the pipe (BudgetExceeded does), else a RuntimeError naming it."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001  (any failure to pickle means: send a plain one)
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
+            ran = worker.run_once()
+        except Exception:  # a broken part must not end the lane: log, pause, go on
+            log.exception("worker %s failed", worker.owner)
+            if idle:
+                link.send(Idle())
+            link.drain.wait(1.0)
+            continue
+        if ran is not None and idle:
+            link.send(Idle())
+        if ran is None and not link.drain.is_set():
+            wake.wait(IDLE_LOOK_S)
 
 
 def worker_main(
@@ -256,10 +218,12 @@ def worker_main(
     slot: int,
     slots: int,
     exclude_sources: tuple[str, ...],
+    chat_lanes: int,
     mcp: Offered,
     conn: Connection,
 ) -> None:
-    """The worker process: claim and run tasks until drained. ``mcp``: the daemon's MCP tools."""
+    """The worker process: claim and run tasks, in a task lane and ``chat_lanes`` chat lanes, until
+    drained. ``mcp``: the daemon's MCP tools."""
     _die_with_parent()
     # The daemon decides when its workers stop: a Ctrl-C or a SIGTERM sent to the whole group (systemd)
     # reaches the daemon, which drains us through the pipe.
@@ -278,40 +242,52 @@ def worker_main(
         mcp=McpThrough(mcp, functools.partial(link.mcp_call, timeouts)),
     )
     d = config.daemon
-    worker = Worker(
-        Agents(engine),
-        owner=owner,
-        lease_s=d.lease_s,
-        max_attempts=d.max_attempts,
-        drain=link.drain,
-        on_step=lambda task_id, step: link.send(Wrote(task_id)),
-        on_end=lambda task_id: link.send(Ended(task_id)),
-        on_claim=lambda lease: link.send(Claimed(lease)),
-        store=engine.store,
-        exclude_sources=exclude_sources,
-    )
-    chats = ChatTurns(link, worker.agent_for, engine.store)
-    link.on_chat = chats.start
+    chat = (TaskKind.CHAT.value,)
+
+    def lane(name: str, **claims) -> Worker:
+        return Worker(
+            Agents(engine),
+            owner=name,
+            lease_s=d.lease_s,
+            max_attempts=d.max_attempts,
+            drain=link.drain,
+            on_step=lambda task_id, step: link.send(Wrote(task_id)),
+            on_end=lambda task_id: link.send(Ended(task_id)),
+            on_claim=lambda lease: link.send(Claimed(lease)),
+            on_answer=lambda task, piece: link.send(Answered(task.id, task.attempts, piece)),
+            store=engine.store,
+            **claims,
+        )
+
+    tasks = lane(owner, exclude_sources=(*exclude_sources, *chat))
+    chats = [
+        threading.Thread(
+            target=_serve,
+            args=(lane(chat_lane_owner(owner, n), sources=chat), link.lane(), link),
+            kwargs={"idle": False},
+            name=f"chat-lane-{n}",
+            daemon=True,
+        )
+        for n in range(chat_lanes)
+    ]
+    wake = link.lane()
     gc.collect()  # what is loaded now lives as long as the process: the collector stops walking it (Daemon.serve)
     gc.freeze()
     try:
         link.send(Ready(os.getpid()))
-        while not link.drain.is_set():
-            link.work.clear()  # before looking: work that arrives while it looks is looked for again
-            ran = None
-            try:
-                ran = worker.run_once()
-            except Exception:  # a broken part must not end the worker: log, pause, go on
-                log.exception("worker %s failed", owner)
-                link.send(Idle())
-                link.drain.wait(1.0)
-            if ran is not None:
-                link.send(Idle())
-            elif not link.drain.is_set():
-                link.work.wait(IDLE_LOOK_S)
-        chats.wait(config.daemon.shutdown_grace_s)  # drained, they stop at their next step
+        for thread in chats:
+            thread.start()
+        _serve(tasks, wake, link, idle=True)
+        deadline = time.monotonic() + d.shutdown_grace_s
+        for thread in chats:  # drained, their turns stop at their next step and go back to the queue
+            thread.join(max(0.0, deadline - time.monotonic()))
     finally:
         engine.close()
+
+
+def chat_lane_owner(owner: str, n: int) -> str:
+    """The lease owner of the process ``owner``'s chat lane ``n``."""
+    return f"{owner}.chat{n}"
 
 
 # --- the daemon's side -----------------------------------------------------------------------------
@@ -333,6 +309,9 @@ class WorkerHost(Protocol):
     def task_ended(self, task_id: str) -> None:
         """A task ended (its live streams wake, the search reads its result)."""
 
+    def task_answered(self, task_id: str, attempt: int, piece: str) -> None:
+        """A piece of the answer of ``task_id``'s attempt ``attempt`` (a chat turn streams it)."""
+
     def task_submitted(self) -> None:
         """A task may be claimable now: the worker processes look in the inbox."""
 
@@ -343,52 +322,28 @@ class WorkerHost(Protocol):
         """A call of one of the daemon's MCP tools by its offered name."""
 
 
-class WorkerDied(WorkerLost):
-    """The worker process answering a chat turn ended before the turn did."""
-
-
-class ChatTurn:
-    """A chat turn a worker process is answering, as the daemon waits for it."""
-
-    def __init__(self, task_id: str, on_step, on_answer) -> None:
-        self.task_id = task_id
-        self.on_step, self.on_answer = on_step, on_answer
-        self.done = threading.Event()
-        self.outcome = ChatDone(0, error=WorkerDied("the chat turn did not end"))
-
-    def hear(self, message: ChatStep | ChatPiece | ChatDone) -> None:
-        if self.done.is_set():
-            return
-        match message:
-            case ChatStep(_, step) if self.on_step is not None:
-                self.on_step(step)
-            case ChatPiece(_, piece) if self.on_answer is not None:
-                self.on_answer(piece)
-            case ChatDone():
-                self.outcome = message
-                self.done.set()
-
-
 class WorkerProcess:
     """The daemon's handle on one worker process: starts it, reads its pipe, restarts it when it dies.
 
     ``current`` and ``owner`` are what the daemon's status and shutdown read, as of a worker thread."""
 
-    def __init__(self, daemon: WorkerHost, slot: int, slots: int, exclude_sources: tuple[str, ...]) -> None:
+    def __init__(
+        self, daemon: WorkerHost, slot: int, slots: int, exclude_sources: tuple[str, ...], chat_lanes: int
+    ) -> None:
         self.daemon = daemon
         self.slot, self.slots = slot, slots
         self.exclude_sources = exclude_sources
+        self.chat_lanes = chat_lanes
         self.owner = ""  # a fresh one for each process started in this slot: its leases are exactly its own
-        self.current: Lease | None = None
-        self.ready = threading.Event()  # it has opened its engine and takes chat turns
+        self.current: Lease | None = None  # its task lane's
+        self.chats: dict[str, Lease] = {}  # its chat lanes', by task id
+        self.ready = threading.Event()  # it has opened its engine and takes work
         self.process: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._draining = False
         self.restarts = 0
-        self.turns: dict[int, ChatTurn] = {}  # chat turns this process is answering
-        self._turn_ids = itertools.count(1)
         self._next_start = 0.0
         self._backoff = RESTART_BACKOFF_S[0]
 
@@ -415,6 +370,7 @@ class WorkerProcess:
                 self.slot,
                 self.slots,
                 self.exclude_sources,
+                self.chat_lanes,
                 d.mcp_offered(),
                 theirs,
             ),
@@ -446,6 +402,8 @@ class WorkerProcess:
             except (EOFError, OSError):
                 break
             match message:
+                case Claimed(lease) if lease.task.source is TaskKind.CHAT:
+                    self.chats[lease.task.id] = lease
                 case Claimed(lease):
                     self.current = lease
                 case Idle():
@@ -453,19 +411,18 @@ class WorkerProcess:
                 case Wrote(task_id):
                     d.worker_wrote(task_id)
                 case Ended(task_id):
-                    self.current = None
+                    if self.chats.pop(task_id, None) is None:
+                        self.current = None
                     d.worker_wrote(task_id)
                     d.task_ended(task_id)
+                case Answered(task_id, attempt, piece):
+                    d.task_answered(task_id, attempt, piece)
                 case ContextAsked(request, query, options):
                     try:
                         d.store.sync_index()  # what the workers wrote so far is found (one SELECT when none is due)
                         self.send(ContextReply(request, context=d.store.context(query, **options)))
                     except Exception as exc:  # noqa: BLE001  (the worker's task gets the message)
                         self.send(ContextReply(request, error=str(exc)))
-                case ChatStep(turn) | ChatPiece(turn) | ChatDone(turn):
-                    waiting = self.turns.get(turn)
-                    if waiting is not None:
-                        waiting.hear(message)
                 case McpCalled(request, name, arguments):  # a call may take its server's whole timeout
                     threading.Thread(
                         target=self._call_mcp, args=(request, name, arguments), name="mcp-call", daemon=True
@@ -491,26 +448,18 @@ class WorkerProcess:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+        chats, self.chats = list(self.chats.values()), {}
         store = self.daemon.store
-        for turn_id, turn in list(self.turns.items()):  # chat turns it was answering: they end here
-            store.interrupt_task(turn.task_id, "interrupted: the worker process answering it died")
-            self.daemon.worker_wrote(turn.task_id)
-            how = f"{'exit code' if (code or 0) >= 0 else 'signal'} {abs(code or 0)}"
-            turn.hear(
-                ChatDone(
-                    turn_id,
-                    error=WorkerDied(f"the worker process answering this chat turn ended ({how}); send it again"),
-                )
-            )
-            self.turns.pop(turn_id, None)
         if self._draining:
             # Drained in time, it released its task itself; killed after the grace, its task goes back
             # to the queue for the restart like a worker thread's (the attempt refunded).
-            if lease is not None and store.release_task(lease):
-                log.warning("task %s did not reach a step boundary in time; queued for the restart", lease.task.id)
+            for held in [lease, *chats] if lease is not None else chats:
+                if store.release_task(held):
+                    log.warning("task %s did not reach a step boundary in time; queued for the restart", held.task.id)
             return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
-        abandoned = store.abandon_leases(self.owner)  # the one it said it held, or one it had no time to name
+        # The ones it said it held, or one it had no time to name: each lane's.
+        abandoned = [task_id for owner in self.lane_owners() for task_id in store.abandon_leases(owner)]
         log.warning(
             "worker process %s %s%s",
             self.owner,
@@ -536,26 +485,9 @@ class WorkerProcess:
         self.start()
         return True
 
-    def chat(self, task: Task, *, cancel: threading.Event, on_step=None, on_answer=None):
-        """Have this process answer one chat turn (its task already recorded); its TaskResult. Raises what
-        the turn raised there, or ``WorkerDied``."""
-        turn_id = next(self._turn_ids)
-        turn = ChatTurn(task.id, on_step, on_answer)
-        self.turns[turn_id] = turn
-        try:
-            if self.conn is None:
-                raise WorkerDied("no worker process is running to answer the chat turn; send it again")
-            self.send(ChatAsked(turn_id, task))
-            told = False
-            while not turn.done.wait(0.2):
-                if cancel.is_set() and not told:  # the client went away, or the daemon drains
-                    self.send(ChatCancelled(turn_id))
-                    told = True
-        finally:
-            self.turns.pop(turn_id, None)
-        if turn.outcome.error is not None:
-            raise turn.outcome.error
-        return turn.outcome.result
+    def lane_owners(self) -> list[str]:
+        """The lease owners of this process's lanes: its task lane's, then its chat lanes'."""
+        return [self.owner, *(chat_lane_owner(self.owner, n) for n in range(self.chat_lanes))]
 
     def drain(self) -> None:
         self._draining = True

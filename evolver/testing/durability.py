@@ -4,8 +4,10 @@
 time at a seeded random moment of one kind of work — clients submitting with
 idempotency keys, a task between its steps, a distillation round, a
 tree-search step, a tool-synthesis round — and restarts it. In the "worker"
-phase it first kills, on its own, the worker process running a task between
-its steps (the daemon goes on and runs the task again), then the daemon. After every kill
+phase it first kills, on its own, the worker process answering a chat turn
+between its steps (the turn runs again in another and its request is answered,
+``_chat_through_a_kill``), then the one running a task between its steps (the
+daemon goes on and runs the task again), then the daemon. After every kill
 it reads the dead daemon's database and checks what must already hold; after
 the last restart it lets the work drain, stops the daemon cleanly and checks
 everything (``Invariants``). It returns a report; its ``violations`` must be
@@ -498,6 +500,46 @@ def _kill_worker_of(daemon: DaemonProcess, task_id: str) -> int | None:
     return pid
 
 
+def _chat_through_a_kill(daemon: DaemonProcess, cycle: int) -> tuple[dict, list[str]]:
+    """A chat turn whose worker process is SIGKILLed between its steps: the request must still be answered,
+    right, by the turn run again elsewhere. What happened, and what went wrong (sentences)."""
+    outcome: dict = {}
+    expected = str(cycle * 5)
+
+    def chat() -> None:
+        try:
+            with daemon.client(timeout_s=120) as http:
+                reply = http.post(
+                    "/v1/chat/completions",
+                    json={"model": "evolver", "messages": [{"role": "user", "content": f"SLOW: What is {cycle} * 5?"}]},
+                )
+                outcome["code"], outcome["body"] = reply.status_code, reply.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            outcome["error"] = type(exc).__name__
+
+    asking = threading.Thread(target=chat, name="drill-chat", daemon=True)
+    asking.start()
+    task_id, deadline = None, time.monotonic() + 60
+    with daemon.client() as http:
+        while task_id is None and time.monotonic() < deadline and asking.is_alive():
+            task_id = next((r["task_id"] for r in http.get("/v1/status").json()["running"] if r.get("chat")), None)
+            time.sleep(0.05)
+    if task_id is None or not _wait_stepping(daemon, task_id, timeout_s=60):
+        asking.join(120)
+        return {"task": task_id, "reached": False}, []  # it ended before a kill could land (a busy machine)
+    killed = _kill_worker_of(daemon, task_id)
+    asking.join(120)
+    with daemon.client() as http:
+        task = daemon.task(http, task_id)
+    seen = {"task": task_id, "reached": True, "worker_killed": killed, "attempts": task["attempts"]}
+    answer = (outcome.get("body") or {}).get("choices", [{}])[0].get("message", {}).get("content", "").strip()
+    if outcome.get("code") != 200 or answer != expected:
+        return seen, [f"chat turn {task_id}, its worker killed, was answered {outcome} (expected {expected!r})"]
+    if killed and task["attempts"] < 2:
+        return seen, [f"chat turn {task_id} was answered after its worker died without running again: {task}"]
+    return seen, []
+
+
 def _settle_the_search(daemon: DaemonProcess, timeout_s: float) -> None:
     """Before an evolve round that will be killed: the first evaluations queued and recorded, none in
     flight, so the round goes further than queueing (an expansion: a proposal, its validation and
@@ -565,7 +607,10 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
             submitters.release(clients * burst)
             if not percent:  # two tasks with the same code, for tool synthesis to generalize
                 percent = [submitters.submit_now({"prompt": p}, f"percent-{n}") for n, p in enumerate(PERCENT_TASKS)]
-            reached, job, worker_killed = True, {}, None
+            reached, job, worker_killed, chat = True, {}, None, None
+            if phase == "worker":
+                chat, wrong = _chat_through_a_kill(daemon, cycle)
+                violations += [f"in kill {cycle + 1} ({phase}): {v}" for v in wrong]
             if phase in ("steps", "worker"):
                 slow = submitters.submit_now(
                     {"prompt": f"SLOW: What is {cycle} * 3?", "check": {"type": "answer", "expected": str(cycle * 3)}},
@@ -585,7 +630,7 @@ def kill_loop(root: Path, *, kills: int, seed: int, clients: int = 3, burst: int
             daemon.kill()
             entry = {"cycle": cycle, "phase": phase, "after_s": round(delay, 3), "reached": reached}
             if phase == "worker":
-                entry["worker_killed"] = worker_killed
+                entry["worker_killed"], entry["chat"] = worker_killed, chat
             if phase in ("distill", "evolve", "synthesize"):
                 time.sleep(0.2)
                 entry["round_finished_before_kill"] = "rounds" in job

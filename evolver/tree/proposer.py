@@ -31,10 +31,10 @@ from pydantic import BaseModel, ConfigDict
 
 from memory import Ending, ExperienceStore, Node, Task
 
-from ..agent.engine import Engine, hook_limits
 from ..agent.failures import behaviour, count_modes
 from ..agent.hooks import HOOKS_GUIDE, SAMPLE_DATA, HookError, Hooks, hook_points
 from ..agent.scaffold import Scaffold, ScaffoldError, load_scaffold, parts_guide, unused_parts
+from ..engine import Engine, hook_limits
 from ..llm import jsonfix
 from ..llm.client import json_schema_format
 from ..text import clip

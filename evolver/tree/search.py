@@ -34,8 +34,8 @@ import numpy as np
 
 from memory import TERMINAL_STATUSES, ExperienceStore, Node, Task, TaskKind
 
-from ..agent.engine import Engine
 from ..agent.scaffold import ScaffoldError
+from ..engine import Engine
 from ..judge.catalog import resolve_pack
 from ..judge.taskpack import TaskPackError
 from ..llm.budget import BudgetExceeded

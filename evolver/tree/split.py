@@ -29,7 +29,10 @@ from ..config import Config
 from ..judge.catalog import resolve_pack
 from ..judge.taskpack import SPLITS, TaskPackError, hashed_split
 
-__all__ = ["Admission", "hashed_split", "held_out_prompts", "SPLITS"]
+__all__ = ["Admission", "CHAT_PRIORITY", "hashed_split", "held_out_prompts", "SPLITS"]
+
+
+CHAT_PRIORITY = 1_000  # above any a task is given (the API's are -100..100): a chat turn is claimed first
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class Admission:
             metadata.pop("split", None)
         else:
             metadata["split"] = split
+        if kind is TaskKind.CHAT:  # a person waits for it, in a lane of its own
+            item["priority"] = CHAT_PRIORITY
         return {**item, "prompt": prompt, "id": task_id, "source": kind, "metadata": metadata}
 
 

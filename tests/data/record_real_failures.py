@@ -35,9 +35,9 @@ def main() -> None:
     parser.add_argument("--tasks", default="arith-02,text-01,func-01,files-01")  # training tasks
     parser.add_argument("--max-steps", type=int, default=6)
     args = parser.parse_args()
-    from evolver.agent.engine import Engine
     from evolver.agent.scaffold import load_scaffold
     from evolver.config import load_config
+    from evolver.engine import Engine
     from evolver.judge.catalog import resolve_pack
     from evolver.testing.daemon import free_port
 

@@ -1,4 +1,5 @@
-"""Wiring: the parts of the agent built from the user's settings, in one place."""
+"""Wiring: the parts of the agent built from the user's settings, in one place: the store it opens, the
+models, the sandbox, the tools and the MCP servers (the agent package itself never opens a store)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from memory import ExperienceStore, NotFound
 from sandbox import Limits, Sandbox, make_sandbox
 from tools import TaskTools, ToolRegistry, builtin_specs
 
-from ..config import Config
-from ..llm.budget import BudgetGuard
-from ..llm.client import Model, ModelClient
-from ..storage import open_store
-from .loop import Agent
-from .mcp_tools import McpServers, McpThrough
-from .scaffold import Scaffold, default_scaffold, load_scaffold
-from .toolbox import Toolbox
+from .agent.loop import Agent
+from .agent.mcp_tools import McpServers, McpThrough
+from .agent.scaffold import Scaffold, default_scaffold, load_scaffold
+from .agent.toolbox import Toolbox
+from .config import Config
+from .llm.budget import BudgetGuard
+from .llm.client import Model, ModelClient
+from .storage import open_store
 
 __all__ = ["Engine", "sandbox_limits", "hook_limits"]
 
