@@ -69,6 +69,10 @@ DB_FILE = "evolver.db"
 INDEX_DIR = "index"
 
 
+# How long a writer waits before asking for the write lock again: doubling from the first to the second.
+WRITE_LOCK_PAUSE_S = (0.0002, 0.002)
+
+
 def new_id(prefix: str) -> str:
     """A time-ordered, collision-resistant id such as ``task_0193a1b2c3d4e5f6a7b8c9``."""
     return f"{prefix}_{int(time.time() * 1000):011x}{secrets.token_hex(5)}"
@@ -248,7 +252,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         locked") whenever another process, the daemon's worker processes, wrote in between: SQLite
         cannot wait out a stale snapshot."""
         conn = self.db.conn
-        conn.execute("BEGIN IMMEDIATE")
+        self._begin_immediate(conn)
         try:
             yield
         except BaseException:
@@ -262,6 +266,29 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, asking again every fraction of a millisecond while another process holds
+        the write lock, until the busy timeout. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20,
+        25, 25, 25, 50, 50 and then 100 ms between its tries: a writer that meets a lock held for two
+        milliseconds (a worker's commit, fsynced) could sleep 25 ms or more after it was free, which
+        was the daemon's submit p99 beside its worker processes."""
+        timeout_ms = self.options.busy_timeout_ms
+        conn.execute("PRAGMA busy_timeout = 0")  # each try answers at once; the waiting is ours
+        try:
+            deadline = time.monotonic() + timeout_ms / 1000
+            pause = WRITE_LOCK_PAUSE_S[0]
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                        raise
+                time.sleep(pause)
+                pause = min(pause * 2, WRITE_LOCK_PAUSE_S[1])
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:
@@ -370,15 +397,16 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
         An item may bring its own ``id`` (``new_id("task")``): a caller that decides something from
         the id (the held-out split of a person's task) records it in the same commit."""
+        typed = []  # refused before the transaction: a source no kind has, a status none is, named
         for item in items:
             if not item.get("prompt") or not item["prompt"].strip():
                 raise ValueError("A task needs a non-empty prompt.")
-            TaskKind.of(item.get("source", TaskKind.INBOX))  # a source no kind has is refused, naming them
-            TaskStatus.of(item.get("status", TaskStatus.QUEUED))
+            kind = TaskKind.of(item.get("source", TaskKind.INBOX))
+            typed.append((item, kind, TaskStatus.of(item.get("status", TaskStatus.QUEUED))))
         now = time.time()
         results: list[tuple[Task, bool]] = []
         with self._write() as db:
-            for item in items:
+            for item, kind, status in typed:
                 key = item.get("idempotency_key")
                 if key is not None:
                     row = self._one("SELECT * FROM tasks WHERE idempotency_key = ?", [key])
@@ -388,12 +416,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 task = Task(
                     id=item.get("id") or new_id("task"),
                     prompt=item["prompt"],
-                    status=TaskStatus.of(item.get("status", TaskStatus.QUEUED)),
+                    status=status,
                     created_at=now,
                     updated_at=now,
                     check=item.get("check"),
                     priority=item.get("priority", 0),
-                    source=TaskKind.of(item.get("source", TaskKind.INBOX)),
+                    source=kind,
                     metadata=item.get("metadata") or {},
                     idempotency_key=key,
                 )

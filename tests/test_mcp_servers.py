@@ -15,7 +15,6 @@ import re
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ from evolver.api import views
 from evolver.config import ConfigError, load_config
 from evolver.engine import Engine
 from evolver.llm import scripted
-from evolver.testing.daemon import DaemonProcess, make_root, serving, write_script
+from evolver.testing.daemon import DaemonProcess, make_root, pids_whose_command_line, serving, write_script
 from evolver.tree.incumbent import ensure_root
 from tools import ToolSpecError, spec_from_source
 
@@ -166,14 +165,7 @@ def test_bad_server_settings_are_refused_by_name(servers, problem):
 
 def _processes_running(script) -> list[int]:
     """The pids of the live processes whose command line names ``script``."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if str(script).encode() in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
-        except OSError:  # it ended while we looked
-            continue
-    return pids
+    return pids_whose_command_line(lambda cmdline: str(script).encode() in cmdline)
 
 
 def test_the_daemon_runs_each_mcp_server_once_and_lists_its_tools_with_their_usage(server_file):

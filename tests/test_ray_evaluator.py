@@ -26,6 +26,7 @@ from evolver.testing.daemon import (
     demo_rules,
     free_port,
     make_root,
+    pids_whose_command_line,
     remove_root,
     run_rounds,
     wait_for,
@@ -299,14 +300,7 @@ SLOW = [  # an evaluation that takes a while in the sandbox: long enough to kill
 
 def _ray_workers_running(function: str) -> list[int]:
     """The pids of the Ray worker processes now running ``function`` (Ray titles such a process ray::NAME)."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if cmdline.read_bytes().startswith(f"ray::{function}".encode()):
-                pids.append(int(cmdline.parent.name))
-        except OSError:  # it ended while we looked
-            continue
-    return pids
+    return pids_whose_command_line(lambda cmdline: cmdline.startswith(f"ray::{function}".encode()))
 
 
 def test_a_ray_worker_killed_mid_evaluation_sends_its_task_back_to_the_queue_and_it_is_counted_once(root):

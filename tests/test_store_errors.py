@@ -6,6 +6,7 @@ import os
 import random
 import sqlite3
 import textwrap
+import threading
 
 import pytest
 from _helpers import last_json, run_python, works
@@ -101,6 +102,27 @@ def test_locked_database_gives_store_locked(open_store, data_dir):
     assert store.list_insights() == []
     assert store.db.execute("SELECT count(*) FROM meta WHERE key = 'holder'").fetchone()[0] == 0
     assert store.check() == ["ok"]
+
+
+def test_a_write_that_meets_another_writers_lock_waits_for_it_and_keeps_its_busy_timeout(open_store, data_dir):
+    """The store asks for the write lock itself, again and again (SQLite's own handler sleeps up to
+    100 ms between tries): a write that meets another process's lock goes through once it is released,
+    and the connection's busy timeout is what it was after, for the statements that rely on it."""
+    store = open_store(options=StoreOptions(busy_timeout_ms=30_000))
+    holder = sqlite3.connect(data_dir / "evolver.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    written: dict = {}
+    writing = threading.Thread(target=lambda: written.setdefault("task", store.add_task("behind the lock")[0]))
+    writing.start()
+    try:
+        writing.join(0.2)
+        assert writing.is_alive() and not written, "the write did not wait for the lock"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    writing.join(30)
+    assert not writing.is_alive() and written["task"].prompt == "behind the lock"
+    assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
 
 
 def test_database_locked_before_the_store_ever_opened(tmp_path, embedder):

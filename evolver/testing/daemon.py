@@ -250,6 +250,18 @@ def serving(daemon: DaemonProcess) -> Iterator[DaemonProcess]:
         remove_root(daemon.root)
 
 
+def pids_whose_command_line(matches: Callable[[bytes], bool]) -> list[int]:
+    """The pids of the live processes whose command line (``/proc/PID/cmdline``, NUL-separated) ``matches``."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if matches(cmdline.read_bytes()):
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # it ended while we looked
+            continue
+    return pids
+
+
 def free_port() -> int:
     """A loopback TCP port nothing listens on now."""
     with socket.socket() as s:
