@@ -254,16 +254,18 @@ def worker_main(
             on_step=lambda task_id, step: link.send(Wrote(task_id)),
             on_end=lambda task_id: link.send(Ended(task_id)),
             on_claim=lambda lease: link.send(Claimed(lease)),
-            on_answer=lambda task, piece: link.send(Answered(task.id, task.attempts, piece)),
             store=engine.store,
             **claims,
         )
+
+    def streamed(task, piece: str) -> None:  # a chat turn's answer, as the model writes it
+        link.send(Answered(task.id, task.attempts, piece))
 
     tasks = lane(owner, exclude_sources=(*exclude_sources, *chat))
     chats = [
         threading.Thread(
             target=_serve,
-            args=(lane(chat_lane_owner(owner, n), sources=chat), link.lane(), link),
+            args=(lane(chat_lane_owner(owner, n), sources=chat, on_answer=streamed), link.lane(), link),
             kwargs={"idle": False},
             name=f"chat-lane-{n}",
             daemon=True,
