@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from memory import Embedder, Store, StoreOptions
+from memory import Context, Embedder, Store, StoreOptions
 
 from .config import Config
 
@@ -36,9 +37,11 @@ def open_store(
     rebuild_index: bool = False,
     embedder: Embedder | None = None,
     index_owner: bool = True,
+    context_from: Callable[..., Context] | None = None,
 ) -> Store:
     """The store under the configured data dir (reconciled with its index when writable). With
-    ``index_owner=False``: SQLite only, for a worker process beside the daemon that owns the index."""
+    ``index_owner=False``: SQLite only, for a worker process beside the daemon that owns the index,
+    which it asks for a task's retrieval context (``context_from``)."""
     return Store.open(
         data_dir or config.data_dir,
         embedder=embedder or embedder_for(config),
@@ -46,4 +49,5 @@ def open_store(
         readonly=readonly,
         rebuild_index=rebuild_index,
         index_owner=index_owner,
+        context_from=context_from,
     )

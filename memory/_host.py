@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .embedder import Embedder
     from .index import VectorIndex
     from .options import StoreOptions
-    from .records import Event, Insight, Task
+    from .records import Context, Event, Insight, Task
 
 __all__ = ["StoreHost"]
 
@@ -35,6 +35,7 @@ class StoreHost:
         readonly: bool
         embedder: Embedder
         index: VectorIndex | None
+        context_from: Callable[..., Context] | None
         _local: threading.local
         _index_lock: threading.Lock
 

@@ -228,8 +228,18 @@ class Retrieval(StoreHost):
 
         The trajectories' keyword search runs on another thread while the query
         is embedded, so the two overlap on a multi-core machine; the vector is
-        then shared by all three collections.
+        then shared by all three collections. A store beside the index's owner
+        asks it (``context_from``).
         """
+        if self.context_from is not None:
+            return self.context_from(
+                query,
+                trajectories=trajectories,
+                insights=insights,
+                tools=tools,
+                successful_only=successful_only,
+                probation=probation,
+            )
         embedded: list = []
 
         def embed():

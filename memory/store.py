@@ -44,6 +44,7 @@ from .indexing import IndexMaintenance
 from .insight_log import InsightLog
 from .options import StoreOptions
 from .records import (
+    Context,
     Ending,
     Evaluation,
     Event,
@@ -111,8 +112,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         readonly: bool = False,
         rebuild_index: bool = False,
         index_owner: bool = True,
+        context_from: Callable[..., Context] | None = None,
     ) -> None:
+        """``index_owner=False``: SQLite only, beside the process that owns the index, which a task's
+        retrieval context is then asked of (``context_from``, with ``context``'s arguments)."""
         self.data_dir = Path(data_dir)
+        self.context_from = context_from
         self.db_path = self.data_dir / DB_FILE
         self.options = options or StoreOptions()
         self.readonly = readonly

@@ -159,20 +159,6 @@ class DaemonLink:
         return answer.ok, answer.text
 
 
-class ContextFromDaemon:
-    """The worker's store: SQLite written directly, the retrieval context asked of the daemon."""
-
-    def __init__(self, store, link: DaemonLink) -> None:
-        self._store = store
-        self._link = link
-
-    def context(self, query: str, **kwargs: Any) -> Context:
-        return self._link.context(query, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -233,12 +219,13 @@ def worker_main(
     link = DaemonLink(conn)
     threading.Thread(target=link.listen, name="daemon-link", daemon=True).start()
     config = own_uids(config, slot, slots)
-    store = open_store(config, data_dir=Path(data_dir), index_owner=False)
+    # SQLite written directly; the retrieval context asked of the daemon, whose index it is.
+    store = open_store(config, data_dir=Path(data_dir), index_owner=False, context_from=link.context)
     timeouts = {s.name: s.timeout_s for s in config.mcp.servers}
     engine = Engine.open(
         config,
         data_dir=Path(data_dir),
-        store=ContextFromDaemon(store, link),  # type: ignore[arg-type]
+        store=store,
         mcp=McpThrough(mcp, functools.partial(link.mcp_call, timeouts)),
     )
     d = config.daemon
