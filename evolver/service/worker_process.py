@@ -73,6 +73,9 @@ log = logging.getLogger(__name__)
 CONTEXT_TIMEOUT_S = 120.0  # the daemon embeds the query and searches; it answers in milliseconds when well
 RESTART_BACKOFF_S = (1.0, 30.0)  # a worker that keeps dying at start is restarted ever more slowly
 IDLE_LOOK_S = 5.0  # an idle worker looks in the inbox unasked this often: for a lease that expired unannounced
+# Agent work yields the CPU to the daemon's API (and the sandboxes it starts inherit it): a request is
+# answered in milliseconds, an agent's task takes seconds to minutes and barely notices.
+WORKER_NICENESS = 5
 
 
 # --- the worker process's side ---------------------------------------------------------------------
@@ -211,6 +214,7 @@ def worker_main(
     """The worker process: claim and run tasks, in a task lane and ``chat_lanes`` chat lanes, until
     drained. ``mcp``: the daemon's MCP tools."""
     _die_with_parent()
+    os.nice(WORKER_NICENESS)
     # The daemon decides when its workers stop: a Ctrl-C or a SIGTERM sent to the whole group (systemd)
     # reaches the daemon, which drains us through the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
