@@ -205,7 +205,7 @@ class Daemon:
             log.warning("%d trajectories were cut off by a daemon that died; marked interrupted", interrupted)
         for status in ("queued", "running"):
             for task in self.store.list_tasks(status=status, limit=10_000):
-                if task.source is TaskKind.CHAT or task.lease_owner is None and status == "running":
+                if task.source is TaskKind.CHAT or (status == "running" and task.lease_owner is None):
                     self.store.interrupt_task(task.id, "interrupted: the daemon stopped before the chat turn ended")
         expired = self.store.expire_leases(except_owner_prefix=self.owner_prefix)
         if expired:
