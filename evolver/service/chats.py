@@ -62,8 +62,7 @@ class ChatTurns:
         try:
             asked = False
             while True:
-                turn.changed.wait(LOOK_S)
-                turn.changed.clear()
+                turn.changed.clear()  # before looking: what a worker writes meanwhile wakes the next look
                 self._read_steps(task.id, turn)
                 now = self.host.store.get_task(task.id)
                 if now.status in TERMINAL_STATUSES:
@@ -73,6 +72,7 @@ class ChatTurns:
                     # killed after the drain's grace, here on the next look).
                     self.host.store.request_cancel(task.id)
                     asked = True
+                turn.changed.wait(LOOK_S)
             self._read_steps(task.id, turn)
         finally:
             with self._lock:
