@@ -458,3 +458,18 @@ def _task_checks(db: sqlite_utils.Database) -> None:
             raise
     finally:
         conn.execute("PRAGMA foreign_keys = ON")
+
+
+@MIGRATIONS(name="0011_claim_order")
+def _claim_order(db: sqlite_utils.Database) -> None:
+    # A claim reads the next queued task in the inbox's order (priority, then age, then id) straight off an
+    # index, whatever the queue's length: the old index lacked the id, and the claim's one query for queued
+    # or expired tasks sorted the whole queue, holding the write lock for milliseconds behind a backlog. A
+    # lane that serves some kinds only (chat, evaluations) reads the queued ones of its kinds off the other.
+    db.executescript(
+        """
+        DROP INDEX tasks_status;
+        CREATE INDEX tasks_queue ON tasks (status, priority DESC, created_at, id);
+        CREATE INDEX tasks_queued_kind ON tasks (source, priority DESC, created_at, id) WHERE status = 'queued';
+        """
+    )

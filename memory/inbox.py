@@ -53,22 +53,14 @@ class Inbox(StoreHost):
         dead-lettered on the way, with the reason.
         """
         now = time.time()
-        where = "(status = 'queued' OR (status = 'running' AND lease_expires_at < ?))"
-        params: list = [now]
-        if sources:
-            where += f" AND source IN ({','.join('?' * len(sources))})"
-            params += list(sources)
-        if exclude_sources:  # another pool serves those (evaluations on Ray)
-            where += f" AND source NOT IN ({','.join('?' * len(exclude_sources))})"
-            params += list(exclude_sources)
-        select = f"SELECT id, attempts, status FROM tasks WHERE {where} ORDER BY priority DESC, created_at, id LIMIT 1"
         # Read first, without the write lock: an idle worker asking finds nothing far more often than
         # something, and taking the lock for that would make every idle worker a writer.
-        if self._one(select, params) is None:
-            return None
+        with self._sqlite_errors():
+            if self._next_claimable(self._reader(), now, sources, exclude_sources) is None:
+                return None
         with self._write() as db:
             while True:
-                row = db.execute(select, params).fetchone()
+                row = self._next_claimable(db, now, sources, exclude_sources)
                 if row is None:
                     return None
                 task_id, attempts, status = row
@@ -93,6 +85,42 @@ class Inbox(StoreHost):
                 )
                 task = self.get_task(task_id)
                 return Lease(task=task, owner=owner, token=task.lease_token, expires_at=expires)
+
+    @staticmethod
+    def _next_claimable(
+        db, now: float, sources: tuple[str, ...] | None, exclude_sources: tuple[str, ...]
+    ) -> tuple[str, int, str] | None:
+        """``(id, attempts, status)`` of the first claimable task in the inbox's order, or None.
+
+        Two queries, each read in order off an index (``tasks_queue``, ``tasks_queued_kind``; the running
+        ones are few), rather than one whose OR made SQLite sort the whole queue: a claim behind a backlog of
+        thousands held the write lock for milliseconds."""
+        kinds, params = "", []
+        if sources:
+            kinds += f" AND source IN ({','.join('?' * len(sources))})"
+            params += list(sources)
+        if exclude_sources:  # another lane serves those (chat, evaluations on Ray)
+            kinds += f" AND source NOT IN ({','.join('?' * len(exclude_sources))})"
+            params += list(exclude_sources)
+        columns, order = "priority, created_at, id, attempts, status", "ORDER BY priority DESC, created_at, id LIMIT 1"
+        found = [
+            row
+            for row in (
+                db.execute(
+                    f"SELECT {columns} FROM tasks WHERE status = 'queued'{kinds} {order}",
+                    params,
+                ).fetchone(),
+                db.execute(
+                    f"SELECT {columns} FROM tasks WHERE status = 'running' AND lease_expires_at < ?{kinds} {order}",
+                    [now, *params],
+                ).fetchone(),
+            )
+            if row is not None
+        ]
+        if not found:
+            return None
+        _, _, task_id, attempts, status = min(found, key=lambda r: (-r[0], r[1], r[2]))
+        return task_id, attempts, status
 
     def renew_lease(self, lease: Lease, *, lease_s: float) -> Lease | None:
         """Extend a lease still held; None when it was lost (expired and taken over, or cancelled)."""

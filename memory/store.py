@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
+import random
 import sqlite3
 import threading
 import time
@@ -73,10 +73,21 @@ INDEX_DIR = "index"
 # How long a writer waits before asking for the write lock again: doubling from the first to the second.
 WRITE_LOCK_PAUSE_S = (0.0002, 0.002)
 
+# How many tasks one statement of ``add_tasks`` carries: well inside SQLite's 32,766 parameters.
+_KEYS_PER_QUERY = 500
+_TASKS_PER_INSERT = 200
+
+
+# An id's random part comes from a generator of this process's own, seeded from the system's randomness (again
+# in a forked child): ids are not secrets, and ``os.urandom`` lets go of the GIL for its system call, after
+# which the API's thread waited to win it back from the store's writers on every submit.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
 
 def new_id(prefix: str) -> str:
     """A time-ordered, collision-resistant id such as ``task_0193a1b2c3d4e5f6a7b8c9``."""
-    return f"{prefix}_{int(time.time() * 1000):011x}{secrets.token_hex(5)}"
+    return f"{prefix}_{int(time.time() * 1000):011x}{_ids.getrandbits(40):010x}"
 
 
 def _json(value: Any) -> str | None:
@@ -409,15 +420,23 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             kind = TaskKind.of(item.get("source", TaskKind.INBOX))
             typed.append((item, kind, TaskStatus.of(item.get("status", TaskStatus.QUEUED))))
         now = time.time()
+        keys = [item["idempotency_key"] for item, _, _ in typed if item.get("idempotency_key") is not None]
         results: list[tuple[Task, bool]] = []
+        rows: list[list] = []
+        # A few statements for the whole batch, not two per task: each statement lets go of the GIL and
+        # must win it back from the API's thread, which is what a commit beside a busy event loop waits on.
         with self._write() as db:
+            known: dict[str, Task] = {}
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                marks = ",".join("?" * len(chunk))
+                for row in self._all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
+                    known[row["idempotency_key"]] = Task.from_row(row)
             for item, kind, status in typed:
                 key = item.get("idempotency_key")
-                if key is not None:
-                    row = self._one("SELECT * FROM tasks WHERE idempotency_key = ?", [key])
-                    if row is not None:
-                        results.append((Task.from_row(row), False))
-                        continue
+                if key is not None and key in known:  # an earlier task, or one earlier in this batch
+                    results.append((known[key], False))
+                    continue
                 task = Task(
                     id=item.get("id") or new_id("task"),
                     prompt=item["prompt"],
@@ -430,9 +449,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                     metadata=item.get("metadata") or {},
                     idempotency_key=key,
                 )
-                db.execute(
-                    """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
-                       idempotency_key, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
+                if key is not None:
+                    known[key] = task
+                rows.append(
                     [
                         task.id,
                         task.prompt,
@@ -444,9 +463,17 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                         key,
                         now,
                         now,
-                    ],
+                    ]
                 )
                 results.append((task, True))
+            for start in range(0, len(rows), _TASKS_PER_INSERT):
+                chunk = rows[start : start + _TASKS_PER_INSERT]
+                db.execute(
+                    """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
+                       idempotency_key, created_at, updated_at) VALUES """
+                    + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(chunk)),
+                    [value for row in chunk for value in row],
+                )
         return results
 
     def get_task(self, task_id: str) -> Task:

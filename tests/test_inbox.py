@@ -23,6 +23,38 @@ def test_claims_go_by_priority_then_age_and_lease_the_task(store):
     assert store.claim_task("w", lease_s=30, max_attempts=3) is None
 
 
+def test_an_expired_lease_and_the_queue_are_claimed_in_one_order(store):
+    """A running task whose lease expired takes its place in the queue's order (priority, then age)."""
+    stranded, _ = store.add_task("claimed first, its worker died", priority=0)
+    store.claim_task("dead-worker", lease_s=60, max_attempts=3)
+    queued, _ = store.add_task("queued later, same priority", priority=0)
+    urgent, _ = store.add_task("queued last, more urgent", priority=5)
+    with store.transaction() as tx:
+        tx.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", [time.time() - 1, stranded.id])
+    claimed = [store.claim_task("w", lease_s=60, max_attempts=3).task.id for _ in range(3)]
+    assert claimed == [urgent.id, stranded.id, queued.id]
+    assert store.claim_task("w", lease_s=60, max_attempts=3) is None
+
+
+@pytest.mark.parametrize(
+    "lane", [{}, {"sources": ("chat",)}, {"exclude_sources": ("chat",)}], ids=["all", "chat", "not-chat"]
+)
+def test_a_claim_reads_the_next_task_off_an_index_and_never_sorts_the_queue(store, lane):
+    """The claim's look for the next queued task is an ordered index read, so a backlog of thousands costs it
+    nothing while it holds the write lock (it sorted the whole queue before: 2.4 ms at 20,000 queued)."""
+    asked = []
+
+    class Recorder:
+        def execute(self, sql, params):
+            asked.append((sql, list(params)))
+            return store.db.execute(sql, params)
+
+    store._next_claimable(Recorder(), time.time(), lane.get("sources"), lane.get("exclude_sources", ()))
+    ((queued_sql, params),) = [(sql, params) for sql, params in asked if "status = 'queued'" in sql]
+    plan = " ".join(str(row[-1]) for row in store.db.execute(f"EXPLAIN QUERY PLAN {queued_sql}", params).fetchall())
+    assert "INDEX tasks_queue" in plan and "TEMP B-TREE" not in plan, plan
+
+
 def test_a_claim_that_finds_nothing_takes_no_write_lock(store):
     """An idle worker's look in the inbox is a read: while another process holds the write lock, it
     answers at once instead of waiting behind the lock (each idle look was a writer before)."""

@@ -29,6 +29,7 @@ def test_fresh_store_records_every_migration(store):
         "0008_exposures",
         "0009_person_verdict",
         "0010_task_checks",
+        "0011_claim_order",
     ]
     assert MIGRATIONS.pending(store.db) == []
     rows = store.db.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
@@ -43,6 +44,7 @@ def test_fresh_store_records_every_migration(store):
         ("evolver", "0008_exposures"),
         ("evolver", "0009_person_verdict"),
         ("evolver", "0010_task_checks"),
+        ("evolver", "0011_claim_order"),
     ]
     tables = set(store.db.table_names())
     assert {
@@ -86,6 +88,7 @@ def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
         "0008_exposures",
         "0009_person_verdict",
         "0010_task_checks",
+        "0011_claim_order",
     ]
 
     second = open_store()
@@ -116,6 +119,7 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
         "0008_exposures",
         "0009_person_verdict",
         "0010_task_checks",
+        "0011_claim_order",
         "0099_task_labels",
     ]
     assert "label" in store.db["tasks"].columns_dict
@@ -132,6 +136,7 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
         "0008_exposures",
         "0009_person_verdict",
         "0010_task_checks",
+        "0011_claim_order",
         "0099_task_labels",
     ]
 
@@ -156,7 +161,7 @@ def test_an_older_store_gets_its_task_checks_and_keeps_every_task_and_reference(
     db.conn.close()
 
     store = open_store()
-    assert store.migrations()[-1] == "0010_task_checks"
+    assert store.migrations()[-1] == "0011_claim_order"
     kinds = {t.id: (str(t.source), str(t.status)) for t in store.list_tasks(limit=10)}
     assert kinds == {
         "t0": ("api", "done"),
@@ -201,6 +206,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
         "0008_exposures",
         "0009_person_verdict",
         "0010_task_checks",
+        "0011_claim_order",
     ]
 
 

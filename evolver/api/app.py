@@ -39,13 +39,8 @@ class BodyCap:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        too_large = error_response(
-            413,
-            "body_too_large",
-            f"the body is larger than the {self.max_bytes}-byte cap ([advanced.daemon] max_body_bytes)",
-        )
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await too_large(scope, receive, send)
+            return await self._too_large()(scope, receive, send)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -54,7 +49,7 @@ class BodyCap:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                return await too_large(scope, receive, send)
+                return await self._too_large()(scope, receive, send)
             if not message.get("more_body"):
                 break
         body, replayed = b"".join(chunks), False
@@ -67,6 +62,13 @@ class BodyCap:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _too_large(self) -> JSONResponse:
+        return error_response(
+            413,
+            "body_too_large",
+            f"the body is larger than the {self.max_bytes}-byte cap ([advanced.daemon] max_body_bytes)",
+        )
 
 
 class TcpToken:

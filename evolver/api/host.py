@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any, Protocol
 
-from memory import ExperienceStore, Step, TaskKind
+from memory import ExperienceStore, Step, Task, TaskKind
 
 from ..agent.loop import TaskResult
 from ..config import Config
@@ -40,9 +39,9 @@ class StepFeed(Protocol):
 
 
 class TaskIntake(Protocol):
-    """Commits submitted tasks; the future gives ``(task, new)`` once the task is durable."""
+    """Commits submitted tasks: ``(task, new)`` once the task is durable."""
 
-    def submit(self, kind: TaskKind, prompt: str, **item: Any) -> Future: ...
+    async def submit(self, kind: TaskKind, prompt: str, **item: Any) -> tuple[Task, bool]: ...
 
 
 class ServiceHost(Protocol):

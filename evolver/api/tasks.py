@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import asdict
 from typing import Literal
@@ -65,15 +64,13 @@ async def submit(
 ) -> JSONResponse:
     daemon = _daemon(request)
     # Committed together with whatever other submits arrive meanwhile (group commit), before the reply.
-    task, new = await asyncio.wrap_future(
-        daemon.intake.submit(
-            TaskKind.of(body.source),
-            body.prompt,
-            check=body.check,
-            priority=body.priority,
-            metadata=body.metadata,
-            idempotency_key=idempotency_key,
-        )
+    task, new = await daemon.intake.submit(
+        TaskKind.of(body.source),
+        body.prompt,
+        check=body.check,
+        priority=body.priority,
+        metadata=body.metadata,
+        idempotency_key=idempotency_key,
     )
     if not new:
         # The split is the daemon's to record (``evolver.tree.split``), so it is left out of the comparison.

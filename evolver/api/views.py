@@ -7,7 +7,7 @@ CLI calls the same functions on the store directly, so both paths agree.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from memory import ExperienceStore, Filters, NotFound
@@ -23,7 +23,9 @@ def task_json(task, store: ExperienceStore, *, attempts: int | None = None) -> d
     """A task as clients see it. ``attempts`` counts the agent's attempts (its trajectories), however it
     ran; the inbox's own count of worker leases, which a task run in-process (``evolver run``) never
     gets, is ``claims``."""
-    data = asdict(task)
+    # The fields as they are (``asdict`` deep-copies each one, a sixth of a submit's time in the API): the
+    # dict is serialized at once and never changed.
+    data = {f.name: getattr(task, f.name) for f in fields(task)}
     data.pop("lease_token", None)  # a fencing detail of the inbox, not the client's business
     data["claims"] = data.pop("attempts")
     data["attempts"] = attempts if attempts is not None else store.trajectory_counts([task.id])[task.id]

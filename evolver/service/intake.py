@@ -4,18 +4,21 @@ Every acknowledged task must be on disk (synchronous=FULL) before its 201, and
 an fsync costs about as much as everything else a submit does. One writer
 thread takes whatever submits are waiting, commits them in one transaction,
 then answers each; while it commits, the next batch gathers. A submit waits
-only for its own batch, never longer.
+only for its own batch, never longer. The answers to a batch go back to the
+event loop in one wake-up, not one per request: each wake-up is a write to
+the loop's pipe, and the GIL won back from the busy loop after it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from itertools import groupby
 
-from memory import ExperienceStore, TaskKind
+from memory import ExperienceStore, Task, TaskKind
 
 from ..tree.split import Admission
 
@@ -45,14 +48,15 @@ class Intake:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, kind: TaskKind, prompt: str, **item) -> Future:
-        """Queue a task of ``kind`` (``add_task``'s other arguments in ``item``); the future gives ``(task,
-        new)`` once committed. It is admitted here (``Admission.admit``), so its split is decided before it
-        is committed and no learner ever sees an attempt at a task that is held out."""
+    async def submit(self, kind: TaskKind, prompt: str, **item) -> tuple[Task, bool]:
+        """Commit a task of ``kind`` (``add_task``'s other arguments in ``item``) with the others waiting;
+        gives ``(task, new)`` once it is durable. It is admitted here (``Admission.admit``), so its split is
+        decided before it is committed and no learner ever sees an attempt at a task that is held out."""
         task = self.admission.admit(kind, prompt, **item)
-        future: Future = Future()
-        self._queue.put((task, future))
-        return future
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        self._queue.put((task, (loop, answer)))
+        return await answer
 
     def close(self) -> None:
         """Commit what is queued, then stop."""
@@ -78,9 +82,27 @@ class Intake:
                 results = self.store.add_tasks([task for task, _ in batch])
             except BaseException as exc:  # each waiting request gets the error; nothing was committed
                 log.warning("a batch of %d submitted tasks was refused: %s", len(batch), exc)
-                for _, future in batch:
-                    future.set_exception(exc)
+                _answer(batch, [exc] * len(batch))
                 continue
-            for (_, future), result in zip(batch, results):
-                future.set_result(result)
+            _answer(batch, results)
             self.on_committed()
+
+
+def _answer(batch: list, outcomes: list) -> None:
+    """Settle each waiting request, one wake-up per event loop."""
+    waiting = [(loop, answer, outcome) for (_, (loop, answer)), outcome in zip(batch, outcomes)]
+    for loop, settled in groupby(waiting, key=lambda w: w[0]):
+        try:
+            loop.call_soon_threadsafe(_settle, [(answer, outcome) for _, answer, outcome in settled])
+        except RuntimeError:  # that loop has closed: nobody is left to answer
+            pass
+
+
+def _settle(settled: list) -> None:
+    for answer, outcome in settled:
+        if answer.done():  # the request went away (its client disconnected)
+            continue
+        if isinstance(outcome, BaseException):
+            answer.set_exception(outcome)
+        else:
+            answer.set_result(outcome)
