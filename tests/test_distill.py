@@ -445,6 +445,48 @@ def test_stopping_the_jobs_waits_for_a_running_round_and_starts_none_after(engin
     assert len(e.store.list_events(kind="job")) == 1
 
 
+def test_stopping_the_jobs_while_the_scheduler_hands_out_a_poke_leaves_the_scheduler_sound(engine, monkeypatch):
+    """A stop that lands while the scheduler is handing a poke to its threads: APScheduler marks itself stopped
+    at once, and its pass then failed to remove the poke it had handed out (JobLookupError, the scheduler's
+    thread dead), a warning at every such daemon stop."""
+    import threading
+
+    from apscheduler.schedulers.base import STATE_STOPPED
+
+    e = engine(ADD, "jobs-stop-race")
+    jobs = Jobs(
+        SimpleNamespace(store=e.store, engine=e, config=e.config),
+        [Job("record", lambda host: "a round", every_min=60.0, description="a quick round", waits_for_idle=False)],
+    )
+    jobs.start(schedule=False)
+    executor = jobs.scheduler._lookup_executor("default")
+    handing_out, go_on = threading.Event(), threading.Event()
+    submit = executor.submit_job
+
+    def held_submit(job, run_times):
+        handing_out.set()
+        assert go_on.wait(30)
+        return submit(job, run_times)
+
+    monkeypatch.setattr(executor, "submit_job", held_submit)
+    died = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    jobs.poke("record")
+    assert handing_out.wait(30)
+    stopper = threading.Thread(target=jobs.stop, kwargs={"timeout_s": 30})
+    stopper.start()
+    assert jobs._stopping.wait(30)
+    deadline, pause = time.monotonic() + 30, threading.Event()
+    while jobs.scheduler.state != STATE_STOPPED and time.monotonic() < deadline:
+        pause.wait(0.01)  # until the stop has marked the scheduler stopped, the pass still under way
+    assert jobs.scheduler.state == STATE_STOPPED
+    go_on.set()
+    stopper.join(30)
+    assert not stopper.is_alive()
+    assert died == []
+    assert jobs.scheduler.state == STATE_STOPPED
+
+
 def test_a_round_that_changes_nothing_is_telemetry_not_history(engine):
     """`evolver history` shows changes: a round that found nothing to do is no event, yet status still shows
     it as the job's last round."""

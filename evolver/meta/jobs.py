@@ -31,7 +31,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 
 from memory import ExperienceStore
 
@@ -227,13 +229,27 @@ def builtin_jobs(config: Config) -> list[Job]:
     ]
 
 
+class _Scheduler(BackgroundScheduler):
+    """APScheduler's, sound through a stop that lands mid-pass.
+
+    Its stop marks it stopped before taking the lock its scheduling pass holds; a pass under way then
+    removes the one-off job it just handed out (a poke) from the stopped scheduler's pending list, where
+    it is not, and its thread dies of a JobLookupError, a warning at every such daemon stop. The job was
+    handed out: there is nothing left to remove."""
+
+    def remove_job(self, job_id, jobstore=None):
+        try:
+            super().remove_job(job_id, jobstore)
+        except JobLookupError:
+            if self.state != STATE_STOPPED:
+                raise
+
+
 class Jobs:
     def __init__(self, host: JobHost, jobs: list[Job]) -> None:
         self.host = host
         self.jobs = {job.name: job for job in jobs}
-        self.scheduler = BackgroundScheduler(
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600}
-        )
+        self.scheduler = _Scheduler(job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 3600})
         self._rounds: OrderedDict[str, SubmittedRound] = OrderedDict()
         self._round_numbers = itertools.count(1)
         self._rounds_lock = threading.Lock()
