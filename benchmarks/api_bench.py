@@ -133,8 +133,7 @@ class Daemon:
 
     def start(self, timeout_s: float = 180.0, command: list[str] | None = None) -> Daemon:
         """Start and wait for /v1/health and every worker process ready. ``command`` replaces ``evolver up
-        --foreground`` (say, a wrapper
-        that instruments the daemon)."""
+        --foreground`` (say, a wrapper that instruments the daemon)."""
         if command is None:
             evolver = Path(sys.executable).with_name("evolver")
             command = ([str(evolver)] if evolver.exists() else [sys.executable, "-m", "evolver"]) + [
