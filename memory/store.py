@@ -413,58 +413,58 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
         An item may bring its own ``id`` (``new_id("task")``): a caller that decides something from
         the id (the held-out split of a person's task) records it in the same commit."""
-        typed = []  # refused before the transaction: a source no kind has, a status none is, named
+        # Each task and its row are made before the transaction (a task refused, named, before it too), so
+        # the write lock is held for three statements and little else: each statement lets go of the GIL,
+        # and winning it back from the API's busy thread is what a commit beside it waits on, with the
+        # workers waiting for the lock behind it.
+        now = time.time()
+        made = []
         for item in items:
             if not item.get("prompt") or not item["prompt"].strip():
                 raise ValueError("A task needs a non-empty prompt.")
-            kind = TaskKind.of(item.get("source", TaskKind.INBOX))
-            typed.append((item, kind, TaskStatus.of(item.get("status", TaskStatus.QUEUED))))
-        now = time.time()
-        keys = [item["idempotency_key"] for item, _, _ in typed if item.get("idempotency_key") is not None]
+            task = Task(
+                id=item.get("id") or new_id("task"),
+                prompt=item["prompt"],
+                status=TaskStatus.of(item.get("status", TaskStatus.QUEUED)),
+                created_at=now,
+                updated_at=now,
+                check=item.get("check"),
+                priority=item.get("priority", 0),
+                source=TaskKind.of(item.get("source", TaskKind.INBOX)),
+                metadata=item.get("metadata") or {},
+                idempotency_key=item.get("idempotency_key"),
+            )
+            row = [
+                task.id,
+                task.prompt,
+                _json(task.check),
+                task.status.value,
+                task.priority,
+                task.source.value,
+                _json(task.metadata),
+                task.idempotency_key,
+                now,
+                now,
+            ]
+            made.append((task, row))
+        keys = [task.idempotency_key for task, _ in made if task.idempotency_key is not None]
         results: list[tuple[Task, bool]] = []
-        rows: list[list] = []
-        # A few statements for the whole batch, not two per task: each statement lets go of the GIL and
-        # must win it back from the API's thread, which is what a commit beside a busy event loop waits on.
         with self._write() as db:
             known: dict[str, Task] = {}
             for start in range(0, len(keys), _KEYS_PER_QUERY):
                 chunk = keys[start : start + _KEYS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
-                for row in self._all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
-                    known[row["idempotency_key"]] = Task.from_row(row)
-            for item, kind, status in typed:
-                key = item.get("idempotency_key")
+                for found in self._all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
+                    known[found["idempotency_key"]] = Task.from_row(found)
+            rows = []
+            for task, row in made:
+                key = task.idempotency_key
                 if key is not None and key in known:  # an earlier task, or one earlier in this batch
                     results.append((known[key], False))
                     continue
-                task = Task(
-                    id=item.get("id") or new_id("task"),
-                    prompt=item["prompt"],
-                    status=status,
-                    created_at=now,
-                    updated_at=now,
-                    check=item.get("check"),
-                    priority=item.get("priority", 0),
-                    source=kind,
-                    metadata=item.get("metadata") or {},
-                    idempotency_key=key,
-                )
                 if key is not None:
                     known[key] = task
-                rows.append(
-                    [
-                        task.id,
-                        task.prompt,
-                        _json(task.check),
-                        task.status.value,
-                        task.priority,
-                        task.source.value,
-                        _json(task.metadata),
-                        key,
-                        now,
-                        now,
-                    ]
-                )
+                rows.append(row)
                 results.append((task, True))
             for start in range(0, len(rows), _TASKS_PER_INSERT):
                 chunk = rows[start : start + _TASKS_PER_INSERT]

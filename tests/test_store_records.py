@@ -68,6 +68,30 @@ def test_idempotency_key_returns_the_same_task(store):
     assert new_other is True and other.id != first.id
 
 
+def test_a_batch_keeps_each_idempotency_key_to_one_task_within_it_and_across_batches(store):
+    """A batch (the daemon's group commit) is one statement per kind of work, yet each key still names one task:
+    a key seen earlier gives the earlier task, a key twice in the batch gives its first, none is duplicated; a
+    batch with a task that cannot be stored (no prompt) commits none of them."""
+    ((earlier, _),) = store.add_tasks([{"prompt": "submitted before", "idempotency_key": "k0"}])
+    results = store.add_tasks(
+        [
+            {"prompt": "a retry of the earlier one", "idempotency_key": "k0"},
+            {"prompt": "new", "idempotency_key": "k1"},
+            {"prompt": "the same client again, in the same batch", "idempotency_key": "k1"},
+            {"prompt": "no key"},
+            {"prompt": "no key"},
+        ]
+    )
+    (again, again_new), (first, first_new), (second, second_new), (plain, plain_new), (twin, twin_new) = results
+    assert (again, again_new) == (earlier, False)
+    assert first_new and (second, second_new) == (first, False)
+    assert plain_new and twin_new and plain.id != twin.id
+    assert sorted(t.prompt for t in store.list_tasks(limit=10)) == ["new", "no key", "no key", "submitted before"]
+    with pytest.raises(ValueError):
+        store.add_tasks([{"prompt": "would be fine", "idempotency_key": "k2"}, {"prompt": " "}])
+    assert len(store.list_tasks(limit=10)) == 4
+
+
 def test_task_needs_a_prompt(store):
     for prompt in ("", "   \n"):
         with pytest.raises(ValueError):
