@@ -467,12 +467,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 rows.append(row)
                 results.append((task, True))
             for start in range(0, len(rows), _TASKS_PER_INSERT):
-                chunk = rows[start : start + _TASKS_PER_INSERT]
+                inserted = rows[start : start + _TASKS_PER_INSERT]
                 db.execute(
                     """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
                        idempotency_key, created_at, updated_at) VALUES """
-                    + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(chunk)),
-                    [value for row in chunk for value in row],
+                    + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(inserted)),
+                    [value for row in inserted for value in row],
                 )
         return results
 
