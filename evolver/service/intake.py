@@ -1,7 +1,8 @@
 """Group commit for submitted tasks: the ones that arrive together share one durable transaction.
 
 Every acknowledged task must be on disk (synchronous=FULL) before its 201, and
-an fsync costs about as much as everything else a submit does. One writer
+a commit (its wait for the write lock, its fsync) costs more than everything
+else a submit does, beside workers that commit too. One writer
 thread takes whatever submits are waiting, commits them in one transaction,
 then answers each; while it commits, the next batch gathers. A submit waits
 only for its own batch, never longer. The answers to a batch go back to the
