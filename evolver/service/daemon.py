@@ -203,10 +203,10 @@ class Daemon:
         interrupted = self.store.close_interrupted_trajectories()
         if interrupted:
             log.warning("%d trajectories were cut off by a daemon that died; marked interrupted", interrupted)
-        # Only the chat turns and the running tasks are read: a start never walks a long queue of tasks.
-        turns = [t for s in ("queued", "running") for t in self.store.list_tasks(status=s, source="chat", limit=10_000)]
+        # Only the queued chat turns and the running tasks are read: a start never walks a long queue of tasks.
+        queued_turns = self.store.list_tasks(status="queued", source="chat", limit=10_000)
         running = self.store.list_tasks(status="running", limit=10_000)
-        for task in turns + [t for t in running if t.lease_owner is None and t.source is not TaskKind.CHAT]:
+        for task in queued_turns + [t for t in running if t.source is TaskKind.CHAT or t.lease_owner is None]:
             self.store.interrupt_task(task.id, "interrupted: the daemon stopped before the chat turn ended")
         expired = self.store.expire_leases(except_owner_prefix=self.owner_prefix)
         if expired:
