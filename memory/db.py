@@ -473,3 +473,24 @@ def _claim_order(db: sqlite_utils.Database) -> None:
         CREATE INDEX tasks_queued_kind ON tasks (source, priority DESC, created_at, id) WHERE status = 'queued';
         """
     )
+
+
+@MIGRATIONS(name="0012_measurements")
+def _measurements(db: sqlite_utils.Database) -> None:
+    # Each learned item's effect as the last prune round measured it (memory.effects): retrieval prefers
+    # items measured to help without measuring anything itself, and a person sees the verdict it acted on.
+    db.executescript(
+        """
+        CREATE TABLE measurements (
+            kind TEXT NOT NULL CHECK (kind IN ('insight', 'tool')),
+            item TEXT NOT NULL,
+            verdict TEXT CHECK (verdict IN ('helps', 'hurts', 'never helps')),
+            difference REAL NOT NULL,
+            low REAL NOT NULL,
+            high REAL NOT NULL,
+            compared INTEGER NOT NULL,
+            measured_at REAL NOT NULL,
+            PRIMARY KEY (kind, item)
+        ) WITHOUT ROWID;
+        """
+    )

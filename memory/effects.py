@@ -19,6 +19,7 @@ against it, and with no task seen both ways this is the plain comparison.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -132,6 +133,34 @@ class Exposures(StoreHost):
         with self._write() as db:
             for row in rows:
                 db.execute("INSERT OR IGNORE INTO exposures (trajectory_id, kind, item) VALUES (?,?,?)", list(row))
+
+    def record_measurements(self, kind: str, measured: Mapping[str, tuple[Effect, str | None]]) -> None:
+        """Keep each item's effect as just measured, with the verdict it earned (``evolver.meta.prune``), in
+        place of its last measurement: what retrieval prefers items by, without measuring anything itself."""
+        now = time.time()
+        rows = [
+            [kind, str(item), said, effect.difference, *effect.interval, effect.compared, now]
+            for item, (effect, said) in measured.items()
+        ]
+        with self._write() as db:
+            db.conn.executemany(
+                "INSERT OR REPLACE INTO measurements (kind, item, verdict, difference, low, high, compared, "
+                "measured_at) VALUES (?,?,?,?,?,?,?,?)",
+                rows,
+            )
+
+    def verdicts(self, kind: str, items: Iterable[str]) -> dict[str, str]:
+        """The verdict each of ``items`` earned when last measured ("helps", "hurts", "never helps"), for
+        those that earned one."""
+        names = [str(i) for i in items]
+        if not names:
+            return {}
+        marks = ",".join("?" * len(names))
+        rows = self._all(
+            f"SELECT item, verdict FROM measurements WHERE kind = ? AND item IN ({marks}) AND verdict IS NOT NULL",
+            [kind, *names],
+        )
+        return {r["item"]: r["verdict"] for r in rows}
 
     def exposures_of(self, trajectory_id: str) -> dict[str, list[str]]:
         """What one attempt was shown: ``{"insight": [...], "tool": [...]}``."""

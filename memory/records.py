@@ -332,6 +332,8 @@ class InsightHit:
     score: float
     similarity: float | None
     keyword_rank: int | None
+    measured: str | None = None
+    """The verdict it earned when last measured ("helps"; see ``memory.effects``), if any."""
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,8 @@ class ToolHit:
     score: float
     similarity: float | None
     keyword_rank: int | None
+    measured: str | None = None
+    """The verdict it earned when last measured ("helps"; see ``memory.effects``), if any."""
 
 
 @dataclass(frozen=True)

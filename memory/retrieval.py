@@ -17,6 +17,13 @@ from .search import Filters, fuse, keyword_search
 
 __all__ = ["Retrieval"]
 
+# How far down the ranking of relevance an insight or tool measured to help is preferred: among the
+# most relevant MEASURED_REACH × k, before those never measured (or measured without a verdict).
+MEASURED_REACH = 2
+# Where a collection's measured effects are kept (``memory.effects``): the kind, and the column naming
+# the item (an attempt is offered a tool by name, whichever version).
+MEASURED_BY = {"insights": ("insight", "id"), "tools": ("tool", "name")}
+
 
 class _Pending:
     """A call running on its own thread; ``result()`` waits for it and re-raises its error."""
@@ -156,16 +163,18 @@ class Retrieval(StoreHost):
 
     def _search_small(
         self, collection: str, query: str, k: int, vector, columns: str, statuses: tuple[str, ...] = ("active",)
-    ) -> list[tuple[dict, float, float | None, int | None]]:
-        """Insights or tools in ``statuses`` for a query: (row, fused score, similarity, keyword rank), best
-        first."""
+    ) -> list[tuple[dict, float, float | None, int | None, str | None]]:
+        """Insights or tools in ``statuses`` for a query: (row, fused score, similarity, keyword rank, the
+        verdict it last earned), best first: among the ``MEASURED_REACH`` × ``k`` most relevant, those
+        measured to help come first, so one a little less relevant than an item never measured is still
+        shown, and the rest keep their order of relevance."""
         fetch = max(k * self.options.candidates_per_result, 20)
-        vector_hits = self._vector_hits(collection, vector, k, None) if vector is not None else []
+        vector_hits = self._vector_hits(collection, vector, k * MEASURED_REACH, None) if vector is not None else []
         allowed = ",".join("?" * len(statuses))
         keyword_ids = keyword_search(
             self._reader(), collection, query, fetch, where=f"t.status IN ({allowed})", params=list(statuses)
         )
-        fused = self._fuse(vector_hits, keyword_ids, k)
+        fused = self._fuse(vector_hits, keyword_ids, k * MEASURED_REACH)
         if not fused:
             return []
         marks = ",".join("?" * len(fused))
@@ -176,7 +185,11 @@ class Retrieval(StoreHost):
                 [*statuses, *(int(f[0]) for f in fused)],
             )
         }
-        return [(rows[i], score, similarity, rank) for i, score, similarity, rank in fused if i in rows]
+        found = [(rows[i], score, similarity, rank) for i, score, similarity, rank in fused if i in rows]
+        kind, key = MEASURED_BY[collection]
+        verdicts = self.verdicts(kind, [str(f[0][key]) for f in found])
+        ranked = sorted(found, key=lambda f: verdicts.get(str(f[0][key])) != "helps")  # stable: relevance
+        return [(*f, verdicts.get(str(f[0][key]))) for f in ranked[:k]]
 
     def search_insights(self, query: str, *, k: int = 5, vector=None, probation: bool = False) -> list[InsightHit]:
         """The active insights most like ``query``; with ``probation``, those on probation too (an
@@ -193,8 +206,9 @@ class Retrieval(StoreHost):
                 score=score,
                 similarity=similarity,
                 keyword_rank=rank,
+                measured=said,
             )
-            for row, score, similarity, rank in found
+            for row, score, similarity, rank, said in found
         ]
 
     def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]:
@@ -210,8 +224,9 @@ class Retrieval(StoreHost):
                 score=score,
                 similarity=similarity,
                 keyword_rank=rank,
+                measured=said,
             )
-            for row, score, similarity, rank in found
+            for row, score, similarity, rank, said in found
         ]
 
     def context(

@@ -233,6 +233,19 @@ def test_retrieved_experience_reaches_the_prompt(engine_for):
     assert engine.agent().run_task(task).answer == "used memory"
 
 
+def test_a_tight_budget_keeps_the_insights_measured_to_help_then_the_more_important():
+    from evolver.agent.loop import fit_context
+    from memory import Context, InsightHit
+
+    def hit(n: int, importance: int, measured: str | None = None) -> InsightHit:
+        return InsightHit(n, f"insight number {n} " + "x" * 60, importance, 1 / n, None, None, measured)
+
+    retrieved = [hit(1, 4), hit(2, 2, "helps"), hit(3, 2), hit(4, 3)]  # by relevance
+    context = Context(trajectories=[], insights=retrieved, tools=[], vector_search=False)
+    assert [i.insight_id for i in fit_context(context, 10_000)[1]] == [2, 1, 4, 3]
+    assert [i.insight_id for i in fit_context(context, 40)[1]] == [2, 1]
+
+
 def test_only_offered_tools_can_be_called(engine_for):
     script = {
         "rules": [

@@ -113,6 +113,33 @@ def test_an_insight_shown_on_hard_tasks_is_compared_on_those_tasks_not_on_easy_o
     assert verdict(insight_effects(store)[insight.id], 6) == "hurts"
 
 
+def test_an_insight_measured_to_help_is_kept_with_its_verdict_and_retrieved_before_more_relevant_ones(
+    open_store, tmp_path
+):
+    """Retrieval prefers what was measured to help: the prune round keeps each item's measurement, and a
+    search puts an insight that earned "helps" before a more relevant one never measured."""
+    store = open_store(tmp_path / "d")
+    (relevant, helpful) = store.apply_insight_changes(
+        [
+            {"op": "ADD", "text": "Sort a list of numbers with sorted() before taking its median.", "importance": 2},
+            {"op": "ADD", "text": "Check the length of a list of numbers before reading from it.", "importance": 2},
+        ]
+    )
+    query = "the median of a sorted list of numbers"
+    assert [h.insight_id for h in store.search_insights(query, k=2)] == [relevant.id, helpful.id]
+    assert store.search_insights(query, k=1)[0].measured is None
+    for i in range(6):
+        _attempt(store, f"list task {i}", True, [str(helpful.id)])
+        _attempt(store, f"list task {i}", False, [])
+    assert prune_round(store, load_config(env={"EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "6"})) == (
+        f"insight {helpful.id} helps"
+    )
+    assert store.verdicts("insight", [str(relevant.id), str(helpful.id)]) == {str(helpful.id): "helps"}
+    (first,) = store.search_insights(query, k=1)
+    assert (first.insight_id, first.measured) == (helpful.id, "helps")
+    assert store.get_insight(helpful.id).importance == 2  # the measurement is kept apart from the votes
+
+
 def test_an_item_shown_to_every_attempt_cannot_be_measured_and_is_kept(open_store, tmp_path):
     store = open_store(tmp_path / "d")
     (insight,) = store.apply_insight_changes([{"op": "ADD", "text": "Shown always.", "importance": 2}])

@@ -151,6 +151,7 @@ def test_database_locked_before_the_store_ever_opened(tmp_path, embedder):
             "0009_person_verdict",
             "0010_task_checks",
             "0011_claim_order",
+            "0012_measurements",
         ]
         assert store.db.execute("SELECT x FROM someone_elses").fetchall() == [(1,)]
 

@@ -324,6 +324,7 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
                 "0009_person_verdict",
                 "0010_task_checks",
                 "0011_claim_order",
+                "0012_measurements",
             ]
             assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'newer'").fetchone()[0] == 0
 

@@ -30,6 +30,7 @@ def test_fresh_store_records_every_migration(store):
         "0009_person_verdict",
         "0010_task_checks",
         "0011_claim_order",
+        "0012_measurements",
     ]
     assert MIGRATIONS.pending(store.db) == []
     rows = store.db.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
@@ -45,6 +46,7 @@ def test_fresh_store_records_every_migration(store):
         ("evolver", "0009_person_verdict"),
         ("evolver", "0010_task_checks"),
         ("evolver", "0011_claim_order"),
+        ("evolver", "0012_measurements"),
     ]
     tables = set(store.db.table_names())
     assert {
@@ -66,6 +68,7 @@ def test_fresh_store_records_every_migration(store):
         "scaffolds",
         "insight_history",
         "exposures",
+        "measurements",
     } <= tables
     model = store.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
     assert model == store.embedder.model_id
@@ -89,6 +92,7 @@ def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
         "0009_person_verdict",
         "0010_task_checks",
         "0011_claim_order",
+        "0012_measurements",
     ]
 
     second = open_store()
@@ -120,6 +124,7 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
         "0009_person_verdict",
         "0010_task_checks",
         "0011_claim_order",
+        "0012_measurements",
         "0099_task_labels",
     ]
     assert "label" in store.db["tasks"].columns_dict
@@ -137,6 +142,7 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
         "0009_person_verdict",
         "0010_task_checks",
         "0011_claim_order",
+        "0012_measurements",
         "0099_task_labels",
     ]
 
@@ -161,7 +167,7 @@ def test_an_older_store_gets_its_task_checks_and_keeps_every_task_and_reference(
     db.conn.close()
 
     store = open_store()
-    assert store.migrations()[-1] == "0011_claim_order"
+    assert store.migrations()[-1] == "0012_measurements"
     kinds = {t.id: (str(t.source), str(t.status)) for t in store.list_tasks(limit=10)}
     assert kinds == {
         "t0": ("api", "done"),
@@ -207,6 +213,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
         "0009_person_verdict",
         "0010_task_checks",
         "0011_claim_order",
+        "0012_measurements",
     ]
 
 

@@ -345,6 +345,30 @@ def test_insight_and_tool_search(store):
     assert store.search_tools("word_count", k=1)[0].tool_id == wc.id
 
 
+def test_items_measured_to_help_come_first_among_the_relevant_but_not_from_beyond_them(store):
+    from memory import Effect
+
+    helps, unsure = (Effect("x", 6, 0, 0, 6), "helps"), (Effect("x", 1, 1, 1, 1), None)
+    exact = store.add_insight("Quote shell variables to survive spaces in file names")
+    near = store.add_insight("Quote shell arguments so that a glob is not expanded")
+    far = store.add_insight("Prefer ISO 8601 dates in weekly reports")
+    query = "bash quoting of shell variables with spaces"
+    assert [h.insight_id for h in store.search_insights(query, k=3)] == [exact.id, near.id, far.id]
+    store.record_measurements("insight", {str(near.id): helps, str(exact.id): unsure})
+    assert [(h.insight_id, h.measured) for h in store.search_insights(query, k=1)] == [(near.id, "helps")]
+    assert [h.insight_id for h in store.search_insights(query, k=2)] == [near.id, exact.id]
+    # the third most relevant is beyond the reach of a search for one (two candidates): relevance first
+    store.record_measurements("insight", {str(far.id): helps, str(near.id): unsure})
+    assert [h.insight_id for h in store.search_insights(query, k=1)] == [exact.id]
+
+    store.add_tool("csv_sum", description="Sum one column of a CSV file", code_hash="h1", origin="synthesized")
+    store.add_tool("csv_mean", description="Average of a column in a CSV table", code_hash="h2", origin="synthesized")
+    assert store.search_tools("sum a column of a CSV file", k=1)[0].name == "csv_sum"
+    store.record_measurements("tool", {"csv_mean": helps})
+    (tool,) = store.search_tools("sum a column of a CSV file", k=1)
+    assert (tool.name, tool.measured) == ("csv_mean", "helps")
+
+
 def test_context_gathers_successful_examples_insights_and_tools(store):
     good, bad = store.ingest(
         [

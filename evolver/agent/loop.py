@@ -179,8 +179,8 @@ def task_context(store: AgentStore, task: Task, params) -> Context:
 
 def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
     """The worked examples (as text) and the insights (hits) that fit a token budget (4 chars a token).
-    Among the insights retrieved, the more important come first, so the ones measured to help
-    (``evolver.meta.prune`` raises their importance) are the last to be cut."""
+    Among the insights retrieved, those measured to help (``evolver.meta.prune``) come first, then the
+    more important, so the ones measured to help are the last to be cut."""
     left = budget_tokens * 4
     examples, insights = [], []
     for hit in context.trajectories:
@@ -192,7 +192,8 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
             break
         examples.append(block)
         left -= len(block)
-    for insight in sorted(context.insights, key=lambda h: -h.importance):  # stable: relevance within a level
+    # Stable: relevance within a level.
+    for insight in sorted(context.insights, key=lambda h: (h.measured != "helps", -h.importance)):
         if len(insight.text) + 2 > left:
             break
         insights.append(insight)

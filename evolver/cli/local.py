@@ -117,8 +117,8 @@ def memory_search(
         return
     columns = {
         "trajectories": ["score", "similarity", "keyword_rank", "success", "prompt"],
-        "insights": ["score", "similarity", "keyword_rank", "importance", "text"],
-        "tools": ["score", "similarity", "keyword_rank", "name", "description"],
+        "insights": ["score", "similarity", "keyword_rank", "importance", "measured", "text"],
+        "tools": ["score", "similarity", "keyword_rank", "measured", "name", "description"],
     }[kind]
     out.print(table(f"{kind} like {text!r}", result["hits"], columns))
     if not result["vector_search"]:

@@ -6,10 +6,13 @@ comparable attempts made since it existed without it (the same task where it
 was attempted both ways), with an approximate 95% interval. After
 ``retire_after_exposures`` exposures that can be compared, an item whose interval lies below
 zero measurably hurts and is retired; after three times as many, an item that
-still shows no benefit (a difference at or below zero) is retired too. An
-insight whose interval lies above zero is raised to importance 3, so retrieval
-keeps it when the token budget cuts (``evolver.agent.loop.fit_context``).
-Each retirement or raise is an event that ``evolver history revert`` undoes.
+still shows no benefit (a difference at or below zero) is retired too. Each
+retirement is an event that ``evolver history revert`` undoes.
+
+Every item's measurement is kept with the verdict it earned
+(``record_measurements``): retrieval prefers the items measured to help among
+the relevant ones, and the agent keeps them when its token budget cuts
+(``evolver.agent.loop.fit_context``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ from memory import Effect, ExperienceStore, Insight, ToolRecord
 from ..config import Config
 
 __all__ = ["insight_effects", "prune_round", "retire_insight", "tool_effects", "verdict", "why_measured"]
-
-MEASURED_IMPORTANCE = 3  # an insight measured to help is kept at least this important
 
 
 def insight_effects(store: ExperienceStore, insights: list[Insight] | None = None) -> dict[int, Effect]:
@@ -76,25 +77,20 @@ def retire_insight(store: ExperienceStore, insight: Insight, effect: Effect, sai
 
 
 def prune_round(store: ExperienceStore, config: Config) -> str:
-    """Measure every active insight and tool; retire those that hurt or never help, raise insights that
+    """Measure every active insight and tool, keep the measurements, and retire those that hurt or never
     help. Returns a one-line summary."""
     need = config.evolution.retire_after_exposures
     notes = []
-    for insight_id, effect in insight_effects(store).items():
-        said = verdict(effect, need)
-        insight = store.get_insight(insight_id)
+    insights = {str(i): (e, verdict(e, need)) for i, e in insight_effects(store).items()}
+    tools = {name: (e, verdict(e, need)) for name, e in tool_effects(store).items()}
+    store.record_measurements("insight", insights)
+    store.record_measurements("tool", tools)
+    for insight_id, (effect, said) in insights.items():
         if said in ("hurts", "never helps"):
-            notes.append(retire_insight(store, insight, effect, said))
-        elif said == "helps" and insight.importance < MEASURED_IMPORTANCE:
-            store.record_insight_changes(
-                "insight_measured",
-                f"insight {insight_id} measured to help: importance {insight.importance} -> {MEASURED_IMPORTANCE}",
-                [{"op": "MEASURED", "id": insight_id, "importance": MEASURED_IMPORTANCE}],
-                why=why_measured(effect, said),
-            )
-            notes.append(f"raised insight {insight_id} (helps)")
-    for name, effect in tool_effects(store).items():
-        said = verdict(effect, need)
+            notes.append(retire_insight(store, store.get_insight(int(insight_id)), effect, said))
+        elif said == "helps":
+            notes.append(f"insight {insight_id} helps")
+    for name, (effect, said) in tools.items():
         if said in ("hurts", "never helps"):
             tool = store.active_tool(name)
             store.apply_tool_changes(
@@ -104,4 +100,6 @@ def prune_round(store: ExperienceStore, config: Config) -> str:
                 status={tool.id: "retired"},
             )
             notes.append(f"retired tool {name} ({said})")
+        elif said == "helps":
+            notes.append(f"tool {name} helps")
     return "; ".join(notes) or "every learned item is still helping or not yet measured"
