@@ -89,6 +89,33 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     assert listed["claims"] == 0  # no worker ever leased it
 
 
+def test_a_held_out_task_gets_one_attempt_whatever_the_scaffold_allows(engine_for):
+    """A retry starts from the check's verdict; on a held-out task that verdict is the measurement, so a
+    scaffold that raised max_attempts would be scored with the judge's answer in hand (the same script
+    retried into a success above)."""
+    script = {
+        "rules": [
+            {"match": "wrote 41", "on": "all", "role": "user", "tool": "finish", "arguments": {"answer": "42"}},
+            {"match": "previous attempt at this task failed", "role": "user", "reply": "I wrote 41 by mistake."},
+            {"match": "What is", "role": "user", "tool": "finish", "arguments": {"answer": "41"}},
+        ]
+    }
+    engine = engine_for(script, "a-held-out")
+    retrying = engine.agent(scaffold_with(reflect_retry=True, max_attempts=3))
+    for source in ("evaluation", "api"):
+        task, _ = engine.store.add_task(
+            "What is 19 + 23?", check={"type": "answer", "expected": "42"}, source=source, metadata={"split": "test"}
+        )
+        result = retrying.run_task(task)
+        assert (result.status, result.success, result.attempts) == ("failed", False, 1), source
+        steps = engine.store.steps(result.trajectory_ids[0])
+        assert "reflection" not in [s.role for s in steps]
+    trained, _ = engine.store.add_task(
+        "What is 19 + 23?", check={"type": "answer", "expected": "42"}, source="evaluation", metadata={"split": "train"}
+    )
+    assert retrying.run_task(trained).attempts == 2
+
+
 def test_without_reflect_retry_a_wrong_answer_fails_the_task_with_the_verdict(engine_for):
     engine = engine_for({"rules": [{"match": "", "tool": "finish", "arguments": {"answer": "41"}}]}, "a-wrong")
     task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})

@@ -155,6 +155,15 @@ class TaskResult:
     error: str | None = None
 
 
+def attempts_allowed(task: Task, params) -> int:
+    """How many attempts ``task`` gets: the scaffold's ``max_attempts``, but one for a held-out task (its
+    metadata's split is "test"). A retry starts from the check's verdict on the attempt before, and a
+    held-out task's check is the measurement itself: a scaffold retrying there would be scored with the
+    judge's answer in hand (pass@2 against a hidden test that says only pass or fail), and a child that
+    raised ``max_attempts`` would win its promotion on that, not on anything it does better."""
+    return 1 if task.metadata.get("split") == "test" else params.max_attempts
+
+
 def shows_probation(task: Task) -> bool:
     """Whether an attempt at ``task`` may be shown insights on probation (imported, not yet approved or
     measured: ``evolver.meta.probation``): only an evaluation on the promotion split, the tree's own
@@ -322,7 +331,8 @@ class Agent:
                 hooks = HookCalls(self._hooks(task))
                 may_change = hooks.hooks is not None and hooks.hooks.defines("before_finish")
                 answers = AnswerStream(on_answer) if on_answer is not None and not may_change else None
-                for attempt in range(1, params.max_attempts + 1):
+                attempts = attempts_allowed(task, params)
+                for attempt in range(1, attempts + 1):
                     trajectory = self.store.start_trajectory(task.id, node_id=self.node_id, attempt=attempt)
                     trajectory_ids.append(trajectory.id)
                     self.store.record_exposures(trajectory.id, exposed)
@@ -388,7 +398,7 @@ class Agent:
                         else:
                             status, ending = "done", Ending.ANSWERED
                         break
-                    if not (params.reflect_retry and attempt < params.max_attempts):
+                    if not (params.reflect_retry and attempt < attempts):
                         ending, error = Ending.CHECK_FAILED, verdict.output
                         break
                     reflection = self._reflect(trajectory.id, task, messages, verdict, on_step, purpose)

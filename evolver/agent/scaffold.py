@@ -78,7 +78,8 @@ class Parameters(_Strict):
     reflect_retry: bool = True
     """After a failed attempt, ask prompts.reflection and start the next attempt with prompts.retry."""
     max_attempts: int = Field(default=2, ge=1, le=10)
-    """Attempts per task; a retry happens only with reflect_retry on."""
+    """Attempts per task; a retry happens only with reflect_retry on, and never on a held-out task (its
+    check is the measurement: one attempt there)."""
     plan_first: bool = False
     """Ask prompts.plan before the first step and keep the plan in the conversation. Off: the plan
     prompt is never used."""
