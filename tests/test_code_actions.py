@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from evolver.agent.scaffold import default_scaffold
+from evolver.agent.scaffold import default_scaffold, unused_parts
 from evolver.config import load_config
 from evolver.engine import Engine
 from evolver.llm import scripted
@@ -391,6 +391,61 @@ def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(eng
     steps = engine.store.steps(result.trajectory_ids[0])
     delivered = [s.content for s in steps if s.content.startswith("[delivered]")]
     assert delivered and "earlier definition (it passed more examples), passing 1 of the task's 2" in delivered[0]
+
+
+def test_further_drafts_are_sampled_while_none_passes_the_examples_and_the_first_that_passes_is_handed_in(
+    engine_for, tmp_path
+):
+    record = tmp_path / "sent.jsonl"
+    draft = r"\AComplete the following Python function"
+    engine = engine_for(
+        {
+            "record": str(record),
+            "rules": [
+                {"match": draft, "role": "user", "times": 1, "reply": "```python\n    return n + 2\n```"},
+                {"match": draft, "role": "user", "times": 1, "reply": "```python\n    return abs(n) * 2\n```"},
+                {"match": draft, "role": "user", "reply": "```python\n    return 2 * n\n```"},
+            ],
+        },
+        "c-drafts",
+    )
+    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold(drafts=4, draft_temperature=0.7)).run_task(task)
+    assert (result.status, result.success, result.answer) == ("done", True, "solution.py defines double")
+    sent = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [m["messages"] for m in sent] == [[{"role": "user", "content": DRAFT}]] * 3  # the fourth never asked
+    assert [m["temperature"] for m in sent] == [0.0, 0.7, 0.7]
+    steps = engine.store.steps(result.trajectory_ids[0])
+    assert [s.role for s in steps] == ["assistant", "tool"] * 3 + ["tool", "work"]
+    assert steps[-1].content == STUB + "    return 2 * n\n"
+    # with one draft, its temperature is no part a proposal may change to any effect
+    assert unused_parts(code_scaffold())["parameters.draft_temperature"] == "drafts is 1"
+    assert "parameters.draft_temperature" not in unused_parts(code_scaffold(drafts=2))
+
+
+def test_when_no_draft_passes_the_attempt_goes_on_from_the_one_that_passed_the_most(engine_for):
+    draft = r"\AComplete the following Python function"
+    engine = engine_for(
+        {
+            "rules": [
+                {
+                    "match": r"Your draft is not handed in yet",
+                    "on": "all",
+                    "role": "user",
+                    "reply": block("print(double(2), double(-3))"),
+                },
+                {"match": draft, "role": "user", "times": 1, "reply": "```python\n    return abs(n) * 2\n```"},
+                {"match": draft, "role": "user", "reply": "```python\n    return n + 3\n```"},
+            ],
+        },
+        "c-drafts-best",
+    )
+    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold(drafts=2, max_steps=2, max_attempts=1)).run_task(task)
+    steps = engine.store.steps(result.trajectory_ids[0])
+    # the session goes on from the first draft (1 of 2 examples), not from the second (0 of 2), run last
+    assert [s.role for s in steps][:5] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert observations(engine, result)[2].startswith("4 6")
 
 
 def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_needs(engine_for):

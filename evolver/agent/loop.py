@@ -872,29 +872,43 @@ class Agent:
     ) -> None:
         """The first turn of a code task with a stub: the model completes the stub as it would alone (the draft
         prompt, no system message, temperature 0). Its code runs in the session; a definition that passes the
-        task's examples is handed in at once, otherwise the attempt goes on from it, told what failed."""
+        task's examples is handed in at once. Otherwise, up to ``drafts`` in all, the stub is completed again
+        at ``draft_temperature``, each tried alike; if none passes, the attempt goes on from the draft that
+        passed the most examples (the first of equals), told what failed."""
         assert turn.deliverable is not None  # a draft completes the stub of a deliverable (``task_stub``)
+        params = self.scaffold.parameters
         draft = [{"role": "user", "content": turn.draft}]
         change = turn.hooks("before_model", {**turn.data(task), "messages": draft, "tools": []}, record)
-        reply = self._ask(change.get("messages", draft) if change else draft, None, task, purpose, temperature=0.0)
-        code = draft_code(reply.content, turn.stub, turn.deliverable.functions)
-        call = {"id": "draft", "name": "run_python", "arguments": {"code": code}}
-        record("assistant", reply.content, reply=reply, tool_calls=[call])
-        observation = tools.run_code(code)
-        turn.blocks.append(code)
-        turn.calls.append(["run_python", call["arguments"]])
+        asked = change.get("messages", draft) if change else draft
         names = ", ".join(turn.deliverable.functions)
-        decided = self._finishing(f"{turn.deliverable.file} defines {names}", task, turn, record, draft=code)
-        text = observation.text if isinstance(decided, Submitted) else f"{observation.text}\n\n{decided}"
-        record(
-            "tool",
-            text,
-            tool_results=[{"id": "draft", "name": "run_python", "ok": observation.ok}],
-            duration_ms=observation.duration_ms,
-        )
-        if isinstance(decided, Submitted):
-            raise decided
-        messages.append({"role": "assistant", "content": reply.content})
+        drafted: list[tuple[int, str, str, str]] = []  # examples failed, reply, code, observation
+        for n in range(params.drafts):
+            temperature = 0.0 if n == 0 else params.draft_temperature
+            reply = self._ask(asked, None, task, purpose, temperature=temperature)
+            code = draft_code(reply.content, turn.stub, turn.deliverable.functions)
+            call = {"id": "draft", "name": "run_python", "arguments": {"code": code}}
+            record("assistant", reply.content, reply=reply, tool_calls=[call])
+            observation = tools.run_code(code)
+            turn.blocks.append(code)
+            turn.calls.append(["run_python", call["arguments"]])
+            tried = len(turn.tried)
+            decided = self._finishing(f"{turn.deliverable.file} defines {names}", task, turn, record, draft=code)
+            text = observation.text if isinstance(decided, Submitted) else f"{observation.text}\n\n{decided}"
+            record(
+                "tool",
+                text,
+                tool_results=[{"id": "draft", "name": "run_python", "ok": observation.ok}],
+                duration_ms=observation.duration_ms,
+            )
+            if isinstance(decided, Submitted):
+                raise decided
+            failed = turn.tried[-1][1] if len(turn.tried) > tried else len(turn.examples) + 1  # none: defined nothing
+            drafted.append((failed, reply.content, code, text))
+        _, content, code, text = min(drafted, key=lambda d: d[0])  # min keeps the first of equals
+        if code != turn.blocks[-1]:  # the session goes on from this draft's definitions, as its conversation
+            tools.run_code(code)
+            turn.blocks.append(code)
+        messages.append({"role": "assistant", "content": content})
         messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
 
     def _finishing(self, answer: str, task: Task, turn: _Turn, record, *, draft: str | None = None) -> Submitted | str:

@@ -101,6 +101,12 @@ class Parameters(_Strict):
     examples it is handed in at once; otherwise the attempt goes on from it. However it goes on, the version
     handed in is the one that passed the most examples, the earliest of equals: the agent never hands in
     worse than its first draft by the task's own examples."""
+    drafts: int = Field(default=1, ge=1, le=10)
+    """How many drafts a code task with a stub may get (draft_first): after the first, while none passes the
+    task's own examples, the model completes the stub again at draft_temperature. The first to pass is
+    handed in; if none does, the attempt goes on from the one that passed the most."""
+    draft_temperature: float = Field(default=0.8, ge=0, le=2)
+    """The sampling temperature of the drafts after the first (which is 0)."""
     last_answer_turn: bool = True
     """An attempt about to end on its step limit or on repetition gets one last turn that can only be an
     answer (its trajectory ends 'asked')."""
@@ -131,7 +137,8 @@ class Scaffold(_Strict):
 
 
 def unused_parts(scaffold: Scaffold) -> dict[str, str]:
-    """The prompts no run of ``scaffold`` ever sends, each with the parameter that leaves it unused."""
+    """The prompts no run of ``scaffold`` ever sends and the parameters none ever reads, each with the
+    parameter that leaves it unused."""
     p = scaffold.parameters
     unused = {}
     if not p.plan_first:
@@ -140,7 +147,9 @@ def unused_parts(scaffold: Scaffold) -> dict[str, str]:
         why = "reflect_retry is off" if not p.reflect_retry else "max_attempts is 1"
         unused |= {"prompts.reflection": why, "prompts.retry": why}
     if not p.draft_first:
-        unused["prompts.draft"] = "draft_first is off"
+        unused |= {"prompts.draft": "draft_first is off", "parameters.drafts": "draft_first is off"}
+    if not p.draft_first or p.drafts == 1:
+        unused["parameters.draft_temperature"] = "draft_first is off" if not p.draft_first else "drafts is 1"
     if p.action_format == "tools":
         unused["prompts.code"] = "action_format is tools"
     return unused
