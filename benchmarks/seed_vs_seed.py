@@ -1,7 +1,11 @@
 """The seed scaffold against the previous seed on a pack's split, paired by task; prints JSON.
 
     python benchmarks/seed_vs_seed.py [--local 0.5b|1.5b] [--pack basic] [--split test] [--max-steps N]
-        [--max-attempts N] [--out FILE]
+        [--max-attempts N] [--held-out N] [--set NAME=VALUE ...] [--out FILE]
+
+``--held-out N`` runs the learning curve's N held-out HumanEval problems (its split, seed 0) in place of a
+pack's. ``--set NAME=VALUE`` (repeatable) compares another scaffold with the seed instead: "now" is the
+seed with those parameters set, "before" the seed as it is.
 
 Both scaffolds run every task of the split, one after the other, through the agent loop (as `evolver bench`
 runs a pack without a daemon: the real store, the real sandbox, the verifier), on the local llama.cpp server
@@ -29,16 +33,33 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from learning_curve import LocalServer, log, paired, rate  # noqa: E402
 
 
-def seeds(max_steps: int | None, max_attempts: int | None) -> dict:
+def seeds(max_steps: int | None, max_attempts: int | None, changed: dict | None = None) -> dict:
+    """The two scaffolds compared: the seed ("now") and the seed before code actions, or, with ``changed``,
+    the seed with those parameters ("now") and the seed ("before"); both with the same limits."""
     from evolver.agent.scaffold import default_scaffold
 
     limits = {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts)) if v is not None}
-    now = default_scaffold()
-    before = {"action_format": "tools", "example_rounds": 0, "last_answer_turn": False}
-    return {
-        name: now.model_copy(update={"parameters": now.parameters.model_copy(update={**limits, **extra})})
-        for name, extra in (("now", {}), ("before", before))
-    }
+    seed = default_scaffold()
+    if changed:
+        pairs = (("now", changed), ("before", {}))
+    else:
+        pairs = (("now", {}), ("before", {"action_format": "tools", "example_rounds": 0, "last_answer_turn": False}))
+    scaffolds = {}
+    for name, extra in pairs:
+        parameters = seed.parameters.model_validate({**seed.parameters.model_dump(), **limits, **extra})
+        scaffolds[name] = seed.model_copy(update={"parameters": parameters})
+    return scaffolds
+
+
+def setting(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` of ``--set``: the value read as JSON (a number, true, false), else as text."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def run(engine, scaffold, tasks) -> dict:
@@ -73,6 +94,8 @@ def main() -> int:
     parser.add_argument("--split", choices=("train", "test", "all"), default="test")
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--max-attempts", type=int, default=None)
+    parser.add_argument("--held-out", type=int, default=None, help="the learning curve's N held-out problems")
+    parser.add_argument("--set", type=setting, action="append", default=[], help="NAME=VALUE, against the seed")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -80,7 +103,13 @@ def main() -> int:
     from evolver.engine import Engine
     from evolver.judge.catalog import resolve_pack
 
-    tasks = [t for t in resolve_pack(args.pack) if args.split == "all" or t.split == args.split]
+    if args.held_out is not None:
+        from learning_curve import split_tasks
+
+        tasks = split_tasks(0, args.held_out, 0, 0)[0]
+    else:
+        tasks = [t for t in resolve_pack(args.pack) if args.split == "all" or t.split == args.split]
+    compared = seeds(args.max_steps, args.max_attempts, dict(args.set))  # a bad --set fails before the server
     with tempfile.TemporaryDirectory(prefix="seed-vs-seed-") as tmp:
         server = LocalServer(Path(tmp), args.local)
         try:
@@ -98,14 +127,15 @@ def main() -> int:
             }
             report: dict = {
                 "model": server.alias,
-                "pack": args.pack,
-                "split": args.split,
+                "tasks_from": f"the learning curve's {args.held_out} held-out problems"
+                if args.held_out is not None
+                else f"{args.pack} ({args.split})",
                 "tasks": [t.id for t in tasks],
                 "settings": {k: str(v) for k, v in vars(args).items()},
             }
             with Engine.open(load_config(env=env), data_dir=Path(tmp) / "data") as engine:
-                for name, scaffold in seeds(args.max_steps, args.max_attempts).items():
-                    log(f"{name}: {len(tasks)} tasks of {args.pack} ({args.split})")
+                for name, scaffold in compared.items():
+                    log(f"{name}: {len(tasks)} tasks")
                     report[name] = run(engine, scaffold, tasks)
         finally:
             server.stop()

@@ -419,7 +419,7 @@ def test_further_drafts_are_sampled_while_none_passes_the_examples_and_the_first
     assert [s.role for s in steps] == ["assistant", "tool"] * 3 + ["tool", "work"]
     assert steps[-1].content == STUB + "    return 2 * n\n"
     # with one draft, its temperature is no part a proposal may change to any effect
-    assert unused_parts(code_scaffold())["parameters.draft_temperature"] == "drafts is 1"
+    assert unused_parts(code_scaffold(drafts=1))["parameters.draft_temperature"] == "drafts is 1"
     assert "parameters.draft_temperature" not in unused_parts(code_scaffold(drafts=2))
 
 
