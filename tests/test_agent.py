@@ -65,15 +65,18 @@ def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_f
     assert engine.store.get_task(task.id).status == "done"
 
 
+# Wrong at first; right once told by the verdict and reflecting on it.
+RETRIED = {
+    "rules": [
+        {"match": "wrote 41", "on": "all", "role": "user", "tool": "finish", "arguments": {"answer": "42"}},
+        {"match": "previous attempt at this task failed", "role": "user", "reply": "I wrote 41 by mistake."},
+        {"match": "What is", "role": "user", "tool": "finish", "arguments": {"answer": "41"}},
+    ]
+}
+
+
 def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
-    script = {
-        "rules": [
-            {"match": "wrote 41", "on": "all", "role": "user", "tool": "finish", "arguments": {"answer": "42"}},
-            {"match": "previous attempt at this task failed", "role": "user", "reply": "I wrote 41 by mistake."},
-            {"match": "What is", "role": "user", "tool": "finish", "arguments": {"answer": "41"}},
-        ]
-    }
-    engine = engine_for(script, "a-retry")
+    engine = engine_for(RETRIED, "a-retry")
     task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
     assert (result.status, result.answer, result.attempts) == ("done", "42", 2)
@@ -93,14 +96,7 @@ def test_a_held_out_task_gets_one_attempt_whatever_the_scaffold_allows(engine_fo
     """A retry starts from the check's verdict; on a held-out task that verdict is the measurement, so a
     scaffold that raised max_attempts would be scored with the judge's answer in hand (the same script
     retried into a success above)."""
-    script = {
-        "rules": [
-            {"match": "wrote 41", "on": "all", "role": "user", "tool": "finish", "arguments": {"answer": "42"}},
-            {"match": "previous attempt at this task failed", "role": "user", "reply": "I wrote 41 by mistake."},
-            {"match": "What is", "role": "user", "tool": "finish", "arguments": {"answer": "41"}},
-        ]
-    }
-    engine = engine_for(script, "a-held-out")
+    engine = engine_for(RETRIED, "a-held-out")
     retrying = engine.agent(scaffold_with(reflect_retry=True, max_attempts=3))
     for source in ("evaluation", "api"):
         task, _ = engine.store.add_task(
