@@ -175,6 +175,12 @@ class Task(_Record):
     started_at: float | None = None
     ending: Ending | None = None  # how its last run ended; None while it has not
 
+    @property
+    def held_out(self) -> bool:
+        """In the held-out split (its metadata's ``split`` is "test"): never learned from
+        (``memory.search.learnable_sql``, the same rule in SQL), and judged in one attempt."""
+        return self.metadata.get("split") == "test"
+
 
 @dataclass(frozen=True)
 class Trajectory(_Record):

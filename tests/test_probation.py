@@ -16,7 +16,7 @@ from evolver.meta import packs
 from evolver.meta.jobs import builtin_jobs
 from evolver.meta.probation import ApprovalError, approve_insight, probation_round
 from evolver.meta.revert import revert_event
-from memory import new_id
+from memory import Task, TaskKind, TaskStatus, new_id
 from tests.test_prune import HARMFUL, RULES  # an insight that makes every task answer "red", and that model
 
 
@@ -78,7 +78,9 @@ def _shown(store, result) -> list[str]:
 def _promotion_task(engine: Engine, n: int, shown: bool):
     """An evaluation task of the promotion split (as the tree queues one), on the side of the coin asked for."""
     while True:
-        probe = SimpleNamespace(id=new_id("task"), source="evaluation", metadata={"split": "test"})
+        probe = Task(
+            new_id("task"), "", TaskStatus.QUEUED, 0.0, 0.0, source=TaskKind.EVALUATION, metadata={"split": "test"}
+        )
         if shows_probation(probe) == shown:
             ((task, _),) = engine.store.add_tasks(
                 [

@@ -156,12 +156,12 @@ class TaskResult:
 
 
 def attempts_allowed(task: Task, params) -> int:
-    """How many attempts ``task`` gets: the scaffold's ``max_attempts``, but one for a held-out task (its
-    metadata's split is "test"). A retry starts from the check's verdict on the attempt before, and a
-    held-out task's check is the measurement itself: a scaffold retrying there would be scored with the
-    judge's answer in hand (pass@2 against a hidden test that says only pass or fail), and a child that
-    raised ``max_attempts`` would win its promotion on that, not on anything it does better."""
-    return 1 if task.metadata.get("split") == "test" else params.max_attempts
+    """How many attempts ``task`` gets: the scaffold's ``max_attempts``, but one for a held-out task. A
+    retry starts from the check's verdict on the attempt before, and a held-out task's check is the
+    measurement itself: a scaffold retrying there would be scored with the judge's answer in hand (pass@2
+    against a hidden test that says only pass or fail), and a child that raised ``max_attempts`` would win
+    its promotion on that, not on anything it does better."""
+    return 1 if task.held_out else params.max_attempts
 
 
 def shows_probation(task: Task) -> bool:
@@ -169,7 +169,7 @@ def shows_probation(task: Task) -> bool:
     measured: ``evolver.meta.probation``): only an evaluation on the promotion split, the tree's own
     held-out work, and only half of those, by the task's id, so that the same promotion tasks are
     attempted with and without them and the difference can be measured. A person's task never is."""
-    if task.source != "evaluation" or task.metadata.get("split") != "test":
+    if task.source != "evaluation" or not task.held_out:
         return False
     return hashlib.sha256(task.id.encode()).digest()[0] % 2 == 0
 
