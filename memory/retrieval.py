@@ -187,9 +187,9 @@ class Retrieval(StoreHost):
         }
         found = [(rows[i], score, similarity, rank) for i, score, similarity, rank in fused if i in rows]
         kind, key = MEASURED_BY[collection]
-        verdicts = self.verdicts(kind, [str(f[0][key]) for f in found])
-        ranked = sorted(found, key=lambda f: verdicts.get(str(f[0][key])) != "helps")  # stable: relevance
-        return [(*f, verdicts.get(str(f[0][key]))) for f in ranked[:k]]
+        verdicts = self.verdicts(kind, [str(row[key]) for row, *_ in found])
+        said = [(*f, verdicts.get(str(f[0][key]))) for f in found]
+        return sorted(said, key=lambda f: f[4] != "helps")[:k]  # stable: relevance within each side
 
     def search_insights(self, query: str, *, k: int = 5, vector=None, probation: bool = False) -> list[InsightHit]:
         """The active insights most like ``query``; with ``probation``, those on probation too (an
