@@ -142,6 +142,8 @@ class Exposures(StoreHost):
             [kind, str(item), said, effect.difference, *effect.interval, effect.compared, now]
             for item, (effect, said) in measured.items()
         ]
+        if not rows:  # no durable commit for nothing: a prune round with nothing learned yet
+            return
         with self._write() as db:
             db.conn.executemany(
                 "INSERT OR REPLACE INTO measurements (kind, item, verdict, difference, low, high, compared, "
