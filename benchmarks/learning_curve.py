@@ -74,7 +74,8 @@ figures come by model as well as by purpose. ``--aa`` measures the seed a second
 
 ``--baseline JSON`` takes the model alone and generation 0 from an earlier run's report instead of
 measuring them again (about an hour and a half with the 0.5B model on 80 tasks), when that run had the
-same split, models and seed limits (anything else is refused, naming what differs); generation 0 then
+same split, models and seed scaffold, limits included (anything else is refused, naming what differs; the
+report records the seed's parameters and a digest of it as ``seed_scaffold``); generation 0 then
 says where it came from (``reused_from``). Both are at temperature 0 on the same server build, so the
 pairs stay pairs: what separates two measurements of the same agent is the server's own nondeterminism,
 which an ``--aa`` run measures.
@@ -87,6 +88,7 @@ Exit status 0 when the run ends, 2 when the model server or the daemon does not 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -282,13 +284,28 @@ def scripted_model(root: Path, held, trained, problems) -> str:
     return write_script(root, "model", [*direct, *rules[:at], *agent, *rules[at:]])
 
 
-def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> Path:
-    """The bundled seed scaffold with its step and attempt limits changed, checked as the daemon loads it."""
-    from evolver.agent.scaffold import default_scaffold, load_scaffold
+def seed_scaffold(max_steps: int | None, max_attempts: int | None) -> dict:
+    """The bundled seed scaffold with its step and attempt limits changed as asked."""
+    from evolver.agent.scaffold import default_scaffold
 
     data = json.loads(default_scaffold().model_dump_json())
     data["parameters"] |= {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts)) if v is not None}
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return data
+
+
+def seed_identity(max_steps: int | None, max_attempts: int | None) -> dict:
+    """What the report records of the seed it measured: its parameters, and a digest of the whole scaffold
+    (prompts included), so a ``--baseline`` from a run of another seed is refused."""
+    data = seed_scaffold(max_steps, max_attempts)
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
+    return {"sha256": digest, "parameters": data["parameters"]}
+
+
+def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> Path:
+    """The seed scaffold with its step and attempt limits changed, written and checked as the daemon loads it."""
+    from evolver.agent.scaffold import load_scaffold
+
+    path.write_text(json.dumps(seed_scaffold(max_steps, max_attempts), indent=2), encoding="utf-8")
     load_scaffold(path)
     return path
 
@@ -907,6 +924,10 @@ def baseline_of(path: Path, args, held, trained, promote) -> dict:
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise RuntimeError(f"--baseline {path}: not a learning-curve report with a generation 0 ({exc})") from None
     differ = [name for name in BASELINE_SAME if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
+    # The settings name the limits, not the seed itself: a seed changed since (drafts, a prompt) is another agent.
+    recorded = earlier.get("seed_scaffold", {}).get("sha256")
+    if recorded != seed_identity(args.max_steps, args.max_attempts)["sha256"]:
+        differ.append("seed scaffold" if recorded else "seed scaffold (not recorded)")
     now = {"held_out": [t.id for t in held], "train": [t.id for t in trained], "promotion": [t.id for t in promote]}
     differ += [f"the {name} tasks" for name in now if tasks.get(name) != now[name]]
     if differ:
@@ -998,6 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
                 "train": [t.id for t in trained],
                 "promotion": [t.id for t in promote],
             },
+            "seed_scaffold": seed_identity(args.max_steps, args.max_attempts),
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
             "tasks are in no pack of the daemon's and decide nothing",
         }

@@ -33,6 +33,7 @@ def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
     assert json.loads((out / "learning_curve.json").read_text()) == report
     assert (out / "learning_curve.png").read_bytes()[:8] == PNG_MAGIC
 
+    assert report["seed_scaffold"] == curve.seed_identity(None, None)  # what a --baseline from it must match
     held, train = report["tasks"]["held_out"], report["tasks"]["train"]
     assert len(held) == 3 and not set(held) & set(train)
     assert set(report["direct"]["per_task"]) == set(held)
@@ -159,6 +160,7 @@ def test_a_baseline_is_taken_only_from_a_run_of_the_same_agent_on_the_same_tasks
             "train": [t.id for t in trained],
             "promotion": [t.id for t in promote],
         },
+        "seed_scaffold": curve.seed_identity(6, None),
         "direct": {"per_task": dict.fromkeys((t.id for t in held), True)},
         "generations": [{"generation": 0, "per_task": dict.fromkeys((t.id for t in held), False)}],
     }
@@ -170,10 +172,18 @@ def test_a_baseline_is_taken_only_from_a_run_of_the_same_agent_on_the_same_tasks
     assert baseline["generation_0"]["reused_from"] == str(path)
 
     other = curve.parse(["--held-out", "4", "--train", "2", "--basic", "0", "--promotion", "1", "--max-steps", "8"])
-    with pytest.raises(RuntimeError, match="its max_steps differ from this run's"):
+    with pytest.raises(RuntimeError, match="its max_steps, seed scaffold differ from this run.s"):
         curve.baseline_of(path, other, held, trained, promote)
     with pytest.raises(RuntimeError, match="its the held_out tasks differ"):
         curve.baseline_of(path, args, held[:3], trained, promote)
+    # The same limits on another seed (here one whose other parameters changed since) is another agent.
+    changed = earlier | {"seed_scaffold": {**earlier["seed_scaffold"], "sha256": "0" * 64}}
+    path.write_text(json.dumps(changed))
+    with pytest.raises(RuntimeError, match="its seed scaffold differ"):
+        curve.baseline_of(path, args, held, trained, promote)
+    path.write_text(json.dumps({k: v for k, v in earlier.items() if k != "seed_scaffold"}))
+    with pytest.raises(RuntimeError, match=r"its seed scaffold \(not recorded\) differ"):
+        curve.baseline_of(path, args, held, trained, promote)
     path.write_text("{}")
     with pytest.raises(RuntimeError, match="not a learning-curve report with a generation 0"):
         curve.baseline_of(path, args, held, trained, promote)
