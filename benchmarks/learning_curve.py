@@ -35,7 +35,8 @@ Measured on the same held-out tasks, in one run:
   real sandbox, as the agent's attempts are.
 * generation 0: the seed scaffold through the agent loop, before anything is learned.
 * generation g >= 1: after a generation of learning, the incumbent through the agent loop. A
-  generation: the training tasks are solved; one distill and one synthesize round; then evolve
+  generation: the training tasks are solved; distill rounds until one finds nothing new (a round reads
+  20 trajectories) and one synthesize round; then evolve
   rounds (each followed, once the search's tasks have run, by a record round) until ``--evaluations``
   evaluations were recorded in this generation or ``--evolve-rounds`` rounds were run; the tree
   promotes by itself when a node's held-out bound beats the incumbent's.
@@ -595,12 +596,26 @@ def learned(http) -> dict:
     }
 
 
+DISTILL_ROUNDS = 10
+NOTHING_NEW = "no new trajectories"  # how a distill round that found nothing to read says so
+
+
+def distill_all(http) -> list[dict]:
+    """Distill rounds until one finds nothing new (at most ``DISTILL_ROUNDS``). A round reads one batch of
+    trajectories (20), so one round a generation left 16 of 36 training tasks unread."""
+    rounds: list[dict] = []
+    while len(rounds) < DISTILL_ROUNDS and not any(NOTHING_NEW in r["summary"] for r in rounds):
+        rounds += rounds_of(http, "distill")
+    return rounds
+
+
 def learn(http, trained, args) -> dict:
-    """One generation of learning: the training tasks, a distill and a synthesize round, then tree steps."""
+    """One generation of learning: the training tasks, distill rounds until every trajectory was read, a
+    synthesize round, then tree steps."""
     out: dict = {}
     run = run_tasks(http, trained, args.phase_timeout_s)
     out["training"] = {**rate(run["per_task"]), "failures": run["failures"]}
-    out["distill"] = rounds_of(http, "distill")
+    out["distill"] = distill_all(http)
     out["synthesize"] = rounds_of(http, "synthesize")
     before, steps = recorded(http), []
     rounds = 0
