@@ -414,7 +414,7 @@ class EvolutionSettings(_Section):
     """A node must beat the incumbent on this lower quantile of its Beta posterior."""
 
     min_evaluations: int = Field(default=10, ge=1)
-    """Held-out evaluations a node needs before it can be promoted."""
+    """Held-out evaluations a node needs before it can be promoted, and the incumbent before it can be replaced."""
 
     require_approval: bool = False
     """Wait for `evolver promote NODE` instead of promoting automatically."""

@@ -17,7 +17,7 @@ from evolver.llm import scripted
 from evolver.service.worker import Worker
 from evolver.tree.export import to_dot, to_html
 from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
-from evolver.tree.search import EvalItem, TreeSearch, tree_view
+from evolver.tree.search import EvalItem, TreeSearch, best_candidate, tree_view
 from evolver.tree.split import hashed_split
 from memory import Ending, NewTrajectory, NotFound, new_id
 
@@ -372,6 +372,24 @@ def test_rollback_again_goes_further_back_and_one_node_shows_as_promoted(engine)
     assert incumbent(e.store).id == root
 
 
+def test_a_candidate_waits_for_the_incumbents_evidence_on_the_same_split(engine):
+    """A learning run promoted a child at 5/10 over the seed measured once (1/1), whose bound is its prior's:
+    a promotion compares two records, so the incumbent needs min_evaluations as the candidate does."""
+    e = engine([*SOLVER], "tree-thin-incumbent", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5")
+    search = _search(e)
+    root, child = incumbent(e.store).id, _child(e)
+    _held_out(e, root, 1, 0)  # its 5% bound: 0.224
+    _held_out(e, child, 3, 2)  # 0.271: above, on no evidence that it is better
+    assert search.consider_promotion() is None and incumbent(e.store).id == root
+    best = best_candidate(e.store, 5)
+    assert best is not None and best["node"] == child
+    assert best["why_not_serving"] == "the incumbent needs 4 more held-out evaluations to be compared (1 of 5)"
+    _held_out(e, root, 4, 0)  # 5/5: 0.607, the child's 3/5 is far below
+    assert search.consider_promotion() is None and incumbent(e.store).id == root
+    _held_out(e, child, 12, 0)  # 15/17: 0.690 > 0.607
+    assert search.consider_promotion() == f"promoted {child}"
+
+
 def test_a_worse_candidate_is_not_promoted(engine):
     e = engine([*SOLVER], "tree-worse", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5")
     root, child = incumbent(e.store).id, _child(e)
@@ -385,6 +403,7 @@ def test_the_approval_gate_waits_for_a_person(engine):
         [*SOLVER], "tree-approval", EVOLVER_EVOLUTION_MIN_EVALUATIONS="5", EVOLVER_EVOLUTION_REQUIRE_APPROVAL="true"
     )
     root, child = incumbent(e.store).id, _child(e)
+    _held_out(e, root, 3, 2)
     _held_out(e, child, 10, 0)
     search = _search(e)
     assert search.consider_promotion() == f"node {child} awaits approval"
@@ -832,7 +851,8 @@ def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_
 def test_a_child_whose_only_change_is_a_hook_is_evaluated_and_promoted_on_its_results(engine):
     """The model hands in sentences ("The answer is 5."); the proposer's only edit is a before_finish hook
     that hands in the number. The search evaluates the child like any other and promotes it on held-out
-    results: hooks are a real change."""
+    results: hooks are a real change. The incumbent, far below the child on training tasks, is evaluated on
+    the held-out split beside it all the same: the comparison a promotion needs."""
     hook = (
         "import re\ndef before_finish(data):\n    found = re.findall('[0-9]+', data['answer'] or '')\n"
         "    return {'answer': found[-1]} if found else None\n"

@@ -288,6 +288,9 @@ def test_promotion_needs_a_better_bound_and_enough_evaluations():
     # Its mean (0.58) beats the incumbent's bound (0.41), its bound (0.33) does not.
     assert not should_promote((6, 4), (45, 45))
     assert not should_promote(incumbent, incumbent)  # a tie keeps the incumbent
+    # An incumbent measured once is bounded by its prior (0.22 at 1/1): 5/10 (0.27) would have beaten it.
+    assert not should_promote((5, 5), (1, 0)) and not should_promote((10, 0), (9, 0))
+    assert should_promote((10, 0), (5, 5))
 
 
 def test_final_pick_prefers_tested_nodes_and_the_best_bound():

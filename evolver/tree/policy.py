@@ -257,16 +257,19 @@ def should_promote(
 ) -> bool:
     """Whether a candidate with ``(s, f)`` should replace the incumbent with ``(s, f)``.
 
-    Both sides are judged by the same conservative bound: the candidate must
-    have ``min_evaluations`` and its lower bound must beat the incumbent's.
-    Comparing bound to bound (not to the incumbent's mean) treats the two
-    alike: a thinly tested incumbent is easy to replace, a well-tested one
-    is replaced only by a candidate that is confidently better than what it
-    has confidently shown. A promotion is cheap to undo (rollback), so
-    bound-to-mean would be stricter than the cost of a mistake warrants.
+    Both sides are judged alike: each must have ``min_evaluations`` on the
+    split, and the candidate's conservative bound must beat the incumbent's.
+    Comparing bound to bound (not to the incumbent's mean) does not make a
+    promotion stricter than the cost of a mistake (a rollback) warrants.
+    Requiring the incumbent's evidence too is what makes it a comparison: an
+    incumbent measured once is bounded by its prior, so any candidate at about
+    half its tasks would beat it. A learning run promoted a child at 5 of 10
+    over the seed at 1 of 1 (bounds 0.27 against 0.22), on no evidence that
+    it was better; the search sends the incumbent to the split beside any
+    contender there, so waiting costs only those evaluations.
     """
     s, f = candidate
-    if s + f < min_evaluations:
+    if s + f < min_evaluations or sum(incumbent) < min_evaluations:
         return False
     return lower_bound(s, f, quantile) > lower_bound(*incumbent, quantile)
 

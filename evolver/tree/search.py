@@ -358,7 +358,9 @@ class TreeSearch:
         by_id = {n.id: n for n in stats}
         queued = []
         for _ in range(free):
-            if race:
+            if (owed := self._comparison_owed(pool)) is not None:
+                chosen = owed
+            elif race:
                 chosen = policy.choose_racer(list(by_id.values()), quantile=self.config.evolution.promotion_quantile)
             else:
                 chosen = policy.choose_evaluee(list(by_id.values()), self.rng, sharpness=sharpness)
@@ -394,6 +396,15 @@ class TreeSearch:
             )
 
         return admitted
+
+    def _comparison_owed(self, pool: dict[str, list[EvalItem]]) -> str | None:
+        """The incumbent, while a contender has more held-out evaluations than it. A promotion compares the
+        two records and needs min_evaluations of each; the training race alone would never pick an
+        incumbent far below its challenger, so the comparison would wait for good."""
+        current = incumbent(self.store)
+        if current is None or not pool["test"]:
+            return None
+        return current.id if self._split_for(current.id, pool) == "test" else None
 
     def _split_for(self, node_id: str, pool: dict[str, list[EvalItem]]) -> str:
         """Held-out evaluations go to a node whose training record beats the incumbent's (and to the
@@ -548,6 +559,11 @@ def best_candidate(store: ExperienceStore, min_evaluations: int, quantile: float
         why = (
             f"{min_evaluations - best.evaluations} more held-out evaluations needed "
             f"({best.evaluations} of {min_evaluations})"
+        )
+    elif sum(mine) < min_evaluations:
+        why = (
+            f"the incumbent needs {min_evaluations - sum(mine)} more held-out evaluations to be compared "
+            f"({sum(mine)} of {min_evaluations})"
         )
     else:
         why = f"its bound {bound:.3f} does not beat the incumbent's {theirs:.3f}"
