@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from evolver.agent.loop import draft_seed
 from evolver.agent.scaffold import default_scaffold, unused_parts
 from evolver.config import load_config
 from evolver.engine import Engine
@@ -415,6 +416,11 @@ def test_further_drafts_are_sampled_while_none_passes_the_examples_and_the_first
     sent = [json.loads(line) for line in record.read_text().splitlines()]
     assert [m["messages"] for m in sent] == [[{"role": "user", "content": DRAFT}]] * 3  # the fourth never asked
     assert [m["temperature"] for m in sent] == [0.0, 0.7, 0.7]
+    # Each further draft is sampled with a seed fixed by what is asked and its number: asked again (another
+    # agent, another run), the same draws, so a paired comparison of two agents compares what differs.
+    seeds = [m.get("seed") for m in sent]
+    assert seeds[0] is None and None not in seeds[1:] and seeds[1] != seeds[2]
+    assert seeds[1:] == [draft_seed([{"role": "user", "content": DRAFT}], n) for n in (1, 2)]  # not the task id
     steps = engine.store.steps(result.trajectory_ids[0])
     assert [s.role for s in steps] == ["assistant", "tool"] * 3 + ["tool", "work"]
     assert steps[-1].content == STUB + "    return 2 * n\n"

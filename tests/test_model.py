@@ -297,6 +297,18 @@ def test_every_call_bounds_its_output_by_purpose(client_for, local_server, monke
     assert server.requests[0]["authorization"] == "Bearer sk-test"  # a key that is set is sent, not the dummy
 
 
+def test_a_seed_reaches_a_server_that_takes_one_and_no_provider_that_refuses_it(client_for, local_server, monkeypatch):
+    """A draft's seed goes to llama.cpp's server in the request; Anthropic's API has no seed and litellm
+    refuses it, so a model there is asked unseeded rather than not at all."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server = local_server()
+    client = client_for("openai/qwen", api_base=server.url)
+    client.complete([{"role": "user", "content": "hi"}], seed=1234)
+    client.complete([{"role": "user", "content": "hi"}])
+    assert [r["body"].get("seed") for r in server.requests] == [1234, None]
+    assert client._takes_seed("openai/qwen") and not client._takes_seed("anthropic/claude-3-5-sonnet-20240620")
+
+
 def test_tool_mode_forces_native_or_text_tool_calls(client_for, local_server, monkeypatch, tmp_path):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     server = local_server()

@@ -106,7 +106,8 @@ class Parameters(_Strict):
     task's own examples, the model completes the stub again at draft_temperature. The first to pass is
     handed in; if none does, the attempt goes on from the one that passed the most."""
     draft_temperature: float = Field(default=0.8, ge=0, le=2)
-    """The sampling temperature of the drafts after the first (which is 0)."""
+    """The sampling temperature of the drafts after the first (which is 0). Each is sampled with a seed fixed
+    by the draft prompt and its number, where the provider takes one, so the same prompt draws alike."""
     last_answer_turn: bool = True
     """An attempt about to end on its step limit or on repetition gets one last turn that can only be an
     answer (its trajectory ends 'asked')."""

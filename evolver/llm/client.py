@@ -275,6 +275,7 @@ class Model(Protocol):
         max_tokens: int | None = None,
         response_format: dict | None = None,
         stream: StreamTap | None = None,
+        seed: int | None = None,
     ) -> ModelReply: ...
 
     def native_tools(self) -> bool:
@@ -324,6 +325,17 @@ class ModelClient:
         except Exception:
             return False
 
+    def _takes_seed(self, model: str) -> bool:
+        """Whether the provider takes OpenAI's ``seed`` (llama.cpp's and vLLM's servers, OpenAI, Gemini, Ollama
+        do): litellm refuses a parameter a provider lacks (Anthropic's), and a draw unseeded is still a draw."""
+        provider, _, name = model.partition("/")
+        if provider == scripted.PROVIDER:
+            return True
+        try:
+            return "seed" in (self._litellm.get_supported_openai_params(model=name, custom_llm_provider=provider) or [])
+        except Exception:
+            return False
+
     def _key_in_environment(self, model: str) -> bool:
         """Whether litellm finds the provider's usual key variable set (a gateway at api_base may need it)."""
         try:
@@ -352,9 +364,11 @@ class ModelClient:
         max_tokens: int | None = None,
         response_format: dict | None = None,
         stream: StreamTap | None = None,
+        seed: int | None = None,
     ) -> ModelReply:
         """One reply. With ``stream``, the reply is streamed from the model and ``stream`` sees it as it
-        comes (the reply returned is the same, put together at the end)."""
+        comes (the reply returned is the same, put together at the end). ``seed`` asks the server to sample
+        with it (OpenAI's parameter, which llama.cpp's server takes), where the provider has one."""
         if purpose not in PURPOSES:
             raise ValueError(f"unknown purpose {purpose!r}; one of {PURPOSES}")
         models = [self.settings.name, *self.settings.fallbacks]
@@ -362,7 +376,17 @@ class ModelClient:
         for model in models:
             try:
                 return self._complete_with(
-                    model, messages, tools, temperature, purpose, task_id, node_id, max_tokens, response_format, stream
+                    model,
+                    messages,
+                    tools,
+                    temperature,
+                    purpose,
+                    task_id,
+                    node_id,
+                    max_tokens,
+                    response_format,
+                    stream,
+                    seed,
                 )
             except ModelError as exc:
                 failures.append(f"{model}: {exc}")
@@ -374,7 +398,18 @@ class ModelClient:
         raise ModelError("; ".join(failures))
 
     def _complete_with(
-        self, model, messages, tools, temperature, purpose, task_id, node_id, max_tokens, response_format, stream=None
+        self,
+        model,
+        messages,
+        tools,
+        temperature,
+        purpose,
+        task_id,
+        node_id,
+        max_tokens,
+        response_format,
+        stream=None,
+        seed=None,
     ) -> ModelReply:
         native = self._native_tools(model) if tools else True
         call_messages = list(messages)
@@ -393,6 +428,8 @@ class ModelClient:
             "max_retries": 0,
             "max_tokens": max_tokens or self.settings.max_tokens_for(purpose),
         }
+        if seed is not None and self._takes_seed(model):
+            kwargs["seed"] = seed
         if tools and native:
             kwargs["tools"] = tools
         if tools and not native and response_format is None and self.settings.structured_output:

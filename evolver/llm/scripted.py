@@ -125,11 +125,11 @@ class Script:
 
     def remember(self, messages: list[dict], options: dict | None = None) -> None:
         """Append the conversation to the ``record`` file (a no-op without one), with the request's
-        max_tokens, temperature, response_format and the names of the tools offered when it had them."""
+        max_tokens, temperature, seed, response_format and the names of the tools offered when it had them."""
         if self.record is None:
             return
         options = options or {}
-        extra = {k: v for k, v in options.items() if k in ("max_tokens", "temperature", "response_format")}
+        extra = {k: v for k, v in options.items() if k in ("max_tokens", "temperature", "seed", "response_format")}
         if options.get("tools"):
             extra["tools"] = [t.get("function", {}).get("name") for t in options["tools"]]
         line = json.dumps({"messages": [{"role": m.get("role"), "content": _text(m)} for m in messages], **extra})
