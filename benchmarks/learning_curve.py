@@ -597,14 +597,15 @@ def learned(http) -> dict:
 
 
 DISTILL_ROUNDS = 10
-NOTHING_NEW = "no new trajectories"  # how a distill round that found nothing to read says so
 
 
 def distill_all(http) -> list[dict]:
     """Distill rounds until one finds nothing new (at most ``DISTILL_ROUNDS``). A round reads one batch of
     trajectories (20), so one round a generation left 16 of 36 training tasks unread."""
+    from evolver.meta.distill import NOTHING_NEW  # what a round that found nothing to read says
+
     rounds: list[dict] = []
-    while len(rounds) < DISTILL_ROUNDS and not any(NOTHING_NEW in r["summary"] for r in rounds):
+    while len(rounds) < DISTILL_ROUNDS and not (rounds and NOTHING_NEW in rounds[-1]["summary"]):
         rounds += rounds_of(http, "distill")
     return rounds
 

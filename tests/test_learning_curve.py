@@ -11,6 +11,8 @@ import sys
 import pytest
 from _helpers import REPO
 
+from evolver.meta.distill import NOTHING_NEW
+
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import learning_curve as curve
@@ -54,8 +56,8 @@ def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
     assert learning["training"]["total"] == len(train)
     # Distill rounds until one finds nothing new, so every training trajectory is read; then one synthesis.
     assert {r["job"] for r in learning["distill"]} == {"distill"} and len(learning["distill"]) >= 2
-    assert curve.NOTHING_NEW in learning["distill"][-1]["summary"]
-    assert not any(curve.NOTHING_NEW in r["summary"] for r in learning["distill"][:-1])
+    assert NOTHING_NEW in learning["distill"][-1]["summary"]
+    assert not any(NOTHING_NEW in r["summary"] for r in learning["distill"][:-1])
     assert [r["job"] for r in learning["synthesize"]] == ["synthesize"]
     assert learning["evolve"]["rounds"] >= 1 and learning["evolve"]["evaluations_recorded"] >= 1
     assert learning["by_purpose"].get("task", {}).get("model_calls", 0) > 0

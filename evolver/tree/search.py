@@ -359,12 +359,14 @@ class TreeSearch:
         queued = []
         for _ in range(free):
             if (owed := self._comparison_owed(pool)) is not None:
-                chosen = owed
-            elif race:
-                chosen = policy.choose_racer(list(by_id.values()), quantile=self.config.evolution.promotion_quantile)
+                chosen, split = owed, "test"
             else:
-                chosen = policy.choose_evaluee(list(by_id.values()), self.rng, sharpness=sharpness)
-            split = self._split_for(chosen, pool)
+                if race:
+                    quantile = self.config.evolution.promotion_quantile
+                    chosen = policy.choose_racer(list(by_id.values()), quantile=quantile)
+                else:
+                    chosen = policy.choose_evaluee(list(by_id.values()), self.rng, sharpness=sharpness)
+                split = self._split_for(chosen, pool)
             item = self._next_item(chosen, split, pool)
             if item is None:
                 break
