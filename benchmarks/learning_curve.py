@@ -3,8 +3,8 @@
     python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL]
         [--meta 0.5b|1.5b] [--aa] [--seed 0]
         [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
-        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N] [--baseline JSON]
-        [--out DIR] [--keep]
+        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N]
+        [--baseline JSON | --direct-from JSON] [--out DIR] [--keep]
     python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
@@ -79,7 +79,9 @@ same split, models and seed scaffold, limits included (anything else is refused,
 report records the seed's parameters and a digest of it as ``seed_scaffold``); generation 0 then
 says where it came from (``reused_from``). Both are at temperature 0 on the same server build, so the
 pairs stay pairs: what separates two measurements of the same agent is the server's own nondeterminism,
-which an ``--aa`` run measures.
+which an ``--aa`` run measures. A report from before drafts were seeded (``seed_scaffold.drafts``) is no
+baseline: its drafts after the first were drawn otherwise. ``--direct-from JSON`` takes only the model
+alone (the same held-out tasks and model), which nothing in the agent changes, and measures the rest.
 
 Output: the JSON on stdout and in ``DIR/learning_curve.json``, the plot in ``DIR/learning_curve.png``
 (``--out``, default a new temp dir; the paths go to stderr). Nothing about success is ever asserted.
@@ -299,7 +301,12 @@ def seed_identity(max_steps: int | None, max_attempts: int | None) -> dict:
     (prompts included), so a ``--baseline`` from a run of another seed is refused."""
     data = seed_scaffold(max_steps, max_attempts)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
-    return {"sha256": digest, "parameters": data["parameters"]}
+    return {"sha256": digest, "parameters": data["parameters"], "drafts": DRAFT_DRAWS}
+
+
+# How drafts after the first are drawn: the same scaffold drew otherwise before they were seeded, so a report
+# from then is no baseline for one now.
+DRAFT_DRAWS = "seeded by the draft prompt and its number"
 
 
 def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> Path:
@@ -804,11 +811,21 @@ def parse(argv: list[str] | None):
         help="take the model alone and generation 0 from an earlier run's JSON on the same split, models "
         "and seed limits, and measure only the generations after learning",
     )
+    parser.add_argument(
+        "--direct-from",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="take the model alone from an earlier run's JSON on the same held-out tasks and model, and measure "
+        "the agent from generation 0",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
     args = parser.parse_args(argv)
     if args.baseline and args.aa:
         parser.error("--aa measures generation 0 twice, and --baseline measures it not at all")
+    if args.baseline and args.direct_from:
+        parser.error("--baseline takes the model alone already; --direct-from is for a run that measures the seed")
     sizes = dict(
         zip(
             ("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds", "promotion"),
@@ -941,14 +958,34 @@ def baseline_of(path: Path, args, held, trained, promote) -> dict:
         raise RuntimeError(f"--baseline {path}: not a learning-curve report with a generation 0 ({exc})") from None
     differ = [name for name in BASELINE_SAME if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
     # The settings name the limits, not the seed itself: a seed changed since (drafts, a prompt) is another agent.
-    recorded = earlier.get("seed_scaffold", {}).get("sha256")
-    if recorded != seed_identity(args.max_steps, args.max_attempts)["sha256"]:
+    recorded, seed_now = earlier.get("seed_scaffold", {}), seed_identity(args.max_steps, args.max_attempts)
+    if recorded.get("sha256") != seed_now["sha256"]:
         differ.append("seed scaffold" if recorded else "seed scaffold (not recorded)")
+    elif recorded.get("drafts") != seed_now["drafts"]:
+        differ.append("draft sampling (its drafts after the first were drawn unseeded)")
     now = {"held_out": [t.id for t in held], "train": [t.id for t in trained], "promotion": [t.id for t in promote]}
     differ += [f"the {name} tasks" for name in now if tasks.get(name) != now[name]]
     if differ:
         raise RuntimeError(f"--baseline {path} measured something else: its {', '.join(differ)} differ from this run's")
     return {"direct": direct, "generation_0": seed | {"reused_from": str(path)}}
+
+
+def direct_of(path: Path, args, held) -> dict:
+    """The model alone from an earlier run (``--direct-from``): one completion at temperature 0 of each
+    held-out problem, which no change to the agent touches, refused unless that run asked the same model
+    the same problems."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        settings, tasks, direct = earlier["settings"], earlier["tasks"], earlier["direct"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"--direct-from {path}: not a learning-curve report ({exc})") from None
+    same = ("model", "local", "seed", "shard")
+    differ = [name for name in same if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
+    if tasks.get("held_out") != [t.id for t in held]:
+        differ.append("the held_out tasks")
+    if differ:
+        raise RuntimeError(f"--direct-from {path} measured something else: its {', '.join(differ)} differ")
+    return direct | {"reused_from": str(path)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1043,6 +1080,9 @@ def main(argv: list[str] | None = None) -> int:
         if baseline:
             log(f"the model alone and generation 0 from {args.baseline}")
             report["direct"] = baseline["direct"]
+        elif args.direct_from:
+            log(f"the model alone from {args.direct_from}")
+            report["direct"] = direct_of(args.direct_from, args, held)
         else:
             log(f"direct completions of the {len(held)} held-out problems")
             report["direct"] = direct_reference(daemon.env, root, held, problems)

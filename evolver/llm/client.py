@@ -197,10 +197,11 @@ def credentials_problem(settings: ModelSettings, section: str = "model") -> str 
     return "; ".join(problems) or None
 
 
-def json_schema_format(name: str, shape: type[BaseModel]) -> dict:
-    """A response_format that asks the server for JSON of this pydantic model's schema (a server that supports
-    it, such as llama.cpp, vLLM or OpenAI, constrains the reply to it)."""
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": shape.model_json_schema()}}
+def json_schema_format(name: str, shape: type[BaseModel] | dict) -> dict:
+    """A response_format that asks the server for JSON of this pydantic model's schema, or of this JSON schema
+    (a server that supports it, such as llama.cpp, vLLM or OpenAI, constrains the reply to it)."""
+    schema = shape if isinstance(shape, dict) else shape.model_json_schema()
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
 def text_call_format(tools: list[dict]) -> dict:
