@@ -190,8 +190,39 @@ def test_a_baseline_is_taken_only_from_a_run_of_the_same_agent_on_the_same_tasks
     path.write_text(json.dumps({k: v for k, v in earlier.items() if k != "seed_scaffold"}))
     with pytest.raises(RuntimeError, match=r"its seed scaffold \(not recorded\) differ"):
         curve.baseline_of(path, args, held, trained, promote)
+    # The same scaffold before its drafts were seeded drew other drafts: another agent.
+    unseeded = earlier | {"seed_scaffold": {k: v for k, v in earlier["seed_scaffold"].items() if k != "drafts"}}
+    path.write_text(json.dumps(unseeded))
+    with pytest.raises(RuntimeError, match="its draft sampling .its drafts after the first were drawn unseeded"):
+        curve.baseline_of(path, args, held, trained, promote)
     path.write_text("{}")
     with pytest.raises(RuntimeError, match="not a learning-curve report with a generation 0"):
         curve.baseline_of(path, args, held, trained, promote)
     with pytest.raises(SystemExit):  # --aa measures generation 0, which --baseline does not
         curve.parse(["--aa", "--baseline", str(path)])
+    with pytest.raises(SystemExit):  # --baseline takes the model alone already
+        curve.parse(["--baseline", str(path), "--direct-from", str(path)])
+
+
+def test_the_model_alone_is_taken_from_a_run_that_asked_the_same_model_the_same_problems(tmp_path):
+    """--direct-from reuses only the model alone, whatever the agent was then (drafts unseeded here), and
+    only from a run of the same model on the same held-out problems."""
+    args = curve.parse(["--held-out", "4", "--train", "2", "--basic", "0", "--promotion", "1", "--local", "0.5b"])
+    held, *_ = curve.split_tasks(args.seed, args.held_out, args.train, args.basic, args.promotion)
+    earlier = {
+        "settings": {"model": "local", "local": "0.5b", "seed": 0, "shard": None, "max_steps": 9},
+        "tasks": {"held_out": [t.id for t in held]},
+        "direct": {"successes": 1, "per_task": {t.id: t.id == held[0].id for t in held}},
+    }
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    direct = curve.direct_of(path, args, held)
+    assert direct["per_task"] == earlier["direct"]["per_task"] and direct["reused_from"] == str(path)
+    bigger = curve.parse(["--held-out", "4", "--train", "2", "--basic", "0", "--promotion", "1", "--local", "1.5b"])
+    with pytest.raises(RuntimeError, match="its local differ"):
+        curve.direct_of(path, bigger, held)
+    with pytest.raises(RuntimeError, match="its the held_out tasks differ"):
+        curve.direct_of(path, args, held[1:])
+    path.write_text("[]")
+    with pytest.raises(RuntimeError, match="not a learning-curve report"):
+        curve.direct_of(path, args, held)

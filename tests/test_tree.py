@@ -8,6 +8,7 @@ import re
 import threading
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from evolver.config import load_config
 from evolver.engine import Engine
 from evolver.llm import scripted
 from evolver.service.worker import Worker
+from evolver.tree import proposer
 from evolver.tree.export import to_dot, to_html
 from evolver.tree.incumbent import IncumbentError, ensure_root, incumbent, promote, rollback, scaffold_of
 from evolver.tree.search import EvalItem, TreeSearch, best_candidate, tree_view
@@ -886,3 +888,32 @@ def test_a_child_whose_only_change_is_a_hook_is_evaluated_and_promoted_on_its_re
     assert event.payload == {"from": root.id, "to": served.id}
     held = [ev for ev in e.store.evaluations_of(served.id) if ev.split == "test" and ev.status == "done"]
     assert len(held) >= 3 and all(ev.success for ev in held)
+
+
+def test_a_server_that_constrains_output_is_asked_for_an_edit_of_only_what_the_scaffold_has(engine, tmp_path):
+    """Under the schema sent, a proposal can name only the scaffold's prompts, its parameters within their
+    bounds and the tools that exist (the 1.5B meta model named a "feedback" prompt in 4 of 8 proposals when
+    asked with free keys); the proposal is sampled, not greedy."""
+    record = tmp_path / "proposer-asked.jsonl"
+    rules = [_proposer({"parameters": {"max_steps": 12}}), *SOLVER]
+    e = engine(rules, "tree-schema", EVOLVER_MODEL_STRUCTURED_OUTPUT="true")
+    scripted.register_script("tree-schema", {"rules": rules, "record": str(record)})
+    root = incumbent(e.store)
+    for _ in range(3):  # the seed has been tried: the next step expands it
+        ev = e.store.start_evaluation(root.id, "pack:x:t1", split="train")
+        e.store.finish_evaluation(ev.id, success=False)
+    assert "queued" in _search(e).step()
+    (asked,) = [json.loads(line) for line in record.read_text().splitlines() if "You improve an agent" in line]
+    assert asked["temperature"] == proposer.TEMPERATURE > 0
+    schema = asked["response_format"]["json_schema"]["schema"]
+
+    def fits(edit: dict) -> bool:
+        return jsonschema.Draft202012Validator(schema).is_valid({"rationale": "r", "edit": edit})
+
+    assert fits({"prompts": {"reflection": "Why did {task} fail? {verdict}"}, "parameters": {"drafts": 3}})
+    assert fits({"tools": ["run_python", "finish"], "hooks": ""})
+    assert not fits({"prompts": {"feedback": "Say what went wrong."}})
+    assert not fits({"parameters": {"drafts": 0}})  # below its bound
+    assert not fits({"parameters": {"patience": 3}})
+    assert not fits({"tools": ["teleport"]})
+    assert not fits({"verifier": "always pass"})
