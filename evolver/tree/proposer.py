@@ -60,11 +60,11 @@ PLACEHOLDERS = {
     "draft": ("stub", "examples", "insights"),
 }
 SAMPLE = 6  # attempts shown to the proposer
+SAMPLE_CHARS = 6000
+TRIED = 8  # the parent's latest children shown
 # Proposals are sampled, not greedy: at 0.2 the 1.5B meta model answered 7 of its 8 proposals of a learning run
 # with the same opening and 2 ideas in all, though each was shown the edits already tried.
 TEMPERATURE = 0.8
-SAMPLE_CHARS = 6000
-TRIED = 8  # the parent's latest children shown
 
 SYSTEM = (
     "You improve an agent by editing its scaffold: its prompt templates, its parameters, its enabled tools and "
