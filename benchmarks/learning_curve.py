@@ -296,17 +296,17 @@ def seed_scaffold(max_steps: int | None, max_attempts: int | None) -> dict:
     return data
 
 
+# How drafts after the first are drawn: the same scaffold drew otherwise before they were seeded, so a report
+# from then is no baseline for one now.
+DRAFT_DRAWS = "seeded by the draft prompt and its number"
+
+
 def seed_identity(max_steps: int | None, max_attempts: int | None) -> dict:
     """What the report records of the seed it measured: its parameters, and a digest of the whole scaffold
     (prompts included), so a ``--baseline`` from a run of another seed is refused."""
     data = seed_scaffold(max_steps, max_attempts)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
     return {"sha256": digest, "parameters": data["parameters"], "drafts": DRAFT_DRAWS}
-
-
-# How drafts after the first are drawn: the same scaffold drew otherwise before they were seeded, so a report
-# from then is no baseline for one now.
-DRAFT_DRAWS = "seeded by the draft prompt and its number"
 
 
 def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> Path:
@@ -941,6 +941,11 @@ def write_report(out: Path, report: dict) -> dict:
 BASELINE_SAME = ("model", "local", "meta", "seed", "max_steps", "max_attempts", "structured", "shard")
 
 
+def _settings_differ(settings: dict, args, names) -> list[str]:
+    """The names among ``names`` whose value in an earlier report's settings is not this run's (as JSON)."""
+    return [name for name in names if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
+
+
 def baseline_of(path: Path, args, held, trained, promote) -> dict:
     """The model alone and generation 0 of an earlier run (``--baseline``), refused unless that run measured
     the same agent on the same tasks: the same split, the same models, the same seed limits. Both are at
@@ -956,7 +961,7 @@ def baseline_of(path: Path, args, held, trained, promote) -> dict:
         )
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise RuntimeError(f"--baseline {path}: not a learning-curve report with a generation 0 ({exc})") from None
-    differ = [name for name in BASELINE_SAME if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
+    differ = _settings_differ(settings, args, BASELINE_SAME)
     # The settings name the limits, not the seed itself: a seed changed since (drafts, a prompt) is another agent.
     recorded, seed_now = earlier.get("seed_scaffold", {}), seed_identity(args.max_steps, args.max_attempts)
     if recorded.get("sha256") != seed_now["sha256"]:
@@ -979,8 +984,7 @@ def direct_of(path: Path, args, held) -> dict:
         settings, tasks, direct = earlier["settings"], earlier["tasks"], earlier["direct"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(f"--direct-from {path}: not a learning-curve report ({exc})") from None
-    same = ("model", "local", "seed", "shard")
-    differ = [name for name in same if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
+    differ = _settings_differ(settings, args, ("model", "local", "seed", "shard"))
     if tasks.get("held_out") != [t.id for t in held]:
         differ.append("the held_out tasks")
     if differ:
