@@ -22,6 +22,7 @@ from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
 from .errors import error_response, http_error, internal_message, validation_error
 from .host import ServiceHost, Starting, Stopping
+from .lane import SubmitLane
 
 __all__ = ["create_app"]
 
@@ -130,6 +131,8 @@ def create_app(daemon: ServiceHost) -> FastAPI:
     for module in (tasks, chat, inspect, packs):
         app.include_router(module.router, prefix="/v1")
     d = daemon.config.daemon
+    # Innermost, so the cap and the token apply to the lane too; the last added runs first.
+    app.add_middleware(SubmitLane, host=daemon, handlers=app.exception_handlers)
     app.add_middleware(BodyCap, max_bytes=d.max_body_bytes)
     app.add_middleware(TcpToken, token=os.environ.get(d.tcp_token_env) if d.tcp_token_env else None)
     return app

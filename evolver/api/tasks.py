@@ -62,7 +62,14 @@ _STEPS = {
 async def submit(
     body: TaskIn, request: Request, idempotency_key: str | None = Header(default=None, max_length=200)
 ) -> JSONResponse:
-    daemon = _daemon(request)
+    """A body the submit lane (``lane.SubmitLane``) did not take for itself comes here: FastAPI reads and
+    validates it the documented way, and answers its errors."""
+    return await accept(_daemon(request), body, idempotency_key)
+
+
+async def accept(daemon, body: TaskIn, idempotency_key: str | None) -> JSONResponse:
+    """Submit a validated task: 201 once it is committed, 200 for a retry with the same Idempotency-Key and
+    body, 422 for that key with another body. Both ways a submit comes in (the lane and the route) end here."""
     # Committed together with whatever other submits arrive meanwhile (group commit), before the reply.
     task, new = await daemon.intake.submit(
         TaskKind.of(body.source),
