@@ -62,8 +62,8 @@ _STEPS = {
 async def submit(
     body: TaskIn, request: Request, idempotency_key: str | None = Header(default=None, max_length=200)
 ) -> JSONResponse:
-    """A body the submit lane (``lane.SubmitLane``) did not take for itself comes here: FastAPI reads and
-    validates it the documented way, and answers its errors."""
+    # A body the submit lane (``lane.SubmitLane``) did not take for itself comes here: FastAPI reads and
+    # validates it the documented way, and answers its errors. (No docstring: it would be the API reference's.)
     return await accept(_daemon(request), body, idempotency_key)
 
 
