@@ -20,6 +20,7 @@ import json
 
 from starlette.requests import Request
 
+from .host import ServiceHost
 from .models import TaskIn
 from .tasks import accept
 
@@ -30,7 +31,7 @@ MAX_KEY = 200  # the route's bound on Idempotency-Key (``tasks.submit``)
 
 
 class SubmitLane:
-    def __init__(self, app, host, handlers: dict) -> None:
+    def __init__(self, app, host: ServiceHost, handlers: dict) -> None:
         self.app = app  # the rest of the API: FastAPI's routes
         self.host = host
         self.handlers = handlers  # the app's exception handlers, by exception class

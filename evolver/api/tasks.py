@@ -14,6 +14,7 @@ from memory import TERMINAL_STATUSES, NotFound, TaskKind
 
 from . import views
 from .errors import error_response
+from .host import ServiceHost
 from .models import MAX_ID, FeedbackIn, TaskIn, errors
 from .views import task_json
 
@@ -67,7 +68,7 @@ async def submit(
     return await accept(_daemon(request), body, idempotency_key)
 
 
-async def accept(daemon, body: TaskIn, idempotency_key: str | None) -> JSONResponse:
+async def accept(daemon: ServiceHost, body: TaskIn, idempotency_key: str | None) -> JSONResponse:
     """Submit a validated task: 201 once it is committed, 200 for a retry with the same Idempotency-Key and
     body, 422 for that key with another body. Both ways a submit comes in (the lane and the route) end here."""
     # Committed together with whatever other submits arrive meanwhile (group commit), before the reply.
