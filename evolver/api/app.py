@@ -20,6 +20,7 @@ from ..meta.probation import ApprovalError
 from ..meta.revert import RevertError
 from ..tree.incumbent import IncumbentError
 from . import chat, inspect, packs, tasks
+from .asgi import replay
 from .errors import error_response, http_error, internal_message, validation_error
 from .host import ServiceHost, Starting, Stopping
 from .lane import SubmitLane
@@ -53,16 +54,8 @@ class BodyCap:
                 return await self._too_large()(scope, receive, send)
             if not message.get("more_body"):
                 break
-        body, replayed = b"".join(chunks), False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, replay([whole], receive), send)
 
     def _too_large(self) -> JSONResponse:
         return error_response(

@@ -20,14 +20,14 @@ import json
 
 from starlette.requests import Request
 
+from .asgi import replay
 from .host import ServiceHost
 from .models import TaskIn
-from .tasks import accept
+from .tasks import MAX_IDEMPOTENCY_KEY, accept
 
 __all__ = ["SubmitLane"]
 
 PATH = "/v1/tasks"
-MAX_KEY = 200  # the route's bound on Idempotency-Key (``tasks.submit``)
 
 
 class SubmitLane:
@@ -52,13 +52,13 @@ class SubmitLane:
             message = await receive()
             messages.append(message)
             if message["type"] != "http.request":
-                return await self.app(scope, _replay(messages, receive), send)
+                return await self.app(scope, replay(messages, receive), send)
             body += message.get("body", b"")
             more = message.get("more_body", False)
         key = keys[0].decode("latin-1") if keys else None
         task = _task(body)
-        if task is None or (key is not None and len(key) > MAX_KEY):
-            return await self.app(scope, _replay(messages, receive), send)
+        if task is None or (key is not None and len(key) > MAX_IDEMPOTENCY_KEY):
+            return await self.app(scope, replay(messages, receive), send)
         try:
             response = await accept(self.host, task, key)
         except Exception as exc:  # answered as the route's would be; one with no handler is the server's
@@ -80,13 +80,3 @@ def _task(body: bytes) -> TaskIn | None:
         return TaskIn.model_validate(json.loads(body))
     except Exception:  # noqa: BLE001  not JSON, not text, nested past the parser's stack, or not a task
         return None
-
-
-def _replay(messages: list, receive):
-    """``receive`` that gives the messages already read again, then goes on reading."""
-    pending = list(messages)
-
-    async def replay():
-        return pending.pop(0) if pending else await receive()
-
-    return replay

@@ -20,6 +20,8 @@ from .views import task_json
 
 router = APIRouter(tags=["tasks"])
 
+MAX_IDEMPOTENCY_KEY = 200  # characters: the route's bound on the header, and the submit lane's
+
 Status = Literal["queued", "running", "done", "failed", "cancelled", "dead"]
 
 
@@ -61,7 +63,7 @@ _STEPS = {
     responses={200: _REPLAYED, **errors(400, 413, 422, 503)},
 )
 async def submit(
-    body: TaskIn, request: Request, idempotency_key: str | None = Header(default=None, max_length=200)
+    body: TaskIn, request: Request, idempotency_key: str | None = Header(default=None, max_length=MAX_IDEMPOTENCY_KEY)
 ) -> JSONResponse:
     # A body the submit lane (``lane.SubmitLane``) did not take for itself comes here: FastAPI reads and
     # validates it the documented way, and answers its errors. (No docstring: it would be the API reference's.)
