@@ -5,6 +5,8 @@
 The daemon is a real ``evolver up --foreground`` in a child process (so the load
 generator never shares its GIL), on a fresh data dir, with a scripted model
 whose one rule finishes every task on its first model call ("a one-step task").
+It gets none of the caller's ``EVOLVER_`` variables: its settings are the
+benchmark's alone, so a setting cannot be tried by exporting one.
 The load generator is one asyncio process (uvloop when installed) with 50
 clients, each on its own keep-alive connection, each sending its requests one
 after another. By default the clients write HTTP/1.1 by hand on
