@@ -565,7 +565,7 @@ async def phase_end_to_end(daemon: Daemon, args, run: str) -> dict:
     clients = await open_clients(args.client, daemon.socket, n)
     per_client = max(1, args.e2e_tasks // n)
     submits = Submits(run)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), daemon.cpu_s()
     _, submit_wall, results = await closed_loop(clients, per_client, submits.maker("e2e"))
     submits.record("e2e", results)
     deadline = time.monotonic() + args.e2e_timeout_s
@@ -574,7 +574,7 @@ async def phase_end_to_end(daemon: Daemon, args, run: str) -> dict:
         if not queue.get("queued") and not queue.get("running"):
             break
         await asyncio.sleep(0.05)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, daemon.cpu_s() - cpu0
     acked = set(submits.acked.values())
     tasks = [t for t in await list_all(clients[0]) if t["id"] in acked]
     await close_clients(clients)
@@ -592,6 +592,8 @@ async def phase_end_to_end(daemon: Daemon, args, run: str) -> dict:
         "seconds": round(span, 3) if span else None,
         "tasks_per_s": round(len(done) / span, 1) if span else None,
         "wall_seconds_to_drained": round(wall, 3),
+        # the daemon's own process (its API, intake, index and the workers' retrieval), not its workers'
+        "daemon_cpu_ms_per_task": round(cpu * 1000 / len(done), 2) if done else None,
         "submit_seconds": round(submit_wall, 3),
         "per_task_run_ms": {"p50": pct(service, 0.5), "p99": pct(service, 0.99)},
         "per_task_submit_to_done_ms": {"p50": pct(turnaround, 0.5), "p99": pct(turnaround, 0.99)},

@@ -11,6 +11,12 @@ texts, which sit close together) and a bfloat16 copy (0.99 recall, but slower
 than ONNX Runtime and only where the CPU has bfloat16 in hardware). The
 benchmark measures that recall (``benchmarks/memory_bench.py``). Everything
 loads lazily: importing this module does not import torch.
+
+The vectors of the texts embedded as queries lately are kept (``RECENT_QUERIES``):
+a task's prompt is embedded once as the query for its context, and again as a
+document when its trajectory is indexed, the same text and the same computation
+(they agree to 1e-7), and the second time was the daemon's largest CPU cost per
+task: the document embedding takes the vector kept instead.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
+RECENT_QUERIES = 512  # the query vectors kept for reuse: 384 float32 each, under 1 MB in all
 
 
 def bundled_model_path() -> Path:
@@ -80,6 +88,8 @@ class Embedder:
         self._batch_lock = threading.Lock()
         self._model: SentenceTransformer | None = None
         self._query_model: OnnxQueryEncoder | None = None
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> its vector, newest last
+        self._recent_lock = threading.Lock()
 
     @property
     def model_id(self) -> str:
@@ -134,19 +144,46 @@ class Embedder:
 
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
+        with self._recent_lock:
+            kept = {i: self._recent[text] for i, text in enumerate(texts) if text in self._recent}
+        if len(kept) == len(texts):
+            return np.stack([kept[i] for i in range(len(texts))])
         model = self._load()
+        missing = [text for i, text in enumerate(texts) if i not in kept]
         with self._batch_lock:
-            vectors = model.encode(
-                list(texts),
+            encoded = model.encode(
+                missing,
                 batch_size=self.batch_size,
                 normalize_embeddings=True,
                 convert_to_numpy=True,
                 show_progress_bar=False,
-            )
-        return vectors.astype(np.float32, copy=False)
+            ).astype(np.float32, copy=False)
+        if not kept:
+            return encoded
+        vectors = np.empty((len(texts), encoded.shape[1]), dtype=np.float32)
+        rest = iter(encoded)
+        for i in range(len(texts)):
+            vectors[i] = kept[i] if i in kept else next(rest)
+        return vectors
 
     def embed_query(self, text: str, *, full_precision: bool = False) -> np.ndarray:
-        """One text's embedding by the fast single-query path (or PyTorch, as the reference)."""
+        """One text's embedding by the fast single-query path (or PyTorch, as the reference), kept for reuse
+        (read-only) unless ``full_precision`` asks for the reference computation itself."""
+        if not full_precision:
+            with self._recent_lock:
+                if text in self._recent:
+                    self._recent.move_to_end(text)
+                    return self._recent[text]
+        vector = self._embed_one(text, full_precision=full_precision)
+        if not full_precision:
+            vector.setflags(write=False)  # shared from now on: nobody may change it in place
+            with self._recent_lock:
+                self._recent[text] = vector
+                while len(self._recent) > RECENT_QUERIES:
+                    self._recent.popitem(last=False)
+        return vector
+
+    def _embed_one(self, text: str, *, full_precision: bool) -> np.ndarray:
         import torch
 
         model = self._load()
@@ -158,4 +195,4 @@ class Embedder:
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             vector = torch.nn.functional.normalize(pooled, dim=-1)[0]
-        return vector.numpy().astype("float32", copy=False)
+        return vector.numpy().astype("float32", copy=True)

@@ -3,7 +3,8 @@
 Triggers put every changed row into ``index_outbox`` in the same transaction as
 the change. ``sync_index`` embeds those rows, writes Chroma, and only then
 clears their outbox rows (if no newer change came meanwhile), so a crash
-between the two stores loses nothing: the next sync finishes the work.
+between the two stores loses nothing: the next sync finishes the work. A
+trajectory waits there while its attempt runs, and enters the index when it ends.
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from .db import INDEXED_COLLECTIONS
 from .errors import StoreError
 
 __all__ = ["IndexMaintenance"]
+
+
+# What the index is owed, less the attempts still running: a trajectory enters the index once, when it ends,
+# with its outcome. Indexed when it started too, it cost two of Chroma's writes (an upsert, then an update of
+# its outcome), each holding the daemon's GIL for milliseconds; its row waits in the outbox meanwhile.
+_PENDING_SQL = """
+    SELECT o.collection, o.item_id, o.generation FROM index_outbox o
+    WHERE NOT (o.collection = 'trajectories'
+               AND EXISTS (SELECT 1 FROM trajectories t WHERE t.id = o.item_id AND t.status = 'running'))
+    LIMIT ?"""
 
 
 def _text_hash(text: str) -> str:
@@ -79,9 +90,7 @@ class IndexMaintenance(StoreHost):
         done = 0
         with self._index_lock:
             while True:
-                pending = self._all(
-                    "SELECT collection, item_id, generation FROM index_outbox LIMIT ?", [self.options.index_batch]
-                )
+                pending = self._all(_PENDING_SQL, [self.options.index_batch])
                 if not pending:
                     return done
                 by_collection: dict[str, list[str]] = defaultdict(list)
@@ -108,7 +117,7 @@ class IndexMaintenance(StoreHost):
 
     def _indexable_ids_sql(self, collection: str) -> str:
         return {
-            "trajectories": "SELECT id FROM trajectories",
+            "trajectories": "SELECT id FROM trajectories WHERE status != 'running'",
             "insights": "SELECT CAST(id AS TEXT) AS id FROM insights WHERE status IN ('active', 'probation')",
             "tools": "SELECT CAST(id AS TEXT) AS id FROM tools WHERE status = 'active'",
         }[collection]

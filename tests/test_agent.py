@@ -92,6 +92,27 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     assert listed["claims"] == 0  # no worker ever leased it
 
 
+def test_each_attempt_enters_the_index_once_with_its_outcome(engine_for, monkeypatch):
+    """The agent records an attempt's outcome before it ends it, so the index writes each trajectory once."""
+    engine = engine_for(RETRIED, "a-indexed")
+    writes = []
+    for name in ("upsert", "update_metadata"):
+        original = getattr(engine.store.index, name)
+
+        def spy(collection, ids, *rest, _name=name, _original=original):
+            if ids:
+                writes.append((_name, list(ids)))
+            return _original(collection, ids, *rest)
+
+        monkeypatch.setattr(engine.store.index, name, spy)
+    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
+    first, second = result.trajectory_ids
+    assert writes == [("upsert", [first]), ("upsert", [second])]
+    indexed = engine.store.index.metadata_of("trajectories", [first, second])
+    assert (indexed[first]["success"], indexed[second]["success"]) == (0, 1)
+
+
 def test_a_held_out_task_gets_one_attempt_whatever_the_scaffold_allows(engine_for):
     """A retry starts from the check's verdict; on a held-out task that verdict is the measurement, so a
     scaffold that raised max_attempts would be scored with the judge's answer in hand (the same script

@@ -131,3 +131,38 @@ def test_queries_and_batches_from_many_threads_at_once_give_the_same_vectors(emb
     for w in workers:
         w.join(RACE_S + 120)
     assert not failures, failures[:3]
+
+
+def test_a_text_embedded_as_a_query_is_not_embedded_again_as_a_document(embedder, monkeypatch):
+    """A task's prompt is the query for its context and later the document its trajectory is indexed by:
+    the second embedding takes the vector the first computed, and only the texts not seen lately are encoded."""
+    import memory.embedder as embedder_module
+
+    prompt = "sum the price column of invoices.csv, a prompt embedded for its context and then indexed"
+    other = "a text never asked as a query"
+    reference = embedder.embed_query(prompt, full_precision=True)  # the reference path keeps nothing
+    model = embedder._load()
+    encoded: list[list[str]] = []
+    encode = model.encode
+
+    def spy(texts, **kwargs):
+        encoded.append(list(texts))
+        return encode(texts, **kwargs)
+
+    monkeypatch.setattr(model, "encode", spy)
+    assert embedder.embed_documents([prompt]) is not None and encoded == [[prompt]]  # not asked as a query yet
+    query = embedder.embed_query(prompt)
+    with pytest.raises(ValueError):
+        query[0] = 1.0  # shared: read-only
+    encoded.clear()
+    documents = embedder.embed_documents([other, prompt])
+    assert encoded == [[other]]
+    assert np.array_equal(documents[1], query) and float(documents[1] @ reference) > 0.99999
+    assert float(documents[0] @ embedder.embed_query(other, full_precision=True)) > 0.99999
+    # Only the latest queries are kept.
+    monkeypatch.setattr(embedder_module, "RECENT_QUERIES", 2)
+    for text in ("first query of three", "second query of three", "third query of three"):
+        embedder.embed_query(text)
+    encoded.clear()
+    embedder.embed_documents(["first query of three", "third query of three"])
+    assert encoded == [["first query of three"]]

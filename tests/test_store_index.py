@@ -65,6 +65,35 @@ def test_writes_reach_the_index_through_the_outbox(store):
     assert store.index.metadata_of("trajectories", [ids[1]])[ids[1]]["success"] == -1
 
 
+def test_a_trajectory_enters_the_index_once_when_its_attempt_ends(store, monkeypatch):
+    """While its attempt runs, a trajectory waits in the outbox and a sync writes nothing for it; when the
+    attempt ends (its outcome recorded first, as the agent does), it is written once: one of Chroma's
+    writes, each of which holds the daemon's GIL, instead of an upsert and then an update."""
+    writes = []
+    for name in ("upsert", "update_metadata"):
+        original = getattr(store.index, name)
+
+        def spy(collection, ids, *rest, _name=name, _original=original):
+            if ids:
+                writes.append((_name, collection, list(ids)))
+            return _original(collection, ids, *rest)
+
+        monkeypatch.setattr(store.index, name, spy)
+    task, _ = store.add_task(PROMPTS[0])
+    trajectory = store.start_trajectory(task.id)
+    store.add_step(trajectory.id, role="assistant", content="resizing")
+    assert store.sync_index() == 0
+    assert outbox(store) == [("trajectories", trajectory.id)]
+    assert writes == [] and store.index.count("trajectories") == 0
+    store.record_outcome(trajectory.id, success=True)
+    assert writes == []  # still running
+    store.finish_trajectory(trajectory.id, status="finished", final_answer="done")
+    assert writes == [("upsert", "trajectories", [trajectory.id])]
+    assert store.index.metadata_of("trajectories", [trajectory.id])[trajectory.id]["success"] == 1
+    assert_in_sync(store)
+    assert_findable(store, [trajectory.id])
+
+
 def test_reconcile_after_a_crash_before_the_index_write(open_store, data_dir):
     """Rows committed with the sync skipped (as if the process died right after the commit)."""
     store = open_store()

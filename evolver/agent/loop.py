@@ -396,8 +396,7 @@ class Agent:
                             score=0.0,
                             feedback=f"a hook failed: {hooks.failures[0]}",
                         )
-                    self.store.finish_trajectory(trajectory.id, status=ended, final_answer=answer)
-                    if verdict is not None:
+                    if verdict is not None:  # before the attempt ends: it enters the index once, with its outcome
                         self.store.record_outcome(
                             trajectory.id,
                             success=verdict.success,
@@ -405,6 +404,7 @@ class Agent:
                             verifier=verdict.verifier,
                             verifier_output=verdict.output,
                         )
+                    self.store.finish_trajectory(trajectory.id, status=ended, final_answer=answer)
                     if verdict is None or verdict.success:
                         if verdict is None and answer is None:  # no check to fall back on
                             status, ending, error = "failed", Ending.NO_ANSWER, f"no answer ({ended})"

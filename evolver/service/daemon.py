@@ -239,6 +239,7 @@ class Daemon:
     def task_ended(self, task_id: str) -> None:
         self.feed.publish(task_id)
         self.chats.wrote(task_id)
+        self._index_due.set()  # its attempt ended: the trajectory enters the index now
         # The search reads its tasks' results itself, on the job host: the worker only says one ended.
         if self.jobs is not None and self.store.get_task(task_id).source.searched:
             self.jobs.poke("record")
