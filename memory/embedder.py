@@ -12,11 +12,11 @@ than ONNX Runtime and only where the CPU has bfloat16 in hardware). The
 benchmark measures that recall (``benchmarks/memory_bench.py``). Everything
 loads lazily: importing this module does not import torch.
 
-The vectors of the texts embedded as queries lately are kept (``RECENT_QUERIES``):
-a task's prompt is embedded once as the query for its context, and again as a
-document when its trajectory is indexed, the same text and the same computation
-(they agree to 1e-7), and the second time was the daemon's largest CPU cost per
-task: the document embedding takes the vector kept instead.
+A task's prompt is embedded twice: as the query for its context when the task
+starts, and as a document when its trajectory is indexed. The vectors of the
+last ``RECENT_QUERIES`` query texts are kept, and a document embedding takes a
+kept vector instead of computing it again (the two agree to 1e-7): embedding
+the prompt twice had been the daemon's largest CPU cost per task.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
-RECENT_QUERIES = 512  # the query vectors kept for reuse: 384 float32 each, under 1 MB in all
+RECENT_QUERIES = 512  # query vectors kept for reuse, 1.5 KB each with their texts as the keys
 
 
 def bundled_model_path() -> Path:
