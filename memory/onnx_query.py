@@ -103,6 +103,11 @@ class OnnxQueryEncoder:
         options.inter_op_num_threads = 1
         if threads:
             options.intra_op_num_threads = threads
+        # Without this, ONNX Runtime's threads spin for work after each run, and a daemon asks one query per
+        # task: a query every 20 ms cost 31 ms of CPU for 5.5 ms of wall time, taken from the cores its
+        # workers and its API share. Not spinning: 10.8 ms of CPU, 6.9 ms of wall time (the daemon's CPU per
+        # task end to end: benchmarks/api_bench.py).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = onnxruntime.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
         self._inputs = [i.name for i in self._session.get_inputs()]
         self._tokenizer = tokenizer  # its own: a fast tokenizer is not thread-safe (memory.embedder)

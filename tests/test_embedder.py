@@ -166,3 +166,11 @@ def test_a_text_embedded_as_a_query_is_not_embedded_again_as_a_document(embedder
     encoded.clear()
     embedder.embed_documents(["first query of three", "third query of three"])
     assert encoded == [["first query of three"]]
+
+
+def test_the_query_path_does_not_spin_for_work_between_queries(embedder):
+    """A daemon embeds one query per task and then waits: threads spinning for the next run would burn the
+    cores its workers and its API share (how much: the daemon's CPU per task in benchmarks/api_bench.py)."""
+    embedder._load()
+    options = embedder._query_model._session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
