@@ -146,24 +146,23 @@ class Embedder:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         with self._recent_lock:
             kept = {i: self._recent[text] for i, text in enumerate(texts) if text in self._recent}
-        if len(kept) == len(texts):
-            return np.stack([kept[i] for i in range(len(texts))])
-        model = self._load()
-        missing = [text for i, text in enumerate(texts) if i not in kept]
-        with self._batch_lock:
-            encoded = model.encode(
-                missing,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            ).astype(np.float32, copy=False)
-        if not kept:
-            return encoded
-        vectors = np.empty((len(texts), encoded.shape[1]), dtype=np.float32)
-        rest = iter(encoded)
-        for i in range(len(texts)):
-            vectors[i] = kept[i] if i in kept else next(rest)
+        missing = [i for i in range(len(texts)) if i not in kept]
+        encoded = None
+        if missing:
+            model = self._load()
+            with self._batch_lock:
+                encoded = model.encode(
+                    [texts[i] for i in missing],
+                    batch_size=self.batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
+        vectors = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        if encoded is not None:
+            vectors[missing] = encoded
+        for i, vector in kept.items():
+            vectors[i] = vector
         return vectors
 
     def embed_query(self, text: str, *, full_precision: bool = False) -> np.ndarray:
@@ -195,4 +194,4 @@ class Embedder:
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             vector = torch.nn.functional.normalize(pooled, dim=-1)[0]
-        return vector.numpy().astype("float32", copy=True)
+        return vector.numpy().astype("float32", copy=False)
