@@ -96,3 +96,19 @@ def read_line(stream: IO[str], *, timeout_s: float, what: str) -> str:
         return box.get(timeout=timeout_s)
     except queue.Empty:
         raise AssertionError(f"no line within {timeout_s:g} s: {what}") from None
+
+
+def index_writes(index, monkeypatch) -> list[tuple[str, str, list[str]]]:
+    """Every write of rows to ``index`` from now on, as (``upsert`` or ``update_metadata``, collection, ids):
+    each of Chroma's writes holds the GIL of the process that owns the index, so tests count them."""
+    writes: list[tuple[str, str, list[str]]] = []
+    for name in ("upsert", "update_metadata"):
+        original = getattr(index, name)
+
+        def spy(collection, ids, *rest, _name=name, _original=original):
+            if ids:
+                writes.append((_name, collection, list(ids)))
+            return _original(collection, ids, *rest)
+
+        monkeypatch.setattr(index, name, spy)
+    return writes

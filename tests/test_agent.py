@@ -6,6 +6,7 @@ import itertools
 import threading
 
 import pytest
+from _helpers import index_writes
 
 from evolver.agent.scaffold import default_scaffold
 from evolver.config import load_config
@@ -95,20 +96,11 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
 def test_each_attempt_enters_the_index_once_with_its_outcome(engine_for, monkeypatch):
     """The agent records an attempt's outcome before it ends it, so the index writes each trajectory once."""
     engine = engine_for(RETRIED, "a-indexed")
-    writes = []
-    for name in ("upsert", "update_metadata"):
-        original = getattr(engine.store.index, name)
-
-        def spy(collection, ids, *rest, _name=name, _original=original):
-            if ids:
-                writes.append((_name, list(ids)))
-            return _original(collection, ids, *rest)
-
-        monkeypatch.setattr(engine.store.index, name, spy)
+    writes = index_writes(engine.store.index, monkeypatch)
     task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
     first, second = result.trajectory_ids
-    assert writes == [("upsert", [first]), ("upsert", [second])]
+    assert writes == [("upsert", "trajectories", [first]), ("upsert", "trajectories", [second])]
     indexed = engine.store.index.metadata_of("trajectories", [first, second])
     assert (indexed[first]["success"], indexed[second]["success"]) == (0, 1)
 

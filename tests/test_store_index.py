@@ -7,7 +7,7 @@ import subprocess
 import textwrap
 
 import pytest
-from _helpers import PYTHON, REPO, OtherModel, read_line, run_python
+from _helpers import PYTHON, REPO, OtherModel, index_writes, read_line, run_python
 from sqlite_utils.migrations import Migrations
 
 import memory.store as store_module
@@ -69,16 +69,7 @@ def test_a_trajectory_enters_the_index_once_when_its_attempt_ends(store, monkeyp
     """While its attempt runs, a trajectory waits in the outbox and a sync writes nothing for it; when the
     attempt ends (its outcome recorded first, as the agent does), it is written once: one of Chroma's
     writes, each of which holds the daemon's GIL, instead of an upsert and then an update."""
-    writes = []
-    for name in ("upsert", "update_metadata"):
-        original = getattr(store.index, name)
-
-        def spy(collection, ids, *rest, _name=name, _original=original):
-            if ids:
-                writes.append((_name, collection, list(ids)))
-            return _original(collection, ids, *rest)
-
-        monkeypatch.setattr(store.index, name, spy)
+    writes = index_writes(store.index, monkeypatch)
     task, _ = store.add_task(PROMPTS[0])
     trajectory = store.start_trajectory(task.id)
     store.add_step(trajectory.id, role="assistant", content="resizing")
