@@ -101,7 +101,9 @@ def measure_keyword_pruning(store: Store, queries: list[str]) -> dict:
     join = "LEFT JOIN outcomes o ON o.trajectory_id = t.id"
 
     def search(q):
-        return memory_search.keyword_search(store.db, "trajectories", q, 20, where=where, params=params, join=join)
+        return memory_search.keyword_search(
+            store.database.writer, "trajectories", q, 20, where=where, params=params, join=join
+        )
 
     recalls, same_context = [], 0
     saved = memory_search.POSTINGS_BUDGET
@@ -120,7 +122,7 @@ def measure_keyword_pruning(store: Store, queries: list[str]) -> dict:
         expression = memory_search.match_expression(q)
         ids = sorted(set(pruned) | set(full))
         scores = dict(
-            store.db.execute(
+            store.database.writer.execute(
                 f"""SELECT t.id, bm25(trajectories_fts) FROM trajectories_fts
                 JOIN trajectories t ON t.rowid = trajectories_fts.rowid
                 WHERE trajectories_fts MATCH ? AND t.id IN ({",".join("?" * len(ids))})""",

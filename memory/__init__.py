@@ -21,7 +21,7 @@ from .errors import (
 )
 from .inbox import TERMINAL as TERMINAL_STATUSES
 from .inbox import Lease
-from .protocol import ExperienceStore, InboxStore, LearnedStore, Reports, SearchStore
+from .protocol import ExperienceStore, InboxStore, LearnedStore, Reports, TreeStore
 from .records import (
     Context,
     Ending,
@@ -50,7 +50,7 @@ __all__ = [
     "ExperienceStore",
     "AgentStore",
     "InboxStore",
-    "SearchStore",
+    "TreeStore",
     "LearnedStore",
     "Reports",
     "Store",

@@ -1,9 +1,10 @@
-"""What the store's parts (the mixins ``Store`` is made of) use of the store they are part of.
+"""What the store's parts still mixed into ``Store`` use of the store they are part of.
 
-Each part reads the store's connection, options, embedder and index, and calls a few of its
-methods, all defined on ``Store`` or on a sibling part. ``StoreHost`` declares them once, for the
-type checker only: at run time its body is empty, so a part's attributes and methods still come
-from ``Store`` and its other parts, as before.
+Each such part reads and writes through the store's database object (``Database``), reads its options,
+embedder and index, and calls a few of its methods, all defined on ``Store`` or on a sibling part.
+``StoreHost`` declares them once, for the type checker only: at run time its body is empty, so a part's
+attributes and methods still come from ``Store`` and its other parts. A part composed over the database
+instead (``TreeRecords``) is handed what it uses and needs none of this.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
     import sqlite_utils
 
+    from .database import Database
     from .embedder import Embedder
     from .index import VectorIndex
     from .options import StoreOptions
@@ -36,16 +38,11 @@ class StoreHost:
         embedder: Embedder
         index: VectorIndex | None
         context_from: Callable[..., Context] | None
-        _local: threading.local
+        database: Database
         _index_lock: threading.Lock
 
-        # The plumbing (``Store``).
-        def _sqlite_errors(self) -> AbstractContextManager[None]: ...
-        def _write(self) -> AbstractContextManager[sqlite_utils.Database]: ...
+        # A transaction that brings the index up to date after it (``Store``).
         def transaction(self) -> AbstractContextManager[sqlite_utils.Database]: ...
-        def _reader(self) -> sqlite_utils.Database: ...
-        def _one(self, sql: str, params: Iterable = ()) -> dict | None: ...
-        def _all(self, sql: str, params: Iterable = ()) -> list[dict]: ...
 
         # The index (``IndexMaintenance``).
         def sync_index(self, *, progress: Callable[[int], None] | None = None) -> int: ...

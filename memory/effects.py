@@ -130,7 +130,7 @@ class Exposures(StoreHost):
         rows = [(trajectory_id, kind, str(item)) for kind, names in items.items() for item in names]
         if not rows:
             return
-        with self._write() as db:
+        with self.database.write() as db:
             for row in rows:
                 db.execute("INSERT OR IGNORE INTO exposures (trajectory_id, kind, item) VALUES (?,?,?)", list(row))
 
@@ -144,7 +144,7 @@ class Exposures(StoreHost):
         ]
         if not rows:  # no durable commit for nothing: a prune round with nothing learned yet
             return
-        with self._write() as db:
+        with self.database.write() as db:
             db.conn.executemany(
                 "INSERT OR REPLACE INTO measurements (kind, item, verdict, difference, low, high, compared, "
                 "measured_at) VALUES (?,?,?,?,?,?,?,?)",
@@ -158,7 +158,7 @@ class Exposures(StoreHost):
         if not names:
             return {}
         marks = ",".join("?" * len(names))
-        rows = self._all(
+        rows = self.database.all(
             f"SELECT item, verdict FROM measurements WHERE kind = ? AND item IN ({marks}) AND verdict IS NOT NULL",
             [kind, *names],
         )
@@ -166,7 +166,7 @@ class Exposures(StoreHost):
 
     def exposures_of(self, trajectory_id: str) -> dict[str, list[str]]:
         """What one attempt was shown: ``{"insight": [...], "tool": [...]}``."""
-        rows = self._all(
+        rows = self.database.all(
             "SELECT kind, item FROM exposures WHERE trajectory_id = ? ORDER BY kind, item", [trajectory_id]
         )
         out: dict[str, list[str]] = {}
@@ -186,14 +186,14 @@ class Exposures(StoreHost):
         over = PROMOTION_SQL if promotion else learnable_sql("t")
         # A task's text, by a key short enough to group on (its start, its length): the tree's
         # evaluations and a person's repeated tasks share it.
-        attempts = self._all(
+        attempts = self.database.all(
             "SELECT t.id, t.started_at, o.success, substr(k.prompt, 1, 200) || '#' || length(k.prompt) AS task "
             "FROM trajectories t JOIN outcomes o ON o.trajectory_id = t.id JOIN tasks k ON k.id = t.task_id "
             f"WHERE o.success IS NOT NULL AND t.started_at >= ? AND {over}",
             [first],
         )
         shown: dict[str, set[str]] = {}
-        for row in self._all(
+        for row in self.database.all(
             "SELECT x.item, x.trajectory_id FROM exposures x JOIN trajectories t ON t.id = x.trajectory_id "
             "WHERE x.kind = ? AND t.started_at >= ?",
             [kind, first],

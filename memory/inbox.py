@@ -55,10 +55,10 @@ class Inbox(StoreHost):
         now = time.time()
         # Read first, without the write lock: an idle worker asking finds nothing far more often than
         # something, and taking the lock for that would make every idle worker a writer.
-        with self._sqlite_errors():
-            if self._next_claimable(self._reader(), now, sources, exclude_sources) is None:
+        with self.database.errors():
+            if self._next_claimable(self.database.reader(), now, sources, exclude_sources) is None:
                 return None
-        with self._write() as db:
+        with self.database.write() as db:
             while True:
                 row = self._next_claimable(db, now, sources, exclude_sources)
                 if row is None:
@@ -125,7 +125,7 @@ class Inbox(StoreHost):
     def renew_lease(self, lease: Lease, *, lease_s: float) -> Lease | None:
         """Extend a lease still held; None when it was lost (expired and taken over, or cancelled)."""
         expires = time.time() + lease_s
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET lease_expires_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
                 [expires, lease.task.id, lease.token],
@@ -141,7 +141,7 @@ class Inbox(StoreHost):
         if status not in TERMINAL:
             raise ValueError(f"a task ends as one of {', '.join(TERMINAL)}, not {status!r}")
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET status = ?, error = ?, ending = ?, lease_owner = NULL, lease_expires_at = NULL, "
                 "updated_at = ?, finished_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
@@ -151,7 +151,7 @@ class Inbox(StoreHost):
 
     def release_task(self, lease: Lease) -> bool:
         """Give a leased task back to the queue (a graceful shutdown), refunding the attempt."""
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET status = 'queued', attempts = max(attempts - 1, 0), lease_owner = NULL, "
                 "lease_expires_at = NULL, updated_at = ? WHERE id = ? AND lease_token = ? AND status = 'running'",
@@ -166,7 +166,7 @@ class Inbox(StoreHost):
         daemon holds the single-instance socket). The attempt still counts, so a
         task that kills its worker every time is dead-lettered, not retried forever.
         """
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET lease_expires_at = 0 WHERE status = 'running' AND lease_owner IS NOT NULL "
                 "AND substr(lease_owner, 1, ?) != ?",
@@ -187,7 +187,7 @@ class Inbox(StoreHost):
 
     def _abandon(self, where: str, params: list) -> list[str]:
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             ids = [r[0] for r in db.execute(f"SELECT id FROM tasks WHERE status = 'running' AND {where}", params)]
             for task_id in ids:
                 db.execute("UPDATE tasks SET lease_expires_at = 0, updated_at = ? WHERE id = ?", [now, task_id])
@@ -199,7 +199,7 @@ class Inbox(StoreHost):
         fails as interrupted, and so does the attempt it left open. The caller holds no lease on it: a
         daemon starting, before its workers claim anything. False when it had already ended."""
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET status = 'failed', error = ?, ending = ?, updated_at = ?, finished_at = ?, "
                 "lease_owner = NULL, lease_expires_at = NULL WHERE id = ? AND status IN ('queued', 'running')",
@@ -212,7 +212,7 @@ class Inbox(StoreHost):
     def request_cancel(self, task_id: str) -> Task:
         """Cancel a queued task now; ask a running one to stop at its next step."""
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             row = db.execute("SELECT status FROM tasks WHERE id = ?", [task_id]).fetchone()
             if row is None:
                 raise NotFound(f"No task with id {task_id!r}.")
@@ -227,7 +227,7 @@ class Inbox(StoreHost):
         return self.get_task(task_id)
 
     def cancel_requested(self, task_id: str) -> bool:
-        row = self._one("SELECT cancel_requested FROM tasks WHERE id = ?", [task_id])
+        row = self.database.one("SELECT cancel_requested FROM tasks WHERE id = ?", [task_id])
         if row is None:
             raise NotFound(f"No task with id {task_id!r}.")
         return bool(row["cancel_requested"])
@@ -235,7 +235,7 @@ class Inbox(StoreHost):
     def queue_depth(self, *, excluding: tuple[str, ...] = ()) -> dict[str, int]:
         """How many tasks are in each state (leaving out tasks from the ``excluding`` sources)."""
         where = f"WHERE source NOT IN ({','.join('?' * len(excluding))})" if excluding else ""
-        rows = self._all(f"SELECT status, count(*) AS n FROM tasks {where} GROUP BY status", list(excluding))
+        rows = self.database.all(f"SELECT status, count(*) AS n FROM tasks {where} GROUP BY status", list(excluding))
         return {r["status"]: r["n"] for r in rows}
 
 

@@ -43,7 +43,7 @@ class IndexMaintenance(StoreHost):
         marks = ",".join("?" * len(ids))
         docs: dict[str, tuple[str, dict]] = {}
         if collection == "trajectories":
-            for r in self._all(
+            for r in self.database.all(
                 f"""SELECT t.id, t.prompt, t.node_id, t.started_at, o.success FROM trajectories t
                     LEFT JOIN outcomes o ON o.trajectory_id = t.id WHERE t.id IN ({marks})""",
                 ids,
@@ -54,12 +54,12 @@ class IndexMaintenance(StoreHost):
                     {"success": success, "started_at": r["started_at"], "node_id": r["node_id"] or ""},
                 )
         elif collection == "insights":
-            for r in self._all(
+            for r in self.database.all(
                 f"SELECT id, text FROM insights WHERE status IN ('active', 'probation') AND id IN ({marks})", ids
             ):
                 docs[str(r["id"])] = (r["text"], {})
         else:
-            for r in self._all(
+            for r in self.database.all(
                 f"SELECT id, name, description FROM tools WHERE status = 'active' AND id IN ({marks})", ids
             ):
                 docs[str(r["id"])] = (f"{r['name']}: {r['description']}", {})
@@ -85,12 +85,12 @@ class IndexMaintenance(StoreHost):
         """Bring the index up to date with the outbox; returns how many rows it wrote."""
         if self.index is None or self.readonly:
             return 0
-        if getattr(self._local, "writing", 0):
+        if self.database.writing:
             return 0  # inside a transaction: ``transaction()`` syncs once it has committed
         done = 0
         with self._index_lock:
             while True:
-                pending = self._all(_PENDING_SQL, [self.options.index_batch])
+                pending = self.database.all(_PENDING_SQL, [self.options.index_batch])
                 if not pending:
                     return done
                 by_collection: dict[str, list[str]] = defaultdict(list)
@@ -106,7 +106,7 @@ class IndexMaintenance(StoreHost):
                         f"Writing the vector index at {self.index.where} failed ({exc}); "
                         "the changes stay queued and are retried on the next write or start."
                     ) from exc
-                with self._write() as db:
+                with self.database.write() as db:
                     db.conn.executemany(
                         "DELETE FROM index_outbox WHERE collection = ? AND item_id = ? AND generation = ?",
                         [(r["collection"], r["item_id"], r["generation"]) for r in pending],
@@ -128,20 +128,21 @@ class IndexMaintenance(StoreHost):
         fixed = {"outbox": self.sync_index()}
         for collection in INDEXED_COLLECTIONS:
             sql = self._indexable_ids_sql(collection)
-            expected = self._all(f"SELECT count(*) AS n FROM ({sql})")[0]["n"]
+            expected = self.database.all(f"SELECT count(*) AS n FROM ({sql})")[0]["n"]
             if expected == self.index.count(collection):
                 continue
-            truth = {r["id"] for r in self._all(sql)}
+            truth = {r["id"] for r in self.database.all(sql)}
             present = self.index.all_ids(collection)
             # Rows another process (a worker process) wrote since the sync above wait in the outbox:
             # they are on their way, not drift.
             pending = {
-                r["item_id"] for r in self._all("SELECT item_id FROM index_outbox WHERE collection = ?", [collection])
+                r["item_id"]
+                for r in self.database.all("SELECT item_id FROM index_outbox WHERE collection = ?", [collection])
             }
             stale = sorted(((present - truth) | (truth - present)) - pending)
             if not stale:
                 continue
-            with self._write() as db:
+            with self.database.write() as db:
                 db.conn.executemany(
                     "INSERT OR IGNORE INTO index_outbox (collection, item_id) VALUES (?, ?)",
                     [(collection, i) for i in stale],
@@ -154,17 +155,17 @@ class IndexMaintenance(StoreHost):
         """Rebuild the whole index from SQLite, with the configured embedding model."""
         if self.readonly or self.index is None:
             raise StoreError(f"{self.db_path} was opened read-only; reindexing writes the index.")
-        with self._write() as db:
+        with self.database.write() as db:
             for collection in INDEXED_COLLECTIONS:
                 db.execute(
                     "INSERT OR IGNORE INTO index_outbox (collection, item_id) "
                     f"SELECT ?, id FROM ({self._indexable_ids_sql(collection)})",
                     [collection],
                 )
-        total = self._all("SELECT count(*) AS n FROM index_outbox")[0]["n"]
+        total = self.database.all("SELECT count(*) AS n FROM index_outbox")[0]["n"]
         for collection in INDEXED_COLLECTIONS:
             self.index.reset(collection)
-        with self._write() as db:
+        with self.database.write() as db:
             db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('embedding_model', ?)", [self.embedder.model_id]
             )

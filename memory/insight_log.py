@@ -30,7 +30,7 @@ class InsightLog(StoreHost):
         """
         now = time.time()
         touched: list[int] = []
-        with self._write() as db:
+        with self.database.write() as db:
             for change in changes:
                 if change.get("id") is None:
                     cursor = db.execute(
@@ -50,7 +50,7 @@ class InsightLog(StoreHost):
                     assert insight_id is not None  # an INSERT just ran
                 else:
                     insight_id = change["id"]
-                    row = self._one("SELECT * FROM insights WHERE id = ?", [insight_id])
+                    row = self.database.one("SELECT * FROM insights WHERE id = ?", [insight_id])
                     if row is None:
                         raise NotFound(f"No insight with id {insight_id!r}.")
                     current = Insight.from_row(row)
@@ -115,7 +115,7 @@ class InsightLog(StoreHost):
         return self._history("event_id = ?", event_id)
 
     def _history(self, where: str, key: int) -> list[dict]:
-        rows = self._all(f"SELECT * FROM insight_history WHERE {where} ORDER BY id", [key])
+        rows = self.database.all(f"SELECT * FROM insight_history WHERE {where} ORDER BY id", [key])
         for row in rows:
             row["before"] = None if row["before"] is None else json.loads(row["before"])
             row["after"] = json.loads(row["after"])

@@ -39,7 +39,7 @@ from .search import Filters
 from .store import NewTrajectory
 from .tool_log import NewTool, RecordedCall
 
-__all__ = ["ExperienceStore", "AgentStore", "InboxStore", "SearchStore", "LearnedStore", "Reports"]
+__all__ = ["ExperienceStore", "AgentStore", "InboxStore", "TreeStore", "LearnedStore", "Reports"]
 
 
 class InboxStore(Protocol):
@@ -86,8 +86,9 @@ class InboxStore(Protocol):
     def close_interrupted_trajectories(self) -> int: ...
 
 
-class SearchStore(Protocol):
-    """The tree search's own: scaffolds, nodes and their evaluations (``evolver.tree``)."""
+class TreeStore(Protocol):
+    """The tree search's own: scaffolds, nodes and their evaluations (``evolver.tree``), as ``store.tree``:
+    a part of its own, composed over the store's database (``memory.tree_records``)."""
 
     def put_scaffold(self, scaffold_hash: str, body: str) -> None: ...
     def get_scaffold(self, scaffold_hash: str) -> str: ...
@@ -216,8 +217,11 @@ class Reports(Protocol):
     def set_meta(self, key: str, value: str) -> None: ...
 
 
-class ExperienceStore(AgentStore, InboxStore, SearchStore, LearnedStore, Reports, Protocol):
+class ExperienceStore(AgentStore, InboxStore, LearnedStore, Reports, Protocol):
     """Every role, and the store's upkeep: what the daemon and the CLI, which own a store, hold."""
+
+    @property
+    def tree(self) -> TreeStore: ...
 
     embedder: Embedder
     index: VectorIndex | None  # None: keyword search only

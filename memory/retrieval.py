@@ -80,7 +80,7 @@ class Retrieval(StoreHost):
         where, params = filters.sql("t")
         marks = ",".join("?" * len(ids))
         rows = (
-            self._reader()
+            self.database.reader()
             .execute(
                 f"SELECT t.id FROM trajectories t LEFT JOIN outcomes o ON o.trajectory_id = t.id "
                 f"WHERE t.id IN ({marks}) AND {where}",
@@ -95,9 +95,9 @@ class Retrieval(StoreHost):
     ) -> list[TrajectoryHit]:
         vector = self._query_vector(query, vector)
         fetch = max(k * self.options.candidates_per_result, 20)
-        with self._sqlite_errors():
+        with self.database.errors():
             where, params = (filters or Filters()).sql("t")
-            keyword_args = (self._reader(), "trajectories", query, fetch)
+            keyword_args = (self.database.reader(), "trajectories", query, fetch)
             keyword_kwargs: dict[str, Any] = dict(
                 where=where, params=params, join="LEFT JOIN outcomes o ON o.trajectory_id = t.id"
             )
@@ -120,7 +120,7 @@ class Retrieval(StoreHost):
             marks = ",".join("?" * len(fused))
             rows = {
                 r["id"]: r
-                for r in self._all(
+                for r in self.database.all(
                     f"""SELECT t.id, t.task_id, t.prompt, t.final_answer, o.success,
                            (SELECT s.content FROM steps s WHERE s.trajectory_id = t.id AND s.role = 'work'
                             ORDER BY s.seq DESC LIMIT 1) AS work
@@ -172,7 +172,7 @@ class Retrieval(StoreHost):
         vector_hits = self._vector_hits(collection, vector, k * MEASURED_REACH, None) if vector is not None else []
         allowed = ",".join("?" * len(statuses))
         keyword_ids = keyword_search(
-            self._reader(), collection, query, fetch, where=f"t.status IN ({allowed})", params=list(statuses)
+            self.database.reader(), collection, query, fetch, where=f"t.status IN ({allowed})", params=list(statuses)
         )
         fused = self._fuse(vector_hits, keyword_ids, k * MEASURED_REACH)
         if not fused:
@@ -180,7 +180,7 @@ class Retrieval(StoreHost):
         marks = ",".join("?" * len(fused))
         rows = {
             str(r["id"]): r
-            for r in self._all(
+            for r in self.database.all(
                 f"SELECT {columns} FROM {collection} WHERE status IN ({allowed}) AND id IN ({marks})",
                 [*statuses, *(int(f[0]) for f in fused)],
             )
@@ -196,7 +196,7 @@ class Retrieval(StoreHost):
         imported insight not yet approved or measured: ``evolver.meta.probation``)."""
         vector = self._query_vector(query, vector)
         statuses = ("active", "probation") if probation else ("active",)
-        with self._sqlite_errors():
+        with self.database.errors():
             found = self._search_small("insights", query, k, vector, "id, text, importance", statuses)
         return [
             InsightHit(
@@ -213,7 +213,7 @@ class Retrieval(StoreHost):
 
     def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]:
         vector = self._query_vector(query, vector)
-        with self._sqlite_errors():
+        with self.database.errors():
             found = self._search_small("tools", query, k, vector, "id, name, version, description")
         return [
             ToolHit(

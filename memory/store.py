@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sqlite3
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,17 +25,16 @@ from typing import Any
 
 import sqlite_utils
 
-from .db import INDEXED_COLLECTIONS, MIGRATIONS, connect
+from .database import Database, required
+from .db import INDEXED_COLLECTIONS
 from .effects import Exposures
 from .embedder import Embedder
 from .errors import (
     AmbiguousId,
     IndexBusy,
     NotFound,
-    StoreError,
-    translate_os_error,
-    translate_sqlite_error,
 )
+from .ids import new_id
 from .inbox import TERMINAL, Inbox, interrupt_trajectories
 from .index import VectorIndex
 from .indexing import IndexMaintenance
@@ -46,11 +43,9 @@ from .options import StoreOptions
 from .records import (
     Context,
     Ending,
-    Evaluation,
     Event,
     Insight,
     LedgerEntry,
-    Node,
     Outcome,
     Step,
     Task,
@@ -60,9 +55,9 @@ from .records import (
     Trajectory,
 )
 from .retrieval import Retrieval
-from .scaffolds import Snapshots
 from .search import learnable_sql
 from .tool_log import ToolLog
+from .tree_records import TreeRecords
 
 __all__ = ["Store", "StoreOptions", "NewTrajectory", "new_id"]
 
@@ -70,24 +65,9 @@ DB_FILE = "evolver.db"
 INDEX_DIR = "index"
 
 
-# How long a writer waits before asking for the write lock again: doubling from the first to the second.
-WRITE_LOCK_PAUSE_S = (0.0002, 0.002)
-
 # How many tasks one statement of ``add_tasks`` carries: well inside SQLite's 32,766 parameters.
 _KEYS_PER_QUERY = 500
 _TASKS_PER_INSERT = 200
-
-
-# An id's random part comes from a generator of this process's own, seeded from the system's randomness (again
-# in a forked child): ids are not secrets, and ``os.urandom`` lets go of the GIL for its system call, after
-# which the API's thread waited to win it back from the store's writers on every submit.
-_ids = random.Random()
-os.register_at_fork(after_in_child=_ids.seed)
-
-
-def new_id(prefix: str) -> str:
-    """A time-ordered, collision-resistant id such as ``task_0193a1b2c3d4e5f6a7b8c9``."""
-    return f"{prefix}_{int(time.time() * 1000):011x}{_ids.getrandbits(40):010x}"
 
 
 def _json(value: Any) -> str | None:
@@ -111,7 +91,7 @@ class NewTrajectory:
     verifier_output: str | None = None
 
 
-class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, Exposures):
+class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(
@@ -133,27 +113,17 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         self.options = options or StoreOptions()
         self.readonly = readonly
         self.embedder = embedder or Embedder()
-        self._lock = threading.RLock()  # one writer at a time inside this process
-        # Reads go through a connection of the reading thread's own (WAL lets readers run beside the
-        # writer and see only committed rows), except inside a write, which must see its own rows.
-        # A thread's reader is closed with the store, when the thread is collected (the finalizer
-        # below), or when another thread opens its own after this one ended (a pool's old thread).
-        self._local = threading.local()
-        self._readers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # thread -> finalizer closing its reader
-        self._readers_lock = threading.Lock()
-        self._closed = False
         self._index_lock = threading.Lock()
         self.index: VectorIndex | None = None
         if readonly and not self.db_path.exists():
             raise NotFound(f"There is no store at {self.db_path} yet; start the daemon once to create it.")
-        self.db: sqlite_utils.Database = connect(
-            self.db_path, busy_timeout_ms=self.options.busy_timeout_ms, readonly=readonly
-        )
+        self.database = Database(self.db_path, options=self.options, readonly=readonly)
+        self.tree = TreeRecords(self.database, inbox=self)
         try:
             if not index_owner:
                 # A worker process beside the daemon: it writes SQLite (its rows wait in the outbox for
                 # the daemon, the index's one writer) and never migrates what the daemon owns.
-                self._require_migrated()
+                self.database.require_migrated()
             else:
                 # Own the index before changing anything: a second writer that will be
                 # refused (IndexBusy) must not have migrated the database under the owner.
@@ -185,39 +155,19 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         if self.index is not None:
             self.index.close()
             self.index = None
-        readers = getattr(self, "_readers", None)
-        if readers is not None:
-            with self._readers_lock:
-                self._closed = True  # no thread opens a reader any more
-                for close_reader in list(readers.values()):
-                    close_reader()
-                readers.clear()
-        db = getattr(self, "db", None)
-        if db is not None:
-            db.conn.close()
+        database = getattr(self, "database", None)
+        if database is not None:
+            database.close()
 
     # --- plumbing ------------------------------------------------------------
 
-    def _require_migrated(self) -> None:
-        with self._sqlite_errors():
-            pending = MIGRATIONS.pending(self.db)
-        if pending:
-            raise StoreError(
-                f"{self.db_path} is not at this version's schema ({len(pending)} migrations pending); "
-                "only the store's owner (the daemon) migrates it."
-            )
-
     def _migrate(self) -> None:
-        with self._sqlite_errors():
-            MIGRATIONS.apply(self.db)
-            stored = self.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()
-            # The index opened, so it is (now) built with this model; say so where the data lives.
-            if stored is None or stored[0] != self.embedder.model_id:
-                with self.db.atomic():
-                    self.db.execute(
-                        "INSERT OR REPLACE INTO meta (key, value) VALUES ('embedding_model', ?)",
-                        [self.embedder.model_id],
-                    )
+        self.database.migrate()
+        with self.database.errors():
+            stored = self.database.writer.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()
+        # The index opened, so it is (now) built with this model; say so where the data lives.
+        if stored is None or stored[0] != self.embedder.model_id:
+            self.set_meta("embedding_model", self.embedder.model_id)
 
     def _open_index(self, *, rebuild: bool) -> None:
         try:
@@ -236,77 +186,6 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             self.index = None
 
     @contextmanager
-    def _sqlite_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise translate_sqlite_error(exc, self.db_path) from exc
-        except OSError as exc:
-            raise translate_os_error(exc, self.db_path) from exc
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite_utils.Database]:
-        """One durable transaction; committed (fsynced) when the block ends."""
-        if self.readonly:
-            raise StoreError(f"{self.db_path} was opened read-only.")
-        with self._lock, self._sqlite_errors():
-            self._local.writing = getattr(self._local, "writing", 0) + 1
-            try:
-                if self.db.conn.in_transaction:  # nested: a savepoint
-                    with self.db.atomic():
-                        yield self.db
-                else:
-                    with self._immediate():
-                        yield self.db
-            finally:
-                self._local.writing -= 1
-
-    @contextmanager
-    def _immediate(self) -> Iterator[None]:
-        """The outermost write transaction takes SQLite's write lock at BEGIN, waiting for it up to the
-        busy timeout. A deferred one that read first and wrote after would fail at once ("database is
-        locked") whenever another process, the daemon's worker processes, wrote in between: SQLite
-        cannot wait out a stale snapshot."""
-        conn = self.db.conn
-        self._begin_immediate(conn)
-        try:
-            yield
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        else:
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-
-    def _begin_immediate(self, conn: sqlite3.Connection) -> None:
-        """``BEGIN IMMEDIATE``, asking again every fraction of a millisecond while another process holds
-        the write lock, until the busy timeout. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20,
-        25, 25, 25, 50, 50 and then 100 ms between its tries: a writer that meets a lock held for two
-        milliseconds (a worker's commit, fsynced) could sleep 25 ms or more after it was free, which
-        was the daemon's submit p99 beside its worker processes."""
-        timeout_ms = self.options.busy_timeout_ms
-        conn.execute("PRAGMA busy_timeout = 0")  # each try answers at once; the waiting is ours
-        try:
-            deadline = time.monotonic() + timeout_ms / 1000
-            pause = WRITE_LOCK_PAUSE_S[0]
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as exc:
-                    if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
-                        raise
-                time.sleep(pause)
-                pause = min(pause * 2, WRITE_LOCK_PAUSE_S[1])
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
-
-    @contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:
         """Group several of the store's writes into one durable transaction (all or none of them).
 
@@ -314,67 +193,26 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         committed: syncing inside it would index rows a rollback then removes,
         and would take the index lock while holding the write lock.
         """
-        with self._write() as db:
+        with self.database.write() as db:
             yield db
-        if not getattr(self._local, "writing", 0):
+        if not self.database.writing:
             self.sync_index()
-
-    def _reader(self) -> sqlite_utils.Database:
-        """The connection this thread reads through (see ``__init__``).
-
-        Inside ``_write`` that is the write connection, so a transaction reads its
-        own rows; elsewhere a read-only connection of this thread's own, opened on
-        first use, which sees only committed data and never joins a transaction.
-        """
-        if self._closed:
-            raise StoreError(f"{self.db_path}: the store is closed.")
-        if self.readonly or getattr(self._local, "writing", 0) > 0:
-            return self.db
-        reader = getattr(self._local, "reader", None)
-        if reader is None:
-            reader = connect(self.db_path, busy_timeout_ms=self.options.busy_timeout_ms, readonly=True)
-            with self._readers_lock:
-                if self._closed:  # closed while this one was opening
-                    reader.conn.close()
-                    raise StoreError(f"{self.db_path}: the store is closed.")
-                for thread in [t for t in self._readers if not t.is_alive()]:
-                    self._readers.pop(thread)()
-                thread = threading.current_thread()
-                # The finalizer holds the connection, not the thread: closing runs once, by
-                # whichever comes first (the thread collected, its end noticed, the store closed).
-                self._readers[thread] = weakref.finalize(thread, reader.conn.close)
-            self._local.reader = reader
-        return reader
-
-    def _one(self, sql: str, params: Iterable = ()) -> dict | None:
-        with self._sqlite_errors():
-            cursor = self._reader().execute(sql, list(params))
-            try:
-                row = cursor.fetchone()
-                if row is None:
-                    return None
-                return dict(zip([c[0] for c in cursor.description], row))
-            finally:
-                cursor.close()  # an unfinished statement would keep this connection's snapshot open
-
-    def _all(self, sql: str, params: Iterable = ()) -> list[dict]:
-        with self._sqlite_errors():
-            cursor = self._reader().execute(sql, list(params))
-            names = [c[0] for c in cursor.description]
-            return [dict(zip(names, row)) for row in cursor.fetchall()]
-
-    def _require(self, row: dict | None, what: str, key: Any) -> dict:
-        if row is None:
-            raise NotFound(f"No {what} with id {key!r}.")
-        return row
 
     def check(self) -> list[str]:
         """SQLite's full integrity check: ``['ok']`` when the file is sound."""
-        return [r["integrity_check"] for r in self._all("PRAGMA integrity_check")]
+        return [r["integrity_check"] for r in self.database.all("PRAGMA integrity_check")]
 
     def migrations(self) -> list[str]:
-        with self._sqlite_errors():
-            return [m.name for m in MIGRATIONS.applied(self._reader())]
+        return self.database.migrations()
+
+    def get_meta(self, key: str) -> str | None:
+        """A small named setting of the store (``meta``)."""
+        row = self.database.one("SELECT value FROM meta WHERE key = ?", [key])
+        return None if row is None else row["value"]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.database.write() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
 
     # --- tasks ---------------------------------------------------------------
 
@@ -449,12 +287,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             made.append((task, row))
         keys = [task.idempotency_key for task, _ in made if task.idempotency_key is not None]
         results: list[tuple[Task, bool]] = []
-        with self._write() as db:
+        with self.database.write() as db:
             known: dict[str, Task] = {}
             for start in range(0, len(keys), _KEYS_PER_QUERY):
                 chunk = keys[start : start + _KEYS_PER_QUERY]
                 marks = ",".join("?" * len(chunk))
-                for found in self._all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
+                for found in self.database.all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
                     known[found["idempotency_key"]] = Task.from_row(found)
             rows = []
             for task, row in made:
@@ -477,7 +315,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return results
 
     def get_task(self, task_id: str) -> Task:
-        return Task.from_row(self._require(self._one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id))
+        return Task.from_row(
+            required(self.database.one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id)
+        )
 
     def list_tasks(
         self, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
@@ -489,7 +329,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         if source:
             clauses, params = clauses + ["source = ?"], params + [source]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._all(
+        rows = self.database.all(
             f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", [*params, limit, offset]
         )
         return [Task.from_row(r) for r in rows]
@@ -500,7 +340,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         The event id (the step's rowid) only grows, so a live reader resumes
         after the last id it saw.
         """
-        rows = self._all(
+        rows = self.database.all(
             "SELECT s.rowid AS event_id, t.attempt AS attempt, s.* FROM steps s JOIN trajectories t "
             "ON t.id = s.trajectory_id WHERE t.task_id = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?",
             [task_id, after_id, limit],
@@ -513,7 +353,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         checked = TaskStatus.of(status)  # a status no task has is refused, naming them
         now = time.time()
         finished = now if checked in TERMINAL else None
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tasks SET status = ?, error = ?, ending = ?, updated_at = ?, "
                 "finished_at = coalesce(?, finished_at) WHERE id = ?",
@@ -528,7 +368,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     def start_trajectory(self, task_id: str, *, node_id: str | None = None, attempt: int = 1) -> Trajectory:
         task = self.get_task(task_id)
         trajectory_id = new_id("traj")
-        with self._write() as db:
+        with self.database.write() as db:
             db.execute(
                 "INSERT INTO trajectories (id, task_id, node_id, prompt, status, attempt, started_at) "
                 "VALUES (?,?,?,?,?,?,?)",
@@ -551,7 +391,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
     ) -> Step:
         """Append one step durably; its sequence number follows the last one."""
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             seq = db.execute(
                 "SELECT coalesce(max(seq), 0) + 1 FROM steps WHERE trajectory_id = ?", [trajectory_id]
             ).fetchone()[0]
@@ -597,7 +437,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         )
 
     def finish_trajectory(self, trajectory_id: str, *, status: str, final_answer: str | None = None) -> Trajectory:
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE trajectories SET status = ?, final_answer = ?, finished_at = ? WHERE id = ?",
                 [status, final_answer, time.time(), trajectory_id],
@@ -611,7 +451,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """End the attempts a process that died left open: status ``interrupted``, finished when their last
         step was written (or when they started). Only for the store's owner before it runs anything (the
         daemon at start), when every trajectory still ``running`` belongs to a dead process."""
-        with self._write() as db:
+        with self.database.write() as db:
             return interrupt_trajectories(db)
 
     def resolve_id(self, short: str) -> tuple[str, str]:
@@ -624,7 +464,9 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             raise NotFound(f"{short!r} is not an id: ids start with task_, traj_ or node_")
         kind, table = kind_table
         # A range on the primary key ('~' sorts after every digit and letter of an id).
-        rows = self._all(f"SELECT id FROM {table} WHERE id >= ? AND id < ? ORDER BY id LIMIT 4", [short, short + "~"])
+        rows = self.database.all(
+            f"SELECT id FROM {table} WHERE id >= ? AND id < ? ORDER BY id LIMIT 4", [short, short + "~"]
+        )
         ids = [r["id"] for r in rows]
         if short in ids or len(ids) == 1:
             return kind, short if short in ids else ids[0]
@@ -644,20 +486,20 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
                 out[full] = full
                 continue
             # Only the neighbours in sorted order can share a longer prefix with it (an aggregate: one row).
-            before = self._all(f"SELECT max(id) AS id FROM {table} WHERE id < ?", [full])[0]["id"] or ""
-            after = self._all(f"SELECT min(id) AS id FROM {table} WHERE id > ?", [full])[0]["id"] or ""
+            before = self.database.all(f"SELECT max(id) AS id FROM {table} WHERE id < ?", [full])[0]["id"] or ""
+            after = self.database.all(f"SELECT min(id) AS id FROM {table} WHERE id > ?", [full])[0]["id"] or ""
             shared = max(len(os.path.commonprefix([full, before])), len(os.path.commonprefix([full, after])))
             out[full] = full[: max(13, shared + 1)]
         return out
 
     def get_trajectory(self, trajectory_id: str) -> Trajectory:
-        row = self._one("SELECT * FROM trajectories WHERE id = ?", [trajectory_id])
-        return Trajectory.from_row(self._require(row, "trajectory", trajectory_id))
+        row = self.database.one("SELECT * FROM trajectories WHERE id = ?", [trajectory_id])
+        return Trajectory.from_row(required(row, "trajectory", trajectory_id))
 
     def trajectories_of(self, task_id: str) -> list[Trajectory]:
         """A task's attempts in the order they ran. By time, not by attempt number: a task sent back
         to the queue (a drain, an expired lease) numbers its attempts from 1 again."""
-        rows = self._all("SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at, rowid", [task_id])
+        rows = self.database.all("SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at, rowid", [task_id])
         return [Trajectory.from_row(r) for r in rows]
 
     def trajectory_counts(self, task_ids: list[str]) -> dict[str, int]:
@@ -665,7 +507,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         counts = dict.fromkeys(task_ids, 0)
         for start in range(0, len(task_ids), 500):  # SQLite's variable limit
             chunk = task_ids[start : start + 500]
-            rows = self._all(
+            rows = self.database.all(
                 f"SELECT task_id, count(*) AS n FROM trajectories WHERE task_id IN "
                 f"({','.join('?' * len(chunk))}) GROUP BY task_id",
                 chunk,
@@ -675,7 +517,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
     def last_trajectory(self, task_id: str) -> Trajectory | None:
         """The task's newest attempt (see ``trajectories_of``), or None before its first."""
-        row = self._one(
+        row = self.database.one(
             "SELECT * FROM trajectories WHERE task_id = ? ORDER BY started_at DESC, rowid DESC LIMIT 1", [task_id]
         )
         return None if row is None else Trajectory.from_row(row)
@@ -691,7 +533,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         the proposer sees) may come from the split that judges promotions.
         """
         at, last_id = mark or (0.0, "")
-        rows = self._all(
+        rows = self.database.all(
             "SELECT t.*, o.success AS outcome_success FROM trajectories t "
             "LEFT JOIN outcomes o ON o.trajectory_id = t.id "
             "WHERE t.finished_at IS NOT NULL AND (t.finished_at > ? OR (t.finished_at = ? AND t.id > ?)) "
@@ -717,7 +559,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """Ids of the learnable trajectories finished at or before ``mark``, newest first (a job's
         look back; see ``finished_since``)."""
         at, last_id = mark
-        rows = self._all(
+        rows = self.database.all(
             "SELECT t.id FROM trajectories t WHERE t.finished_at IS NOT NULL "
             "AND (t.finished_at < ? OR (t.finished_at = ? AND t.id <= ?)) "
             f"AND {learnable_sql('t')} ORDER BY t.finished_at DESC, t.id DESC LIMIT ?",
@@ -730,7 +572,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         found: set[str] = set()
         for start in range(0, len(trajectory_ids), 500):  # SQLite's variable limit
             chunk = trajectory_ids[start : start + 500]
-            rows = self._all(
+            rows = self.database.all(
                 f"SELECT t.id FROM trajectories t WHERE t.id IN ({','.join('?' * len(chunk))}) "
                 f"AND {learnable_sql('t')}",
                 chunk,
@@ -739,7 +581,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return found
 
     def steps(self, trajectory_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Step]:
-        rows = self._all(
+        rows = self.database.all(
             "SELECT * FROM steps WHERE trajectory_id = ? AND seq > ? ORDER BY seq LIMIT ?",
             [trajectory_id, after_seq, limit],
         )
@@ -755,7 +597,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         verifier_output: str | None = None,
     ) -> Outcome:
         self.get_trajectory(trajectory_id)
-        with self._write() as db:
+        with self.database.write() as db:
             db.execute(
                 """INSERT INTO outcomes (trajectory_id, success, score, verifier, verifier_output, decided_at)
                    VALUES (?,?,?,?,?,?)
@@ -780,7 +622,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """A person's verdict, kept as they gave it (``person_good``); it decides success where no
         verifier did."""
         self.get_trajectory(trajectory_id)
-        with self._write() as db:
+        with self.database.write() as db:
             db.execute(
                 """INSERT INTO outcomes (trajectory_id, success, feedback, person_good, decided_at) VALUES (?,?,?,?,?)
                    ON CONFLICT (trajectory_id) DO UPDATE SET feedback = excluded.feedback,
@@ -796,14 +638,14 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return outcome
 
     def outcome(self, trajectory_id: str) -> Outcome | None:
-        row = self._one("SELECT * FROM outcomes WHERE trajectory_id = ?", [trajectory_id])
+        row = self.database.one("SELECT * FROM outcomes WHERE trajectory_id = ?", [trajectory_id])
         return None if row is None else Outcome.from_row(row)
 
     def ingest(self, items: list[NewTrajectory], *, sync: bool = True) -> list[str]:
         """Import whole trajectories in one transaction (task, steps, outcome); returns their ids."""
         ids: list[str] = []
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             for item in items:
                 if not item.prompt.strip():
                     raise ValueError("A trajectory needs a non-empty prompt.")
@@ -872,7 +714,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         if not text.strip():
             raise ValueError("An insight needs text.")
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "INSERT INTO insights (text, importance, status, provenance, node_id, created_at, updated_at) "
                 "VALUES (?,?,?,?,?,?,?)",
@@ -893,7 +735,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         provenance: list | None = None,
     ) -> Insight:
         current = self.get_insight(insight_id)
-        with self._write() as db:
+        with self.database.write() as db:
             db.execute(
                 "UPDATE insights SET text = ?, importance = ?, status = ?, provenance = ?, updated_at = ? WHERE id = ?",
                 [
@@ -909,14 +751,16 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return self.get_insight(insight_id)
 
     def get_insight(self, insight_id: int) -> Insight:
-        row = self._one("SELECT * FROM insights WHERE id = ?", [insight_id])
-        return Insight.from_row(self._require(row, "insight", insight_id))
+        row = self.database.one("SELECT * FROM insights WHERE id = ?", [insight_id])
+        return Insight.from_row(required(row, "insight", insight_id))
 
     def list_insights(self, *, status: str | tuple[str, ...] | None = "active", limit: int = 100) -> list[Insight]:
         """Insights in ``status`` (one, several, or None: all), most important first."""
         statuses = (status,) if isinstance(status, str) else status
         where, params = (f"WHERE status IN ({','.join('?' * len(statuses))})", list(statuses)) if statuses else ("", [])
-        rows = self._all(f"SELECT * FROM insights {where} ORDER BY importance DESC, id LIMIT ?", [*params, limit])
+        rows = self.database.all(
+            f"SELECT * FROM insights {where} ORDER BY importance DESC, id LIMIT ?", [*params, limit]
+        )
         return [Insight.from_row(r) for r in rows]
 
     # --- tools -----------------------------------------------------------------
@@ -934,7 +778,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         event_id: int | None = None,
     ) -> ToolRecord:
         now = time.time()
-        with self._write() as db:
+        with self.database.write() as db:
             if version is None:
                 version = db.execute(
                     "SELECT coalesce(max(version), 0) + 1 FROM tools WHERE name = ?", [name]
@@ -950,7 +794,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return self.get_tool(tool_id)
 
     def set_tool_status(self, tool_id: int, status: str) -> ToolRecord:
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tools SET status = ?, updated_at = ? WHERE id = ?", [status, time.time(), tool_id]
             )
@@ -960,7 +804,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         return self.get_tool(tool_id)
 
     def record_tool_use(self, tool_id: int, *, ok: bool) -> ToolRecord:
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 "UPDATE tools SET uses = uses + 1, successes = successes + ?, failures = failures + ?, updated_at = ? "
                 "WHERE id = ?",
@@ -972,140 +816,22 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
     def get_tool(self, tool_id: int) -> ToolRecord:
         return ToolRecord.from_row(
-            self._require(self._one("SELECT * FROM tools WHERE id = ?", [tool_id]), "tool", tool_id)
+            required(self.database.one("SELECT * FROM tools WHERE id = ?", [tool_id]), "tool", tool_id)
         )
 
     def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]:
         where, params = ("WHERE status = ?", [status]) if status else ("", [])
         return [
-            ToolRecord.from_row(r) for r in self._all(f"SELECT * FROM tools {where} ORDER BY name, version", params)
+            ToolRecord.from_row(r)
+            for r in self.database.all(f"SELECT * FROM tools {where} ORDER BY name, version", params)
         ]
-
-    # --- scaffold nodes and evaluations ---------------------------------------
-
-    def add_node(
-        self,
-        scaffold_hash: str,
-        *,
-        parent_id: str | None = None,
-        status: str = "proposed",
-        diff: str = "",
-        rationale: str = "",
-        cost_usd: float = 0.0,
-        tokens: int = 0,
-        node_id: str | None = None,
-    ) -> Node:
-        node_id = node_id or new_id("node")
-        with self._write() as db:
-            db.execute(
-                """INSERT INTO nodes (id, parent_id, scaffold_hash, status, diff, rationale, cost_usd, tokens,
-                                      created_at)
-                   VALUES (?,?,?,?,?,?,?,?,?)""",
-                [node_id, parent_id, scaffold_hash, status, diff, rationale, cost_usd, tokens, time.time()],
-            )
-        return self.get_node(node_id)
-
-    def set_node_status(self, node_id: str, status: str, *, reason: str | None = None) -> Node:
-        with self._write() as db:
-            cursor = db.execute(
-                "UPDATE nodes SET status = ?, reason = coalesce(?, reason) WHERE id = ?", [status, reason, node_id]
-            )
-            if cursor.rowcount == 0:
-                raise NotFound(f"No node with id {node_id!r}.")
-        return self.get_node(node_id)
-
-    def get_node(self, node_id: str) -> Node:
-        return Node.from_row(self._require(self._one("SELECT * FROM nodes WHERE id = ?", [node_id]), "node", node_id))
-
-    def list_nodes(self) -> list[Node]:
-        return [Node.from_row(r) for r in self._all("SELECT * FROM nodes ORDER BY created_at, id")]
-
-    def start_evaluation(
-        self,
-        node_id: str,
-        task_ref: str,
-        *,
-        split: str = "train",
-        task_for: Callable[[int], dict] | None = None,
-    ) -> Evaluation:
-        """Record an evaluation in flight; with ``task_for`` also queue the inbox task that runs it, in the
-        same transaction, so neither exists without the other: ``task_for(evaluation_id)`` gives its
-        ``add_task`` arguments (what the task says is the tree's to decide, ``evolver.tree``)."""
-        with self._write() as db:
-            cursor = db.execute(
-                "INSERT INTO evaluations (node_id, task_ref, split, status, started_at) VALUES (?,?,?,?,?)",
-                [node_id, task_ref, split, "running", time.time()],
-            )
-            evaluation_id = cursor.lastrowid
-            assert evaluation_id is not None  # an INSERT just ran
-            if task_for is not None:
-                ((queued, _),) = self.add_tasks([task_for(evaluation_id)])
-                db.execute("UPDATE evaluations SET task_id = ? WHERE id = ?", [queued.id, evaluation_id])
-        return self.get_evaluation(evaluation_id)
-
-    def running_evaluations(self) -> list[Evaluation]:
-        rows = self._all("SELECT * FROM evaluations WHERE status = 'running' ORDER BY id")
-        return [Evaluation.from_row(r) for r in rows]
-
-    def finish_evaluation(self, evaluation_id: int, *, success: bool, trajectory_id: str | None = None) -> Evaluation:
-        with self._write() as db:
-            # Only a running one: a result that arrives twice (a task re-run after a crash) counts once.
-            db.execute(
-                "UPDATE evaluations SET status = 'done', success = ?, trajectory_id = ?, finished_at = ? "
-                "WHERE id = ? AND status = 'running'",
-                [int(success), trajectory_id, time.time(), evaluation_id],
-            )
-        return self.get_evaluation(evaluation_id)
-
-    def get_evaluation(self, evaluation_id: int) -> Evaluation:
-        row = self._one("SELECT * FROM evaluations WHERE id = ?", [evaluation_id])
-        return Evaluation.from_row(self._require(row, "evaluation", evaluation_id))
-
-    def evaluation_counts(self, *, split: str | None = None) -> list[dict]:
-        """Per node, its own evaluations: successes ``s``, failures ``f``, and ``running`` (in flight)."""
-        where, params = ("WHERE split = ?", [split]) if split else ("", [])
-        return self._all(
-            "SELECT node_id, coalesce(sum(status = 'done' AND success = 1), 0) AS s, "
-            "coalesce(sum(status = 'done' AND success = 0), 0) AS f, "
-            f"coalesce(sum(status = 'running'), 0) AS running FROM evaluations {where} "
-            "GROUP BY node_id",
-            params,
-        )
-
-    def abandon_evaluation(self, evaluation_id: int) -> Evaluation:
-        """An evaluation whose task ended without a verdict (cancelled, dead): it counts for nothing."""
-        with self._write() as db:
-            db.execute(
-                "UPDATE evaluations SET status = 'abandoned', finished_at = ? WHERE id = ? AND status = 'running'",
-                [time.time(), evaluation_id],
-            )
-        return self.get_evaluation(evaluation_id)
-
-    def evaluations_of(self, node_id: str) -> list[Evaluation]:
-        rows = self._all("SELECT * FROM evaluations WHERE node_id = ? ORDER BY id", [node_id])
-        return [Evaluation.from_row(r) for r in rows]
-
-    def hook_effects(self, node_id: str) -> dict[str, dict[str, int]]:
-        """Per hook point, how often the node's hooks changed something and how often a call failed,
-        over every trajectory run on the node (from its ``hook`` steps)."""
-        rows = self._all(
-            "SELECT json_extract(s.tool_results, '$[0].hook') AS point, "
-            "SUM(json_extract(s.tool_results, '$[0].changed')) AS changed, "
-            "SUM(json_extract(s.tool_results, '$[0].error') IS NOT NULL) AS failed "
-            "FROM steps s JOIN trajectories t ON t.id = s.trajectory_id "
-            "WHERE t.node_id = ? AND s.role = 'hook' GROUP BY point ORDER BY point",
-            [node_id],
-        )
-        return {
-            r["point"] or "load": {"changed": int(r["changed"] or 0), "failed": int(r["failed"] or 0)} for r in rows
-        }
 
     def tool_calls(self, names: list[str]) -> dict[str, dict[str, int]]:
         """How often each named tool was called in any task, and how many calls went well (from the
         ``tool`` steps: the usage of tools the store keeps no record of, such as an MCP server's)."""
         if not names:
             return {}
-        rows = self._all(
+        rows = self.database.all(
             "SELECT json_extract(tool_results, '$[0].name') AS name, count(*) AS calls, "
             "SUM(json_extract(tool_results, '$[0].ok')) AS ok FROM steps WHERE role = 'tool' "
             f"AND json_extract(tool_results, '$[0].name') IN ({','.join('?' * len(names))}) GROUP BY name",
@@ -1128,7 +854,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         task_id: str | None = None,
         node_id: str | None = None,
     ) -> LedgerEntry:
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 """INSERT INTO ledger (at, model, purpose, tokens_in, tokens_out, cost_usd, latency_ms, task_id,
                                        node_id)
@@ -1137,7 +863,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             )
             entry_id = cursor.lastrowid
         return LedgerEntry.from_row(
-            self._require(self._one("SELECT * FROM ledger WHERE id = ?", [entry_id]), "ledger entry", entry_id)
+            required(self.database.one("SELECT * FROM ledger WHERE id = ?", [entry_id]), "ledger entry", entry_id)
         )
 
     def spent(
@@ -1152,15 +878,15 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
             params += list(purposes)
         if task_id is not None:
             sql, params = sql + " AND task_id = ?", [*params, task_id]
-        with self._sqlite_errors():
-            tokens, usd = self._reader().execute(sql, params).fetchone()
+        with self.database.errors():
+            tokens, usd = self.database.reader().execute(sql, params).fetchone()
         return int(tokens), float(usd)
 
     def spent_by_model(self, *, since: float = 0.0) -> dict[str, tuple[int, float]]:
         """By model (the ledger's, a fallback its own), tokens (in + out) and USD spent since a time."""
-        with self._sqlite_errors():
+        with self.database.errors():
             rows = (
-                self._reader()
+                self.database.reader()
                 .execute(
                     "SELECT model, coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost_usd), 0) FROM ledger "
                     "WHERE at >= ? GROUP BY model ORDER BY model",
@@ -1180,7 +906,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """``task_results`` per period: (n, counts by source) for each period of ``period_s`` seconds
         from ``since`` (n = 0 the first) in which some task's last attempt finished, in order."""
         bucket = "0" if period_s == float("inf") else "CAST((t.finished_at - ?) / ? AS INTEGER)"
-        rows = self._all(
+        rows = self.database.all(
             f"SELECT {bucket} AS period, k.source AS source, o.success AS success, count(*) AS n "
             "FROM trajectories t JOIN tasks k ON k.id = t.task_id LEFT JOIN outcomes o ON o.trajectory_id = t.id "
             "WHERE t.finished_at >= ? AND NOT EXISTS (SELECT 1 FROM trajectories later "
@@ -1201,7 +927,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         """What was learned and unlearned since a time: insights added and retired, synthesized tools
         that came into use and that were retired."""
         # A SELECT of values, no FROM: always one row.
-        row = self._all(
+        row = self.database.all(
             "SELECT (SELECT count(*) FROM insight_history WHERE at >= ? AND op = 'ADD') AS insights_added, "
             "(SELECT count(*) FROM insight_history WHERE at >= ? AND json_extract(after, '$.status') = 'retired' "
             " AND coalesce(json_extract(before, '$.status'), '') != 'retired') AS insights_retired, "
@@ -1223,7 +949,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         payload: dict | None = None,
         reverts: int | None = None,
     ) -> Event:
-        with self._write() as db:
+        with self.database.write() as db:
             cursor = db.execute(
                 """INSERT INTO events (at, kind, what, why, evidence, cost_usd, node_id, payload, reverts)
                    VALUES (?,?,?,?,?,?,?,?,?)""",
@@ -1235,7 +961,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
 
     def get_event(self, event_id: int) -> Event:
         return Event.from_row(
-            self._require(self._one("SELECT * FROM events WHERE id = ?", [event_id]), "event", event_id)
+            required(self.database.one("SELECT * FROM events WHERE id = ?", [event_id]), "event", event_id)
         )
 
     def list_events(self, *, kind: str | None = None, since: float = 0.0, limit: int = 100) -> list[Event]:
@@ -1243,5 +969,5 @@ class Store(Inbox, IndexMaintenance, Retrieval, Snapshots, InsightLog, ToolLog, 
         params: list = [since]
         if kind:
             sql, params = sql + " AND kind = ?", [*params, kind]
-        rows = self._all(sql + " ORDER BY id DESC LIMIT ?", [*params, limit])
+        rows = self.database.all(sql + " ORDER BY id DESC LIMIT ?", [*params, limit])
         return [Event.from_row(r) for r in rows]

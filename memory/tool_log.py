@@ -72,7 +72,7 @@ class ToolLog(StoreHost):
         """
         now = time.time()
         changes: list[dict] = []
-        with self._write() as db:
+        with self.database.write() as db:
             for tool_id, after in (status or {}).items():
                 row = db.execute("SELECT name, version, status FROM tools WHERE id = ?", [tool_id]).fetchone()
                 if row is None:
@@ -116,17 +116,17 @@ class ToolLog(StoreHost):
         return self.get_event(event_id)
 
     def active_tool(self, name: str) -> ToolRecord | None:
-        row = self._one(
+        row = self.database.one(
             "SELECT * FROM tools WHERE name = ? AND status = 'active' ORDER BY version DESC LIMIT 1", [name]
         )
         return None if row is None else ToolRecord.from_row(row)
 
     def next_tool_version(self, name: str) -> int:
-        return self._all("SELECT coalesce(max(version), 0) + 1 AS v FROM tools WHERE name = ?", [name])[0]["v"]
+        return self.database.all("SELECT coalesce(max(version), 0) + 1 AS v FROM tools WHERE name = ?", [name])[0]["v"]
 
     def tool_events(self, tool_id: int) -> list[Event]:
         """Events that changed this tool, oldest first."""
-        rows = self._all(
+        rows = self.database.all(
             "SELECT e.* FROM events e, json_each(e.payload, '$.tool_changes') c "
             "WHERE json_extract(c.value, '$.id') = ? ORDER BY e.id",
             [tool_id],
@@ -138,7 +138,7 @@ class ToolLog(StoreHost):
         if not trajectory_ids:
             return []
         marks = ",".join("?" * len(trajectory_ids))
-        rows = self._all(
+        rows = self.database.all(
             f"SELECT s.trajectory_id, s.seq, s.role, s.content, s.tool_calls, s.tool_results, t.task_id, "
             f"t.finished_at, o.success FROM steps s JOIN trajectories t ON t.id = s.trajectory_id LEFT JOIN outcomes o "
             f"ON o.trajectory_id = s.trajectory_id WHERE s.trajectory_id IN ({marks}) "
@@ -179,7 +179,7 @@ class ToolLog(StoreHost):
         if not trajectory_ids:
             return {}
         marks = ",".join("?" * len(trajectory_ids))
-        rows = self._all(
+        rows = self.database.all(
             f"SELECT trajectory_id, content FROM steps WHERE role = 'reflection' "
             f"AND trajectory_id IN ({marks}) ORDER BY seq",
             list(trajectory_ids),

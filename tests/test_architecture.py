@@ -137,14 +137,17 @@ def _keeps(implementation: type, protocol: type) -> list[str]:
 
 def test_the_parts_keep_the_protocols_the_engine_depends_on():
     from evolver.llm import Model, ModelClient
-    from memory import ExperienceStore, Store
+    from memory import ExperienceStore, Store, TreeStore
+    from memory.tree_records import TreeRecords
     from sandbox import BubblewrapSandbox, DegradedSandbox, Sandbox
 
     assert _keeps(Store, ExperienceStore) == []
+    assert _keeps(TreeRecords, TreeStore) == []
     assert {"embedder", "index"} <= set(ExperienceStore.__annotations__)
-    assert {"claim_task", "add_node", "add_insight", "list_events", "context", "reindex"} <= set(
+    assert {"claim_task", "add_insight", "list_events", "context", "reindex", "tree"} <= set(
         _members(ExperienceStore)
     ), "the store's protocol is all of its roles"
+    assert "add_node" not in _members(ExperienceStore), "the tree's records are a part of their own (store.tree)"
     assert _keeps(ModelClient, Model) == []
     assert _keeps(BubblewrapSandbox, Sandbox) == [] and _keeps(DegradedSandbox, Sandbox) == []
 

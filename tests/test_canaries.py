@@ -121,12 +121,12 @@ def test_a_proposal_that_reaches_for_the_judge_is_invalid(engine, what, edit):
     served = incumbent(e.store).id
     root = incumbent(e.store)
     for _ in range(3):  # enough finished evaluations that the next step expands
-        ev = e.store.start_evaluation(root.id, "pack:x:train-1", split="train")
-        e.store.finish_evaluation(ev.id, success=False)
+        ev = e.store.tree.start_evaluation(root.id, "pack:x:train-1", split="train")
+        e.store.tree.finish_evaluation(ev.id, success=False)
     before_events = _events(e.store)
     summary = TreeSearch(e, rng=np.random.default_rng(0)).step()
     assert "invalid" in summary and "which is not part of the scaffold" in summary
-    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "invalid" and "outside what evolution may edit" in child.reason
     assert _events(e.store)[len(_events(e.store)) - len(before_events) :] == before_events  # only appended
     assert incumbent(e.store).id == served
@@ -194,7 +194,7 @@ def record_success(note: str) -> str:
     assert e.store.list_tools(status=None) == []
     assert [ev for ev in _events(e.store) if ev[1] == "promote"] == []
     assert set(before_events) <= set(_events(e.store)) and _hashes() == before_hashes
-    assert e.store._one("PRAGMA integrity_check")["integrity_check"] == "ok"
+    assert e.store.database.one("PRAGMA integrity_check")["integrity_check"] == "ok"
 
 
 def test_a_tool_that_reads_the_held_out_split_is_rejected(engine, tmp_path):

@@ -199,7 +199,7 @@ def test_an_evaluation_that_ended_unrecorded_before_a_kill_is_recorded_when_the_
             sources=("evaluation",),
         )
         assert worker.run_once() is not None  # the evaluation task ran and ended; nobody recorded it
-        assert [e.status for e in engine.store.running_evaluations()] == ["running"]
+        assert [e.status for e in engine.store.tree.running_evaluations()] == ["running"]
     finally:
         engine.close()
     daemon.start()

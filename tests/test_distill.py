@@ -52,7 +52,7 @@ def _experience(store, n: int = 2) -> list[str]:
 
 
 def _ledger_rows(store) -> int:
-    return store._one("SELECT count(*) AS n FROM ledger")["n"]
+    return store.database.one("SELECT count(*) AS n FROM ledger")["n"]
 
 
 def test_a_round_applies_the_operations_records_evidence_and_moves_the_watermark(engine):

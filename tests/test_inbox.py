@@ -47,11 +47,13 @@ def test_a_claim_reads_the_next_task_off_an_index_and_never_sorts_the_queue(stor
     class Recorder:
         def execute(self, sql, params):
             asked.append((sql, list(params)))
-            return store.db.execute(sql, params)
+            return store.database.writer.execute(sql, params)
 
     store._next_claimable(Recorder(), time.time(), lane.get("sources"), lane.get("exclude_sources", ()))
     ((queued_sql, params),) = [(sql, params) for sql, params in asked if "status = 'queued'" in sql]
-    plan = " ".join(str(row[-1]) for row in store.db.execute(f"EXPLAIN QUERY PLAN {queued_sql}", params).fetchall())
+    plan = " ".join(
+        str(row[-1]) for row in store.database.writer.execute(f"EXPLAIN QUERY PLAN {queued_sql}", params).fetchall()
+    )
     assert "INDEX tasks_queue" in plan and "TEMP B-TREE" not in plan, plan
 
 

@@ -40,7 +40,7 @@ def engine(open_store, sandbox, tmp_path):
 
 
 def _ledger(store) -> list[tuple[str, str]]:
-    return [(r["model"], r["purpose"]) for r in store._all("SELECT model, purpose FROM ledger ORDER BY id")]
+    return [(r["model"], r["purpose"]) for r in store.database.all("SELECT model, purpose FROM ledger ORDER BY id")]
 
 
 def test_a_task_step_goes_to_the_task_model_and_a_distill_answer_to_the_meta_model_each_on_its_own_line(engine):

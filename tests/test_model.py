@@ -59,7 +59,7 @@ def test_scripted_tool_calls_go_through_litellm_and_are_ledgered(client_for, sto
     assert reply.assistant_message["tool_calls"][0]["function"]["name"] == "run_python"
     tokens, usd = store.spent()
     assert tokens == reply.tokens_in + reply.tokens_out > 0 and usd == 0.0
-    row = store.db.execute("SELECT model, purpose FROM ledger").fetchall()
+    row = store.database.writer.execute("SELECT model, purpose FROM ledger").fetchall()
     assert row == [("scripted/m-tools", "task")]
 
 

@@ -197,7 +197,7 @@ def _state(e: Engine) -> tuple:
         e.store.list_events(limit=1000),
         e.store.list_tools(status=None),
         e.store.list_insights(status=None),
-        e.store.list_nodes(),
+        e.store.tree.list_nodes(),
         sorted(p.name for p in tools_dir.rglob("*")) if tools_dir.exists() else [],
     )
 
@@ -506,20 +506,20 @@ def test_a_node_travels_as_a_proposed_child_of_the_incumbent_and_a_revert_withdr
     child = default_scaffold().model_copy(
         update={"parameters": default_scaffold().parameters.model_copy(update={"max_steps": 7})}
     )
-    source.store.put_scaffold(child.hash, child.canonical_json())
-    node = source.store.add_node(child.hash, parent_id=root.id, status="evaluated", rationale="fewer steps")
+    source.store.tree.put_scaffold(child.hash, child.canonical_json())
+    node = source.store.tree.add_node(child.hash, parent_id=root.id, status="evaluated", rationale="fewer steps")
     data, summary = packs.export_pack(source.store, node=node.id)
     assert summary["node"] == node.id and summary["insights"] == 0 and summary["tools"] == []
     target = engine("target")
     report = packs.import_pack(target, data)
     (item,) = report["items"]
     assert item["status"] == "added" and item["kind"] == "node"
-    imported = target.store.get_node(item["detail"]["node_id"])
+    imported = target.store.tree.get_node(item["detail"]["node_id"])
     served = target.store.get_meta("incumbent")
     assert (imported.status, imported.parent_id, imported.scaffold_hash) == ("proposed", served, child.hash)
     assert "max_steps" in imported.diff and "fewer steps" in imported.rationale
     revert_event(target.store, report["event_id"])
-    assert target.store.get_node(imported.id).status == "invalid"
+    assert target.store.tree.get_node(imported.id).status == "invalid"
     # The seed scaffold is already here (the target's root): skipped, not a second node.
     again, _ = packs.export_pack(source.store, node=root.id)
     (item,) = packs.import_pack(target, again)["items"]
@@ -533,10 +533,10 @@ def test_a_node_travels_as_a_proposed_child_of_the_incumbent_and_a_revert_withdr
         contents["node/scaffold.json"] = json.dumps(body).encode()
         manifest["node"]["scaffold_hash"] = load_scaffold(json.dumps(body)).hash
 
-    nodes = target.store.list_nodes()
+    nodes = target.store.tree.list_nodes()
     (item,) = packs.import_pack(target, forge(data, bomb))["items"]
     assert item["status"] == "refused" and "width or precision over 1000" in item["reason"]
-    assert target.store.list_nodes() == nodes
+    assert target.store.tree.list_nodes() == nodes
 
 
 def test_nothing_to_export_is_said(engine):

@@ -262,7 +262,7 @@ def test_a_shipped_evaluation_is_recorded_as_a_worker_would_and_a_late_one_is_re
     # is refused whole, not one step of it recorded.
     late = _claimed(engine)
     returned = evaluate(ship(engine, late.task))
-    with engine.store._write() as db:
+    with engine.store.database.write() as db:
         db.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", [time.time() - 1, late.task.id])
     rescuer = engine.store.claim_task("rescuer", lease_s=30, max_attempts=3)
     assert settle(engine.store, late, returned, lease_s=30).startswith("the lease was lost")

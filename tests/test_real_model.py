@@ -258,10 +258,10 @@ def _distill_and_step(engine: Engine) -> None:
         assert "came back" in str(exc) or "not" in str(exc), exc
     root = incumbent(engine.store)
     for _ in range(3):  # enough finished evaluations that the step expands: the proposer is asked
-        evaluation = engine.store.start_evaluation(root.id, "pack:x:t", split="train")
-        engine.store.finish_evaluation(evaluation.id, success=False)
+        evaluation = engine.store.tree.start_evaluation(root.id, "pack:x:t", split="train")
+        engine.store.tree.finish_evaluation(evaluation.id, success=False)
     summary = TreeSearch(engine, rng=np.random.default_rng(0)).step()
-    (child,) = [n for n in engine.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in engine.store.tree.list_nodes() if n.parent_id is not None]
     # a proposed child whose smoke task is queued, or an invalid node with the reason
     assert child.status in ("proposed", "invalid"), (child.status, summary)
     assert child.status == "proposed" or child.reason, summary
@@ -287,7 +287,7 @@ def test_with_the_1_5b_as_meta_model_a_distill_round_and_a_tree_step_are_its_cal
         )
         engine.agent(_short(engine, max_steps=2)).run_task(task)
         _distill_and_step(engine)
-        calls = {(r["purpose"], r["model"]) for r in engine.store._all("SELECT purpose, model FROM ledger")}
+        calls = {(r["purpose"], r["model"]) for r in engine.store.database.all("SELECT purpose, model FROM ledger")}
         assert {p for p, _ in calls} >= {"task", "distill", "propose"}, calls
         assert {m for p, m in calls if p in ("distill", "propose")} == {f"openai/{META_ALIAS}"}, calls
         assert {m for p, m in calls if p == "task"} == {f"openai/{ALIAS}"}, calls

@@ -100,7 +100,7 @@ def test_locked_database_gives_store_locked(open_store, data_dir):
     store.add_task("after the lock")
     assert task_prompts(store) == ["after the lock", "before the lock"]
     assert store.list_insights() == []
-    assert store.db.execute("SELECT count(*) FROM meta WHERE key = 'holder'").fetchone()[0] == 0
+    assert store.database.writer.execute("SELECT count(*) FROM meta WHERE key = 'holder'").fetchone()[0] == 0
     assert store.check() == ["ok"]
 
 
@@ -122,7 +122,7 @@ def test_a_write_that_meets_another_writers_lock_waits_for_it_and_keeps_its_busy
         holder.close()
     writing.join(30)
     assert not writing.is_alive() and written["task"].prompt == "behind the lock"
-    assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+    assert store.database.writer.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
 
 
 def test_database_locked_before_the_store_ever_opened(tmp_path, embedder):
@@ -153,7 +153,7 @@ def test_database_locked_before_the_store_ever_opened(tmp_path, embedder):
             "0011_claim_order",
             "0012_measurements",
         ]
-        assert store.db.execute("SELECT x FROM someone_elses").fetchall() == [(1,)]
+        assert store.database.writer.execute("SELECT x FROM someone_elses").fetchall() == [(1,)]
 
 
 # --- read-only data dirs ---------------------------------------------------------------
@@ -269,8 +269,8 @@ def test_full_database_gives_store_full_and_keeps_earlier_rows(store):
     for i in range(5):
         store.add_task(f"earlier task {i}")
     insight = store.add_insight("an earlier insight")
-    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
-    store.db.execute(f"PRAGMA max_page_count = {pages}")
+    pages = store.database.writer.execute("PRAGMA page_count").fetchone()[0]
+    store.database.writer.execute(f"PRAGMA max_page_count = {pages}")
 
     with pytest.raises(StoreFull) as caught:
         store.add_task("a huge task " + "x" * 200_000)
@@ -281,7 +281,7 @@ def test_full_database_gives_store_full_and_keeps_earlier_rows(store):
     assert task_prompts(store) == [f"earlier task {i}" for i in range(5)]
     assert [i.id for i in store.list_insights()] == [insight.id]
     assert store.check() == ["ok"]
-    store.db.execute("PRAGMA max_page_count = 1073741823")  # space again
+    store.database.writer.execute("PRAGMA max_page_count = 1073741823")  # space again
     task, _ = store.add_task("a huge task " + "x" * 200_000)
     assert store.get_task(task.id).prompt.endswith("x" * 100)
 

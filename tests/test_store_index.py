@@ -10,7 +10,7 @@ import pytest
 from _helpers import PYTHON, REPO, OtherModel, index_writes, read_line, run_python
 from sqlite_utils.migrations import Migrations
 
-import memory.store as store_module
+import memory.database as database_module
 from memory import EmbeddingMismatch, IndexBusy, NewTrajectory, NotFound, Store, StoreError, StoreOptions
 from memory.db import MIGRATIONS
 from memory.index import VectorIndex
@@ -25,11 +25,13 @@ PROMPTS = [
 
 
 def sqlite_ids(store: Store, collection: str) -> set[str]:
-    return {r[0] for r in store.db.execute(store._indexable_ids_sql(collection)).fetchall()}
+    return {r[0] for r in store.database.writer.execute(store._indexable_ids_sql(collection)).fetchall()}
 
 
 def outbox(store: Store) -> list[tuple]:
-    return store.db.execute("SELECT collection, item_id FROM index_outbox ORDER BY collection, item_id").fetchall()
+    return store.database.writer.execute(
+        "SELECT collection, item_id FROM index_outbox ORDER BY collection, item_id"
+    ).fetchall()
 
 
 def assert_in_sync(store: Store) -> None:
@@ -116,7 +118,7 @@ def test_reconcile_after_the_index_write_fails_midway(open_store, monkeypatch):
     with pytest.raises(StoreError):
         store.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
     # SQLite has every row; the index has fewer; the rest waits in the outbox.
-    assert store.db.execute("SELECT count(*) FROM trajectories").fetchone()[0] == len(PROMPTS)
+    assert store.database.writer.execute("SELECT count(*) FROM trajectories").fetchone()[0] == len(PROMPTS)
     assert store.index.count("trajectories") < len(PROMPTS)
     assert len(outbox(store)) == len(PROMPTS) - store.index.count("trajectories")
     store.close()
@@ -163,7 +165,7 @@ def test_reconcile_after_the_process_is_killed_between_commit_and_index(open_sto
     assert proc.returncode == 17, proc.stdout + proc.stderr
 
     store = open_store()
-    assert store.db.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 3
+    assert store.database.writer.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 3
     assert_in_sync(store)
     assert store.index.count("trajectories") == 3
     assert_findable(store, sorted(sqlite_ids(store, "trajectories")))
@@ -266,10 +268,16 @@ def test_another_embedding_model_is_refused(open_store, data_dir, embedder):
 
     # Rebuilding with the new model recovers.
     rebuilt = open_store(embedder=other, rebuild_index=True)
-    assert rebuilt.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0] == other.model_id
+    assert (
+        rebuilt.database.writer.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
+        == other.model_id
+    )
     assert rebuilt.reindex() == 3
     assert_in_sync(rebuilt)
-    assert rebuilt.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0] == other.model_id
+    assert (
+        rebuilt.database.writer.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
+        == other.model_id
+    )
     assert rebuilt.search_trajectories(PROMPTS[1], k=1)[0].trajectory_id == ids[1]
     rebuilt.close()
     # Now the index is the other model's, and the first model is the stranger.
@@ -327,7 +335,7 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
         migrations = Migrations("evolver")
         migrations._migrations = list(MIGRATIONS._migrations)
         migrations(name="0099_newer")(lambda db: db.execute("CREATE TABLE newer (x)"))
-        monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
+        monkeypatch.setattr(database_module, "MIGRATIONS", migrations)
         with pytest.raises(IndexBusy):
             Store.open(data_dir, embedder=embedder)
         monkeypatch.undo()

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 from sqlite_utils.migrations import Migrations
 
-import memory.store as store_module
+import memory.database as database_module
 from memory import StoreError, StoreOptions
 from memory.db import MIGRATIONS
 
@@ -32,8 +32,8 @@ def test_fresh_store_records_every_migration(store):
         "0011_claim_order",
         "0012_measurements",
     ]
-    assert MIGRATIONS.pending(store.db) == []
-    rows = store.db.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
+    assert MIGRATIONS.pending(store.database.writer) == []
+    rows = store.database.writer.execute("SELECT migration_set, name FROM _sqlite_migrations").fetchall()
     assert rows == [
         ("evolver", "0001_initial"),
         ("evolver", "0002_inbox_leases"),
@@ -48,7 +48,7 @@ def test_fresh_store_records_every_migration(store):
         ("evolver", "0011_claim_order"),
         ("evolver", "0012_measurements"),
     ]
-    tables = set(store.db.table_names())
+    tables = set(store.database.writer.table_names())
     assert {
         "meta",
         "tasks",
@@ -70,7 +70,7 @@ def test_fresh_store_records_every_migration(store):
         "exposures",
         "measurements",
     } <= tables
-    model = store.db.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
+    model = store.database.writer.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
     assert model == store.embedder.model_id
     assert store.check() == ["ok"]
 
@@ -110,7 +110,7 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
     def _labels(db):
         db.execute("ALTER TABLE tasks ADD COLUMN label TEXT")
 
-    monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
+    monkeypatch.setattr(database_module, "MIGRATIONS", migrations)
     store = open_store()
     assert store.migrations() == [
         "0001_initial",
@@ -127,7 +127,7 @@ def test_a_new_migration_is_applied_once_on_reopen(open_store, data_dir, monkeyp
         "0012_measurements",
         "0099_task_labels",
     ]
-    assert "label" in store.db["tasks"].columns_dict
+    assert "label" in store.database.writer["tasks"].columns_dict
     store.close()
     store = open_store()  # and not again
     assert [r[1] for r in migration_rows(data_dir / "evolver.db")] == [
@@ -195,7 +195,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
         db.execute("CREATE TABLE half_done (x INTEGER)")
         db.execute("INSERT INTO no_such_table VALUES (1)")
 
-    monkeypatch.setattr(store_module, "MIGRATIONS", migrations)
+    monkeypatch.setattr(database_module, "MIGRATIONS", migrations)
     with pytest.raises(StoreError, match="no such table"):
         open_store()
     with sqlite3.connect(data_dir / "evolver.db") as conn:
@@ -219,7 +219,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, m
 
 def test_connection_pragmas(open_store):
     store = open_store(options=StoreOptions(busy_timeout_ms=1234))
-    pragma = lambda name: store.db.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+    pragma = lambda name: store.database.writer.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
     assert pragma("journal_mode") == "wal"
     assert pragma("synchronous") == 2  # FULL: WAL with NORMAL can lose the last commits
     assert pragma("busy_timeout") == 1234

@@ -63,7 +63,7 @@ def test_idempotency_key_returns_the_same_task(store):
     again, new_again = store.add_task("do it once (retried)", idempotency_key="client-retry-7", priority=9)
     assert (new_first, new_again) == (True, False)
     assert again == first  # the earlier task, unchanged: not the retry's prompt or priority
-    assert store.db.execute("SELECT count(*) FROM tasks").fetchone()[0] == 1
+    assert store.database.writer.execute("SELECT count(*) FROM tasks").fetchone()[0] == 1
     other, new_other = store.add_task("do it once", idempotency_key="client-retry-8")
     assert new_other is True and other.id != first.id
 
@@ -123,7 +123,7 @@ def test_task_status_and_listing(store):
 
 
 def test_trajectory_and_steps_round_trip(store):
-    node = store.add_node("hash-root", status="promoted")
+    node = store.tree.add_node("hash-root", status="promoted")
     task, _ = store.add_task("list the files")
     trajectory = store.start_trajectory(task.id, node_id=node.id, attempt=2)
     assert isinstance(trajectory, Trajectory)
@@ -183,7 +183,7 @@ def test_step_of_unknown_trajectory_is_refused(store):
     with pytest.raises(StoreError, match="NOT NULL") as caught:  # a bad step, not a missing trajectory
         store.add_step(trajectory.id, role="assistant", content=None)
     assert not isinstance(caught.value, NotFound)
-    assert store.db.execute("SELECT count(*) FROM steps").fetchone()[0] == 0
+    assert store.database.writer.execute("SELECT count(*) FROM steps").fetchone()[0] == 0
     with pytest.raises(NotFound):
         store.finish_trajectory("traj_missing", status="finished")
     with pytest.raises(NotFound):
@@ -191,7 +191,7 @@ def test_step_of_unknown_trajectory_is_refused(store):
 
 
 def test_ingest_round_trip(store):
-    node = store.add_node("hash-n")
+    node = store.tree.add_node("hash-n")
     [trajectory_id] = store.ingest(
         [
             NewTrajectory(
@@ -238,8 +238,8 @@ def test_ingest_round_trip(store):
 def test_ingest_is_one_transaction(store):
     with pytest.raises(ValueError):
         store.ingest([NewTrajectory(prompt="fine"), NewTrajectory(prompt="  ")])
-    assert store.db.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 0
-    assert store.db.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
+    assert store.database.writer.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 0
+    assert store.database.writer.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
 
 
 def test_outcome_round_trip(store):
@@ -380,8 +380,8 @@ def test_tool_versions_status_and_usage(store):
 
 
 def test_nodes_and_evaluations(store):
-    root = store.add_node("hash-root", status="promoted", rationale="the seed scaffold", node_id="node_root")
-    child = store.add_node(
+    root = store.tree.add_node("hash-root", status="promoted", rationale="the seed scaffold", node_id="node_root")
+    child = store.tree.add_node(
         "hash-child", parent_id=root.id, diff="--- a\n+++ b\n", rationale="plan first", cost_usd=0.12, tokens=3400
     )
     assert isinstance(child, Node)
@@ -395,18 +395,18 @@ def test_nodes_and_evaluations(store):
         child.cost_usd,
         child.tokens,
     ) == (root.id, "hash-child", "proposed", "--- a\n+++ b\n", "plan first", 0.12, 3400)
-    assert store.get_node(child.id) == child
-    assert store.set_node_status(child.id, "evaluating").status == "evaluating"
-    assert [n.id for n in store.list_nodes()] == [root.id, child.id]
+    assert store.tree.get_node(child.id) == child
+    assert store.tree.set_node_status(child.id, "evaluating").status == "evaluating"
+    assert [n.id for n in store.tree.list_nodes()] == [root.id, child.id]
     with pytest.raises(NotFound):
-        store.set_node_status("node_missing", "retired")
+        store.tree.set_node_status("node_missing", "retired")
     with pytest.raises(StoreError, match="FOREIGN KEY"):
-        store.add_node("h", parent_id="node_missing")
+        store.tree.add_node("h", parent_id="node_missing")
 
     task, _ = store.add_task("eval task")
     trajectory = store.start_trajectory(task.id, node_id=child.id)
-    e1 = store.start_evaluation(child.id, "pack/arith#3", split="heldout")
-    e2 = store.start_evaluation(child.id, "pack/arith#4")
+    e1 = store.tree.start_evaluation(child.id, "pack/arith#3", split="heldout")
+    e2 = store.tree.start_evaluation(child.id, "pack/arith#4")
     assert isinstance(e1, Evaluation)
     assert (e1.node_id, e1.task_ref, e1.split, e1.status, e1.success, e1.finished_at) == (
         child.id,
@@ -416,15 +416,15 @@ def test_nodes_and_evaluations(store):
         None,
         None,
     )
-    done = store.finish_evaluation(e1.id, success=True, trajectory_id=trajectory.id)
+    done = store.tree.finish_evaluation(e1.id, success=True, trajectory_id=trajectory.id)
     assert (done.status, done.success, done.trajectory_id) == ("done", True, trajectory.id)
     assert done.finished_at is not None
-    failed = store.finish_evaluation(e2.id, success=False)
+    failed = store.tree.finish_evaluation(e2.id, success=False)
     assert failed.success is False  # a bool, not 0
-    assert store.evaluations_of(child.id) == [done, failed]
-    assert store.evaluations_of(root.id) == []
+    assert store.tree.evaluations_of(child.id) == [done, failed]
+    assert store.tree.evaluations_of(root.id) == []
     with pytest.raises(NotFound):
-        store.finish_evaluation(999, success=True)
+        store.tree.finish_evaluation(999, success=True)
 
 
 # --- ledger and events -----------------------------------------------------------
@@ -506,37 +506,37 @@ def test_events_round_trip_and_append_only(store):
     assert store.list_events(limit=1) == [second]
 
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.db.execute("UPDATE events SET what = 'rewritten' WHERE id = ?", [first.id])
+        store.database.writer.execute("UPDATE events SET what = 'rewritten' WHERE id = ?", [first.id])
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.db.execute("DELETE FROM events WHERE id = ?", [first.id])
+        store.database.writer.execute("DELETE FROM events WHERE id = ?", [first.id])
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        store.db.execute("DELETE FROM events")
+        store.database.writer.execute("DELETE FROM events")
     assert store.list_events() == [second, first]
 
 
 def test_everything_survives_reopening(open_store):
     store = open_store()
-    node = store.add_node("h")
+    node = store.tree.add_node("h")
     task, _ = store.add_task("persist me", metadata={"k": 1})
     trajectory = store.start_trajectory(task.id, node_id=node.id)
     step = store.add_step(trajectory.id, role="assistant", content="hi", tool_calls=[{"name": "x"}])
     outcome = store.record_outcome(trajectory.id, success=True, verifier="v")
     insight = store.add_insight("an insight", provenance=[trajectory.id])
     tool = store.add_tool("t", description="d", code_hash="c", origin="builtin")
-    evaluation = store.start_evaluation(node.id, "ref")
+    evaluation = store.tree.start_evaluation(node.id, "ref")
     entry = store.record_call(model="m", purpose="p", tokens_in=1, tokens_out=2, cost_usd=0.5, latency_ms=1.0)
     event = store.append_event("k", "w", evidence=[1, 2])
     store.close()
 
     again = open_store()
-    assert again.get_node(node.id) == node
+    assert again.tree.get_node(node.id) == node
     assert again.get_task(task.id) == task
     assert again.get_trajectory(trajectory.id).node_id == node.id
     assert again.steps(trajectory.id) == [step]
     assert again.outcome(trajectory.id) == outcome
     assert again.get_insight(insight.id) == insight
     assert again.get_tool(tool.id) == tool
-    assert again.get_evaluation(evaluation.id) == evaluation
+    assert again.tree.get_evaluation(evaluation.id) == evaluation
     assert again.list_events() == [event]
     assert again.spent() == (3, 0.5)
     assert entry.id == 1
@@ -548,7 +548,7 @@ def test_a_transaction_indexes_its_rows_once_committed_and_none_of_a_rolled_back
             store.add_insight("Rolled back: never indexed.")
             raise RuntimeError("the caller fails after the write")
     assert store.index.count("insights") == 0
-    assert store.db.execute("SELECT count(*) FROM index_outbox").fetchone()[0] == 0
+    assert store.database.writer.execute("SELECT count(*) FROM index_outbox").fetchone()[0] == 0
     with store.transaction():
         store.add_insight("Committed with the rest of the transaction.")
         assert store.index.count("insights") == 0, "indexed before its transaction committed"
@@ -576,3 +576,33 @@ def test_the_last_attempt_is_the_newest_even_when_a_restart_numbers_attempts_aga
     assert store.last_trajectory(task.id).id == after.id
     assert store.last_verdict(task.id) == (after.id, True)
     assert [t.id for t in store.trajectories_of(task.id)] == [*before_restart, after.id]
+
+
+def test_the_tree_records_write_through_the_stores_database_and_join_its_transactions(store):
+    """``store.tree`` is a part of its own, composed over the store's one database object: its writes and
+    another part's in one transaction commit together or not at all, and an evaluation exists only with
+    the inbox task that runs it."""
+    assert store.tree.database is store.database
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            node = store.tree.add_node("h1")
+            store.add_task("queued beside the node")
+            raise RuntimeError("the caller fails after both writes")
+    assert store.tree.list_nodes() == [] and store.list_tasks() == []
+
+    with store.transaction():
+        node = store.tree.add_node("h2")
+        task, _ = store.add_task("queued beside the node")
+    assert store.tree.list_nodes() == [node] and store.list_tasks() == [task]
+
+    def refuse(evaluation_id: int) -> dict:
+        raise ValueError(f"no task for evaluation {evaluation_id}")
+
+    with pytest.raises(ValueError, match="no task for evaluation"):
+        store.tree.start_evaluation(node.id, "ref", task_for=refuse)
+    assert store.tree.evaluations_of(node.id) == [] and store.list_tasks() == [task]
+
+    evaluation = store.tree.start_evaluation(node.id, "ref", task_for=lambda i: {"prompt": f"evaluation {i}"})
+    queued = store.get_task(evaluation.task_id)
+    assert queued.prompt == f"evaluation {evaluation.id}"
+    assert store.tree.running_evaluations() == [evaluation]

@@ -131,7 +131,7 @@ def test_vector_only_match_is_found(corpus):
     hit = found[named[VECTOR_ONLY]]
     assert hit.keyword_rank is None  # no word in common
     assert hit.similarity > 0.4
-    assert keyword_search(store.db, "trajectories", "car motor repair", 50) == [named[BOTH]]
+    assert keyword_search(store.database.writer, "trajectories", "car motor repair", 50) == [named[BOTH]]
 
 
 def test_an_item_in_both_lists_ranks_above_items_in_one(corpus, embedder):
@@ -209,9 +209,9 @@ def test_fts_syntax_in_a_query_is_searched_not_interpreted(corpus, query):
     assert isinstance(hits, list)
     store.search_insights(query, k=3)
     store.search_tools(query, k=3)
-    assert store.db.execute("SELECT count(*) FROM trajectories").fetchone()[0] == len(FILLERS) + 3
+    assert store.database.writer.execute("SELECT count(*) FROM trajectories").fetchone()[0] == len(FILLERS) + 3
     if re.search(r"\bcar\b", query):  # the word survives as a plain search term
-        assert named[BOTH] in keyword_search(store.db, "trajectories", query, 50)
+        assert named[BOTH] in keyword_search(store.database.writer, "trajectories", query, 50)
 
 
 # --- filters on both paths -----------------------------------------------------------
@@ -222,7 +222,7 @@ def filtered(tmp_path_factory, embedder):
     """Four similar trajectories across two nodes, three times and three outcomes."""
     data_dir = tmp_path_factory.mktemp("filtered") / "data"
     store = Store.open(data_dir, embedder=embedder)
-    node_a, node_b = store.add_node("ha", node_id="node_a"), store.add_node("hb", node_id="node_b")
+    node_a, node_b = store.tree.add_node("ha", node_id="node_a"), store.tree.add_node("hb", node_id="node_b")
     spec = [  # (name, node, success, started_at)
         ("t1", node_a.id, True, 1000.0),
         ("t2", node_a.id, False, 2000.0),
@@ -282,7 +282,7 @@ def test_filters_on_fused_vector_and_keyword_paths(filtered, embedder, filters, 
 
 def test_vector_filters_reach_beyond_the_unfiltered_candidates(store, embedder):
     """Matches that the unfiltered nearest neighbours miss are still found, from index metadata."""
-    store.add_node("hx", node_id="node_x")
+    store.tree.add_node("hx", node_id="node_x")
     near = store.ingest(
         [NewTrajectory(prompt=f"calibrate the widget sensor number {i}", started_at=1000.0) for i in range(30)]
     )

@@ -15,7 +15,7 @@ def test_a_reader_never_sees_another_threads_uncommitted_rows(store):
     seen_inside: list = []
 
     def writer() -> None:
-        with store._write() as db:
+        with store.database.write() as db:
             db.execute("INSERT INTO meta (key, value) VALUES ('pending', 'yes')")
             seen_inside.append(store.get_meta("pending"))  # its own row, not yet committed
             inside.set()
@@ -66,7 +66,7 @@ def test_close_closes_the_connections_other_threads_read_through(open_store):
 
     def read() -> None:
         store.list_tasks()
-        readers.append(store._reader())
+        readers.append(store.database.reader())
 
     thread = threading.Thread(target=read)
     thread.start()
@@ -77,21 +77,23 @@ def test_close_closes_the_connections_other_threads_read_through(open_store):
 
 
 def test_a_writer_reads_its_own_rows_through_nested_blocks_and_others_through_its_reader(store):
-    with store._write() as db:
-        assert store._reader() is store.db
+    with store.database.write() as db:
+        assert store.database.reader() is store.database.writer
         db.execute("INSERT INTO meta (key, value) VALUES ('outer', '1')")
-        with store._write() as inner:
+        with store.database.write() as inner:
             inner.execute("INSERT INTO meta (key, value) VALUES ('inner', '2')")
-            assert store._one("SELECT value FROM meta WHERE key = 'outer'") == {"value": "1"}
+            assert store.database.one("SELECT value FROM meta WHERE key = 'outer'") == {"value": "1"}
         # still inside the outer block: its rows, uncommitted, stay visible to it
-        assert store._reader() is store.db
-        assert [r["key"] for r in store._all("SELECT key FROM meta WHERE key IN ('outer', 'inner') ORDER BY key")] == [
+        assert store.database.reader() is store.database.writer
+        assert [
+            r["key"] for r in store.database.all("SELECT key FROM meta WHERE key IN ('outer', 'inner') ORDER BY key")
+        ] == [
             "inner",
             "outer",
         ]
         ((task, _),) = store.add_tasks([{"prompt": "inside"}])
         assert store.get_task(task.id).prompt == "inside"  # add_tasks nested in this block
-    assert store._reader() is not store.db
+    assert store.database.reader() is not store.database.writer
     assert store.get_meta("outer") == "1" and store.get_meta("inner") == "2"
     assert store.get_task(task.id).prompt == "inside"
 
@@ -101,7 +103,7 @@ def test_a_rolled_back_write_is_seen_by_nobody(store):
         pass
 
     with pytest.raises(Boom):
-        with store._write() as db:
+        with store.database.write() as db:
             db.execute("INSERT INTO meta (key, value) VALUES ('doomed', 'x')")
             raise Boom
     assert store.get_meta("doomed") is None
@@ -110,9 +112,9 @@ def test_a_rolled_back_write_is_seen_by_nobody(store):
     thread.start()
     thread.join()
     assert seen == [None]
-    with store._write():
+    with store.database.write():
         assert store.get_meta("doomed") is None
-    assert store._reader() is not store.db  # the depth went back to zero after the error
+    assert store.database.reader() is not store.database.writer  # the depth went back to zero after the error
 
 
 def test_claiming_reads_the_claimed_task_inside_the_write(store):
@@ -157,7 +159,7 @@ def test_a_closed_store_opens_no_new_reader(open_store):
     thread.start()
     thread.join()
     assert len(errors) == 1 and isinstance(errors[0], StoreError) and "closed" in str(errors[0])
-    assert len(store._readers) == 0
+    assert len(store.database._readers) == 0
 
 
 def test_the_reader_of_a_thread_that_ended_is_closed(store):
@@ -167,7 +169,7 @@ def test_the_reader_of_a_thread_that_ended_is_closed(store):
 
     def read() -> None:
         store.list_tasks()
-        readers.append(store._reader())
+        readers.append(store.database.reader())
 
     ended = threading.Thread(target=read)
     ended.start()
@@ -179,10 +181,10 @@ def test_the_reader_of_a_thread_that_ended_is_closed(store):
     with pytest.raises(sqlite3.ProgrammingError):
         readers[0].execute("SELECT 1")
     readers[1].execute("SELECT 1")
-    assert ended not in store._readers and other in store._readers
+    assert ended not in store.database._readers and other in store.database._readers
 
     del other
     gc.collect()  # a thread collected takes its reader with it
     with pytest.raises(sqlite3.ProgrammingError):
         readers[1].execute("SELECT 1")
-    assert set(store._readers) <= {threading.current_thread()}  # this one's own, opened by Store.open
+    assert set(store.database._readers) <= {threading.current_thread()}  # this one's own, opened by Store.open

@@ -310,7 +310,7 @@ def test_code_seen_in_one_task_only_is_no_opportunity(engine):
         ]
     )
     assert synthesize_round(e).startswith("no opportunity")
-    assert e.store._one("SELECT count(*) AS n FROM ledger")["n"] == 0  # no model call for nothing
+    assert e.store.database.one("SELECT count(*) AS n FROM ledger")["n"] == 0  # no model call for nothing
     assert json.loads(e.store.get_meta(WATERMARK_KEY))["until"] is None
 
 

@@ -78,8 +78,8 @@ def hostile(tmp_path_factory) -> dict:
             new=NewTool(name="shout", description=f"describes {HOSTILE}", code_hash=digest, version=1),
         )
         scaffold = default_scaffold()
-        store.put_scaffold(scaffold.hash, scaffold.canonical_json())
-        node = store.add_node(
+        store.tree.put_scaffold(scaffold.hash, scaffold.canonical_json())
+        node = store.tree.add_node(
             scaffold.hash, status="proposed", rationale=f"rationale {HOSTILE}", diff=f"--- a\n+++ b\n+{HOSTILE}"
         )
         events = [e.id for e in store.list_events(limit=100)]

@@ -80,7 +80,9 @@ def _search(e: Engine, seed: int = 7, slots: int = 1) -> TreeSearch:
 def _evaluate_on(e: Engine, node: str, ref: str, split: str, prompt: str, expected: str):
     """Queue an evaluation of ``node`` on a task, as the search queues one (its task admitted at the door)."""
     item = EvalItem(ref=ref, split=split, task={"prompt": prompt, "check": {"type": "answer", "expected": expected}})
-    return e.store.start_evaluation(node, ref, split=split, task_for=_search(e)._evaluation_task(item, node, split))
+    return e.store.tree.start_evaluation(
+        node, ref, split=split, task_for=_search(e)._evaluation_task(item, node, split)
+    )
 
 
 def _run_queued(e: Engine, search: TreeSearch) -> int:
@@ -89,7 +91,7 @@ def _run_queued(e: Engine, search: TreeSearch) -> int:
     def agent_for(task):
         if "node" not in task.metadata:  # a person's task
             return e.agent()
-        node = e.store.get_node(task.metadata["node"])
+        node = e.store.tree.get_node(task.metadata["node"])
         return e.agent(scaffold_of(e.store, node), node_id=node.id)
 
     worker = Worker(
@@ -110,8 +112,8 @@ def _expanded(e: Engine, search: TreeSearch):
     """Force the next step to expand (t^alpha >= n) by giving the root finished evaluations."""
     root = incumbent(e.store)
     for _ in range(3):
-        ev = e.store.start_evaluation(root.id, "pack:x:t1", split="train")
-        e.store.finish_evaluation(ev.id, success=True)
+        ev = e.store.tree.start_evaluation(root.id, "pack:x:t1", split="train")
+        e.store.tree.finish_evaluation(ev.id, success=True)
     return search.step()
 
 
@@ -167,7 +169,7 @@ def test_an_invalid_proposal_becomes_an_invalid_node_that_is_never_served(engine
     search = _search(e)
     summary = _expanded(e, search)
     assert "invalid" in summary
-    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "invalid" and reason in child.reason, child.reason
     assert child.rationale == "spell out the steps"
     with pytest.raises(IncumbentError, match="only a validated node can be served"):
@@ -205,7 +207,7 @@ def test_a_malformed_proposal_is_an_invalid_node_saying_what_came_back(engine):
     e = engine([_proposer("I would make the prompt friendlier."), *SOLVER], "tree-malformed")
     summary = _expanded(e, _search(e))
     assert "invalid" in summary and "not JSON" in summary, summary
-    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "invalid" and "I would make the prompt friendlier." in child.reason
     (event,) = e.store.list_events(kind="propose")
     assert event.payload["status"] == "invalid" and "not JSON" in event.payload["reason"]
@@ -220,14 +222,14 @@ def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(e
     assert "smoke task" in summary and "queued" in summary, summary
     (queued,) = e.store.list_tasks(source="smoke")
     assert queued.status == "queued" and queued.priority == e.config.evolution.evaluation_priority
-    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "proposed" and queued.metadata["node"] == child.id
     assert search.step() == f"waiting for its smoke task {queued.id}"
     assert _run_queued(e, search) == 1  # a worker runs it on the child's scaffold
     assert search.ended_unrecorded() == 1  # so the "record" job is due
     summary = search.record_ended()
     assert "valid: its tools import and a smoke task ran" in summary
-    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "evaluating" and child.reason == ""
     assert '"max_steps": 12' in child.diff and '-  "max_steps": 20' in child.diff.replace(" 20,", " 20")
     assert scaffold_of(e.store, child).parameters.max_steps == 12
@@ -252,12 +254,14 @@ def test_evaluations_are_handed_out_as_low_priority_tasks_and_recorded(engine):
     (root,) = tree_view(e.store)["nodes"]
     assert (root["successes"], root["failures"], root["in_flight"]) == (2, 0, 0)
     # The two took the two training tasks (the least evaluated first), never the held-out one.
-    assert sorted(ev.task_ref.rsplit(":", 1)[1] for ev in e.store.evaluations_of(root["id"])) == ["t1", "t2"]
+    assert sorted(ev.task_ref.rsplit(":", 1)[1] for ev in e.store.tree.evaluations_of(root["id"])) == ["t1", "t2"]
 
 
 def _purposes(e: Engine) -> dict[str, set[str]]:
     """The purposes the ledger charged, by what they were for: a task's source, or "step" outside any task."""
-    rows = e.store.db.execute("SELECT l.purpose, t.source FROM ledger l LEFT JOIN tasks t ON t.id = l.task_id")
+    rows = e.store.database.writer.execute(
+        "SELECT l.purpose, t.source FROM ledger l LEFT JOIN tasks t ON t.id = l.task_id"
+    )
     found: dict[str, set[str]] = {}
     for purpose, source in rows.fetchall():
         found.setdefault(source or "step", set()).add(purpose)
@@ -294,7 +298,7 @@ def test_a_spent_background_share_stops_evaluations_but_never_a_persons_task(eng
     assert e.store.get_task(mine.id).status == "done"
     (evaluation,) = e.store.list_tasks(source="evaluation")
     assert evaluation.ending is Ending.BUDGET and "background token share" in evaluation.error
-    assert e.store.evaluations_of(incumbent(e.store).id)[0].status == "abandoned"  # it counts for nothing
+    assert e.store.tree.evaluations_of(incumbent(e.store).id)[0].status == "abandoned"  # it counts for nothing
 
 
 def test_a_persons_task_is_claimed_before_queued_evaluations(engine):
@@ -313,22 +317,22 @@ def test_an_evaluation_without_a_verdict_counts_for_nothing(engine):
     (task,) = e.store.list_tasks(source="evaluation")
     e.store.request_cancel(task.id)
     search.record(e.store.get_task(task.id))
-    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    (evaluation,) = e.store.tree.evaluations_of(incumbent(e.store).id)
     assert evaluation.status == "abandoned"
     assert tree_view(e.store)["nodes"][0]["successes"] + tree_view(e.store)["nodes"][0]["failures"] == 0
 
 
 def _held_out(e: Engine, node_id: str, successes: int, failures: int) -> None:
     for ok in [True] * successes + [False] * failures:
-        ev = e.store.start_evaluation(node_id, "pack:x:h1", split="test")
-        e.store.finish_evaluation(ev.id, success=ok)
+        ev = e.store.tree.start_evaluation(node_id, "pack:x:h1", split="test")
+        e.store.tree.finish_evaluation(ev.id, success=ok)
 
 
 def _child(e: Engine, status: str = "evaluating") -> str:
     root = incumbent(e.store)
     scaffold = scaffold_of(e.store, root).model_copy(update={"hooks": "# a child\n"})
-    e.store.put_scaffold(scaffold.hash, scaffold.canonical_json())
-    return e.store.add_node(scaffold.hash, parent_id=root.id, status=status).id
+    e.store.tree.put_scaffold(scaffold.hash, scaffold.canonical_json())
+    return e.store.tree.add_node(scaffold.hash, parent_id=root.id, status=status).id
 
 
 def test_promotion_only_when_the_bound_beats_the_incumbents(engine):
@@ -359,7 +363,7 @@ def test_rollback_again_goes_further_back_and_one_node_shows_as_promoted(engine)
     promote(e.store, second)
 
     def promoted() -> list[str]:
-        return [n.id for n in e.store.list_nodes() if n.status == "promoted"]
+        return [n.id for n in e.store.tree.list_nodes() if n.status == "promoted"]
 
     assert promoted() == [second]
     rollback(e.store)
@@ -368,7 +372,7 @@ def test_rollback_again_goes_further_back_and_one_node_shows_as_promoted(engine)
     assert incumbent(e.store).id == root and promoted() == [root]
     with pytest.raises(IncumbentError, match="no earlier incumbent"):
         rollback(e.store)
-    assert e.store.get_node(second).status == "evaluated"  # still servable: it can be promoted again
+    assert e.store.tree.get_node(second).status == "evaluated"  # still servable: it can be promoted again
     promote(e.store, second)
     rollback(e.store)
     assert incumbent(e.store).id == root
@@ -440,7 +444,7 @@ def test_a_switch_that_fails_at_its_event_leaves_the_incumbent_and_node_as_they_
         promote(e.store, child)
     before = (
         incumbent(e.store).id,
-        {n.id: n.status for n in e.store.list_nodes()},
+        {n.id: n.status for n in e.store.tree.list_nodes()},
         len(e.store.list_events(limit=1000)),
     )
     _failing_event(e.store, monkeypatch, switch)
@@ -449,7 +453,7 @@ def test_a_switch_that_fails_at_its_event_leaves_the_incumbent_and_node_as_they_
     monkeypatch.undo()
     assert (
         incumbent(e.store).id,
-        {n.id: n.status for n in e.store.list_nodes()},
+        {n.id: n.status for n in e.store.tree.list_nodes()},
         len(e.store.list_events(limit=1000)),
     ) == before
     (promote(e.store, child) if switch == "promote" else rollback(e.store))  # and it can be done again
@@ -462,10 +466,10 @@ def test_a_validation_that_fails_at_its_event_leaves_the_node_proposed_for_the_n
     with pytest.raises(Crash):
         _validated(e, _search(e))
     monkeypatch.undo()
-    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "proposed"  # not "evaluating" without the event that says why
     assert _search(e).step() == "valid: its tools import and a smoke task ran"
-    assert e.store.get_node(child.id).status == "evaluating"
+    assert e.store.tree.get_node(child.id).status == "evaluating"
     assert len(e.store.list_events(kind="node_valid")) == 1
 
 
@@ -477,11 +481,11 @@ def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_vali
     search = _search(e)
     _expanded(e, search)
     assert _run_queued(e, search) == 1
-    (child,) = [n for n in e.store.list_nodes() if n.parent_id is not None]
+    (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     (failed,) = e.store.list_tasks(source="smoke")
     assert failed.ending is Ending.MODEL_ERROR
     assert search.record_ended().startswith(f"node {child.id}: smoke task ")  # queued again
-    assert e.store.get_node(child.id).status == "proposed"
+    assert e.store.tree.get_node(child.id).status == "proposed"
     with pytest.raises(IncumbentError):
         promote(e.store, child.id)
     e.close()
@@ -491,7 +495,7 @@ def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_vali
     search2 = _search(e2)
     assert _run_queued(e2, search2) == 1
     assert search2.step() == "valid: its tools import and a smoke task ran"
-    assert e2.store.get_node(child.id).status == "evaluating"
+    assert e2.store.tree.get_node(child.id).status == "evaluating"
     assert len(e2.store.list_events(kind="propose")) == 1
 
 
@@ -521,10 +525,10 @@ def test_an_evaluation_a_drain_sent_back_to_the_queue_is_not_ended_and_runs_agai
     assert ended == [] and e.store.get_task(task.id).status == "queued"
     # Even asked directly, the search records no result for a task that has not ended.
     assert search.record(e.store.get_task(task.id)) is None
-    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    (evaluation,) = e.store.tree.evaluations_of(incumbent(e.store).id)
     assert evaluation.status == "running" and search.ended_unrecorded() == 0
     assert _run_queued(e, search) == 1  # after the restart: it runs again, and that result counts
-    (evaluation,) = e.store.evaluations_of(incumbent(e.store).id)
+    (evaluation,) = e.store.tree.evaluations_of(incumbent(e.store).id)
     assert evaluation.status == "done" and evaluation.success is True
 
 
@@ -535,7 +539,7 @@ def test_an_evaluation_that_ended_unrecorded_is_recorded_by_the_next_step(engine
     # The worker ran the task, but the process died before the result reached the tree.
     worker = Worker(
         lambda task: e.agent(
-            scaffold_of(e.store, e.store.get_node(task.metadata["node"])), node_id=task.metadata["node"]
+            scaffold_of(e.store, e.store.tree.get_node(task.metadata["node"])), node_id=task.metadata["node"]
         ),
         owner="w",
         lease_s=30,
@@ -543,25 +547,25 @@ def test_an_evaluation_that_ended_unrecorded_is_recorded_by_the_next_step(engine
         store=e.store,
     )
     worker.run_once()
-    (evaluation,) = e.store.running_evaluations()
+    (evaluation,) = e.store.tree.running_evaluations()
     summary = _search(e).step()
     assert summary.startswith(f"recorded evaluation {evaluation.id}")
-    assert e.store.get_evaluation(evaluation.id).status == "done"
-    assert e.store.get_evaluation(evaluation.id).success is True
+    assert e.store.tree.get_evaluation(evaluation.id).status == "done"
+    assert e.store.tree.get_evaluation(evaluation.id).success is True
 
 
 def test_held_out_tasks_go_to_a_node_that_beats_the_incumbent_in_training(engine):
     e = engine([*SOLVER], "tree-split", EVOLVER_EVOLUTION_MIN_EVALUATIONS="2")
     root, child = incumbent(e.store).id, _child(e)
     for node, ok in ((child, True), (child, True), (root, False), (root, True)):
-        ev = e.store.start_evaluation(node, "pack:x:t1", split="train")
-        e.store.finish_evaluation(ev.id, success=ok)
+        ev = e.store.tree.start_evaluation(node, "pack:x:t1", split="train")
+        e.store.tree.finish_evaluation(ev.id, success=ok)
     search = _search(e)
     pool = search.pool()
     assert [i.ref.rsplit(":", 1)[1] for i in pool["test"]] == ["h1"]
     assert search._split_for(child, pool) == "test"
     assert search._split_for(root, pool) == "train"  # no contender on the held-out split yet
-    e.store.start_evaluation(child, "pack:x:h1", split="test")
+    e.store.tree.start_evaluation(child, "pack:x:h1", split="test")
     assert search._split_for(root, pool) == "test"  # now it is compared on the same split
 
 
@@ -668,15 +672,15 @@ def test_tree_view_counts_clades_from_stored_evaluations(engine):
     root = incumbent(e.store).id
     child = _child(e)
     for node, ok in ((root, True), (child, True), (child, False), (child, True)):
-        ev = e.store.start_evaluation(node, "pack:x:t1", split="train")
-        e.store.finish_evaluation(ev.id, success=ok)
+        ev = e.store.tree.start_evaluation(node, "pack:x:t1", split="train")
+        e.store.tree.finish_evaluation(ev.id, success=ok)
     view = {n["id"]: n for n in tree_view(e.store)["nodes"]}
     assert (view[root]["successes"], view[root]["failures"]) == (1, 0)
     assert (view[root]["clade_successes"], view[root]["clade_failures"]) == (3, 1)
     assert (view[child]["clade_successes"], view[child]["clade_failures"]) == (2, 1)
     assert view[child]["mean"] == round(3 / 5, 4)
     with pytest.raises(NotFound):
-        e.store.get_node("node_missing")
+        e.store.tree.get_node("node_missing")
 
 
 def test_the_pool_keeps_the_split_a_persons_task_was_given_when_it_came_in(engine):
@@ -751,7 +755,7 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
     failed = e.store.ingest([NewTrajectory(prompt="What is 1 + 6 ?", final_answer="8", success=False)])[0]
     batch = [(e.store.get_trajectory(failed), False)]
     assert "-> 7" not in _prompt(e.store, batch, [])
-    assert "1 + 6?" not in _attempts(e.store, e.store.get_node(root))
+    assert "1 + 6?" not in _attempts(e.store, e.store.tree.get_node(root))
 
 
 def test_failed_steps_count_against_the_evaluation_budget(engine):
@@ -778,7 +782,7 @@ def test_failed_steps_count_against_the_evaluation_budget(engine):
     with pytest.raises(ModelError):
         search.step()
     assert search.step() == "the evaluation budget of 5 is spent (3 evaluations, 2 failed steps)"
-    assert len(e.store.list_nodes()) == 1
+    assert len(e.store.tree.list_nodes()) == 1
 
 
 @pytest.mark.parametrize("race_start, expands", [("0.3", False), ("0.5", True)])
@@ -794,10 +798,10 @@ def test_the_end_of_an_evaluation_budget_is_a_race_that_builds_no_more_nodes(eng
     summary = _expanded(e, _search(e))
     if expands:
         assert summary.startswith("proposed"), summary
-        assert len(e.store.list_nodes()) == 2
+        assert len(e.store.tree.list_nodes()) == 2
     else:
         assert summary.startswith("queued 1 evaluations"), summary
-        assert len(e.store.list_nodes()) == 1
+        assert len(e.store.tree.list_nodes()) == 1
 
 
 def test_a_proposal_in_a_fence_with_its_last_brace_missing_is_repaired(engine):
@@ -826,13 +830,13 @@ def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_
         [NewTrajectory(prompt="What is 2 + 3?", success=False, status="step_limit", steps=steps, node_id=root.id)]
     )
     for trajectory in (stuck, None, None):
-        ev = e.store.start_evaluation(root.id, "pack:x:t1", split="train")
-        e.store.finish_evaluation(ev.id, success=False, trajectory_id=trajectory)
+        ev = e.store.tree.start_evaluation(root.id, "pack:x:t1", split="train")
+        e.store.tree.finish_evaluation(ev.id, success=False, trajectory_id=trajectory)
     search = _search(e)
     assert "invalid" in search.step()
     for _ in range(3):  # t = 6: 6^0.6 >= 2 nodes, the next step expands again
-        ev = e.store.start_evaluation(root.id, "pack:x:t2", split="train")
-        e.store.finish_evaluation(ev.id, success=False)
+        ev = e.store.tree.start_evaluation(root.id, "pack:x:t2", split="train")
+        e.store.tree.finish_evaluation(ev.id, success=False)
     assert "invalid" in search.step()  # the same edit again: the proposer was shown it had been tried
     prompts = [
         json.loads(line)["messages"][-1]["content"]
@@ -886,7 +890,7 @@ def test_a_child_whose_only_change_is_a_hook_is_evaluated_and_promoted_on_its_re
     assert scaffold_of(e.store, served).model_copy(update={"hooks": ""}) == scaffold_of(e.store, root)
     (event,) = e.store.list_events(kind="promote")
     assert event.payload == {"from": root.id, "to": served.id}
-    held = [ev for ev in e.store.evaluations_of(served.id) if ev.split == "test" and ev.status == "done"]
+    held = [ev for ev in e.store.tree.evaluations_of(served.id) if ev.split == "test" and ev.status == "done"]
     assert len(held) >= 3 and all(ev.success for ev in held)
 
 
@@ -900,8 +904,8 @@ def test_a_server_that_constrains_output_is_asked_for_an_edit_of_only_what_the_s
     scripted.register_script("tree-schema", {"rules": rules, "record": str(record)})
     root = incumbent(e.store)
     for _ in range(3):  # the seed has been tried: the next step expands it
-        ev = e.store.start_evaluation(root.id, "pack:x:t1", split="train")
-        e.store.finish_evaluation(ev.id, success=False)
+        ev = e.store.tree.start_evaluation(root.id, "pack:x:t1", split="train")
+        e.store.tree.finish_evaluation(ev.id, success=False)
     assert "queued" in _search(e).step()
     (asked,) = [json.loads(line) for line in record.read_text().splitlines() if "You improve an agent" in line]
     assert asked["temperature"] == proposer.TEMPERATURE > 0

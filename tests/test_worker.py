@@ -70,7 +70,7 @@ def test_a_worker_that_loses_its_lease_stops_and_its_result_is_refused(engine):
 
     def take_over():
         # The stalled worker's lease is made to expire; another worker claims the task.
-        with e.store._write() as db:
+        with e.store.database.write() as db:
             db.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", [time.time() - 1, task.id])
         taken.append(e.store.claim_task("rescuer", lease_s=30, max_attempts=3))
 

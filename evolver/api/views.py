@@ -156,13 +156,13 @@ def tree(store: ExperienceStore, quantile: float = 0.05) -> dict:
 
 
 def node(store: ExperienceStore, node_id: str) -> dict:
-    found = store.get_node(node_id)
+    found = store.tree.get_node(node_id)
     return {
         **asdict(found),
         "scaffold": scaffold_of(store, found).model_dump(mode="json"),
         "incumbent": store.get_meta("incumbent") == node_id,
-        "evaluations": [asdict(e) for e in store.evaluations_of(node_id)],
-        "hook_effects": store.hook_effects(node_id),
+        "evaluations": [asdict(e) for e in store.tree.evaluations_of(node_id)],
+        "hook_effects": store.tree.hook_effects(node_id),
     }
 
 

@@ -387,19 +387,19 @@ def _edit_canary(key: str) -> Canary:
                 },
             ]
         )
-        before = {n.id for n in store.list_nodes()}
+        before = {n.id for n in store.tree.list_nodes()}
         root = incumbent(store)
         for _ in range(3):  # enough finished evaluations that the step expands
-            evaluation = store.start_evaluation(root.id, "pack:x:add-1", split="train")
-            store.finish_evaluation(evaluation.id, success=False)
+            evaluation = store.tree.start_evaluation(root.id, "pack:x:add-1", split="train")
+            store.tree.finish_evaluation(evaluation.id, success=False)
         search = TreeSearch(lab.engine, rng=np.random.default_rng(0))
         search.step()
-        (child,) = [n for n in store.list_nodes() if n.id not in before]
+        (child,) = [n for n in store.tree.list_nodes() if n.id not in before]
         if child.status == "invalid":
             return Held(True, f"invalid node: {child.reason[:200]}")
 
         def agent_for(task):
-            node = store.get_node(task.metadata["node"])
+            node = store.tree.get_node(task.metadata["node"])
             return lab.engine.agent(scaffold_of(store, node), node_id=node.id)
 
         worker = Worker(agent_for, owner="canaries", lease_s=60, max_attempts=1, store=store, sources=("smoke",))
@@ -411,7 +411,7 @@ def _edit_canary(key: str) -> Canary:
         if solved or not smoke:
             return Held(
                 False,
-                f"node {child.id} is {store.get_node(child.id).status}; its smoke task "
+                f"node {child.id} is {store.tree.get_node(child.id).status}; its smoke task "
                 f"{'PASSED' if smoke else 'never ran'}",
             )
         return Held(

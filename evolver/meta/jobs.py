@@ -158,9 +158,9 @@ def _ended_evaluations(host: JobHost) -> int:
 def _free_evaluation_slots(host: JobHost) -> int:
     """The tree search may act when an evaluation slot is free (or a proposed node awaits validation)."""
     store = host.store
-    if any(n.status == "proposed" for n in store.list_nodes()):
+    if any(n.status == "proposed" for n in store.tree.list_nodes()):
         return 1
-    return max(0, host.config.evolution.evaluation_slots - len(store.running_evaluations()))
+    return max(0, host.config.evolution.evaluation_slots - len(store.tree.running_evaluations()))
 
 
 def _new_trajectories(limit: int) -> Callable[[JobHost], int]:

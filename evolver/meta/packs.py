@@ -180,10 +180,10 @@ def _tool_items(
 
 
 def _node_item(store: ExperienceStore, node_id: str, model: str | None) -> tuple[dict, bytes, set[str]]:
-    node = store.get_node(node_id)  # NotFound names it
+    node = store.tree.get_node(node_id)  # NotFound names it
     scaffold = scaffold_of(store, node)
     counts = {"train": [0, 0], "test": [0, 0]}
-    for evaluation in store.evaluations_of(node.id):
+    for evaluation in store.tree.evaluations_of(node.id):
         if evaluation.success is not None and evaluation.split in counts:
             counts[evaluation.split][0 if evaluation.success else 1] += 1
     provenance = {
@@ -412,7 +412,7 @@ def _plan_node(engine: Engine, pack: Pack, outcomes: list[_Outcome]):
             )
         )
         return None
-    twin = next((n for n in store.list_nodes() if n.scaffold_hash == scaffold.hash), None)
+    twin = next((n for n in store.tree.list_nodes() if n.scaffold_hash == scaffold.hash), None)
     if twin is not None:
         outcomes.append(_Outcome("node", pack.node.id, "skipped", f"node {twin.id} here has this scaffold"))
         return None
@@ -501,9 +501,9 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
         node = None
         if planned_node is not None:
             scaffold, parent = planned_node
-            store.put_scaffold(scaffold.hash, scaffold.canonical_json())
+            store.tree.put_scaffold(scaffold.hash, scaffold.canonical_json())
             rationale = clip(f"imported from pack {pack.id} (node {pack.node.id} there): {pack.node.rationale}", 4000)
-            node = store.add_node(
+            node = store.tree.add_node(
                 scaffold.hash,
                 parent_id=parent.id,
                 status="proposed",

@@ -68,7 +68,7 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
         if insights:
             store.apply_insight_changes(insights, event_id=revert.id)
         for node in nodes:
-            store.set_node_status(node["id"], node["after"], reason=f"{why} (event {event.id} reverted)")
+            store.tree.set_node_status(node["id"], node["after"], reason=f"{why} (event {event.id} reverted)")
     return revert
 
 
@@ -123,7 +123,7 @@ def _nodes_before(store: ExperienceStore, event: Event, changes: list[dict]) -> 
     """Each node the event added (withdrawn: invalid) or whose status it set (put back)."""
     out = []
     for change in changes:
-        node = store.get_node(change["id"])
+        node = store.tree.get_node(change["id"])
         if store.get_meta(INCUMBENT_KEY) == node.id:
             raise RevertError(
                 f"node {node.id} is served now; serve another first (`evolver rollback`), then revert event {event.id}"

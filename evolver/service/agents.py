@@ -28,7 +28,7 @@ class Agents:
     def __call__(self, task: Task | None = None) -> Agent:
         store = self.engine.store
         if task is not None and task.source.searched and task.metadata.get("node"):
-            node = store.get_node(task.metadata["node"])
+            node = store.tree.get_node(task.metadata["node"])
             return self.engine.agent(scaffold_of(store, node), node_id=node.id)
         node = incumbent(store)
         with self._lock:

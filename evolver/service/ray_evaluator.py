@@ -181,7 +181,7 @@ def ship(engine: Engine, task: Task) -> Shipment:
     """The shipment for a claimed search task: what its agent will read, taken now from the daemon's store."""
     store = engine.store
     # The node it tests; the incumbent for one that names none (as the daemon's workers choose).
-    node = store.get_node(task.metadata["node"]) if task.metadata.get("node") else incumbent(store)
+    node = store.tree.get_node(task.metadata["node"]) if task.metadata.get("node") else incumbent(store)
     scaffold = scaffold_of(store, node)
     context = task_context(store, task, scaffold.parameters)  # exactly the agent's query (Agent.run_task)
     day = start_of_day()

@@ -455,7 +455,7 @@ def index_check(data_dir: Path) -> dict:
         }
         differences = {}
         for collection, sql in truth_sql.items():
-            truth = {r[0] for r in store.db.execute(sql).fetchall()}
+            truth = {r[0] for r in store.database.writer.execute(sql).fetchall()}
             differences[collection] = len(truth ^ store.index.all_ids(collection))
         return {"repaired": sum(repaired.values()), "differences": differences, "integrity": store.check()}
     finally:

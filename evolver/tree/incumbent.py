@@ -28,10 +28,10 @@ def ensure_root(store: ExperienceStore, seed: Scaffold) -> Node:
     """Make sure the tree has a root (the seed scaffold) and an incumbent; return the incumbent."""
     current = store.get_meta(KEY)
     if current is not None:
-        return store.get_node(current)
-    store.put_scaffold(seed.hash, seed.canonical_json())
-    roots = [n for n in store.list_nodes() if n.parent_id is None]
-    root = roots[0] if roots else store.add_node(seed.hash, status="promoted", rationale="the seed scaffold")
+        return store.tree.get_node(current)
+    store.tree.put_scaffold(seed.hash, seed.canonical_json())
+    roots = [n for n in store.tree.list_nodes() if n.parent_id is None]
+    root = roots[0] if roots else store.tree.add_node(seed.hash, status="promoted", rationale="the seed scaffold")
     store.set_meta(KEY, root.id)
     store.append_event(
         "seed",
@@ -44,11 +44,11 @@ def ensure_root(store: ExperienceStore, seed: Scaffold) -> Node:
 
 def incumbent(store: ExperienceStore) -> Node | None:
     node_id = store.get_meta(KEY)
-    return None if node_id is None else store.get_node(node_id)
+    return None if node_id is None else store.tree.get_node(node_id)
 
 
 def scaffold_of(store: ExperienceStore, node: Node) -> Scaffold:
-    return load_scaffold(store.get_scaffold(node.scaffold_hash))
+    return load_scaffold(store.tree.get_scaffold(node.scaffold_hash))
 
 
 def _switch(store: ExperienceStore, kind: str, node_id: str, why: str, *, reverts: int | None = None) -> Event:
@@ -56,7 +56,7 @@ def _switch(store: ExperienceStore, kind: str, node_id: str, why: str, *, revert
     # crash leaves either no switch or the switch with its node status and its event.
     with store.transaction():
         try:
-            node = store.get_node(node_id)
+            node = store.tree.get_node(node_id)
         except NotFound:
             raise IncumbentError(f"there is no node {node_id!r}; `evolver tree` lists them") from None
         if node.status in UNSERVABLE:
@@ -67,13 +67,13 @@ def _switch(store: ExperienceStore, kind: str, node_id: str, why: str, *, revert
             raise IncumbentError(f"node {node_id} is already the incumbent")
         store.set_meta(KEY, node_id)
         if node.status != "promoted":
-            store.set_node_status(node_id, "promoted")
+            store.tree.set_node_status(node_id, "promoted")
         # "promoted" is the node being served: the one it replaces goes back to evaluated (two nodes
         # showed as promoted after a rollback).
         if previous is not None:
             with contextlib.suppress(NotFound):
-                if store.get_node(previous).status == "promoted":
-                    store.set_node_status(previous, "evaluated")
+                if store.tree.get_node(previous).status == "promoted":
+                    store.tree.set_node_status(previous, "evaluated")
         return store.append_event(
             kind,
             f"serving node {node_id} instead of {previous}",

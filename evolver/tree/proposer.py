@@ -132,7 +132,9 @@ class Proposal:
 
 def _attempts(store: ExperienceStore, node: Node) -> str:
     """The parent's finished training evaluations that a learner may see, failures first, within SAMPLE_CHARS."""
-    done = [e for e in store.evaluations_of(node.id) if e.split == "train" and e.status == "done" and e.trajectory_id]
+    done = [
+        e for e in store.tree.evaluations_of(node.id) if e.split == "train" and e.status == "done" and e.trajectory_id
+    ]
     shown = store.learnable([e.trajectory_id for e in done])
     done = [e for e in done if e.trajectory_id in shown]
     done.sort(key=lambda e: (bool(e.success), -e.id))
@@ -164,10 +166,10 @@ def _attempts(store: ExperienceStore, node: Node) -> str:
 def _tried(store: ExperienceStore, parent: Node) -> str:
     """The parent's children so far: each edit with how it did on training tasks, or why it was invalid,
     so the proposer does not propose one again."""
-    children = [n for n in store.list_nodes() if n.parent_id == parent.id][-TRIED:]
+    children = [n for n in store.tree.list_nodes() if n.parent_id == parent.id][-TRIED:]
     lines = []
     for child in children:
-        train = [e for e in store.evaluations_of(child.id) if e.split == "train" and e.status == "done"]
+        train = [e for e in store.tree.evaluations_of(child.id) if e.split == "train" and e.status == "done"]
         result = (
             f"invalid: {clip(child.reason, 240, one_line=True)}"
             if child.status == "invalid"

@@ -72,9 +72,9 @@ class EvalItem:
 
 
 def node_stats(store: ExperienceStore, *, split: str = "train") -> list[policy.NodeStats]:
-    counts = {r["node_id"]: r for r in store.evaluation_counts(split=split)}
+    counts = {r["node_id"]: r for r in store.tree.evaluation_counts(split=split)}
     stats = []
-    for node in store.list_nodes():
+    for node in store.tree.list_nodes():
         c = counts.get(node.id, {"s": 0, "f": 0, "running": 0})
         stats.append(
             policy.NodeStats(
@@ -157,7 +157,7 @@ class TreeSearch:
         if not items:
             return None
         seen: dict[str, int] = {}
-        for e in self.store.evaluations_of(node_id):
+        for e in self.store.tree.evaluations_of(node_id):
             if e.status != "abandoned":
                 seen[e.task_ref] = seen.get(e.task_ref, 0) + 1
         return min(items, key=lambda item: seen.get(item.ref, 0))
@@ -180,7 +180,7 @@ class TreeSearch:
 
     def _step(self) -> str:
         notes = self.reconcile()
-        pending = [n for n in self.store.list_nodes() if n.status == "proposed"]
+        pending = [n for n in self.store.tree.list_nodes() if n.status == "proposed"]
         if pending:  # a step was interrupted between proposing and validating: finish it first
             return "; ".join([*notes, self._validate(pending[0])])
         e = self.config.evolution
@@ -204,7 +204,7 @@ class TreeSearch:
         # children must not keep the search proposing without ever evaluating.
         if servable and not race and policy.should_expand(spent, len(stats), e.alpha):
             parent_id = policy.choose_parent(stats, self.rng, sharpness=sharpness)
-            return "; ".join([*notes, self._expand(self.store.get_node(parent_id))])
+            return "; ".join([*notes, self._expand(self.store.tree.get_node(parent_id))])
         return "; ".join([*notes, self._dispatch(stats, sharpness, race=race)])
 
     def _expand(self, parent: Node) -> str:
@@ -220,7 +220,7 @@ class TreeSearch:
         except InvalidProposal as exc:
             node = self._record_node(parent, parent_scaffold.hash, "", proposal, status="invalid", reason=str(exc))
             return f"proposed {node.id} from {parent.id}: invalid: {exc}"
-        twin = next((n for n in self.store.list_nodes() if n.scaffold_hash == child.hash), None)
+        twin = next((n for n in self.store.tree.list_nodes() if n.scaffold_hash == child.hash), None)
         if twin is not None:
             reason = f"the edited scaffold is node {twin.id}'s (scaffold {child.hash}); it would add nothing"
             node = self._record_node(
@@ -257,8 +257,8 @@ class TreeSearch:
         """The node, its scaffold and its event, in one transaction."""
         with self.store.transaction():
             if body is not None:
-                self.store.put_scaffold(scaffold_hash, body)
-            node = self.store.add_node(
+                self.store.tree.put_scaffold(scaffold_hash, body)
+            node = self.store.tree.add_node(
                 scaffold_hash,
                 parent_id=parent.id,
                 status=status,
@@ -268,7 +268,7 @@ class TreeSearch:
                 tokens=proposal.tokens,
             )
             if reason:
-                node = self.store.set_node_status(node.id, status, reason=reason)
+                node = self.store.tree.set_node_status(node.id, status, reason=reason)
             self.store.append_event(
                 "propose",
                 f"node {node.id} proposed from {parent.id}" + (f" (invalid: {reason[:200]})" if reason else ""),
@@ -295,7 +295,7 @@ class TreeSearch:
                 return f"smoke task {queued.id} queued{again}"
         except (InvalidProposal, ScaffoldError) as exc:
             with self.store.transaction():  # the verdict and its event, or (after a crash) neither
-                self.store.set_node_status(node.id, "invalid", reason=str(exc))
+                self.store.tree.set_node_status(node.id, "invalid", reason=str(exc))
                 self.store.append_event(
                     "node_invalid",
                     f"node {node.id} is invalid: {str(exc)[:200]}",
@@ -305,7 +305,7 @@ class TreeSearch:
                 )
             return f"invalid: {exc}"
         with self.store.transaction():
-            self.store.set_node_status(node.id, "evaluating")
+            self.store.tree.set_node_status(node.id, "evaluating")
             self.store.append_event(
                 "node_valid",
                 f"node {node.id} passed validation",
@@ -370,7 +370,7 @@ class TreeSearch:
             item = self._next_item(chosen, split, pool)
             if item is None:
                 break
-            evaluation = self.store.start_evaluation(
+            evaluation = self.store.tree.start_evaluation(
                 chosen, item.ref, split=split, task_for=self._evaluation_task(item, chosen, split)
             )
             queued.append(f"{chosen} on {item.ref} ({split})")
@@ -448,26 +448,26 @@ class TreeSearch:
         evaluation_id = task.metadata.get("evaluation")
         if task.source != "evaluation" or evaluation_id is None or task.status not in TERMINAL_STATUSES:
             return None
-        evaluation = self.store.get_evaluation(int(evaluation_id))
+        evaluation = self.store.tree.get_evaluation(int(evaluation_id))
         if evaluation.status != "running":
             return None
         last = self.store.last_verdict(task.id)
         if task.status in ("done", "failed") and last is not None and last[1] is not None:
-            self.store.finish_evaluation(evaluation.id, success=last[1], trajectory_id=last[0])
+            self.store.tree.finish_evaluation(evaluation.id, success=last[1], trajectory_id=last[0])
         else:  # cancelled, dead, or ended before a verdict (a model error, no budget): it counts for nothing
-            self.store.abandon_evaluation(evaluation.id)
+            self.store.tree.abandon_evaluation(evaluation.id)
         return self.consider_promotion()
 
     def _ended(self) -> list[Task]:
         """The tasks of evaluations still counted in flight whose tasks have ended."""
-        tasks = (self.store.get_task(e.task_id) for e in self.store.running_evaluations() if e.task_id is not None)
+        tasks = (self.store.get_task(e.task_id) for e in self.store.tree.running_evaluations() if e.task_id is not None)
         return [t for t in tasks if t.status in TERMINAL_STATUSES]
 
     def _smoked(self) -> list[Node]:
         """Proposed nodes whose smoke task has ended: their verdict awaits."""
         return [
             n
-            for n in self.store.list_nodes()
+            for n in self.store.tree.list_nodes()
             if n.status == "proposed" and (smoke := self._smoke_of(n)) is not None and smoke.status in TERMINAL_STATUSES
         ]
 
@@ -585,7 +585,7 @@ def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
     test = {n.id: n for n in node_stats(store, split="test")}
     clade = policy.clade_counts(train)
     nodes = []
-    listed = store.list_nodes()
+    listed = store.tree.list_nodes()
     short = store.short_ids([n.id for n in listed])
     for node, stats in zip(listed, train):
         s, f = clade[node.id]
