@@ -88,7 +88,7 @@ def seed(data_dir: Path, env: dict, warmup: int, evaluations: int) -> tuple[list
             }
             for n in range(warmup + evaluations)
         ]
-        ids = [task.id for task, _ in store.add_tasks(items)]
+        ids = [task.id for task, _ in store.inbox.add_tasks(items)]
     finally:
         store.close()
     return ids[:warmup], ids[warmup:]

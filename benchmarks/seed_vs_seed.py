@@ -65,7 +65,7 @@ def setting(text: str) -> tuple[str, object]:
 def run(engine, scaffold, tasks) -> dict:
     per_task, work = {}, {}
     for pack_task in tasks:
-        task, _ = engine.store.add_task(
+        task, _ = engine.store.inbox.add_task(
             pack_task.prompt,
             check=pack_task.check_data(),
             source="bench",

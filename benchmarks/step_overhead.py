@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             # repeat_limit 0: its steps are one trivial call made again on purpose, not a loop to stop
             update={"parameters": params.model_copy(update={"max_steps": steps + 5, "repeat_limit": 0})}
         )
-        task, _ = store.add_task("Run a trivial computation many times, then finish.")
+        task, _ = store.inbox.add_task("Run a trivial computation many times, then finish.")
         result = agent.run_task(task)
         Agent._step = original_step
         model_calls = max(timers.model_calls, 1)

@@ -4,7 +4,7 @@ Each such part reads and writes through the store's database object (``Database`
 embedder and index, and calls a few of its methods, all defined on ``Store`` or on a sibling part.
 ``StoreHost`` declares them once, for the type checker only: at run time its body is empty, so a part's
 attributes and methods still come from ``Store`` and its other parts. A part composed over the database
-instead (``TreeRecords``) is handed what it uses and needs none of this.
+instead (``Inbox``, ``TreeRecords``) is handed what it uses and needs none of this.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .embedder import Embedder
     from .index import VectorIndex
     from .options import StoreOptions
-    from .records import Context, Event, Insight, Task
+    from .records import Context, Event, Insight
 
 __all__ = ["StoreHost"]
 
@@ -51,7 +51,6 @@ class StoreHost:
         def verdicts(self, kind: str, items: Iterable[str]) -> dict[str, str]: ...
 
         # Entities (``Store``).
-        def get_task(self, task_id: str) -> Task: ...
         def get_insight(self, insight_id: int) -> Insight: ...
         def get_event(self, event_id: int) -> Event: ...
         def append_event(

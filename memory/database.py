@@ -7,6 +7,7 @@ together, and each thread reads through one connection of its own whichever part
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -22,10 +23,15 @@ from .db import MIGRATIONS, connect
 from .errors import NotFound, StoreError, translate_os_error, translate_sqlite_error
 from .options import StoreOptions
 
-__all__ = ["Database", "required"]
+__all__ = ["Database", "required", "json_text"]
 
 # How long a writer waits before asking for the write lock again: doubling from the first to the second.
 WRITE_LOCK_PAUSE_S = (0.0002, 0.002)
+
+
+def json_text(value: Any) -> str | None:
+    """How a structured value is kept in a column: compact JSON with sorted keys (None stays NULL)."""
+    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def required(row: dict | None, what: str, key: Any) -> dict:

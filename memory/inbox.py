@@ -1,4 +1,5 @@
-"""The durable inbox: workers claim tasks under a lease, fenced on completion.
+"""The durable inbox: tasks committed, and workers claiming them under a lease, fenced on completion
+(the ``InboxStore`` role, ``store.inbox``: a part of the store composed over its database).
 
 A claim sets the task running for one owner until ``lease_expires_at`` and
 bumps its ``lease_token``. A worker renews the lease while it works, and its
@@ -15,13 +16,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ._host import StoreHost
+from .database import Database, json_text, required
 from .errors import NotFound
-from .records import Ending, Task, TaskStatus
+from .ids import new_id
+from .records import Ending, Step, Task, TaskKind, TaskStatus
 
 __all__ = ["Inbox", "Lease", "TERMINAL"]
 
 TERMINAL = (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.DEAD)
+
+# How many tasks one statement of ``add_tasks`` carries: well inside SQLite's 32,766 parameters.
+_KEYS_PER_QUERY = 500
+_TASKS_PER_INSERT = 200
 
 
 @dataclass(frozen=True)
@@ -34,8 +40,149 @@ class Lease:
     expires_at: float
 
 
-class Inbox(StoreHost):
-    """The part of ``Store`` that hands out work (a mixin over the store's connection)."""
+class Inbox:
+    """Tasks and their leases, over the store's database."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def add_task(
+        self,
+        prompt: str,
+        *,
+        check: dict | None = None,
+        priority: int = 0,
+        source: TaskKind | str = TaskKind.INBOX,
+        metadata: dict | None = None,
+        idempotency_key: str | None = None,
+        status: str = "queued",
+    ) -> tuple[Task, bool]:
+        """Commit a task durably. Returns the task and whether it is new.
+
+        With an idempotency key already used, the earlier task comes back
+        unchanged: a client retrying after a lost reply never makes a duplicate.
+        """
+        return self.add_tasks(
+            [
+                dict(
+                    prompt=prompt,
+                    check=check,
+                    priority=priority,
+                    source=source,
+                    metadata=metadata,
+                    idempotency_key=idempotency_key,
+                    status=status,
+                )
+            ]
+        )[0]
+
+    def add_tasks(self, items: list[dict]) -> list[tuple[Task, bool]]:
+        """Commit several tasks in one transaction (one fsync): ``add_task`` for each item's arguments.
+
+        An item may bring its own ``id`` (``new_id("task")``): a caller that decides something from
+        the id (the held-out split of a person's task) records it in the same commit."""
+        # Each task and its row are made before the transaction (a task refused, named, before it too), so
+        # the write lock is held for three statements and little else: each statement lets go of the GIL,
+        # and winning it back from the API's busy thread is what a commit beside it waits on, with the
+        # workers waiting for the lock behind it.
+        now = time.time()
+        made = []
+        for item in items:
+            if not item.get("prompt") or not item["prompt"].strip():
+                raise ValueError("A task needs a non-empty prompt.")
+            task = Task(
+                id=item.get("id") or new_id("task"),
+                prompt=item["prompt"],
+                status=TaskStatus.of(item.get("status", TaskStatus.QUEUED)),
+                created_at=now,
+                updated_at=now,
+                check=item.get("check"),
+                priority=item.get("priority", 0),
+                source=TaskKind.of(item.get("source", TaskKind.INBOX)),
+                metadata=item.get("metadata") or {},
+                idempotency_key=item.get("idempotency_key"),
+            )
+            row = [
+                task.id,
+                task.prompt,
+                json_text(task.check),
+                task.status.value,
+                task.priority,
+                task.source.value,
+                json_text(task.metadata),
+                task.idempotency_key,
+                now,
+                now,
+            ]
+            made.append((task, row))
+        keys = [task.idempotency_key for task, _ in made if task.idempotency_key is not None]
+        results: list[tuple[Task, bool]] = []
+        with self.database.write() as db:
+            known: dict[str, Task] = {}
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                marks = ",".join("?" * len(chunk))
+                for found in self.database.all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
+                    known[found["idempotency_key"]] = Task.from_row(found)
+            rows = []
+            for task, row in made:
+                key = task.idempotency_key
+                if key is not None and key in known:  # an earlier task, or one earlier in this batch
+                    results.append((known[key], False))
+                    continue
+                if key is not None:
+                    known[key] = task
+                rows.append(row)
+                results.append((task, True))
+            for start in range(0, len(rows), _TASKS_PER_INSERT):
+                inserted = rows[start : start + _TASKS_PER_INSERT]
+                db.execute(
+                    """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
+                       idempotency_key, created_at, updated_at) VALUES """
+                    + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(inserted)),
+                    [value for row in inserted for value in row],
+                )
+        return results
+
+    def get_task(self, task_id: str) -> Task:
+        return Task.from_row(
+            required(self.database.one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id)
+        )
+
+    def list_tasks(
+        self, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Task]:
+        clauses: list[str] = []
+        params: list = []
+        if status:
+            clauses, params = clauses + ["status = ?"], params + [status]
+        if source:
+            clauses, params = clauses + ["source = ?"], params + [source]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self.database.all(
+            f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", [*params, limit, offset]
+        )
+        return [Task.from_row(r) for r in rows]
+
+    def task_steps(self, task_id: str, *, after_id: int = 0, limit: int = 500) -> list[tuple[int, int, Step]]:
+        """A task's steps across its attempts, in order, as (event id, attempt, step).
+
+        The event id (the step's rowid) only grows, so a live reader resumes
+        after the last id it saw.
+        """
+        rows = self.database.all(
+            "SELECT s.rowid AS event_id, t.attempt AS attempt, s.* FROM steps s JOIN trajectories t "
+            "ON t.id = s.trajectory_id WHERE t.task_id = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?",
+            [task_id, after_id, limit],
+        )
+        return [(r.pop("event_id"), r.pop("attempt"), Step.from_row(r)) for r in rows]
+
+    def close_interrupted_trajectories(self) -> int:
+        """End the attempts a process that died left open: status ``interrupted``, finished when their last
+        step was written (or when they started). Only for the store's owner before it runs anything (the
+        daemon at start), when every trajectory still ``running`` belongs to a dead process."""
+        with self.database.write() as db:
+            return interrupt_trajectories(db)
 
     def claim_task(
         self,

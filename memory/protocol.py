@@ -43,7 +43,8 @@ __all__ = ["ExperienceStore", "AgentStore", "InboxStore", "TreeStore", "LearnedS
 
 
 class InboxStore(Protocol):
-    """The inbox: tasks, their leases and cancellation (the daemon, its workers, the API's task routes)."""
+    """The inbox: tasks, their leases and cancellation (the daemon, its workers, the API's task routes), as
+    ``store.inbox``: a part of its own, composed over the store's database (``memory.inbox``)."""
 
     def add_task(
         self,
@@ -217,8 +218,11 @@ class Reports(Protocol):
     def set_meta(self, key: str, value: str) -> None: ...
 
 
-class ExperienceStore(AgentStore, InboxStore, LearnedStore, Reports, Protocol):
+class ExperienceStore(AgentStore, LearnedStore, Reports, Protocol):
     """Every role, and the store's upkeep: what the daemon and the CLI, which own a store, hold."""
+
+    @property
+    def inbox(self) -> InboxStore: ...
 
     @property
     def tree(self) -> TreeStore: ...

@@ -12,7 +12,6 @@ step lives in ``indexing.py`` and answering queries in ``retrieval.py``.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -21,11 +20,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import sqlite_utils
 
-from .database import Database, required
+from .database import Database, json_text, required
 from .db import INDEXED_COLLECTIONS
 from .effects import Exposures
 from .embedder import Embedder
@@ -35,7 +33,7 @@ from .errors import (
     NotFound,
 )
 from .ids import new_id
-from .inbox import TERMINAL, Inbox, interrupt_trajectories
+from .inbox import TERMINAL, Inbox
 from .index import VectorIndex
 from .indexing import IndexMaintenance
 from .insight_log import InsightLog
@@ -65,15 +63,6 @@ DB_FILE = "evolver.db"
 INDEX_DIR = "index"
 
 
-# How many tasks one statement of ``add_tasks`` carries: well inside SQLite's 32,766 parameters.
-_KEYS_PER_QUERY = 500
-_TASKS_PER_INSERT = 200
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
 @dataclass
 class NewTrajectory:
     """A whole finished trajectory to import at once (benchmarks, imports, replays)."""
@@ -91,7 +80,7 @@ class NewTrajectory:
     verifier_output: str | None = None
 
 
-class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
+class Store(IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
     """Open with ``Store.open(data_dir)``; close with ``close()`` or a ``with`` block."""
 
     def __init__(
@@ -118,7 +107,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
         if readonly and not self.db_path.exists():
             raise NotFound(f"There is no store at {self.db_path} yet; start the daemon once to create it.")
         self.database = Database(self.db_path, options=self.options, readonly=readonly)
-        self.tree = TreeRecords(self.database, inbox=self)
+        self.inbox = Inbox(self.database)
+        self.tree = TreeRecords(self.database, inbox=self.inbox)
         try:
             if not index_owner:
                 # A worker process beside the daemon: it writes SQLite (its rows wait in the outbox for
@@ -216,137 +206,6 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
 
     # --- tasks ---------------------------------------------------------------
 
-    def add_task(
-        self,
-        prompt: str,
-        *,
-        check: dict | None = None,
-        priority: int = 0,
-        source: TaskKind | str = TaskKind.INBOX,
-        metadata: dict | None = None,
-        idempotency_key: str | None = None,
-        status: str = "queued",
-    ) -> tuple[Task, bool]:
-        """Commit a task durably. Returns the task and whether it is new.
-
-        With an idempotency key already used, the earlier task comes back
-        unchanged: a client retrying after a lost reply never makes a duplicate.
-        """
-        return self.add_tasks(
-            [
-                dict(
-                    prompt=prompt,
-                    check=check,
-                    priority=priority,
-                    source=source,
-                    metadata=metadata,
-                    idempotency_key=idempotency_key,
-                    status=status,
-                )
-            ]
-        )[0]
-
-    def add_tasks(self, items: list[dict]) -> list[tuple[Task, bool]]:
-        """Commit several tasks in one transaction (one fsync): ``add_task`` for each item's arguments.
-
-        An item may bring its own ``id`` (``new_id("task")``): a caller that decides something from
-        the id (the held-out split of a person's task) records it in the same commit."""
-        # Each task and its row are made before the transaction (a task refused, named, before it too), so
-        # the write lock is held for three statements and little else: each statement lets go of the GIL,
-        # and winning it back from the API's busy thread is what a commit beside it waits on, with the
-        # workers waiting for the lock behind it.
-        now = time.time()
-        made = []
-        for item in items:
-            if not item.get("prompt") or not item["prompt"].strip():
-                raise ValueError("A task needs a non-empty prompt.")
-            task = Task(
-                id=item.get("id") or new_id("task"),
-                prompt=item["prompt"],
-                status=TaskStatus.of(item.get("status", TaskStatus.QUEUED)),
-                created_at=now,
-                updated_at=now,
-                check=item.get("check"),
-                priority=item.get("priority", 0),
-                source=TaskKind.of(item.get("source", TaskKind.INBOX)),
-                metadata=item.get("metadata") or {},
-                idempotency_key=item.get("idempotency_key"),
-            )
-            row = [
-                task.id,
-                task.prompt,
-                _json(task.check),
-                task.status.value,
-                task.priority,
-                task.source.value,
-                _json(task.metadata),
-                task.idempotency_key,
-                now,
-                now,
-            ]
-            made.append((task, row))
-        keys = [task.idempotency_key for task, _ in made if task.idempotency_key is not None]
-        results: list[tuple[Task, bool]] = []
-        with self.database.write() as db:
-            known: dict[str, Task] = {}
-            for start in range(0, len(keys), _KEYS_PER_QUERY):
-                chunk = keys[start : start + _KEYS_PER_QUERY]
-                marks = ",".join("?" * len(chunk))
-                for found in self.database.all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
-                    known[found["idempotency_key"]] = Task.from_row(found)
-            rows = []
-            for task, row in made:
-                key = task.idempotency_key
-                if key is not None and key in known:  # an earlier task, or one earlier in this batch
-                    results.append((known[key], False))
-                    continue
-                if key is not None:
-                    known[key] = task
-                rows.append(row)
-                results.append((task, True))
-            for start in range(0, len(rows), _TASKS_PER_INSERT):
-                inserted = rows[start : start + _TASKS_PER_INSERT]
-                db.execute(
-                    """INSERT INTO tasks (id, prompt, "check", status, priority, source, metadata,
-                       idempotency_key, created_at, updated_at) VALUES """
-                    + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(inserted)),
-                    [value for row in inserted for value in row],
-                )
-        return results
-
-    def get_task(self, task_id: str) -> Task:
-        return Task.from_row(
-            required(self.database.one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id)
-        )
-
-    def list_tasks(
-        self, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
-    ) -> list[Task]:
-        clauses: list[str] = []
-        params: list = []
-        if status:
-            clauses, params = clauses + ["status = ?"], params + [status]
-        if source:
-            clauses, params = clauses + ["source = ?"], params + [source]
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self.database.all(
-            f"SELECT * FROM tasks {where} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", [*params, limit, offset]
-        )
-        return [Task.from_row(r) for r in rows]
-
-    def task_steps(self, task_id: str, *, after_id: int = 0, limit: int = 500) -> list[tuple[int, int, Step]]:
-        """A task's steps across its attempts, in order, as (event id, attempt, step).
-
-        The event id (the step's rowid) only grows, so a live reader resumes
-        after the last id it saw.
-        """
-        rows = self.database.all(
-            "SELECT s.rowid AS event_id, t.attempt AS attempt, s.* FROM steps s JOIN trajectories t "
-            "ON t.id = s.trajectory_id WHERE t.task_id = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?",
-            [task_id, after_id, limit],
-        )
-        return [(r.pop("event_id"), r.pop("attempt"), Step.from_row(r)) for r in rows]
-
     def set_task_status(
         self, task_id: str, status: str, *, error: str | None = None, ending: Ending | None = None
     ) -> Task:
@@ -361,12 +220,12 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
             )
             if cursor.rowcount == 0:
                 raise NotFound(f"No task with id {task_id!r}.")
-        return self.get_task(task_id)
+        return self.inbox.get_task(task_id)
 
     # --- trajectories, steps and outcomes -------------------------------------
 
     def start_trajectory(self, task_id: str, *, node_id: str | None = None, attempt: int = 1) -> Trajectory:
-        task = self.get_task(task_id)
+        task = self.inbox.get_task(task_id)
         trajectory_id = new_id("traj")
         with self.database.write() as db:
             db.execute(
@@ -404,8 +263,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
                         seq,
                         role,
                         content,
-                        _json(tool_calls),
-                        _json(tool_results),
+                        json_text(tool_calls),
+                        json_text(tool_results),
                         tokens_in,
                         tokens_out,
                         cost_usd,
@@ -446,13 +305,6 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
                 raise NotFound(f"No trajectory with id {trajectory_id!r}.")
         self.sync_index()
         return self.get_trajectory(trajectory_id)
-
-    def close_interrupted_trajectories(self) -> int:
-        """End the attempts a process that died left open: status ``interrupted``, finished when their last
-        step was written (or when they started). Only for the store's owner before it runs anything (the
-        daemon at start), when every trajectory still ``running`` belongs to a dead process."""
-        with self.database.write() as db:
-            return interrupt_trajectories(db)
 
     def resolve_id(self, short: str) -> tuple[str, str]:
         """The kind ("task", "trajectory", "node") and full id of a unique prefix of one, as git takes a
@@ -656,7 +508,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
                     """INSERT INTO tasks (id, prompt, "check", status, source, metadata, created_at, updated_at,
                                           finished_at)
                        VALUES (?,?,?,?,?,?,?,?,?)""",
-                    [task_id, item.prompt, _json(item.check), "done", source, "{}", started, started, started],
+                    [task_id, item.prompt, json_text(item.check), "done", source, "{}", started, started, started],
                 )
                 # A step's accounting is kept as add_step keeps it, and summed on the trajectory.
                 totals = [
@@ -687,8 +539,8 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
                             seq,
                             step.get("role", "assistant"),
                             step.get("content", ""),
-                            _json(step.get("tool_calls")),
-                            _json(step.get("tool_results")),
+                            json_text(step.get("tool_calls")),
+                            json_text(step.get("tool_results")),
                             step.get("tokens_in") or 0,
                             step.get("tokens_out") or 0,
                             step.get("cost_usd") or 0.0,
@@ -718,7 +570,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
             cursor = db.execute(
                 "INSERT INTO insights (text, importance, status, provenance, node_id, created_at, updated_at) "
                 "VALUES (?,?,?,?,?,?,?)",
-                [text, importance, "active", _json(provenance or []), node_id, now, now],
+                [text, importance, "active", json_text(provenance or []), node_id, now, now],
             )
             insight_id = cursor.lastrowid
             assert insight_id is not None  # an INSERT just ran
@@ -742,7 +594,7 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
                     text if text is not None else current.text,
                     importance if importance is not None else current.importance,
                     status or current.status,
-                    _json(provenance if provenance is not None else current.provenance),
+                    json_text(provenance if provenance is not None else current.provenance),
                     time.time(),
                     insight_id,
                 ],
@@ -953,7 +805,17 @@ class Store(Inbox, IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
             cursor = db.execute(
                 """INSERT INTO events (at, kind, what, why, evidence, cost_usd, node_id, payload, reverts)
                    VALUES (?,?,?,?,?,?,?,?,?)""",
-                [time.time(), kind, what, why, _json(evidence or []), cost_usd, node_id, _json(payload or {}), reverts],
+                [
+                    time.time(),
+                    kind,
+                    what,
+                    why,
+                    json_text(evidence or []),
+                    cost_usd,
+                    node_id,
+                    json_text(payload or {}),
+                    reverts,
+                ],
             )
             event_id = cursor.lastrowid
             assert event_id is not None  # an INSERT just ran

@@ -50,7 +50,7 @@ def scaffold_with(**parameters):
 
 def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_for):
     engine = engine_for({"rules": ADD}, "a-add")
-    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    task, _ = engine.store.inbox.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     seen = []
     result = engine.agent().run_task(task, on_step=lambda step: seen.append((step.seq, step.role)))
     assert (result.status, result.answer, result.success, result.attempts) == ("done", "42", True, 1)
@@ -63,7 +63,7 @@ def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_f
     assert trajectory.tokens_in == sum(s.tokens_in for s in steps)
     outcome = engine.store.outcome(trajectory.id)
     assert outcome.success and outcome.verifier == "answer:exact"
-    assert engine.store.get_task(task.id).status == "done"
+    assert engine.store.inbox.get_task(task.id).status == "done"
 
 
 # Wrong at first; right once told by the verdict and reflecting on it.
@@ -78,7 +78,7 @@ RETRIED = {
 
 def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     engine = engine_for(RETRIED, "a-retry")
-    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    task, _ = engine.store.inbox.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
     assert (result.status, result.answer, result.attempts) == ("done", "42", 2)
     first, second = (engine.store.get_trajectory(t) for t in result.trajectory_ids)
@@ -97,7 +97,7 @@ def test_each_attempt_enters_the_index_once_with_its_outcome(engine_for, monkeyp
     """The agent records an attempt's outcome before it ends it, so the index writes each trajectory once."""
     engine = engine_for(RETRIED, "a-indexed")
     writes = index_writes(engine.store.index, monkeypatch)
-    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    task, _ = engine.store.inbox.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
     first, second = result.trajectory_ids
     assert writes == [("upsert", "trajectories", [first]), ("upsert", "trajectories", [second])]
@@ -112,14 +112,14 @@ def test_a_held_out_task_gets_one_attempt_whatever_the_scaffold_allows(engine_fo
     engine = engine_for(RETRIED, "a-held-out")
     retrying = engine.agent(scaffold_with(reflect_retry=True, max_attempts=3))
     for source in ("evaluation", "api"):
-        task, _ = engine.store.add_task(
+        task, _ = engine.store.inbox.add_task(
             "What is 19 + 23?", check={"type": "answer", "expected": "42"}, source=source, metadata={"split": "test"}
         )
         result = retrying.run_task(task)
         assert (result.status, result.success, result.attempts) == ("failed", False, 1), source
         steps = engine.store.steps(result.trajectory_ids[0])
         assert "reflection" not in [s.role for s in steps]
-    trained, _ = engine.store.add_task(
+    trained, _ = engine.store.inbox.add_task(
         "What is 19 + 23?", check={"type": "answer", "expected": "42"}, source="evaluation", metadata={"split": "train"}
     )
     assert retrying.run_task(trained).attempts == 2
@@ -127,16 +127,16 @@ def test_a_held_out_task_gets_one_attempt_whatever_the_scaffold_allows(engine_fo
 
 def test_without_reflect_retry_a_wrong_answer_fails_the_task_with_the_verdict(engine_for):
     engine = engine_for({"rules": [{"match": "", "tool": "finish", "arguments": {"answer": "41"}}]}, "a-wrong")
-    task, _ = engine.store.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
+    task, _ = engine.store.inbox.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     result = engine.agent(scaffold_with(reflect_retry=False)).run_task(task)
     assert (result.status, result.success, result.attempts) == ("failed", False, 1)
     assert result.error == "answer '41' is not expected '42'"
-    assert engine.store.get_task(task.id).error == result.error
+    assert engine.store.inbox.get_task(task.id).error == result.error
 
 
 def test_the_step_limit_ends_an_attempt(engine_for):
     engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-loop")
-    task, _ = engine.store.add_task("Loop forever")
+    task, _ = engine.store.inbox.add_task("Loop forever")
     result = engine.agent(scaffold_with(max_steps=3)).run_task(task)
     assert result.status == "failed" and result.error == "no answer (step_limit)"
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
@@ -150,7 +150,7 @@ def test_a_call_repeated_is_answered_from_before_and_too_many_repeats_end_the_at
     # A small model repeated one identical call for 20 steps: after repeat_limit identical calls in a row
     # it is told what it already has, and after twice that many the attempt ends.
     engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "print(7)"}}]}, "a-repeat")
-    task, _ = engine.store.add_task("Loop forever")
+    task, _ = engine.store.inbox.add_task("Loop forever")
     result = engine.agent(scaffold_with(max_steps=20, repeat_limit=2)).run_task(task)
     assert result.status == "failed" and result.error == "no answer (repeating)"
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
@@ -168,7 +168,7 @@ def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
         "a-budget",
         budget_tokens_per_task=400,
     )
-    task, _ = engine.store.add_task("Spend everything")
+    task, _ = engine.store.inbox.add_task("Spend everything")
     result = engine.agent(scaffold_with(max_steps=50, repeat_limit=0)).run_task(task)  # the same call, on and on
     assert result.status == "failed" and "per-task token cap of 400 tokens" in result.error
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
@@ -178,7 +178,7 @@ def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
 
 def test_cancellation_stops_at_the_next_step(engine_for):
     engine = engine_for({"rules": [{"match": "", "tool": "run_python", "arguments": {"code": "1"}}]}, "a-cancel")
-    task, _ = engine.store.add_task("Run until cancelled")
+    task, _ = engine.store.inbox.add_task("Run until cancelled")
     cancel = threading.Event()
 
     def on_step(step):
@@ -210,7 +210,7 @@ def test_malformed_tool_calls_become_observations_and_the_task_goes_on(engine_fo
         ]
     }
     engine = engine_for(script, "a-malformed")
-    task, _ = engine.store.add_task("Do something odd")
+    task, _ = engine.store.inbox.add_task("Do something odd")
     result = engine.agent().run_task(task)
     assert (result.status, result.answer) == ("done", "recovered")
     observations = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.role == "tool"]
@@ -236,14 +236,14 @@ def test_a_model_without_native_tools_works_through_json_in_text(engine_for):
         ],
     }
     engine = engine_for(script, "a-text")
-    task, _ = engine.store.add_task("What is 2 + 2?", check={"type": "answer", "expected": "4"})
+    task, _ = engine.store.inbox.add_task("What is 2 + 2?", check={"type": "answer", "expected": "4"})
     result = engine.agent(scaffold_with(action_format="tools")).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "4", True)
 
 
 def test_a_plain_text_answer_said_twice_is_taken(engine_for):
     engine = engine_for({"rules": [{"match": "", "reply": "Paris"}]}, "a-plain")
-    task, _ = engine.store.add_task("Capital of France?", check={"type": "answer", "expected": "Paris"})
+    task, _ = engine.store.inbox.add_task("Capital of France?", check={"type": "answer", "expected": "Paris"})
     result = engine.agent().run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "Paris", True)
 
@@ -265,7 +265,7 @@ def test_retrieved_experience_reaches_the_prompt(engine_for):
     engine = engine_for(script, "a-memory")
     engine.store.ingest([NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True)])
     engine.store.add_insight("Strip currency symbols before converting money to float.")
-    task, _ = engine.store.add_task("Add up the price column of invoices.csv")
+    task, _ = engine.store.inbox.add_task("Add up the price column of invoices.csv")
     assert engine.agent().run_task(task).answer == "used memory"
 
 
@@ -297,7 +297,7 @@ def test_only_offered_tools_can_be_called(engine_for):
     }
     engine = engine_for(script, "a-offered")
     code = 'def triple(x: int) -> int:\n    """Multiply a whole number by three."""\n    return 3 * x\n'
-    task, _ = engine.store.add_task("Triple three")
+    task, _ = engine.store.inbox.add_task("Triple three")
     assert engine.agent().run_task(task).answer == "no"  # not a tool the agent has
     digest = ToolFiles(engine.data_dir / "tools").write(
         "triple", 1, code, "def test_it():\n    assert triple(1) == 3\n"
@@ -305,7 +305,7 @@ def test_only_offered_tools_can_be_called(engine_for):
     engine.store.add_tool(
         "triple", description="Multiply a whole number by three", code_hash=digest, origin="synthesized"
     )
-    task, _ = engine.store.add_task("Multiply a whole number by three: 3")
+    task, _ = engine.store.inbox.add_task("Multiply a whole number by three: 3")
     assert engine.agent().run_task(task).answer == "yes"  # registered: loaded and retrieved as relevant
 
 
@@ -317,11 +317,11 @@ def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):
         ]
     }
     engine = engine_for(script, "a-crash")
-    task, _ = engine.store.add_task("Start, then break")
+    task, _ = engine.store.inbox.add_task("Start, then break")
     result = engine.agent().run_task(task)
     assert result.status == "failed" and result.error.startswith("model error: ")
     # How it ended is a typed field, on the result and stored with the task: nobody parses the error.
-    assert result.ending is Ending.MODEL_ERROR and engine.store.get_task(task.id).ending is Ending.MODEL_ERROR
+    assert result.ending is Ending.MODEL_ERROR and engine.store.inbox.get_task(task.id).ending is Ending.MODEL_ERROR
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
     assert trajectory.status == "error"
     assert [s.role for s in engine.store.steps(trajectory.id)] == ["assistant", "tool"]
@@ -335,7 +335,7 @@ def test_pack_files_are_put_in_the_workspace(engine_for):
         ]
     }
     engine = engine_for(script, "a-files")
-    task, _ = engine.store.add_task(
+    task, _ = engine.store.inbox.add_task(
         "How many lines in data.txt?",
         check={"type": "answer", "expected": "3"},
         metadata={"files": {"data.txt": "a\nb\nc\n"}},
@@ -359,7 +359,7 @@ def test_plan_first_asks_for_a_plan_before_acting(engine_for):
         ]
     }
     engine = engine_for(script, "a-plan")
-    task, _ = engine.store.add_task("What is 1 + 2?", check={"type": "answer", "expected": "3"})
+    task, _ = engine.store.inbox.add_task("What is 1 + 2?", check={"type": "answer", "expected": "3"})
     result = engine.agent(scaffold_with(plan_first=True)).run_task(task)
     roles = [s.role for s in engine.store.steps(result.trajectory_ids[0])]
     assert result.success and roles[0] == "plan" and roles[1:] == ["assistant", "tool", "assistant", "tool"]
@@ -367,7 +367,7 @@ def test_plan_first_asks_for_a_plan_before_acting(engine_for):
 
 def test_an_internal_failure_is_recorded_on_the_task_not_raised(engine_for, monkeypatch):
     engine = engine_for({"rules": ADD}, "a-internal")
-    task, _ = engine.store.add_task("What is 1 + 1?")
+    task, _ = engine.store.inbox.add_task("What is 1 + 1?")
 
     def broken(*args, **kwargs):
         raise RuntimeError("the tool layer broke")
@@ -375,8 +375,10 @@ def test_an_internal_failure_is_recorded_on_the_task_not_raised(engine_for, monk
     monkeypatch.setattr("tools.builtin.TaskTools.run", broken)
     result = engine.agent().run_task(task)
     assert result.status == "failed" and result.error == "internal error: RuntimeError: the tool layer broke"
-    assert engine.store.get_task(task.id).status == "failed"
-    assert result.ending is Ending.INTERNAL_ERROR and engine.store.get_task(task.id).ending is Ending.INTERNAL_ERROR
+    assert engine.store.inbox.get_task(task.id).status == "failed"
+    assert (
+        result.ending is Ending.INTERNAL_ERROR and engine.store.inbox.get_task(task.id).ending is Ending.INTERNAL_ERROR
+    )
     assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "error"
 
 
@@ -385,7 +387,7 @@ def test_a_chat_turn_without_an_answer_says_so_and_why(engine_for):
 
     # A weak model that never finishes: it lists the files again and again until the step limit.
     engine = engine_for({"rules": [{"match": "", "tool": "list_files", "arguments": {"path": "."}}]}, "a-chat-loop")
-    task, _ = engine.store.add_task("Hello, who are you?", source="chat", status="running")
+    task, _ = engine.store.inbox.add_task("Hello, who are you?", source="chat", status="running")
     result = engine.agent(scaffold_with(max_steps=4)).run_task(task)
     text = reply_text(engine.store, result)
     assert text.startswith("The turn ended without an answer: ")
@@ -395,7 +397,7 @@ def test_a_chat_turn_without_an_answer_says_so_and_why(engine_for):
 
     # A model that cannot be reached: the reason is the model's error.
     engine = engine_for({"rules": [{"match": "", "error": "server", "times": 100}]}, "a-chat-down")
-    task, _ = engine.store.add_task("Hello?", source="chat", status="running")
+    task, _ = engine.store.inbox.add_task("Hello?", source="chat", status="running")
     text = reply_text(engine.store, engine.agent().run_task(task))
     assert text.startswith("The turn ended without an answer: the model failed: ")
 
@@ -417,7 +419,7 @@ def test_text_tool_calls_send_one_system_message_then_strictly_alternating_roles
         ],
     }
     engine = engine_for(script, "a-roles")
-    task, _ = engine.store.add_task("Tidy up")
+    task, _ = engine.store.inbox.add_task("Tidy up")
     assert engine.agent(scaffold_with(action_format="tools")).run_task(task).status == "done"
     import json
 
@@ -444,7 +446,7 @@ def test_an_unreadable_text_tool_call_is_refused_with_the_expected_shape_and_sho
         ],
     }
     engine = engine_for(script, "a-unreadable")
-    task, _ = engine.store.add_task("What is 2 + 2?")
+    task, _ = engine.store.inbox.add_task("What is 2 + 2?")
     result = engine.agent(scaffold_with(action_format="tools")).run_task(task)
     assert (result.status, result.answer) == ("done", "4")
     steps = engine.store.steps(result.trajectory_ids[0])

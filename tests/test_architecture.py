@@ -64,6 +64,8 @@ def test_the_import_contracts_hold():
         ("evolver/agent/loop.py", "from memory import Task", "never the store"),
         ("evolver/llm/budget.py", "from memory.store import Store", "never the store"),
         ("memory/roles.py", "from memory.inbox import Lease", "implements them"),
+        ("memory/tree_records.py", "from memory.retrieval import Retrieval", "no other part"),
+        ("memory/tree_records.py", "from memory.inbox import Lease", "it is handed"),
         ("sandbox/limits.py", "from sandbox import worker", "no import cycles"),
     ],
 )
@@ -137,17 +139,20 @@ def _keeps(implementation: type, protocol: type) -> list[str]:
 
 def test_the_parts_keep_the_protocols_the_engine_depends_on():
     from evolver.llm import Model, ModelClient
-    from memory import ExperienceStore, Store, TreeStore
+    from memory import ExperienceStore, InboxStore, Store, TreeStore
+    from memory.inbox import Inbox
     from memory.tree_records import TreeRecords
     from sandbox import BubblewrapSandbox, DegradedSandbox, Sandbox
 
     assert _keeps(Store, ExperienceStore) == []
-    assert _keeps(TreeRecords, TreeStore) == []
+    assert _keeps(TreeRecords, TreeStore) == [] and _keeps(Inbox, InboxStore) == []
     assert {"embedder", "index"} <= set(ExperienceStore.__annotations__)
-    assert {"claim_task", "add_insight", "list_events", "context", "reindex", "tree"} <= set(
-        _members(ExperienceStore)
-    ), "the store's protocol is all of its roles"
-    assert "add_node" not in _members(ExperienceStore), "the tree's records are a part of their own (store.tree)"
+    assert {"add_insight", "list_events", "context", "reindex", "inbox", "tree"} <= set(_members(ExperienceStore)), (
+        "the store's protocol is all of its roles"
+    )
+    assert not {"add_node", "claim_task"} & set(_members(ExperienceStore)), (
+        "the tree's records and the inbox are parts of their own (store.tree, store.inbox)"
+    )
     assert _keeps(ModelClient, Model) == []
     assert _keeps(BubblewrapSandbox, Sandbox) == [] and _keeps(DegradedSandbox, Sandbox) == []
 

@@ -130,7 +130,7 @@ def test_a_proposal_that_reaches_for_the_judge_is_invalid(engine, what, edit):
     assert child.status == "invalid" and "outside what evolution may edit" in child.reason
     assert _events(e.store)[len(_events(e.store)) - len(before_events) :] == before_events  # only appended
     assert incumbent(e.store).id == served
-    assert not e.store.list_tasks(source="smoke")  # an invalid edit never even runs
+    assert not e.store.inbox.list_tasks(source="smoke")  # an invalid edit never even runs
 
 
 def _tool(name: str, code: str, tests: str) -> str:
@@ -260,7 +260,7 @@ def test_the_suite_can_tell_a_pass_and_a_leak(lab):
     assert lab.solve(task.prompt, task.check_data())[0] is True
     lab.script(_write_and_finish("solution.py", _leaky(fn, "check")))
     assert lab.solve(task.prompt, task.check_data())[0] is False
-    leaked = lab.engine.store.add_task(
+    leaked = lab.engine.store.inbox.add_task(
         task.prompt,
         check=task.check_data(),
         source="bench",

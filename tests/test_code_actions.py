@@ -52,7 +52,7 @@ def test_names_persist_between_blocks_and_finish_from_code_ends_the_attempt(engi
         },
         "c-persist",
     )
-    task, _ = engine.store.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "42", True)
     steps = engine.store.steps(result.trajectory_ids[0])
@@ -75,7 +75,7 @@ def test_the_seed_acts_in_code_for_a_model_without_native_tools_and_in_tool_call
 
 def test_a_reply_without_code_is_the_answer_so_a_chat_turn_always_gets_one(engine_for):
     engine = engine_for({"native_tools": False, "rules": [{"match": "", "reply": "Hello! I am evolver."}]}, "c-plain")
-    task, _ = engine.store.add_task("Hello, who are you?", source="chat", status="running")
+    task, _ = engine.store.inbox.add_task("Hello, who are you?", source="chat", status="running")
     result = engine.agent().run_task(task)
     assert (result.status, result.answer) == ("done", "Hello! I am evolver.")
     assert [s.role for s in engine.store.steps(result.trajectory_ids[0])] == ["assistant"]
@@ -96,7 +96,7 @@ def test_a_shell_block_is_not_taken_for_the_answer(engine_for):
         },
         "c-shell",
     )
-    task, _ = engine.store.add_task("Say hi with the shell")
+    task, _ = engine.store.inbox.add_task("Say hi with the shell")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "hi")
 
@@ -117,7 +117,7 @@ def test_the_session_offers_the_tools_as_functions_and_says_so(engine_for, tmp_p
         },
         "c-functions",
     )
-    task, _ = engine.store.add_task("Write hi to a.txt and read it back")
+    task, _ = engine.store.inbox.add_task("Write hi to a.txt and read it back")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "hi")
     assert "file\t2\ta.txt" in observations(engine, result)[0]
@@ -143,7 +143,7 @@ def test_a_block_that_never_ends_times_out_and_the_attempt_goes_on(engine_for):
         "c-spin",
         sandbox_timeout_s=2,
     )
-    task, _ = engine.store.add_task("Spin")
+    task, _ = engine.store.inbox.add_task("Spin")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "gave up waiting")
     assert "timed out" in observations(engine, result)[0]
@@ -165,7 +165,7 @@ def test_huge_output_is_clipped_and_os_exit_restarts_the_session_with_a_notice(e
         },
         "c-flood",
     )
-    task, _ = engine.store.add_task("Flood the output")
+    task, _ = engine.store.inbox.add_task("Flood the output")
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer) == ("done", "recovered")
     flood, died, after = observations(engine, result)[:3]
@@ -188,7 +188,7 @@ def test_run_python_that_calls_finish_ends_the_attempt_in_tool_calls_too(engine_
         },
         "c-tools-finish",
     )
-    task, _ = engine.store.add_task("Compute 2 to the 10th", check={"type": "answer", "expected": "1024"})
+    task, _ = engine.store.inbox.add_task("Compute 2 to the 10th", check={"type": "answer", "expected": "1024"})
     result = engine.agent(code_scaffold(action_format="tools")).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "1024", True)
 
@@ -222,7 +222,7 @@ def test_a_function_defined_in_the_session_is_delivered_and_judged_from_the_file
         },
         "c-deliver",
     )
-    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success) == ("done", True), result.verdict
     steps = engine.store.steps(result.trajectory_ids[0])
@@ -248,7 +248,7 @@ def test_a_file_the_agent_wrote_itself_wins_over_the_session(engine_for):
         },
         "c-own-file",
     )
-    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold(example_rounds=0, max_attempts=1)).run_task(task)
     assert result.success is False  # its own (wrong) file was judged, not the session's right function
     assert not any(s.content.startswith("[delivered]") for s in engine.store.steps(result.trajectory_ids[0]))
@@ -272,7 +272,7 @@ def test_the_tasks_own_examples_refuse_a_wrong_finish_and_the_model_repairs_it(e
         },
         "c-examples",
     )
-    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success, result.attempts) == ("done", True, 1), observations(engine, result)
     refused = observations(engine, result)[0]
@@ -298,7 +298,7 @@ def test_finishing_before_the_function_is_defined_is_refused_and_a_stub_is_no_de
         },
         "c-stub",
     )
-    task, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success) == ("done", True)
     assert "`double` is not defined yet" in observations(engine, result)[0]
@@ -326,7 +326,7 @@ def test_the_draft_is_the_models_own_completion_and_is_handed_in_when_the_exampl
         },
         "c-draft",
     )
-    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success, result.answer) == ("done", True, "solution.py defines double")
     sent = [json.loads(line) for line in record.read_text().splitlines()]
@@ -357,7 +357,7 @@ def test_a_draft_that_fails_the_examples_is_repaired_in_code_with_the_failures_a
         },
         "c-draft-repair",
     )
-    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success, result.attempts) == ("done", True, 1)
     assert "double(-3) returned -1, but the task says -6" in observations(engine, result)[0]
@@ -386,7 +386,7 @@ def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(eng
         },
         "c-draft-best",
     )
-    task, _ = engine.store.add_task(STUB_TASK, check=first, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=first, metadata=DELIVER)
     result = engine.agent(code_scaffold(max_attempts=1)).run_task(task)
     assert result.success is True, result.verdict  # the draft (1 of 2 examples), not the repair (0 of 2)
     steps = engine.store.steps(result.trajectory_ids[0])
@@ -410,7 +410,7 @@ def test_further_drafts_are_sampled_while_none_passes_the_examples_and_the_first
         },
         "c-drafts",
     )
-    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold(drafts=4, draft_temperature=0.7)).run_task(task)
     assert (result.status, result.success, result.answer) == ("done", True, "solution.py defines double")
     sent = [json.loads(line) for line in record.read_text().splitlines()]
@@ -446,7 +446,7 @@ def test_when_no_draft_passes_the_attempt_goes_on_from_the_one_that_passed_the_m
         },
         "c-drafts-best",
     )
-    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold(drafts=2, max_steps=2, max_attempts=1)).run_task(task)
     steps = engine.store.steps(result.trajectory_ids[0])
     # the session goes on from the first draft (1 of 2 examples), not from the second (0 of 2), run last
@@ -469,7 +469,7 @@ def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_need
         },
         "c-draft-whole",
     )
-    task, _ = engine.store.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert result.success is True, result.verdict
     work = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.role == "work"]
@@ -488,7 +488,7 @@ def test_without_a_stub_or_with_draft_first_off_there_is_no_draft(engine_for, tm
         "c-no-draft",
     )
     for text, scaffold in ((DOUBLE_TASK, code_scaffold()), (STUB_TASK, code_scaffold(draft_first=False))):
-        task, _ = engine.store.add_task(text, check=DOUBLE_CHECK, metadata=DELIVER)
+        task, _ = engine.store.inbox.add_task(text, check=DOUBLE_CHECK, metadata=DELIVER)
         assert engine.agent(scaffold).run_task(task).success is True
     sent = [json.loads(line)["messages"] for line in record.read_text().splitlines()]
     assert len(sent) == 2 and all(m[0]["role"] == "system" for m in sent)
@@ -504,7 +504,7 @@ def test_an_attempt_out_of_steps_is_asked_for_its_answer_once_and_says_so(engine
         },
         "c-asked",
     )
-    task, _ = engine.store.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
     result = engine.agent(code_scaffold(max_steps=2, repeat_limit=0)).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "42", True)
     assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "asked"
@@ -540,16 +540,16 @@ def test_a_worked_example_carries_the_code_that_passed_and_held_out_code_never_a
         "type": "python",
         "code": "def check(answer, workspace):\n    return solution('solution').triple(3) == 9\n",
     }
-    held, _ = engine.store.add_task(
+    held, _ = engine.store.inbox.add_task(
         "Write solution.py defining triple(n) that returns three times n.",
         check=triple_check,
         metadata={"split": "test", "deliver": {"file": "solution.py", "functions": ["triple"]}},
     )
-    taught, _ = engine.store.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata={**DELIVER, "split": "train"})
+    taught, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata={**DELIVER, "split": "train"})
     agent = engine.agent(code_scaffold())
     assert agent.run_task(held).success is True and agent.run_task(taught).success is True
     engine.store.sync_index()
-    later, _ = engine.store.add_task(
+    later, _ = engine.store.inbox.add_task(
         "Write solution.py defining quadruple(n) that returns four times n, like double and triple.",
         metadata={"split": "train"},
     )
@@ -574,7 +574,7 @@ def test_the_code_prompt_names_the_tools_of_mcp_servers_that_a_block_cannot_call
             runner=lambda arguments: (True, "the user's server answered"),
         )
     )
-    task, _ = engine.store.add_task("Read notes.txt from my files")
+    task, _ = engine.store.inbox.add_task("Read notes.txt from my files")
     assert engine.agent(code_scaffold()).run_task(task).answer == "done"
     system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
     assert "(Not available in code: files__read; they need action_format tools.)" in system
@@ -605,7 +605,7 @@ def test_a_synthesized_tool_is_a_function_in_the_session_and_each_call_is_counte
     tool = engine.store.add_tool(
         "triple", description="Multiply a whole number by three", code_hash=digest, origin="synthesized"
     )
-    task, _ = engine.store.add_task("Multiply a whole number by three: 3")
+    task, _ = engine.store.inbox.add_task("Multiply a whole number by three: 3")
     assert engine.agent(code_scaffold()).run_task(task).answer == "tripled"
     system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
     assert "- triple(x: int): Multiply a whole number by three." in system

@@ -120,7 +120,7 @@ def test_a_failed_round_is_a_loud_job_failed_event(engine):
     (event,) = e.store.list_events(kind="job_failed")
     assert event.payload["job"] == "distill" and "not JSON" in event.what
     assert jobs._blocked(jobs.jobs["distill"]) is None  # idle inbox, budget left: a scheduled round may run
-    e.store.add_task("a person's task")
+    e.store.inbox.add_task("a person's task")
     assert jobs._blocked(jobs.jobs["distill"]) == "the inbox has work"
 
 

@@ -82,18 +82,18 @@ def test_kill_nine_at_random_points_loses_no_acknowledged_task_and_reruns_no_fin
 def test_attempts_a_dead_daemon_left_open_end_as_interrupted_when_the_next_one_starts(store):
     """What the daemon's recovery does first (the kill loop checks it end to end): a trajectory still
     'running' was cut off, so it ends 'interrupted' at its last step; finished ones are left alone."""
-    task, _ = store.add_task("What is 1 + 1?")
+    task, _ = store.inbox.add_task("What is 1 + 1?")
     finished = store.start_trajectory(task.id)
     store.finish_trajectory(finished.id, status="finished", final_answer="2")
     stepped = store.start_trajectory(task.id, attempt=2)
     last = store.add_step(stepped.id, role="assistant", content="thinking")
     bare = store.start_trajectory(task.id, attempt=3)
-    assert store.close_interrupted_trajectories() == 2
+    assert store.inbox.close_interrupted_trajectories() == 2
     assert store.get_trajectory(finished.id).status == "finished"
     for trajectory, ended_at in ((stepped, last.created_at), (bare, bare.started_at)):
         now = store.get_trajectory(trajectory.id)
         assert (now.status, now.finished_at) == ("interrupted", ended_at)
-    assert store.close_interrupted_trajectories() == 0
+    assert store.inbox.close_interrupted_trajectories() == 0
 
 
 class _Killed(BaseException):

@@ -56,7 +56,7 @@ def with_hooks(source: str, **parameters):
 
 def solve(engine: Engine, source: str, kind: TaskKind = TaskKind.API, **parameters):
     """What is 19 + 23? (checked: 42), as a task of ``kind``, on the seed scaffold with these hooks."""
-    task, _ = engine.store.add_task("What is 19 + 23?", check=CHECK, source=kind)
+    task, _ = engine.store.inbox.add_task("What is 19 + 23?", check=CHECK, source=kind)
     return engine.agent(with_hooks(source, **parameters)).run_task(task)
 
 

@@ -98,10 +98,12 @@ def test_a_task_calls_a_tool_of_the_users_mcp_server_through_the_agent_loop(engi
     assert spec is not None and spec.origin == "mcp" and spec.parameters["required"] == ["country"]
     assert "gone" in engine.mcp.problems and "nonexistent" in engine.mcp.problems["gone"]
 
-    task, _ = engine.store.add_task("What is the capital of France?", check={"type": "answer", "expected": "Paris"})
+    task, _ = engine.store.inbox.add_task(
+        "What is the capital of France?", check={"type": "answer", "expected": "Paris"}
+    )
     result = engine.agent().run_task(task)
     assert (result.status, result.answer) == ("done", "Paris")
-    steps = [step for _, _, step in engine.store.task_steps(task.id)]
+    steps = [step for _, _, step in engine.store.inbox.task_steps(task.id)]
     call = next(s for s in steps if s.role == "assistant" and s.tool_calls)
     assert call.tool_calls[0]["name"] == "capitals__lookup"
     assert call.tool_calls[0]["arguments"] == {"country": "France"}

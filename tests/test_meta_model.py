@@ -49,7 +49,7 @@ def test_a_task_step_goes_to_the_task_model_and_a_distill_answer_to_the_meta_mod
     scaffold = scaffold.model_copy(
         update={"parameters": scaffold.parameters.model_copy(update={"reflect_retry": False, "max_attempts": 1})}
     )
-    task, _ = store.add_task("Say the word blue.", check={"type": "answer", "expected": "blue"})
+    task, _ = store.inbox.add_task("Say the word blue.", check={"type": "answer", "expected": "blue"})
     assert engine.agent(scaffold).run_task(task).success is True
     (distill,) = [j for j in builtin_jobs(engine.config) if j.name == "distill"]
     host = SimpleNamespace(config=engine.config, engine=engine, tree=None, store=store)

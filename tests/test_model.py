@@ -144,7 +144,7 @@ def test_malformed_native_arguments_become_a_call_error(client_for):
 def test_budget_guard_refuses_a_call_past_the_daily_and_task_caps(client_for, store):
     scripted.register_script("m-cheap", {"rules": [{"match": "", "reply": "ok"}]})
     client = client_for("scripted/m-cheap", BudgetSettings(tokens_per_day=1000, tokens_per_task=20))
-    task, _ = store.add_task("count things")
+    task, _ = store.inbox.add_task("count things")
     client.complete([{"role": "user", "content": "x" * 40}], task_id=task.id)  # ~10 + 1 tokens
     with pytest.raises(BudgetExceeded, match="per-task token cap of 20 tokens"):
         client.complete([{"role": "user", "content": "x" * 80}], task_id=task.id)

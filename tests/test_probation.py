@@ -60,7 +60,7 @@ def _imported(make) -> tuple[Engine, int]:
 
 
 def _task(engine: Engine, n: int, **kwargs):
-    task, _ = engine.store.add_task(
+    task, _ = engine.store.inbox.add_task(
         f"Say the word blue, please (number {n}).", check={"type": "answer", "expected": "blue"}, **kwargs
     )
     return task
@@ -82,7 +82,7 @@ def _promotion_task(engine: Engine, n: int, shown: bool):
             new_id("task"), "", TaskStatus.QUEUED, 0.0, 0.0, source=TaskKind.EVALUATION, metadata={"split": "test"}
         )
         if shows_probation(probe) == shown:
-            ((task, _),) = engine.store.add_tasks(
+            ((task, _),) = engine.store.inbox.add_tasks(
                 [
                     {
                         "id": probe.id,

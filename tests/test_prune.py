@@ -41,7 +41,7 @@ def _scaffold(insights: int):
 def _solve(engine: Engine, n: int, insights: int) -> list:
     results = []
     for i in range(n):
-        task, _ = engine.store.add_task(
+        task, _ = engine.store.inbox.add_task(
             f"Say the word blue, please (number {i}, shown {insights}).", check={"type": "answer", "expected": "blue"}
         )
         results.append(engine.agent(_scaffold(insights)).run_task(task))
@@ -80,7 +80,7 @@ def test_a_harmful_insight_is_measured_retired_as_an_event_and_can_be_restored(e
 
 
 def _attempt(store, prompt: str, success: bool, shown: list[str]) -> None:
-    task, _ = store.add_task(prompt, check={"type": "answer", "expected": "x"})
+    task, _ = store.inbox.add_task(prompt, check={"type": "answer", "expected": "x"})
     trajectory = store.start_trajectory(task.id)
     store.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")
     store.record_outcome(trajectory.id, success=success)
@@ -179,7 +179,7 @@ def test_a_tool_that_hurts_is_retired_by_the_prune_job_as_an_event_that_can_be_u
         "synthesize", "registered shout", why="test", new=NewTool("shout", "shouts", code_hash="0" * 64, version=1)
     )
     for i in range(6):
-        task, _ = store.add_task(f"task {i}", check={"type": "answer", "expected": "x"})
+        task, _ = store.inbox.add_task(f"task {i}", check={"type": "answer", "expected": "x"})
         for success, offered in ((False, ["shout"]), (True, [])):
             trajectory = store.start_trajectory(task.id)
             store.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")

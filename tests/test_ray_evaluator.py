@@ -221,10 +221,10 @@ def engine(open_store, sandbox, tmp_path):
 
 def _claimed(engine: Engine):
     root = ensure_root(engine.store, engine.seed_scaffold())
-    engine.store.add_task(
+    engine.store.inbox.add_task(
         "What is 6 * 7?", check={"type": "answer", "expected": "42"}, source="evaluation", metadata={"node": root.id}
     )
-    return engine.store.claim_task("daemon-ray", lease_s=30, max_attempts=3, sources=("evaluation",))
+    return engine.store.inbox.claim_task("daemon-ray", lease_s=30, max_attempts=3, sources=("evaluation",))
 
 
 def test_a_node_without_bubblewrap_refuses_before_the_model_is_asked(engine, tmp_path):
@@ -239,7 +239,7 @@ def test_a_node_without_bubblewrap_refuses_before_the_model_is_asked(engine, tmp
     assert "bubblewrap" in returned.refused and "require_isolation" in returned.refused
     assert not (tmp_path / "asked.jsonl").exists()  # the model was never asked, so nothing it wrote ran
     assert settle(engine.store, lease, returned, lease_s=30).startswith("refused: ")
-    task = engine.store.get_task(lease.task.id)
+    task = engine.store.inbox.get_task(lease.task.id)
     # Failed, and not the scaffold's fault: a smoke task that ended so runs again, an evaluation counts nothing.
     assert (task.status, task.ending.value, task.error) == ("failed", "interrupted", returned.refused)
     assert engine.store.trajectories_of(task.id) == []
@@ -250,7 +250,7 @@ def test_a_shipped_evaluation_is_recorded_as_a_worker_would_and_a_late_one_is_re
     returned = evaluate(ship(engine, lease.task))
     assert returned.isolated and returned.result.status == "done" and returned.result.success
     assert settle(engine.store, lease, returned, lease_s=30).startswith("done in ")
-    task = engine.store.get_task(lease.task.id)
+    task = engine.store.inbox.get_task(lease.task.id)
     assert (task.status, task.ending.value, task.lease_owner) == ("done", "answered", None)
     (trajectory,) = engine.store.trajectories_of(task.id)
     assert (trajectory.status, trajectory.final_answer, trajectory.attempt) == ("finished", "42", 1)
@@ -264,10 +264,10 @@ def test_a_shipped_evaluation_is_recorded_as_a_worker_would_and_a_late_one_is_re
     returned = evaluate(ship(engine, late.task))
     with engine.store.database.write() as db:
         db.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", [time.time() - 1, late.task.id])
-    rescuer = engine.store.claim_task("rescuer", lease_s=30, max_attempts=3)
+    rescuer = engine.store.inbox.claim_task("rescuer", lease_s=30, max_attempts=3)
     assert settle(engine.store, late, returned, lease_s=30).startswith("the lease was lost")
     assert engine.store.trajectories_of(late.task.id) == []
-    assert engine.store.get_task(late.task.id).lease_owner == "rescuer" and rescuer is not None
+    assert engine.store.inbox.get_task(late.task.id).lease_owner == "rescuer" and rescuer is not None
 
 
 def test_a_replay_makes_only_the_writes_a_recording_may_hold(engine):

@@ -152,13 +152,13 @@ def test_litellm_reaches_the_server_without_a_key(engine):
 
 
 def test_a_task_runs_its_tool_calls_in_the_sandbox_and_ends_cleanly(engine):
-    task, _ = engine.store.add_task(
+    task, _ = engine.store.inbox.add_task(
         "Use the run_python tool to print the result of 17 * 23, then call finish with that number.",
         check={"type": "answer", "expected": "391"},
     )
     result = engine.agent(_short(engine, action_format="tools")).run_task(task)
     assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
-    steps = [step for _, _, step in engine.store.task_steps(task.id)]
+    steps = [step for _, _, step in engine.store.inbox.task_steps(task.id)]
     ran = [r for step in steps for r in (step.tool_results or [])]
     shown = [(step.role, step.content[:300]) for step in steps]
     # The model's call was parsed (repaired if need be) and run: run_python runs in the sandbox.
@@ -171,12 +171,12 @@ def test_the_seed_acts_in_code_and_a_code_task_gets_its_function_delivered(engin
     from evolver.judge.catalog import resolve_pack
 
     (pack_task,) = [t for t in resolve_pack("basic") if t.id == "func-02"]  # is_palindrome
-    task, _ = engine.store.add_task(pack_task.prompt, check=pack_task.check_data(), metadata=pack_task.metadata())
+    task, _ = engine.store.inbox.add_task(pack_task.prompt, check=pack_task.check_data(), metadata=pack_task.metadata())
     agent = engine.agent(_short(engine))
     assert agent.acts_in_code()
     result = agent.run_task(task)
     assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
-    steps = [step for _, _, step in engine.store.task_steps(task.id)]
+    steps = [step for _, _, step in engine.store.inbox.task_steps(task.id)]
     shown = [(step.role, step.content[:300]) for step in steps]
     assert any(r["name"] == "run_python" for step in steps for r in (step.tool_results or [])), shown
     work = [step.content for step in steps if step.role == "work"]
@@ -194,13 +194,13 @@ def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_sto
         load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
     )
     ensure_root(e.store, e.seed_scaffold())
-    task, _ = e.store.add_task(
+    task, _ = e.store.inbox.add_task(
         "What is 12 * 12? Compute it with run_python, then call finish with it.",
         check={"type": "answer", "expected": "144"},
     )
     result = e.agent(_short(e, max_steps=3, action_format="tools")).run_task(task)
     assert result.ending not in (Ending.INTERNAL_ERROR, Ending.MODEL_ERROR), (result.ending, result.error)
-    calls = [c for _, _, step in e.store.task_steps(task.id) for c in (step.tool_calls or [])]
+    calls = [c for _, _, step in e.store.inbox.task_steps(task.id) for c in (step.tool_calls or [])]
     assert calls and all(c.get("error") is None for c in calls), calls  # the grammar allows nothing else
 
 
@@ -242,7 +242,7 @@ def test_a_chat_answer_streams_from_the_real_server_as_it_does_from_the_script(l
 
 
 def test_a_distill_and_a_propose_round_end_valid_or_in_a_clean_refusal(engine):
-    task, _ = engine.store.add_task(
+    task, _ = engine.store.inbox.add_task(
         "What is 6 * 7? Answer with the number only.", check={"type": "answer", "expected": "42"}
     )
     engine.agent(_short(engine, max_steps=2)).run_task(task)
@@ -282,7 +282,7 @@ def test_with_the_1_5b_as_meta_model_a_distill_round_and_a_tree_step_are_its_cal
         load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
     ) as engine:
         ensure_root(engine.store, engine.seed_scaffold())
-        task, _ = engine.store.add_task(
+        task, _ = engine.store.inbox.add_task(
             "What is 6 * 7? Answer with the number only.", check={"type": "answer", "expected": "42"}
         )
         engine.agent(_short(engine, max_steps=2)).run_task(task)

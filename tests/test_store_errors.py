@@ -29,7 +29,7 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def task_prompts(store: Store) -> list[str]:
-    return sorted(t.prompt for t in store.list_tasks(limit=1000))
+    return sorted(t.prompt for t in store.inbox.list_tasks(limit=1000))
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def real_db_bytes(tmp_path_factory, embedder) -> bytes:
     """The bytes of a real, closed store's database file."""
     data_dir = tmp_path_factory.mktemp("real") / "data"
     with Store.open(data_dir, embedder=embedder) as store:
-        store.add_task("a task in a real store")
+        store.inbox.add_task("a task in a real store")
     return (data_dir / "evolver.db").read_bytes()
 
 
@@ -79,7 +79,7 @@ def test_corrupt_database_is_refused_and_left_alone(tmp_path, embedder, real_db_
 
 def test_locked_database_gives_store_locked(open_store, data_dir):
     store = open_store()
-    store.add_task("before the lock")
+    store.inbox.add_task("before the lock")
     store.close()
 
     holder = sqlite3.connect(data_dir / "evolver.db", isolation_level=None)
@@ -89,7 +89,7 @@ def test_locked_database_gives_store_locked(open_store, data_dir):
         store = open_store(options=StoreOptions(busy_timeout_ms=100))  # WAL: reading still works
         assert task_prompts(store) == ["before the lock"]
         with pytest.raises(StoreLocked) as caught:
-            store.add_task("during the lock")
+            store.inbox.add_task("during the lock")
         assert str(data_dir / "evolver.db") in str(caught.value)
         with pytest.raises(StoreLocked):
             store.add_insight("also refused")
@@ -97,7 +97,7 @@ def test_locked_database_gives_store_locked(open_store, data_dir):
         holder.execute("ROLLBACK")
         holder.close()
     # The lock is gone: writing works again, and the refused writes left nothing behind.
-    store.add_task("after the lock")
+    store.inbox.add_task("after the lock")
     assert task_prompts(store) == ["after the lock", "before the lock"]
     assert store.list_insights() == []
     assert store.database.writer.execute("SELECT count(*) FROM meta WHERE key = 'holder'").fetchone()[0] == 0
@@ -112,7 +112,7 @@ def test_a_write_that_meets_another_writers_lock_waits_for_it_and_keeps_its_busy
     holder = sqlite3.connect(data_dir / "evolver.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     written: dict = {}
-    writing = threading.Thread(target=lambda: written.setdefault("task", store.add_task("behind the lock")[0]))
+    writing = threading.Thread(target=lambda: written.setdefault("task", store.inbox.add_task("behind the lock")[0]))
     writing.start()
     try:
         writing.join(0.2)
@@ -176,7 +176,7 @@ OPEN_AND_WRITE = textwrap.dedent("""
 def make_store(data_dir, embedder, *prompts):
     with Store.open(data_dir, embedder=embedder) as store:
         for prompt in prompts:
-            store.add_task(prompt)
+            store.inbox.add_task(prompt)
     return (data_dir / "evolver.db").read_bytes()
 
 
@@ -267,13 +267,13 @@ def test_read_only_dir_without_root(tmp_path, embedder):
 def test_full_database_gives_store_full_and_keeps_earlier_rows(store):
     """SQLite's page cap stands in for the disk's end."""
     for i in range(5):
-        store.add_task(f"earlier task {i}")
+        store.inbox.add_task(f"earlier task {i}")
     insight = store.add_insight("an earlier insight")
     pages = store.database.writer.execute("PRAGMA page_count").fetchone()[0]
     store.database.writer.execute(f"PRAGMA max_page_count = {pages}")
 
     with pytest.raises(StoreFull) as caught:
-        store.add_task("a huge task " + "x" * 200_000)
+        store.inbox.add_task("a huge task " + "x" * 200_000)
     assert str(store.db_path) in str(caught.value)
     with pytest.raises(StoreFull):
         store.add_insight("a huge insight " + "y" * 200_000)
@@ -282,8 +282,8 @@ def test_full_database_gives_store_full_and_keeps_earlier_rows(store):
     assert [i.id for i in store.list_insights()] == [insight.id]
     assert store.check() == ["ok"]
     store.database.writer.execute("PRAGMA max_page_count = 1073741823")  # space again
-    task, _ = store.add_task("a huge task " + "x" * 200_000)
-    assert store.get_task(task.id).prompt.endswith("x" * 100)
+    task, _ = store.inbox.add_task("a huge task " + "x" * 200_000)
+    assert store.inbox.get_task(task.id).prompt.endswith("x" * 100)
 
 
 FILL_THE_DISK = textwrap.dedent("""

@@ -72,7 +72,7 @@ def test_a_trajectory_enters_the_index_once_when_its_attempt_ends(store, monkeyp
     attempt ends (its outcome recorded first, as the agent does), it is written once: one of Chroma's
     writes, each of which holds the daemon's GIL, instead of an upsert and then an update."""
     writes = index_writes(store.index, monkeypatch)
-    task, _ = store.add_task(PROMPTS[0])
+    task, _ = store.inbox.add_task(PROMPTS[0])
     trajectory = store.start_trajectory(task.id)
     store.add_step(trajectory.id, role="assistant", content="resizing")
     assert store.sync_index() == 0
@@ -365,7 +365,7 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
         assert hits[0].similarity is None and hits[0].keyword_rank == 1
         assert reader.context("png resize").vector_search is False
         with pytest.raises(StoreError, match="read-only"):
-            reader.add_task("no writes here")
+            reader.inbox.add_task("no writes here")
         reader.close()
     finally:
         holder.stdin.write("\n")

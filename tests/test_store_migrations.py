@@ -77,7 +77,7 @@ def test_fresh_store_records_every_migration(store):
 
 def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
     first = open_store()
-    task, _ = first.add_task("survive a restart")
+    task, _ = first.inbox.add_task("survive a restart")
     first.close()
     before = migration_rows(data_dir / "evolver.db")
     assert [r[1] for r in before] == [
@@ -97,7 +97,7 @@ def test_reopening_applies_nothing_new_and_keeps_the_data(open_store, data_dir):
 
     second = open_store()
     assert migration_rows(data_dir / "evolver.db") == before  # same row, same applied_at
-    assert second.get_task(task.id) == task
+    assert second.inbox.get_task(task.id) == task
     second.close()
 
 
@@ -168,7 +168,7 @@ def test_an_older_store_gets_its_task_checks_and_keeps_every_task_and_reference(
 
     store = open_store()
     assert store.migrations()[-1] == "0012_measurements"
-    kinds = {t.id: (str(t.source), str(t.status)) for t in store.list_tasks(limit=10)}
+    kinds = {t.id: (str(t.source), str(t.status)) for t in store.inbox.list_tasks(limit=10)}
     assert kinds == {
         "t0": ("api", "done"),
         "t1": ("import", "done"),
@@ -227,7 +227,7 @@ def test_connection_pragmas(open_store):
 
 
 def test_foreign_keys_are_enforced(store):
-    task, _ = store.add_task("needs a real node")
+    task, _ = store.inbox.add_task("needs a real node")
     with pytest.raises(StoreError, match="FOREIGN KEY"):
         store.start_trajectory(task.id, node_id="node_that_does_not_exist")
     assert store.trajectories_of(task.id) == []

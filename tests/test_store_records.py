@@ -30,7 +30,7 @@ def test_task_round_trip(store):
     check = {"kind": "answer", "expected": "42", "nested": {"tolerance": 0.5, "tags": ["a", "b"]}}
     metadata = {"client": "cli", "attempts": 3, "unicode": "naïve ✓"}
     before = time.time()
-    task, new = store.add_task(
+    task, new = store.inbox.add_task(
         "What is six times seven?",
         check=check,
         priority=7,
@@ -50,21 +50,21 @@ def test_task_round_trip(store):
     )
     assert (task.status, task.idempotency_key, task.finished_at, task.error) == ("queued", "req-1", None, None)
     assert before <= task.created_at == task.updated_at <= time.time()
-    assert store.get_task(task.id) == task
+    assert store.inbox.get_task(task.id) == task
 
 
 def test_task_defaults(store):
-    task, _ = store.add_task("plain")
+    task, _ = store.inbox.add_task("plain")
     assert (task.check, task.metadata, task.priority, task.source, task.idempotency_key) == (None, {}, 0, "inbox", None)
 
 
 def test_idempotency_key_returns_the_same_task(store):
-    first, new_first = store.add_task("do it once", idempotency_key="client-retry-7", priority=1)
-    again, new_again = store.add_task("do it once (retried)", idempotency_key="client-retry-7", priority=9)
+    first, new_first = store.inbox.add_task("do it once", idempotency_key="client-retry-7", priority=1)
+    again, new_again = store.inbox.add_task("do it once (retried)", idempotency_key="client-retry-7", priority=9)
     assert (new_first, new_again) == (True, False)
     assert again == first  # the earlier task, unchanged: not the retry's prompt or priority
     assert store.database.writer.execute("SELECT count(*) FROM tasks").fetchone()[0] == 1
-    other, new_other = store.add_task("do it once", idempotency_key="client-retry-8")
+    other, new_other = store.inbox.add_task("do it once", idempotency_key="client-retry-8")
     assert new_other is True and other.id != first.id
 
 
@@ -72,8 +72,8 @@ def test_a_batch_keeps_each_idempotency_key_to_one_task_within_it_and_across_bat
     """A batch (the daemon's group commit) is one statement per kind of work, yet each key still names one task:
     a key seen earlier gives the earlier task, a key twice in the batch gives its first, none is duplicated; a
     batch with a task that cannot be stored (no prompt) commits none of them."""
-    ((earlier, _),) = store.add_tasks([{"prompt": "submitted before", "idempotency_key": "k0"}])
-    results = store.add_tasks(
+    ((earlier, _),) = store.inbox.add_tasks([{"prompt": "submitted before", "idempotency_key": "k0"}])
+    results = store.inbox.add_tasks(
         [
             {"prompt": "a retry of the earlier one", "idempotency_key": "k0"},
             {"prompt": "new", "idempotency_key": "k1"},
@@ -86,37 +86,37 @@ def test_a_batch_keeps_each_idempotency_key_to_one_task_within_it_and_across_bat
     assert (again, again_new) == (earlier, False)
     assert first_new and (second, second_new) == (first, False)
     assert plain_new and twin_new and plain.id != twin.id
-    assert sorted(t.prompt for t in store.list_tasks(limit=10)) == ["new", "no key", "no key", "submitted before"]
+    assert sorted(t.prompt for t in store.inbox.list_tasks(limit=10)) == ["new", "no key", "no key", "submitted before"]
     with pytest.raises(ValueError):
-        store.add_tasks([{"prompt": "would be fine", "idempotency_key": "k2"}, {"prompt": " "}])
-    assert len(store.list_tasks(limit=10)) == 4
+        store.inbox.add_tasks([{"prompt": "would be fine", "idempotency_key": "k2"}, {"prompt": " "}])
+    assert len(store.inbox.list_tasks(limit=10)) == 4
 
 
 def test_task_needs_a_prompt(store):
     for prompt in ("", "   \n"):
         with pytest.raises(ValueError):
-            store.add_task(prompt)
-    assert store.list_tasks() == []
+            store.inbox.add_task(prompt)
+    assert store.inbox.list_tasks() == []
 
 
 def test_task_status_and_listing(store):
-    a, _ = store.add_task("first")
-    b, _ = store.add_task("second")
+    a, _ = store.inbox.add_task("first")
+    b, _ = store.inbox.add_task("second")
     running = store.set_task_status(a.id, "running")
     assert (running.status, running.finished_at) == ("running", None)
     failed = store.set_task_status(a.id, "failed", error="boom")
     assert (failed.status, failed.error) == ("failed", "boom")
     assert failed.finished_at is not None and failed.updated_at >= a.updated_at
-    assert [t.id for t in store.list_tasks(status="failed")] == [a.id]
-    assert [t.id for t in store.list_tasks(status="queued")] == [b.id]
-    assert {t.id for t in store.list_tasks()} == {a.id, b.id}
-    assert len(store.list_tasks(limit=1)) == 1
+    assert [t.id for t in store.inbox.list_tasks(status="failed")] == [a.id]
+    assert [t.id for t in store.inbox.list_tasks(status="queued")] == [b.id]
+    assert {t.id for t in store.inbox.list_tasks()} == {a.id, b.id}
+    assert len(store.inbox.list_tasks(limit=1)) == 1
     with pytest.raises(NotFound, match="task_nope"):
         store.set_task_status("task_nope", "done")
     with pytest.raises(NotFound):
-        store.get_task("task_nope")
+        store.inbox.get_task("task_nope")
     with pytest.raises(KeyError):  # NotFound is a KeyError too
-        store.get_task("task_nope")
+        store.inbox.get_task("task_nope")
 
 
 # --- trajectories, steps, outcomes ------------------------------------------
@@ -124,7 +124,7 @@ def test_task_status_and_listing(store):
 
 def test_trajectory_and_steps_round_trip(store):
     node = store.tree.add_node("hash-root", status="promoted")
-    task, _ = store.add_task("list the files")
+    task, _ = store.inbox.add_task("list the files")
     trajectory = store.start_trajectory(task.id, node_id=node.id, attempt=2)
     assert isinstance(trajectory, Trajectory)
     assert (trajectory.task_id, trajectory.node_id, trajectory.prompt, trajectory.status, trajectory.attempt) == (
@@ -178,7 +178,7 @@ def test_trajectory_and_steps_round_trip(store):
 def test_step_of_unknown_trajectory_is_refused(store):
     with pytest.raises(NotFound, match="traj_missing"):
         store.add_step("traj_missing", role="assistant", content="orphan")
-    task, _ = store.add_task("t")
+    task, _ = store.inbox.add_task("t")
     trajectory = store.start_trajectory(task.id)
     with pytest.raises(StoreError, match="NOT NULL") as caught:  # a bad step, not a missing trajectory
         store.add_step(trajectory.id, role="assistant", content=None)
@@ -223,7 +223,7 @@ def test_ingest_round_trip(store):
         node.id,
         1_700_000_000.0,
     )
-    task = store.get_task(trajectory.task_id)
+    task = store.inbox.get_task(trajectory.task_id)
     assert (task.status, task.source, task.check) == ("done", "import", {"expected": "212"})
     steps = store.steps(trajectory_id)
     assert [(s.seq, s.role, s.content) for s in steps] == [(1, "assistant", "compute"), (2, "tool", "212.0")]
@@ -243,7 +243,7 @@ def test_ingest_is_one_transaction(store):
 
 
 def test_outcome_round_trip(store):
-    task, _ = store.add_task("add 2 and 2")
+    task, _ = store.inbox.add_task("add 2 and 2")
     trajectory = store.start_trajectory(task.id)
     assert store.outcome(trajectory.id) is None
     outcome = store.record_outcome(
@@ -277,7 +277,7 @@ def test_outcome_round_trip(store):
 
 
 def test_feedback_decides_where_no_verifier_did(store):
-    task, _ = store.add_task("write a haiku")
+    task, _ = store.inbox.add_task("write a haiku")
     trajectory = store.start_trajectory(task.id)
     unknown = store.record_outcome(trajectory.id, success=None)
     assert unknown.success is None
@@ -403,7 +403,7 @@ def test_nodes_and_evaluations(store):
     with pytest.raises(StoreError, match="FOREIGN KEY"):
         store.tree.add_node("h", parent_id="node_missing")
 
-    task, _ = store.add_task("eval task")
+    task, _ = store.inbox.add_task("eval task")
     trajectory = store.start_trajectory(task.id, node_id=child.id)
     e1 = store.tree.start_evaluation(child.id, "pack/arith#3", split="heldout")
     e2 = store.tree.start_evaluation(child.id, "pack/arith#4")
@@ -432,7 +432,7 @@ def test_nodes_and_evaluations(store):
 
 def test_ledger_and_spent(store):
     start = time.time()
-    task, _ = store.add_task("t")
+    task, _ = store.inbox.add_task("t")
     e1 = store.record_call(
         model="gpt-x", purpose="task", tokens_in=100, tokens_out=20, cost_usd=0.01, latency_ms=350.0, task_id=task.id
     )
@@ -517,7 +517,7 @@ def test_events_round_trip_and_append_only(store):
 def test_everything_survives_reopening(open_store):
     store = open_store()
     node = store.tree.add_node("h")
-    task, _ = store.add_task("persist me", metadata={"k": 1})
+    task, _ = store.inbox.add_task("persist me", metadata={"k": 1})
     trajectory = store.start_trajectory(task.id, node_id=node.id)
     step = store.add_step(trajectory.id, role="assistant", content="hi", tool_calls=[{"name": "x"}])
     outcome = store.record_outcome(trajectory.id, success=True, verifier="v")
@@ -530,7 +530,7 @@ def test_everything_survives_reopening(open_store):
 
     again = open_store()
     assert again.tree.get_node(node.id) == node
-    assert again.get_task(task.id) == task
+    assert again.inbox.get_task(task.id) == task
     assert again.get_trajectory(trajectory.id).node_id == node.id
     assert again.steps(trajectory.id) == [step]
     assert again.outcome(trajectory.id) == outcome
@@ -561,7 +561,7 @@ def test_a_transaction_indexes_its_rows_once_committed_and_none_of_a_rolled_back
 def test_the_last_attempt_is_the_newest_even_when_a_restart_numbers_attempts_again(store):
     """A drained task runs again after the restart with attempts numbered from 1: the newest one,
     not the highest number, is its last (verdicts, feedback and the CLI's answer all read it)."""
-    task, _ = store.add_task("What is 2 + 2?")
+    task, _ = store.inbox.add_task("What is 2 + 2?")
     before_restart = []
     for attempt in (1, 2):
         trajectory = store.start_trajectory(task.id, attempt=attempt)
@@ -586,23 +586,23 @@ def test_the_tree_records_write_through_the_stores_database_and_join_its_transac
     with pytest.raises(RuntimeError):
         with store.transaction():
             node = store.tree.add_node("h1")
-            store.add_task("queued beside the node")
+            store.inbox.add_task("queued beside the node")
             raise RuntimeError("the caller fails after both writes")
-    assert store.tree.list_nodes() == [] and store.list_tasks() == []
+    assert store.tree.list_nodes() == [] and store.inbox.list_tasks() == []
 
     with store.transaction():
         node = store.tree.add_node("h2")
-        task, _ = store.add_task("queued beside the node")
-    assert store.tree.list_nodes() == [node] and store.list_tasks() == [task]
+        task, _ = store.inbox.add_task("queued beside the node")
+    assert store.tree.list_nodes() == [node] and store.inbox.list_tasks() == [task]
 
     def refuse(evaluation_id: int) -> dict:
         raise ValueError(f"no task for evaluation {evaluation_id}")
 
     with pytest.raises(ValueError, match="no task for evaluation"):
         store.tree.start_evaluation(node.id, "ref", task_for=refuse)
-    assert store.tree.evaluations_of(node.id) == [] and store.list_tasks() == [task]
+    assert store.tree.evaluations_of(node.id) == [] and store.inbox.list_tasks() == [task]
 
     evaluation = store.tree.start_evaluation(node.id, "ref", task_for=lambda i: {"prompt": f"evaluation {i}"})
-    queued = store.get_task(evaluation.task_id)
+    queued = store.inbox.get_task(evaluation.task_id)
     assert queued.prompt == f"evaluation {evaluation.id}"
     assert store.tree.running_evaluations() == [evaluation]

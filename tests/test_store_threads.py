@@ -39,10 +39,10 @@ def test_many_threads_submitting_and_reading_at_once(store):
     def work(n: int) -> None:
         try:
             for i in range(25):
-                ((task, new),) = store.add_tasks([{"prompt": f"task {n}-{i}", "idempotency_key": f"{n}-{i}"}])
-                assert new and store.get_task(task.id).prompt == f"task {n}-{i}"
-                store.list_tasks(limit=5)
-                store.queue_depth()
+                ((task, new),) = store.inbox.add_tasks([{"prompt": f"task {n}-{i}", "idempotency_key": f"{n}-{i}"}])
+                assert new and store.inbox.get_task(task.id).prompt == f"task {n}-{i}"
+                store.inbox.list_tasks(limit=5)
+                store.inbox.queue_depth()
                 with lock:
                     made.append(task.id)
         except BaseException as exc:  # reported by the main thread
@@ -55,7 +55,7 @@ def test_many_threads_submitting_and_reading_at_once(store):
         t.join()
     assert errors == []
     assert len(set(made)) == 200
-    assert sum(store.queue_depth().values()) == 200
+    assert sum(store.inbox.queue_depth().values()) == 200
 
 
 def test_close_closes_the_connections_other_threads_read_through(open_store):
@@ -65,7 +65,7 @@ def test_close_closes_the_connections_other_threads_read_through(open_store):
     readers: list = []
 
     def read() -> None:
-        store.list_tasks()
+        store.inbox.list_tasks()
         readers.append(store.database.reader())
 
     thread = threading.Thread(target=read)
@@ -91,11 +91,11 @@ def test_a_writer_reads_its_own_rows_through_nested_blocks_and_others_through_it
             "inner",
             "outer",
         ]
-        ((task, _),) = store.add_tasks([{"prompt": "inside"}])
-        assert store.get_task(task.id).prompt == "inside"  # add_tasks nested in this block
+        ((task, _),) = store.inbox.add_tasks([{"prompt": "inside"}])
+        assert store.inbox.get_task(task.id).prompt == "inside"  # add_tasks nested in this block
     assert store.database.reader() is not store.database.writer
     assert store.get_meta("outer") == "1" and store.get_meta("inner") == "2"
-    assert store.get_task(task.id).prompt == "inside"
+    assert store.inbox.get_task(task.id).prompt == "inside"
 
 
 def test_a_rolled_back_write_is_seen_by_nobody(store):
@@ -118,11 +118,11 @@ def test_a_rolled_back_write_is_seen_by_nobody(store):
 
 
 def test_claiming_reads_the_claimed_task_inside_the_write(store):
-    task, _ = store.add_task("claim me")
-    lease = store.claim_task("w1", lease_s=60, max_attempts=3)
+    task, _ = store.inbox.add_task("claim me")
+    lease = store.inbox.claim_task("w1", lease_s=60, max_attempts=3)
     assert lease is not None and lease.task.id == task.id
     assert lease.task.status == "running" and lease.token == 1
-    assert store.get_task(task.id).lease_owner == "w1"
+    assert store.inbox.get_task(task.id).lease_owner == "w1"
 
 
 def test_a_reader_thread_follows_commits_made_after_its_first_read(store):
@@ -130,15 +130,15 @@ def test_a_reader_thread_follows_commits_made_after_its_first_read(store):
     seen: list = []
 
     def reader() -> None:
-        seen.append(len(store.list_tasks()))
+        seen.append(len(store.inbox.list_tasks()))
         before.set()
         assert after.wait(10)
-        seen.append(len(store.list_tasks()))
+        seen.append(len(store.inbox.list_tasks()))
 
     thread = threading.Thread(target=reader)
     thread.start()
     assert before.wait(10)
-    store.add_task("later")
+    store.inbox.add_task("later")
     after.set()
     thread.join()
     assert seen == [0, 1]
@@ -151,7 +151,7 @@ def test_a_closed_store_opens_no_new_reader(open_store):
 
     def read() -> None:
         try:
-            store.list_tasks()
+            store.inbox.list_tasks()
         except BaseException as exc:
             errors.append(exc)
 
@@ -168,7 +168,7 @@ def test_the_reader_of_a_thread_that_ended_is_closed(store):
     readers: list = []
 
     def read() -> None:
-        store.list_tasks()
+        store.inbox.list_tasks()
         readers.append(store.database.reader())
 
     ended = threading.Thread(target=read)

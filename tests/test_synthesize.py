@@ -208,7 +208,7 @@ def test_the_registered_tool_runs_for_a_task_and_its_use_is_counted(engine):
     e = engine(rules, "synth-use")
     reversals(e.store)
     synthesize_round(e)
-    task, _ = e.store.add_task("Reverse the word stressed", check={"type": "answer", "expected": "desserts"})
+    task, _ = e.store.inbox.add_task("Reverse the word stressed", check={"type": "answer", "expected": "desserts"})
     result = e.agent().run_task(task)
     assert result.status == "done" and result.answer == "desserts"
     (tool,) = e.store.list_tools()

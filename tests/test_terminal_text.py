@@ -45,7 +45,7 @@ def hostile(tmp_path_factory) -> dict:
     """A data dir whose every kind of stored text carries terminal escapes; the ids to ask for."""
     root = tmp_path_factory.mktemp("hostile")
     with Store.open(root / "data") as store:
-        task, _ = store.add_task(f"prompt {HOSTILE}", check={"type": "answer", "expected": f"expected {HOSTILE}"})
+        task, _ = store.inbox.add_task(f"prompt {HOSTILE}", check={"type": "answer", "expected": f"expected {HOSTILE}"})
         trajectory = store.start_trajectory(task.id)
         store.add_step(trajectory.id, role="user", content=f"user {HOSTILE}")
         store.add_step(

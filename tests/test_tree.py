@@ -100,7 +100,7 @@ def _run_queued(e: Engine, search: TreeSearch) -> int:
         lease_s=30,
         max_attempts=2,
         store=e.store,
-        on_end=lambda task_id: search.record(e.store.get_task(task_id)),
+        on_end=lambda task_id: search.record(e.store.inbox.get_task(task_id)),
     )
     ran = 0
     while worker.run_once() is not None:
@@ -220,7 +220,7 @@ def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(e
     summary = _expanded(e, search)
     # The step proposes and queues a low-priority smoke task; the node stays proposed until it has run.
     assert "smoke task" in summary and "queued" in summary, summary
-    (queued,) = e.store.list_tasks(source="smoke")
+    (queued,) = e.store.inbox.list_tasks(source="smoke")
     assert queued.status == "queued" and queued.priority == e.config.evolution.evaluation_priority
     (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "proposed" and queued.metadata["node"] == child.id
@@ -233,7 +233,7 @@ def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(e
     assert child.status == "evaluating" and child.reason == ""
     assert '"max_steps": 12' in child.diff and '-  "max_steps": 20' in child.diff.replace(" 20,", " 20")
     assert scaffold_of(e.store, child).parameters.max_steps == 12
-    smoke = e.store.list_tasks(source="smoke")
+    smoke = e.store.inbox.list_tasks(source="smoke")
     assert len(smoke) == 1 and smoke[0].status == "done"
     assert e.store.trajectories_of(smoke[0].id)[0].node_id == child.id
     assert e.store.list_events(kind="node_valid")[0].evidence == [smoke[0].id]
@@ -246,7 +246,7 @@ def test_evaluations_are_handed_out_as_low_priority_tasks_and_recorded(engine):
     search = _search(e, slots=2)
     summary = search.step()  # t = 0 < 1 node: evaluate, never expand first
     assert summary.startswith("queued 2 evaluations"), summary
-    queued = e.store.list_tasks(source="evaluation")
+    queued = e.store.inbox.list_tasks(source="evaluation")
     assert len(queued) == 2 and all(t.priority == -5 and t.status == "queued" for t in queued)
     assert {t.metadata["node"] for t in queued} == {incumbent(e.store).id}
     assert search.step() == "2 evaluations in flight; waiting for them"  # both slots taken
@@ -277,7 +277,7 @@ def test_the_searchs_model_calls_and_tasks_are_charged_to_the_background_share(e
     assert _run_queued(e, search) == 1 and "valid" in search.record_ended()
     assert search.step().startswith("queued 1 evaluations")
     assert _run_queued(e, search) == 1
-    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "19"})  # fails: reflects
+    mine, _ = e.store.inbox.add_task("What is 9 + 9?", check={"type": "answer", "expected": "19"})  # fails: reflects
     assert _run_queued(e, search) == 1
     assert _purposes(e) == {"step": {"propose"}, "smoke": {"evaluate"}, "evaluation": {"evaluate"}, "inbox": {"task"}}
 
@@ -292,11 +292,11 @@ def test_a_spent_background_share_stops_evaluations_but_never_a_persons_task(eng
     )
     search = _search(e)
     assert search.step().startswith("queued 1 evaluations")
-    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
+    mine, _ = e.store.inbox.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
     e.store.record_call(model="x", purpose="distill", tokens_in=10_000, tokens_out=0, cost_usd=0, latency_ms=1)
     assert _run_queued(e, search) == 2
-    assert e.store.get_task(mine.id).status == "done"
-    (evaluation,) = e.store.list_tasks(source="evaluation")
+    assert e.store.inbox.get_task(mine.id).status == "done"
+    (evaluation,) = e.store.inbox.list_tasks(source="evaluation")
     assert evaluation.ending is Ending.BUDGET and "background token share" in evaluation.error
     assert e.store.tree.evaluations_of(incumbent(e.store).id)[0].status == "abandoned"  # it counts for nothing
 
@@ -305,8 +305,8 @@ def test_a_persons_task_is_claimed_before_queued_evaluations(engine):
     e = engine([*SOLVER], "tree-priority")
     search = _search(e, slots=2)
     search.step()
-    mine, _ = e.store.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
-    lease = e.store.claim_task("w", lease_s=30, max_attempts=2)
+    mine, _ = e.store.inbox.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
+    lease = e.store.inbox.claim_task("w", lease_s=30, max_attempts=2)
     assert lease.task.id == mine.id
 
 
@@ -314,9 +314,9 @@ def test_an_evaluation_without_a_verdict_counts_for_nothing(engine):
     e = engine([*SOLVER], "tree-cancel")
     search = _search(e)
     search.step()
-    (task,) = e.store.list_tasks(source="evaluation")
-    e.store.request_cancel(task.id)
-    search.record(e.store.get_task(task.id))
+    (task,) = e.store.inbox.list_tasks(source="evaluation")
+    e.store.inbox.request_cancel(task.id)
+    search.record(e.store.inbox.get_task(task.id))
     (evaluation,) = e.store.tree.evaluations_of(incumbent(e.store).id)
     assert evaluation.status == "abandoned"
     assert tree_view(e.store)["nodes"][0]["successes"] + tree_view(e.store)["nodes"][0]["failures"] == 0
@@ -482,7 +482,7 @@ def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_vali
     _expanded(e, search)
     assert _run_queued(e, search) == 1
     (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
-    (failed,) = e.store.list_tasks(source="smoke")
+    (failed,) = e.store.inbox.list_tasks(source="smoke")
     assert failed.ending is Ending.MODEL_ERROR
     assert search.record_ended().startswith(f"node {child.id}: smoke task ")  # queued again
     assert e.store.tree.get_node(child.id).status == "proposed"
@@ -503,12 +503,12 @@ def test_an_evaluation_a_drain_sent_back_to_the_queue_is_not_ended_and_runs_agai
     e = engine([*SOLVER], "tree-drain")
     search = _search(e)
     search.step()
-    (task,) = e.store.list_tasks(source="evaluation")
+    (task,) = e.store.inbox.list_tasks(source="evaluation")
     ended: list[str] = []
 
     def on_end(task_id: str) -> None:
         ended.append(task_id)
-        search.record(e.store.get_task(task_id))
+        search.record(e.store.inbox.get_task(task_id))
 
     drain = threading.Event()
     drain.set()  # the daemon is stopping: the run stops at its first step and goes back to the queue
@@ -522,9 +522,9 @@ def test_an_evaluation_a_drain_sent_back_to_the_queue_is_not_ended_and_runs_agai
         on_end=on_end,
     )
     assert worker.run_once().released
-    assert ended == [] and e.store.get_task(task.id).status == "queued"
+    assert ended == [] and e.store.inbox.get_task(task.id).status == "queued"
     # Even asked directly, the search records no result for a task that has not ended.
-    assert search.record(e.store.get_task(task.id)) is None
+    assert search.record(e.store.inbox.get_task(task.id)) is None
     (evaluation,) = e.store.tree.evaluations_of(incumbent(e.store).id)
     assert evaluation.status == "running" and search.ended_unrecorded() == 0
     assert _run_queued(e, search) == 1  # after the restart: it runs again, and that result counts
@@ -692,7 +692,7 @@ def test_the_pool_keeps_the_split_a_persons_task_was_given_when_it_came_in(engin
 
     def person(prompt: str, *, hashes_to: str, recorded: str | None) -> str:
         task_id = next(i for i in iter(lambda: new_id("task"), None) if hashed_split(i, share) == hashes_to)
-        e.store.add_tasks(
+        e.store.inbox.add_tasks(
             [
                 {
                     "id": task_id,
@@ -726,7 +726,7 @@ def test_nothing_is_learned_from_the_held_out_split(engine):
     search = _search(e, slots=3)
     assert _run_queued(e, search) == 3
     learnable = e.store.finished_since(None, limit=100)
-    assert [e.store.get_task(t.task_id).prompt for t, _ in learnable] == ["What is 2 + 5?"]
+    assert [e.store.inbox.get_task(t.task_id).prompt for t, _ in learnable] == ["What is 2 + 5?"]
     mark = (learnable[-1][0].finished_at + 1, "")
     assert len(e.store.finished_until(mark, limit=100)) == 1
 
@@ -742,8 +742,8 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
     _evaluate_on(e, root, "pack:x:h1", "test", "What is 1 + 6?", "7")
     _evaluate_on(e, root, "pack:x:t1", "train", "What is 2 + 3?", "5")
     assert _run_queued(e, _search(e, slots=2)) == 2
-    held_out = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "test"}
-    trained = {t.id for t in e.store.list_tasks(source="evaluation") if t.metadata["split"] == "train"}
+    held_out = {t.id for t in e.store.inbox.list_tasks(source="evaluation") if t.metadata["split"] == "test"}
+    trained = {t.id for t in e.store.inbox.list_tasks(source="evaluation") if t.metadata["split"] == "train"}
     assert all(e.store.last_verdict(t)[1] for t in held_out | trained)  # both were solved
 
     for prompt in ("What is 1 + 6?", "What is 1 + 7?", "What is 2 + 3?"):  # the same task, another, a trained one

@@ -43,28 +43,28 @@ def engine(open_store, sandbox, tmp_path):
 
 def test_a_claimed_task_is_solved_and_recorded_through_its_lease(engine):
     e = engine(LOOP, "w-solve")
-    task, _ = e.store.add_task("What is 6 * 7?", check={"type": "answer", "expected": "42"})
+    task, _ = e.store.inbox.add_task("What is 6 * 7?", check={"type": "answer", "expected": "42"})
     worker = Worker(e.agent(), owner="w1", lease_s=30, max_attempts=3)
     outcome = worker.run_once()
     assert outcome.recorded and not outcome.lease_lost and outcome.result.success
-    stored = e.store.get_task(task.id)
+    stored = e.store.inbox.get_task(task.id)
     assert (stored.status, stored.attempts, stored.lease_owner) == ("done", 1, None)
     assert worker.run_once() is None
 
 
 def test_a_cancel_request_stops_the_run_at_a_step_boundary(engine):
     e = engine(SLOW, "w-cancel")
-    task, _ = e.store.add_task("Work until told to stop")
+    task, _ = e.store.inbox.add_task("Work until told to stop")
     worker = Worker(e.agent(), owner="w1", lease_s=30, max_attempts=3)
-    threading.Timer(0.3, e.store.request_cancel, args=[task.id]).start()
+    threading.Timer(0.3, e.store.inbox.request_cancel, args=[task.id]).start()
     outcome = worker.run_once()
     assert outcome.result.status == "cancelled" and outcome.recorded
-    assert e.store.get_task(task.id).status == "cancelled"
+    assert e.store.inbox.get_task(task.id).status == "cancelled"
 
 
 def test_a_worker_that_loses_its_lease_stops_and_its_result_is_refused(engine):
     e = engine(SLOW, "w-lost")
-    task, _ = e.store.add_task("Slow work")
+    task, _ = e.store.inbox.add_task("Slow work")
     worker = Worker(e.agent(), owner="stalled", lease_s=0.6, max_attempts=3)
     taken: list = []
 
@@ -72,11 +72,11 @@ def test_a_worker_that_loses_its_lease_stops_and_its_result_is_refused(engine):
         # The stalled worker's lease is made to expire; another worker claims the task.
         with e.store.database.write() as db:
             db.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", [time.time() - 1, task.id])
-        taken.append(e.store.claim_task("rescuer", lease_s=30, max_attempts=3))
+        taken.append(e.store.inbox.claim_task("rescuer", lease_s=30, max_attempts=3))
 
     threading.Timer(0.1, take_over).start()
     outcome = worker.run_once()
     assert outcome.lease_lost and not outcome.recorded
-    stored = e.store.get_task(task.id)
+    stored = e.store.inbox.get_task(task.id)
     assert (stored.status, stored.lease_owner, stored.attempts) == ("running", "rescuer", 2)
-    assert e.store.complete_task(taken[0], "done") is True
+    assert e.store.inbox.complete_task(taken[0], "done") is True

@@ -128,7 +128,7 @@ def get_task(task_id: str, request: Request) -> dict:
 )
 def cancel(task_id: str, request: Request) -> dict:
     daemon = _daemon(request)
-    task = daemon.store.request_cancel(task_id)
+    task = daemon.store.inbox.request_cancel(task_id)
     daemon.feed.publish(task_id)
     return task_json(task, daemon.store)
 
@@ -140,7 +140,7 @@ def cancel(task_id: str, request: Request) -> dict:
 )
 def feedback(task_id: str, body: FeedbackIn, request: Request) -> dict:
     store = _daemon(request).store
-    store.get_task(task_id)
+    store.inbox.get_task(task_id)
     last = store.last_trajectory(task_id)
     if last is None:
         return error_response(409, "conflict", f"task {task_id} has no answer yet to give feedback on")
@@ -169,7 +169,7 @@ async def events(
     an ``event: end`` carries the task once it has finished."""
     daemon = _daemon(request)
     try:
-        await run_in_threadpool(daemon.store.get_task, task_id)
+        await run_in_threadpool(daemon.store.inbox.get_task, task_id)
     except NotFound as exc:
         return error_response(404, "not_found", str(exc))
     if last_event_id is not None:
@@ -184,8 +184,8 @@ async def events(
         nonlocal after
         quiet = 0.0
         while True:
-            task = await run_in_threadpool(daemon.store.get_task, task_id)
-            rows = await run_in_threadpool(daemon.store.task_steps, task_id, after_id=after)
+            task = await run_in_threadpool(daemon.store.inbox.get_task, task_id)
+            rows = await run_in_threadpool(daemon.store.inbox.task_steps, task_id, after_id=after)
             for event_id, attempt, step in rows:
                 after = event_id
                 yield _sse("step", {"attempt": attempt, **asdict(step)}, event_id)

@@ -35,7 +35,7 @@ def task_json(task, store: ExperienceStore, *, attempts: int | None = None) -> d
 def task_list(
     store: ExperienceStore, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
 ) -> dict:
-    tasks = store.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
+    tasks = store.inbox.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
     more = len(tasks) > limit
     counts = store.trajectory_counts([t.id for t in tasks[:limit]])
     short = store.short_ids([t.id for t in tasks[:limit]])
@@ -59,7 +59,7 @@ def memories_of(store: ExperienceStore, trajectory_id: str) -> dict:
 
 
 def task_detail(store: ExperienceStore, task_id: str) -> dict:
-    task = store.get_task(task_id)
+    task = store.inbox.get_task(task_id)
     trajectories = []
     for trajectory in store.trajectories_of(task_id):
         outcome = store.outcome(trajectory.id)

@@ -234,7 +234,7 @@ class Lab:
     ) -> tuple[bool | None, str]:
         """One task of ``kind`` (a measured one by default) through the agent loop and the verifier, as a
         worker runs it."""
-        task, _ = self.engine.store.add_task(prompt, check=check, source=kind)
+        task, _ = self.engine.store.inbox.add_task(prompt, check=check, source=kind)
         result = self.engine.agent(scaffold).run_task(task)
         return result.success, str(result.verdict or result.error or result.status)
 
@@ -406,7 +406,7 @@ def _edit_canary(key: str) -> Canary:
         while worker.run_once() is not None:
             pass
         search.record_ended()
-        smoke = [t for t in store.list_tasks(source="smoke", limit=100) if t.metadata.get("node") == child.id]
+        smoke = [t for t in store.inbox.list_tasks(source="smoke", limit=100) if t.metadata.get("node") == child.id]
         solved = [t for t in smoke if t.ending is Ending.ANSWERED]
         if solved or not smoke:
             return Held(

@@ -42,7 +42,7 @@ def _solve(lab, rules: list[dict]):
             )
         }
     )
-    stored, _ = lab.engine.store.add_task(
+    stored, _ = lab.engine.store.inbox.add_task(
         task.prompt, check={**task.check_data(), "timeout_s": _TIMEOUT_S}, source="bench", metadata=task.metadata()
     )
     result = lab.engine.agent(scaffold).run_task(stored)

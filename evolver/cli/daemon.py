@@ -326,7 +326,7 @@ def status(state: State, as_json: bool) -> None:
         info = {"mood": "not running", "socket": str(state.socket_path)}
         try:
             with state.store(readonly=True) as store:
-                info.update(queue=store.queue_depth(), learning=learning(store, state.config, now=now))
+                info.update(queue=store.inbox.queue_depth(), learning=learning(store, state.config, now=now))
         except Exception as exc:  # no store yet, or unreadable: say so, the status itself still stands
             info["store"] = str(exc)
         if as_json:

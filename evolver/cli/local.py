@@ -173,7 +173,7 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
             raise click.UsageError(str(exc)) from None
     item = Admission.of(state.config).admit(TaskKind.CLI, text, check=check)
     with Engine.open(state.config, data_dir=state.data_dir) as engine:
-        ((task, _),) = engine.store.add_tasks([item])
+        ((task, _),) = engine.store.inbox.add_tasks([item])
         result = engine.agent().run_task(task, on_step=None if quiet else _print_step)
     if as_json:
         echo(json.dumps(asdict(result), indent=2))
@@ -258,7 +258,7 @@ def _bench_here(state: State, tasks) -> list[dict]:
                     check=pack_task.check_data(),
                     metadata={"pack_task": pack_task.id, **pack_task.metadata()},
                 )
-                ((task, _),) = engine.store.add_tasks([item])
+                ((task, _),) = engine.store.inbox.add_tasks([item])
                 result = agent.run_task(task)
                 results.append(_result(pack_task, result.status, result.success, result.answer, result.attempts))
                 status.update(f"{n}/{len(tasks)}: {sum(r['success'] for r in results)} solved")

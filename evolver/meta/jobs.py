@@ -326,7 +326,7 @@ class Jobs:
         """Why a scheduled round should wait, or None."""
         if self.host.config.evolution.wait_for_idle and job.waits_for_idle:
             # The search's own tasks are not a person's work: they never hold a job.
-            depth = self.host.store.queue_depth(excluding=SEARCH_SOURCES)
+            depth = self.host.store.inbox.queue_depth(excluding=SEARCH_SOURCES)
             if depth.get("queued") or depth.get("running"):
                 return "the inbox has work"
         if job.purpose is not None:

@@ -64,13 +64,13 @@ class ChatTurns:
             while True:
                 turn.changed.clear()  # before looking: what a worker writes meanwhile wakes the next look
                 self._read_steps(task.id, turn)
-                now = self.host.store.get_task(task.id)
+                now = self.host.store.inbox.get_task(task.id)
                 if now.status in TERMINAL_STATUSES:
                     break
                 if (cancel.is_set() or self.drain.is_set()) and (not asked or now.status is TaskStatus.QUEUED):
                     # A queued turn ends now, a running one at its next step (or, handed back by a worker
                     # killed after the drain's grace, here on the next look).
-                    self.host.store.request_cancel(task.id)
+                    self.host.store.inbox.request_cancel(task.id)
                     asked = True
                 turn.changed.wait(LOOK_S)
             self._read_steps(task.id, turn)
@@ -84,7 +84,7 @@ class ChatTurns:
 
     def _read_steps(self, task_id: str, turn: _Turn) -> None:
         while turn.on_step is not None:
-            steps = self.host.store.task_steps(task_id, after_id=turn.seen)
+            steps = self.host.store.inbox.task_steps(task_id, after_id=turn.seen)
             if not steps:
                 return
             for event_id, _, step in steps:

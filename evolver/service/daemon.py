@@ -200,15 +200,15 @@ class Daemon:
         """Pick up after a daemon that died: the attempts it left open end as interrupted, its leased
         tasks are claimable at once (the attempt counts), and its chat turns, whose requests died with
         it, end as failed (a running task without a lease, from a daemon before chat had a lane, too)."""
-        interrupted = self.store.close_interrupted_trajectories()
+        interrupted = self.store.inbox.close_interrupted_trajectories()
         if interrupted:
             log.warning("%d trajectories were cut off by a daemon that died; marked interrupted", interrupted)
         # Only the queued chat turns and the running tasks are read: a start never walks a long queue of tasks.
-        queued_turns = self.store.list_tasks(status="queued", source="chat", limit=10_000)
-        running = self.store.list_tasks(status="running", limit=10_000)
+        queued_turns = self.store.inbox.list_tasks(status="queued", source="chat", limit=10_000)
+        running = self.store.inbox.list_tasks(status="running", limit=10_000)
         for task in queued_turns + [t for t in running if t.source is TaskKind.CHAT or t.lease_owner is None]:
-            self.store.interrupt_task(task.id, "interrupted: the daemon stopped before the chat turn ended")
-        expired = self.store.expire_leases(except_owner_prefix=self.owner_prefix)
+            self.store.inbox.interrupt_task(task.id, "interrupted: the daemon stopped before the chat turn ended")
+        expired = self.store.inbox.expire_leases(except_owner_prefix=self.owner_prefix)
         if expired:
             log.warning("%d tasks were running in a daemon that died; they run again now", expired)
 
@@ -241,7 +241,7 @@ class Daemon:
         self.chats.wrote(task_id)
         self._index_due.set()  # its attempt ended: the trajectory enters the index now
         # The search reads its tasks' results itself, on the job host: the worker only says one ended.
-        if self.jobs is not None and self.store.get_task(task_id).source.searched:
+        if self.jobs is not None and self.store.inbox.get_task(task_id).source.searched:
             self.jobs.poke("record")
 
     def worker_wrote(self, task_id: str) -> None:
@@ -293,7 +293,7 @@ class Daemon:
         # A chat turn comes in by the same door as any task: the text of a held-out task stays held out.
         admission = self.intake.admission if self.intake else Admission.of(self.config)
         item = admission.admit(TaskKind.CHAT, prompt, metadata=metadata, id=task_id)
-        ((task, _),) = self.store.add_tasks([item])
+        ((task, _),) = self.store.inbox.add_tasks([item])
         self.task_submitted()
         try:
             return self.chats.wait(task, cancel=cancel or threading.Event(), on_step=on_step, on_answer=on_answer)
@@ -344,7 +344,7 @@ class Daemon:
             "socket": str(self.socket_path),
             "model": self.config.model.name,
             "meta_model": self.config.meta.name or self.config.model.name,
-            "queue": self.store.queue_depth(),
+            "queue": self.store.inbox.queue_depth(),
             "workers": len(self.workers),
             "worker_pids": self.workers.pids(),
             "workers_ready": self.workers.ready(),

@@ -80,7 +80,7 @@ class Intake:
             if not batch:
                 continue
             try:
-                results = self.store.add_tasks([task for task, _ in batch])
+                results = self.store.inbox.add_tasks([task for task, _ in batch])
             except BaseException as exc:  # each waiting request gets the error; nothing was committed
                 log.warning("a batch of %d submitted tasks was refused: %s", len(batch), exc)
                 _answer(batch, [exc] * len(batch))

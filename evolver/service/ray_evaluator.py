@@ -218,16 +218,16 @@ def settle(
     counts a synthesized tool's call (``replay``)."""
     if returned.refused is not None:
         # Not the scaffold's fault (a smoke task that ends so runs again; an evaluation counts for nothing).
-        ended = store.complete_task(lease, "failed", error=returned.refused, ending=Ending.INTERRUPTED)
+        ended = store.inbox.complete_task(lease, "failed", error=returned.refused, ending=Ending.INTERRUPTED)
         return "refused: " + returned.refused if ended else "refused, and the lease was lost meanwhile"
     result = returned.result
     if result is None:
         raise ReplayError(f"{returned.node} sent back neither a result nor a refusal")
     with store.transaction():
-        if store.renew_lease(lease, lease_s=lease_s) is None:
+        if store.inbox.renew_lease(lease, lease_s=lease_s) is None:
             return f"the lease was lost; the result ({result.status}) was not recorded"
         replay(store, returned.writes, task_id=lease.task.id, tool_use=tool_use)
-        store.complete_task(lease, result.status, error=result.error, ending=result.ending)
+        store.inbox.complete_task(lease, result.status, error=result.error, ending=result.ending)
     return f"{result.status} in {returned.took_s:.3f} s on {returned.node}"
 
 
@@ -356,7 +356,7 @@ class RayEvaluator:
         claimed = False
         while self._accepting() and len(self._flights) < self.settings.in_flight:
             d = self.daemon.config.daemon
-            lease = self.daemon.store.claim_task(
+            lease = self.daemon.store.inbox.claim_task(
                 self.owner, lease_s=d.lease_s, max_attempts=d.max_attempts, sources=SEARCH_SOURCES
             )
             if lease is None:
@@ -366,7 +366,7 @@ class RayEvaluator:
                 ref = self._remote.remote(ship(self.daemon.engine, lease.task))
             except Exception as exc:  # the node's scaffold or tool files cannot be read, Ray refused it
                 log.exception("task %s could not be shipped to Ray", lease.task.id)
-                if self.daemon.store.complete_task(
+                if self.daemon.store.inbox.complete_task(
                     lease, "failed", error=f"not shipped to Ray: {exc}", ending=Ending.INTERNAL_ERROR
                 ):
                     self.daemon.task_ended(lease.task.id)
@@ -391,7 +391,7 @@ class RayEvaluator:
                 returned = None
             except Exception as exc:  # noqa: BLE001 - the worker or its node died, or evaluate raised
                 self._forget(ref)
-                self.daemon.store.abandon_lease(flight.lease)  # runs again; the attempt counts
+                self.daemon.store.inbox.abandon_lease(flight.lease)  # runs again; the attempt counts
                 log.error(
                     "evaluation task %s failed on Ray and goes back to the queue: %s",
                     task.id,
@@ -400,7 +400,7 @@ class RayEvaluator:
                 continue
             self._forget(ref)
             if returned is None:  # stopped on a cancel request: its steps stay on the node
-                if self.daemon.store.complete_task(
+                if self.daemon.store.inbox.complete_task(
                     flight.lease, "cancelled", error="cancelled", ending=Ending.CANCELLED
                 ):
                     self.daemon.task_ended(task.id)
@@ -421,7 +421,7 @@ class RayEvaluator:
                     tool_use=self._count_tool_use,
                 )
             except ReplayError as exc:
-                self.daemon.store.abandon_lease(flight.lease)
+                self.daemon.store.inbox.abandon_lease(flight.lease)
                 log.error(
                     "evaluation task %s: what %s sent back cannot be recorded (%s); it runs again",
                     task.id,
@@ -431,7 +431,7 @@ class RayEvaluator:
                 continue
             except Exception:  # the store refused the write (full, locked): nothing of it was recorded
                 log.exception("evaluation task %s: recording what came back failed; it runs again", task.id)
-                self.daemon.store.abandon_lease(flight.lease)
+                self.daemon.store.inbox.abandon_lease(flight.lease)
                 continue
             (log.warning if returned.refused else log.info)("evaluation task %s: %s", task.id, what)
             self.daemon.task_ended(task.id)
@@ -457,7 +457,7 @@ class RayEvaluator:
         for ref, flight in list(self._flights.items()):
             task_id = flight.lease.task.id
             if now >= flight.renew_at:
-                renewed = store.renew_lease(flight.lease, lease_s=lease_s)
+                renewed = store.inbox.renew_lease(flight.lease, lease_s=lease_s)
                 if renewed is None:  # taken over or ended elsewhere: whatever comes back would be refused
                     log.warning("evaluation task %s: the lease was lost; its Ray task is stopped", task_id)
                     self._forget(ref)
@@ -466,7 +466,7 @@ class RayEvaluator:
                 flight.lease, flight.renew_at = renewed, now + lease_s / 3
             if now - flight.looked_at >= 1.0:
                 flight.looked_at = now
-                if store.cancel_requested(task_id):
+                if store.inbox.cancel_requested(task_id):
                     self._ray.cancel(ref)  # it comes back as cancelled (or with its result, if it was done)
 
     def _give_back(self) -> None:
@@ -474,7 +474,7 @@ class RayEvaluator:
         for ref, flight in list(self._flights.items()):
             self._forget(ref)
             self._ray.cancel(ref)
-            if self.daemon.store.release_task(flight.lease):
+            if self.daemon.store.inbox.release_task(flight.lease):
                 log.warning(
                     "evaluation task %s did not come back from Ray in time; queued for the restart",
                     flight.lease.task.id,

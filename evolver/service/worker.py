@@ -76,7 +76,7 @@ class Worker:
 
     def run_once(self) -> WorkerResult | None:
         """Claim and run the most urgent task; None when the inbox has nothing to claim."""
-        lease = self.store.claim_task(
+        lease = self.store.inbox.claim_task(
             self.owner,
             lease_s=self.lease_s,
             max_attempts=self.max_attempts,
@@ -108,7 +108,7 @@ class Worker:
         def on_step(step: Step) -> None:
             if self.on_step is not None:
                 self.on_step(lease.task.id, step)
-            if self.drain.is_set() or self.store.cancel_requested(lease.task.id):
+            if self.drain.is_set() or self.store.inbox.cancel_requested(lease.task.id):
                 cancel.set()
 
         try:
@@ -124,11 +124,15 @@ class Worker:
         finally:
             done.set()
             renewer.join()
-        if result.status == "cancelled" and self.drain.is_set() and not self.store.cancel_requested(lease.task.id):
-            released = self.store.release_task(lease)
+        if (
+            result.status == "cancelled"
+            and self.drain.is_set()
+            and not self.store.inbox.cancel_requested(lease.task.id)
+        ):
+            released = self.store.inbox.release_task(lease)
             log.info("task %s: sent back to the queue for the restart", lease.task.id)
             return WorkerResult(result=result, recorded=False, lease_lost=not released, released=released)
-        recorded = self.store.complete_task(lease, result.status, error=result.error, ending=result.ending)
+        recorded = self.store.inbox.complete_task(lease, result.status, error=result.error, ending=result.ending)
         if not recorded:
             log.warning("task %s: lease lost; this worker's result (%s) was not recorded", lease.task.id, result.status)
         return WorkerResult(result=result, recorded=recorded, lease_lost=lost.is_set())
@@ -141,7 +145,7 @@ class Worker:
                 cancel.set()  # the agent checks it at its next step boundary
             if time.monotonic() < next_renewal:
                 continue
-            renewed = self.store.renew_lease(lease, lease_s=self.lease_s)
+            renewed = self.store.inbox.renew_lease(lease, lease_s=self.lease_s)
             if renewed is None:  # expired and taken over, or ended elsewhere: stop working on it
                 lost.set()
                 cancel.set()

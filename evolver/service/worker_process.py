@@ -447,12 +447,12 @@ class WorkerProcess:
             # Drained in time, it released its task itself; killed after the grace, its task goes back
             # to the queue for the restart like a worker thread's (the attempt refunded).
             for held in [lease, *chats] if lease is not None else chats:
-                if store.release_task(held):
+                if store.inbox.release_task(held):
                     log.warning("task %s did not reach a step boundary in time; queued for the restart", held.task.id)
             return
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with {code}"
         # The ones it said it held, or one it had no time to name: each lane's.
-        abandoned = [task_id for owner in self.lane_owners() for task_id in store.abandon_leases(owner)]
+        abandoned = [task_id for owner in self.lane_owners() for task_id in store.inbox.abandon_leases(owner)]
         log.warning(
             "worker process %s %s%s",
             self.owner,

@@ -807,7 +807,7 @@ def power_loss(
 
     with Store(image) as store:
         readable = (
-            sum(1 for s in acknowledged if store.get_task(s.acked[0]).idempotency_key == s.key) if not lost else 0
+            sum(1 for s in acknowledged if store.inbox.get_task(s.acked[0]).idempotency_key == s.key) if not lost else 0
         )
         store_check = store.check()
     return {

@@ -132,7 +132,7 @@ class TreeSearch:
                     )
                 )
         share = self.config.evolution.held_out_share
-        people = [t for source in PERSON_SOURCES for t in self.store.list_tasks(source=source, limit=1000)]
+        people = [t for source in PERSON_SOURCES for t in self.store.inbox.list_tasks(source=source, limit=1000)]
         for task in sorted(people, key=lambda t: (t.created_at, t.id)):
             if task.check is None or task.status not in ("done", "failed"):
                 continue
@@ -318,7 +318,8 @@ class TreeSearch:
     def _smoke_of(self, node: Node) -> Task | None:
         """The node's latest smoke task (only the newest node is ever proposed, so it is among the newest)."""
         return next(
-            (t for t in self.store.list_tasks(source="smoke", limit=100) if t.metadata.get("node") == node.id), None
+            (t for t in self.store.inbox.list_tasks(source="smoke", limit=100) if t.metadata.get("node") == node.id),
+            None,
         )
 
     def _queue_smoke(self, node: Node) -> Task:
@@ -330,7 +331,7 @@ class TreeSearch:
                 "there is no evaluation task to run a smoke test with "
                 "([evolution] packs is empty and no inbox task had a check)"
             )
-        ((task, _),) = self.store.add_tasks(
+        ((task, _),) = self.store.inbox.add_tasks(
             [
                 self.admission.admit(
                     TaskKind.SMOKE,
@@ -460,7 +461,9 @@ class TreeSearch:
 
     def _ended(self) -> list[Task]:
         """The tasks of evaluations still counted in flight whose tasks have ended."""
-        tasks = (self.store.get_task(e.task_id) for e in self.store.tree.running_evaluations() if e.task_id is not None)
+        tasks = (
+            self.store.inbox.get_task(e.task_id) for e in self.store.tree.running_evaluations() if e.task_id is not None
+        )
         return [t for t in tasks if t.status in TERMINAL_STATUSES]
 
     def _smoked(self) -> list[Node]:

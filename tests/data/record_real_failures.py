@@ -88,7 +88,7 @@ def main() -> None:
             data["parameters"].update({"max_steps": args.max_steps, "max_attempts": 1, "temperature": 0.0})
             scaffold = load_scaffold(data)
             for item in tasks:
-                task, _ = engine.store.add_task(
+                task, _ = engine.store.inbox.add_task(
                     item.prompt, check=item.check_data(), metadata={"files": dict(item.files)} if item.files else None
                 )
                 result = engine.agent(scaffold).run_task(task)
