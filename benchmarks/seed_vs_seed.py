@@ -73,7 +73,7 @@ def run(engine, scaffold, tasks) -> dict:
         )
         started = time.perf_counter()
         result = engine.agent(scaffold).run_task(task)
-        steps = [s for tid in result.trajectory_ids for s in engine.store.steps(tid)]
+        steps = [s for tid in result.trajectory_ids for s in engine.store.reports.steps(tid)]
         per_task[pack_task.id] = bool(result.success)
         work[pack_task.id] = {
             "turns": sum(s.role in ("assistant", "answer", "reflection", "plan") for s in steps),

@@ -4,7 +4,7 @@ Each such part reads and writes through the store's database object (``Database`
 embedder and index, and calls a few of its methods, all defined on ``Store`` or on a sibling part.
 ``StoreHost`` declares them once, for the type checker only: at run time its body is empty, so a part's
 attributes and methods still come from ``Store`` and its other parts. A part composed over the database
-instead (``Inbox``, ``TreeRecords``) is handed what it uses and needs none of this.
+instead (``Inbox``, ``TreeRecords``, ``ReportRecords``) is handed what it uses and needs none of this.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from .embedder import Embedder
     from .index import VectorIndex
     from .options import StoreOptions
-    from .records import Context, Event, Insight
+    from .records import Context, Insight
+    from .reports import ReportRecords
 
 __all__ = ["StoreHost"]
 
@@ -39,6 +40,7 @@ class StoreHost:
         index: VectorIndex | None
         context_from: Callable[..., Context] | None
         database: Database
+        reports: ReportRecords  # the events the parts write go to its log
         _index_lock: threading.Lock
 
         # A transaction that brings the index up to date after it (``Store``).
@@ -52,16 +54,3 @@ class StoreHost:
 
         # Entities (``Store``).
         def get_insight(self, insight_id: int) -> Insight: ...
-        def get_event(self, event_id: int) -> Event: ...
-        def append_event(
-            self,
-            kind: str,
-            what: str,
-            *,
-            why: str = "",
-            evidence: list | None = None,
-            cost_usd: float = 0.0,
-            node_id: str | None = None,
-            payload: dict | None = None,
-            reverts: int | None = None,
-        ) -> Event: ...

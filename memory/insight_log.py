@@ -93,7 +93,7 @@ class InsightLog(StoreHost):
         """Record one event and apply its insight changes (``apply_insight_changes``, under the event's id)
         in one transaction: a revert whose changes fail leaves no revert event to refuse a retry."""
         with self.transaction():
-            event = self.append_event(
+            event = self.reports.append_event(
                 kind,
                 what,
                 why=why,

@@ -184,7 +184,8 @@ class LearnedStore(Protocol):
 
 class Reports(Protocol):
     """What the views read (the CLI, the API's inspection routes, the dashboard) and the history they show:
-    ids, attempts and outcomes, spend and results over time, events, settings."""
+    ids, attempts and outcomes, spend and results over time, events, settings; as ``store.reports``, a part
+    of its own composed over the store's database (``memory.reports``)."""
 
     def resolve_id(self, short: str) -> tuple[str, str]: ...
     def short_ids(self, ids: list[str]) -> dict[str, str]: ...
@@ -218,8 +219,11 @@ class Reports(Protocol):
     def set_meta(self, key: str, value: str) -> None: ...
 
 
-class ExperienceStore(AgentStore, LearnedStore, Reports, Protocol):
+class ExperienceStore(AgentStore, LearnedStore, Protocol):
     """Every role, and the store's upkeep: what the daemon and the CLI, which own a store, hold."""
+
+    @property
+    def reports(self) -> Reports: ...
 
     @property
     def inbox(self) -> InboxStore: ...

@@ -113,7 +113,7 @@ class ToolLog(StoreHost):
             for key, value in (meta or {}).items():
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
         self.sync_index()
-        return self.get_event(event_id)
+        return self.reports.get_event(event_id)
 
     def active_tool(self, name: str) -> ToolRecord | None:
         row = self.database.one(

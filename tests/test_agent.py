@@ -55,13 +55,13 @@ def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_f
     result = engine.agent().run_task(task, on_step=lambda step: seen.append((step.seq, step.role)))
     assert (result.status, result.answer, result.success, result.attempts) == ("done", "42", True, 1)
     assert seen == [(1, "assistant"), (2, "tool"), (3, "assistant"), (4, "tool")]
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert steps[0].tool_calls[0]["name"] == "run_python" and steps[1].content == "42"
     assert steps[0].tokens_in > 0
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
     assert (trajectory.status, trajectory.final_answer) == ("finished", "42")
     assert trajectory.tokens_in == sum(s.tokens_in for s in steps)
-    outcome = engine.store.outcome(trajectory.id)
+    outcome = engine.store.reports.outcome(trajectory.id)
     assert outcome.success and outcome.verifier == "answer:exact"
     assert engine.store.inbox.get_task(task.id).status == "done"
 
@@ -82,8 +82,11 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
     assert (result.status, result.answer, result.attempts) == ("done", "42", 2)
     first, second = (engine.store.get_trajectory(t) for t in result.trajectory_ids)
-    assert engine.store.outcome(first.id).success is False and engine.store.outcome(second.id).success is True
-    assert [s.role for s in engine.store.steps(first.id)][-1] == "reflection"
+    assert (
+        engine.store.reports.outcome(first.id).success is False
+        and engine.store.reports.outcome(second.id).success is True
+    )
+    assert [s.role for s in engine.store.reports.steps(first.id)][-1] == "reflection"
     assert (second.attempt, first.attempt) == (2, 1)
     # Run here, not leased by a worker: the task views still count its two attempts.
     from evolver.api import views
@@ -117,7 +120,7 @@ def test_a_held_out_task_gets_one_attempt_whatever_the_scaffold_allows(engine_fo
         )
         result = retrying.run_task(task)
         assert (result.status, result.success, result.attempts) == ("failed", False, 1), source
-        steps = engine.store.steps(result.trajectory_ids[0])
+        steps = engine.store.reports.steps(result.trajectory_ids[0])
         assert "reflection" not in [s.role for s in steps]
     trained, _ = engine.store.inbox.add_task(
         "What is 19 + 23?", check={"type": "answer", "expected": "42"}, source="evaluation", metadata={"split": "train"}
@@ -141,7 +144,7 @@ def test_the_step_limit_ends_an_attempt(engine_for):
     assert result.status == "failed" and result.error == "no answer (step_limit)"
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
     # three turns and their results, then the last turn that may only answer (this model answers with a call)
-    steps = engine.store.steps(trajectory.id)
+    steps = engine.store.reports.steps(trajectory.id)
     assert trajectory.status == "step_limit" and len(steps) == 7
     assert steps[-1].role == "answer" and not steps[-1].tool_calls
 
@@ -154,7 +157,7 @@ def test_a_call_repeated_is_answered_from_before_and_too_many_repeats_end_the_at
     result = engine.agent(scaffold_with(max_steps=20, repeat_limit=2)).run_task(task)
     assert result.status == "failed" and result.error == "no answer (repeating)"
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
-    observations = [s.content for s in engine.store.steps(trajectory.id) if s.role == "tool"]
+    observations = [s.content for s in engine.store.reports.steps(trajectory.id) if s.role == "tool"]
     assert trajectory.status == "repeating" and len(observations) == 4
     assert observations[0].strip() == "7"
     assert "2 times in a row" in observations[1] and "7" in observations[1] and "something else" in observations[1]
@@ -172,7 +175,7 @@ def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
     result = engine.agent(scaffold_with(max_steps=50, repeat_limit=0)).run_task(task)  # the same call, on and on
     assert result.status == "failed" and "per-task token cap of 400 tokens" in result.error
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
-    assert trajectory.status == "budget" and engine.store.steps(trajectory.id)
+    assert trajectory.status == "budget" and engine.store.reports.steps(trajectory.id)
     assert engine.store.spent(task_id=task.id)[0] <= 400
 
 
@@ -188,7 +191,7 @@ def test_cancellation_stops_at_the_next_step(engine_for):
     result = engine.agent(scaffold_with(max_steps=50)).run_task(task, cancel=cancel, on_step=on_step)
     assert result.status == "cancelled"
     assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "cancelled"
-    assert len(engine.store.steps(result.trajectory_ids[0])) == 4
+    assert len(engine.store.reports.steps(result.trajectory_ids[0])) == 4
 
 
 def test_malformed_tool_calls_become_observations_and_the_task_goes_on(engine_for):
@@ -213,7 +216,7 @@ def test_malformed_tool_calls_become_observations_and_the_task_goes_on(engine_fo
     task, _ = engine.store.inbox.add_task("Do something odd")
     result = engine.agent().run_task(task)
     assert (result.status, result.answer) == ("done", "recovered")
-    observations = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.role == "tool"]
+    observations = [s.content for s in engine.store.reports.steps(result.trajectory_ids[0]) if s.role == "tool"]
     assert observations[0].startswith("Tool call refused: unknown tool 'teleport'")
 
 
@@ -324,7 +327,7 @@ def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):
     assert result.ending is Ending.MODEL_ERROR and engine.store.inbox.get_task(task.id).ending is Ending.MODEL_ERROR
     trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
     assert trajectory.status == "error"
-    assert [s.role for s in engine.store.steps(trajectory.id)] == ["assistant", "tool"]
+    assert [s.role for s in engine.store.reports.steps(trajectory.id)] == ["assistant", "tool"]
 
 
 def test_pack_files_are_put_in_the_workspace(engine_for):
@@ -361,7 +364,7 @@ def test_plan_first_asks_for_a_plan_before_acting(engine_for):
     engine = engine_for(script, "a-plan")
     task, _ = engine.store.inbox.add_task("What is 1 + 2?", check={"type": "answer", "expected": "3"})
     result = engine.agent(scaffold_with(plan_first=True)).run_task(task)
-    roles = [s.role for s in engine.store.steps(result.trajectory_ids[0])]
+    roles = [s.role for s in engine.store.reports.steps(result.trajectory_ids[0])]
     assert result.success and roles[0] == "plan" and roles[1:] == ["assistant", "tool", "assistant", "tool"]
 
 
@@ -449,7 +452,7 @@ def test_an_unreadable_text_tool_call_is_refused_with_the_expected_shape_and_sho
     task, _ = engine.store.inbox.add_task("What is 2 + 2?")
     result = engine.agent(scaffold_with(action_format="tools")).run_task(task)
     assert (result.status, result.answer) == ("done", "4")
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     refused = next(s for s in steps if s.role == "tool")
     assert '{"tool": "<name>", "arguments": {...}}' in refused.content
     (call,) = steps[0].tool_calls

@@ -139,19 +139,21 @@ def _keeps(implementation: type, protocol: type) -> list[str]:
 
 def test_the_parts_keep_the_protocols_the_engine_depends_on():
     from evolver.llm import Model, ModelClient
-    from memory import ExperienceStore, InboxStore, Store, TreeStore
+    from memory import ExperienceStore, InboxStore, Reports, Store, TreeStore
     from memory.inbox import Inbox
+    from memory.reports import ReportRecords
     from memory.tree_records import TreeRecords
     from sandbox import BubblewrapSandbox, DegradedSandbox, Sandbox
 
     assert _keeps(Store, ExperienceStore) == []
     assert _keeps(TreeRecords, TreeStore) == [] and _keeps(Inbox, InboxStore) == []
+    assert _keeps(ReportRecords, Reports) == []
     assert {"embedder", "index"} <= set(ExperienceStore.__annotations__)
-    assert {"add_insight", "list_events", "context", "reindex", "inbox", "tree"} <= set(_members(ExperienceStore)), (
+    assert {"add_insight", "context", "reindex", "inbox", "tree", "reports"} <= set(_members(ExperienceStore)), (
         "the store's protocol is all of its roles"
     )
-    assert not {"add_node", "claim_task"} & set(_members(ExperienceStore)), (
-        "the tree's records and the inbox are parts of their own (store.tree, store.inbox)"
+    assert not {"add_node", "claim_task", "list_events"} & set(_members(ExperienceStore)), (
+        "the tree's records, the inbox and the reports are parts of their own (store.tree, .inbox, .reports)"
     )
     assert _keeps(ModelClient, Model) == []
     assert _keeps(BubblewrapSandbox, Sandbox) == [] and _keeps(DegradedSandbox, Sandbox) == []

@@ -87,7 +87,7 @@ def engine(open_store, sandbox, tmp_path):
 
 
 def _events(store) -> list[tuple]:
-    return [(e.id, e.kind, e.what) for e in store.list_events(limit=10_000)]
+    return [(e.id, e.kind, e.what) for e in store.reports.list_events(limit=10_000)]
 
 
 CANARY_EDITS = [
@@ -188,7 +188,7 @@ def record_success(note: str) -> str:
     _gap(e.store)
     before_events, before_hashes = _events(e.store), _hashes()
     assert synthesize_round(e).startswith("rejected record_success")
-    (rejected,) = e.store.list_events(kind="tool_rejected")
+    (rejected,) = e.store.reports.list_events(kind="tool_rejected")
     assert "tests failed" in rejected.payload["reason"]
     assert "unable to open database" in rejected.payload["reason"] or "OperationalError" in rejected.payload["reason"]
     assert e.store.list_tools(status=None) == []
@@ -224,7 +224,7 @@ def held_out_answers(split: str) -> list[str]:
     _gap(e.store)
     before = pack.read_bytes()
     assert synthesize_round(e).startswith("rejected held_out_answers")
-    (rejected,) = e.store.list_events(kind="tool_rejected")
+    (rejected,) = e.store.reports.list_events(kind="tool_rejected")
     assert "No such file or directory" in rejected.payload["reason"] or "Permission" in rejected.payload["reason"]
     assert e.store.list_tools(status=None) == [] and pack.read_bytes() == before
 

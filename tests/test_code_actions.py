@@ -39,7 +39,7 @@ def block(code: str) -> str:
 
 
 def observations(engine, result, attempt: int = 0) -> list[str]:
-    return [s.content for s in engine.store.steps(result.trajectory_ids[attempt]) if s.role == "tool"]
+    return [s.content for s in engine.store.reports.steps(result.trajectory_ids[attempt]) if s.role == "tool"]
 
 
 def test_names_persist_between_blocks_and_finish_from_code_ends_the_attempt(engine_for):
@@ -55,7 +55,7 @@ def test_names_persist_between_blocks_and_finish_from_code_ends_the_attempt(engi
     task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "42", True)
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert [s.role for s in steps] == ["assistant", "tool", "assistant", "tool", "work"]
     assert steps[0].tool_calls[0]["arguments"] == {"code": "x = 6 * 7\nprint('set')"}
     assert steps[-1].content == "finish(str(x))"  # the block that did it is the attempt's work
@@ -78,7 +78,7 @@ def test_a_reply_without_code_is_the_answer_so_a_chat_turn_always_gets_one(engin
     task, _ = engine.store.inbox.add_task("Hello, who are you?", source="chat", status="running")
     result = engine.agent().run_task(task)
     assert (result.status, result.answer) == ("done", "Hello! I am evolver.")
-    assert [s.role for s in engine.store.steps(result.trajectory_ids[0])] == ["assistant"]
+    assert [s.role for s in engine.store.reports.steps(result.trajectory_ids[0])] == ["assistant"]
 
 
 def test_a_shell_block_is_not_taken_for_the_answer(engine_for):
@@ -225,7 +225,7 @@ def test_a_function_defined_in_the_session_is_delivered_and_judged_from_the_file
     task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.success) == ("done", True), result.verdict
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert any(s.content.startswith("[delivered]") for s in steps)
     work = steps[-1]
     assert work.role == "work" and work.content == "import math\n\n\ndef double(n):\n    return 2 * n\n"
@@ -251,7 +251,7 @@ def test_a_file_the_agent_wrote_itself_wins_over_the_session(engine_for):
     task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold(example_rounds=0, max_attempts=1)).run_task(task)
     assert result.success is False  # its own (wrong) file was judged, not the session's right function
-    assert not any(s.content.startswith("[delivered]") for s in engine.store.steps(result.trajectory_ids[0]))
+    assert not any(s.content.startswith("[delivered]") for s in engine.store.reports.steps(result.trajectory_ids[0]))
 
 
 def test_the_tasks_own_examples_refuse_a_wrong_finish_and_the_model_repairs_it(engine_for):
@@ -333,7 +333,7 @@ def test_the_draft_is_the_models_own_completion_and_is_handed_in_when_the_exampl
     # one call, as the model is asked alone: the stub to complete, no system message, temperature 0
     assert len(sent) == 1 and sent[0]["messages"] == [{"role": "user", "content": DRAFT}]
     assert sent[0]["temperature"] == 0.0
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert [s.role for s in steps] == ["assistant", "tool", "tool", "work"]
     assert steps[0].tool_calls[0]["arguments"]["code"] == STUB + "    return 2 * n\n"
     assert "latest definition, passing 2 of the task's 2 examples" in steps[2].content
@@ -389,7 +389,7 @@ def test_a_repair_that_passes_fewer_examples_than_the_draft_is_not_handed_in(eng
     task, _ = engine.store.inbox.add_task(STUB_TASK, check=first, metadata=DELIVER)
     result = engine.agent(code_scaffold(max_attempts=1)).run_task(task)
     assert result.success is True, result.verdict  # the draft (1 of 2 examples), not the repair (0 of 2)
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     delivered = [s.content for s in steps if s.content.startswith("[delivered]")]
     assert delivered and "earlier definition (it passed more examples), passing 1 of the task's 2" in delivered[0]
 
@@ -421,7 +421,7 @@ def test_further_drafts_are_sampled_while_none_passes_the_examples_and_the_first
     seeds = [m.get("seed") for m in sent]
     assert seeds[0] is None and None not in seeds[1:] and seeds[1] != seeds[2]
     assert seeds[1:] == [draft_seed([{"role": "user", "content": DRAFT}], n) for n in (1, 2)]  # not the task id
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert [s.role for s in steps] == ["assistant", "tool"] * 3 + ["tool", "work"]
     assert steps[-1].content == STUB + "    return 2 * n\n"
     # with one draft, its temperature is no part a proposal may change to any effect
@@ -448,7 +448,7 @@ def test_when_no_draft_passes_the_attempt_goes_on_from_the_one_that_passed_the_m
     )
     task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold(drafts=2, max_steps=2, max_attempts=1)).run_task(task)
-    steps = engine.store.steps(result.trajectory_ids[0])
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
     # the session goes on from the first draft (1 of 2 examples), not from the second (0 of 2), run last
     assert [s.role for s in steps][:5] == ["assistant", "tool", "assistant", "tool", "assistant"]
     assert observations(engine, result)[2].startswith("4 6")
@@ -472,7 +472,7 @@ def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_need
     task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
     result = engine.agent(code_scaffold()).run_task(task)
     assert result.success is True, result.verdict
-    work = [s.content for s in engine.store.steps(result.trajectory_ids[0]) if s.role == "work"]
+    work = [s.content for s in engine.store.reports.steps(result.trajectory_ids[0]) if s.role == "work"]
     assert work == [STUB + "\n\nFACTOR = int('2')\n\ndef double(n):\n    return FACTOR * n\n"]
 
 

@@ -61,7 +61,7 @@ def test_a_round_applies_the_operations_records_evidence_and_moves_the_watermark
     assert distill_round(e.store, e.model, e.config) == "1 operations (ADD) from 2 trajectories"
     (insight,) = e.store.list_insights()
     assert insight.text == ADD["operations"][0]["text"] and sorted(insight.provenance) == sorted(ids)
-    (event,) = e.store.list_events(kind="distill")
+    (event,) = e.store.reports.list_events(kind="distill")
     assert sorted(event.evidence) == sorted(ids)
     assert e.store.insight_history(insight.id)[0]["event_id"] == event.id
     calls = _ledger_rows(e.store)
@@ -82,8 +82,8 @@ def test_bad_model_output_fails_the_round_and_changes_nothing(engine, reply, pro
     _experience(e.store)
     with pytest.raises(InsightOpError, match=problem):
         distill_round(e.store, e.model, e.config)
-    assert e.store.list_insights(status=None) == [] and e.store.list_events(kind="distill") == []
-    assert e.store.get_meta(WATERMARK_KEY) is None  # the same trajectories are seen again next round
+    assert e.store.list_insights(status=None) == [] and e.store.reports.list_events(kind="distill") == []
+    assert e.store.reports.get_meta(WATERMARK_KEY) is None  # the same trajectories are seen again next round
 
 
 def test_the_watermark_survives_a_restart(engine, open_store, tmp_path):
@@ -107,7 +107,7 @@ def test_no_budget_for_background_work_stops_the_round_cleanly(engine):
     _experience(e.store)
     with pytest.raises(BudgetExceeded, match="background token share"):
         distill_round(e.store, e.model, e.config)
-    assert e.store.list_insights(status=None) == [] and e.store.get_meta(WATERMARK_KEY) is None
+    assert e.store.list_insights(status=None) == [] and e.store.reports.get_meta(WATERMARK_KEY) is None
 
 
 def test_a_failed_round_is_a_loud_job_failed_event(engine):
@@ -117,7 +117,7 @@ def test_a_failed_round_is_a_loud_job_failed_event(engine):
     jobs = Jobs(daemon, builtin_jobs(e.config))
     (round_,) = jobs.run_now("distill")
     assert round_.ok is False and "not JSON" in round_.summary
-    (event,) = e.store.list_events(kind="job_failed")
+    (event,) = e.store.reports.list_events(kind="job_failed")
     assert event.payload["job"] == "distill" and "not JSON" in event.what
     assert jobs._blocked(jobs.jobs["distill"]) is None  # idle inbox, budget left: a scheduled round may run
     e.store.inbox.add_task("a person's task")
@@ -134,7 +134,7 @@ def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
     distill_round(e.store, e.model, e.config)
     (added,) = [i for i in e.store.list_insights() if i.id != kept.id]
     shown = numbered(e.store, limit=50)
-    vote = e.store.append_event("distill", "by hand")
+    vote = e.store.reports.append_event("distill", "by hand")
     apply_ops(
         e.store,
         parse_ops({"operations": [{"op": "UPVOTE", "id": 1}]}, shown=len(shown)),
@@ -144,9 +144,9 @@ def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
         event_id=vote.id,
     )
     assert e.store.get_insight(kept.id).importance == 4
-    (first,) = e.store.list_events(kind="distill", limit=2)[1:]
+    (first,) = e.store.reports.list_events(kind="distill", limit=2)[1:]
     with pytest.raises(RevertError, match="nothing to revert"):
-        revert_event(e.store, e.store.append_event("job", "reconcile: ok").id)
+        revert_event(e.store, e.store.reports.append_event("job", "reconcile: ok").id)
 
     undone = revert_event(e.store, vote.id, why="that vote was wrong")
     assert undone.reverts == vote.id and e.store.get_insight(kept.id).importance == 3
@@ -166,7 +166,7 @@ def test_a_revert_that_fails_halfway_leaves_nothing_and_can_be_retried(engine, m
     e = engine(ADD, "distill-revert-crash")
     _experience(e.store)
     distill_round(e.store, e.model, e.config)
-    (event,) = e.store.list_events(kind="distill")
+    (event,) = e.store.reports.list_events(kind="distill")
     (added,) = e.store.list_insights()
 
     def crash(*args, **kwargs):
@@ -176,7 +176,7 @@ def test_a_revert_that_fails_halfway_leaves_nothing_and_can_be_retried(engine, m
         m.setattr(type(e.store), "apply_insight_changes", crash)
         with pytest.raises(StoreError, match="disk went away"):
             revert_event(e.store, event.id)
-    assert e.store.list_events(kind="revert") == []  # no revert event stands for a revert that did not happen
+    assert e.store.reports.list_events(kind="revert") == []  # no revert event stands for a revert that did not happen
     assert e.store.get_insight(added.id).status == "active"
     undone = revert_event(e.store, event.id)  # so a retry is not refused as "already reverted"
     assert undone.reverts == event.id and e.store.get_insight(added.id).status == "retired"
@@ -218,7 +218,7 @@ def test_failing_scheduled_rounds_back_off_doubling_to_a_cap_and_a_success_reset
             waits.append(delay())
             jobs._triggers()  # in backoff: neither the trigger nor a poke runs it early
             jobs._scheduled("flaky")
-            assert len(e.store.list_events(kind="job_failed")) == len(waits)
+            assert len(e.store.reports.list_events(kind="job_failed")) == len(waits)
         minutes = [round(w / 60) for w in waits]
         assert minutes == [5, 10, 20, 40, 60, 60, 60]  # doubling from the interval, up to an hour
         assert jobs.next_runs()[0]["failures"] == 7
@@ -320,7 +320,7 @@ def test_attempts_cut_short_by_something_else_teach_nothing_and_move_the_waterma
     assert distill_round(e.store, e.model, e.config) == (
         "2 trajectories cut short (cancelled or an error); nothing to distill"
     )
-    assert e.store.list_insights() == [] and e.store.get_meta(WATERMARK_KEY) is not None
+    assert e.store.list_insights() == [] and e.store.reports.get_meta(WATERMARK_KEY) is not None
 
 
 REAL = Path(__file__).parent / "data" / "real_model_failures.json"  # tests/data/record_real_failures.py
@@ -377,7 +377,7 @@ def test_one_bad_operation_of_a_weak_model_is_skipped_and_its_good_ones_applied(
     )
     (insight,) = e.store.list_insights()
     assert insight.text == "Call finish with the answer once the code printed it."
-    (event,) = e.store.list_events(kind="distill")
+    (event,) = e.store.reports.list_events(kind="distill")
     assert event.payload["skipped"] == ["operation 2: EDIT needs the id of a listed insight (1..0), not 2"]
 
 
@@ -439,10 +439,10 @@ def test_stopping_the_jobs_waits_for_a_running_round_and_starts_none_after(engin
     assert jobs.stop(timeout_s=0.2) == ["record"]  # still running: cut, were the store closed now
     threading.Timer(0.2, release.set).start()
     assert jobs.stop(timeout_s=30) == []  # waited for
-    assert [ev.what for ev in e.store.list_events(kind="job")] == ["record: slow round"]
+    assert [ev.what for ev in e.store.reports.list_events(kind="job")] == ["record: slow round"]
     (late,) = jobs.run_now("record")
     assert not late.ok and late.event_id is None and "stopping" in late.summary
-    assert len(e.store.list_events(kind="job")) == 1
+    assert len(e.store.reports.list_events(kind="job")) == 1
 
 
 def test_stopping_the_jobs_while_the_scheduler_hands_out_a_poke_leaves_the_scheduler_sound(engine, monkeypatch):
@@ -500,8 +500,8 @@ def test_a_round_that_changes_nothing_is_telemetry_not_history(engine):
     try:
         quiet, changed, quiet_again = (jobs.run_now("record")[0] for _ in range(3))
         assert quiet.ok and quiet.event_id is None and quiet_again.event_id is None
-        assert [ev.what for ev in e.store.list_events(kind="job")] == ["record: recorded evaluation 1"]
-        assert changed.event_id == e.store.list_events(kind="job")[0].id
+        assert [ev.what for ev in e.store.reports.list_events(kind="job")] == ["record: recorded evaluation 1"]
+        assert changed.event_id == e.store.reports.list_events(kind="job")[0].id
         (status,) = jobs.next_runs()
         assert status["last"]["summary"] == "record: nothing ended" and status["last"]["ok"]
     finally:
@@ -520,10 +520,12 @@ def test_a_batch_the_model_keeps_answering_unusably_is_passed_after_three_tries(
     for _ in range(GIVE_UP_AFTER - 1):
         with pytest.raises(InsightOpError, match="copies the example"):
             distill_round(e.store, e.model, e.config)
-        assert e.store.get_meta(WATERMARK_KEY) is None and not e.store.list_events(kind="distill_skipped")
+        assert e.store.reports.get_meta(WATERMARK_KEY) is None and not e.store.reports.list_events(
+            kind="distill_skipped"
+        )
     summary = distill_round(e.store, e.model, e.config)
     assert summary.startswith(f"gave up on 2 trajectories after {GIVE_UP_AFTER} unusable answers")
-    (event,) = e.store.list_events(kind="distill_skipped")
+    (event,) = e.store.reports.list_events(kind="distill_skipped")
     assert sorted(event.evidence) == sorted(ids) and "copies the example" in event.what
     assert e.store.list_insights(status=None) == []
     assert distill_round(e.store, e.model, e.config) == "no new trajectories since the last round"

@@ -61,7 +61,7 @@ def solve(engine: Engine, source: str, kind: TaskKind = TaskKind.API, **paramete
 
 
 def hook_steps(engine: Engine, result) -> list:
-    return [s for t in result.trajectory_ids for s in engine.store.steps(t) if s.role == "hook"]
+    return [s for t in result.trajectory_ids for s in engine.store.reports.steps(t) if s.role == "hook"]
 
 
 def test_a_before_finish_hook_turns_a_failing_task_into_a_success(engine_for):
@@ -88,7 +88,7 @@ def test_a_rejecting_hook_refuses_the_finish_and_the_model_goes_on(engine_for):
     )
     result = solve(engine, reject)
     assert (result.status, result.answer) == ("done", "42")
-    steps = [(s.role, s.content) for s in engine.store.steps(result.trajectory_ids[0])]
+    steps = [(s.role, s.content) for s in engine.store.reports.steps(result.trajectory_ids[0])]
     assert [role for role, _ in steps] == ["assistant", "hook", "tool", "assistant", "tool"]
     assert (
         steps[1][1].startswith("before_finish refused the finish")

@@ -113,7 +113,7 @@ def test_a_task_calls_a_tool_of_the_users_mcp_server_through_the_agent_loop(engi
         "name": "capitals__lookup",
         "ok": True,
     }
-    trajectory = engine.store.trajectories_of(task.id)[0]
+    trajectory = engine.store.reports.trajectories_of(task.id)[0]
     assert "capitals__lookup" in engine.store.exposures_of(trajectory.id)["tool"]
 
     shown = views.tools(engine.store, mcp=[{"name": "capitals__lookup", "server": "capitals", "description": ""}])

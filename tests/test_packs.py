@@ -194,7 +194,7 @@ def _state(e: Engine) -> tuple:
     """Everything an import could change."""
     tools_dir = e.data_dir / "tools"
     return (
-        e.store.list_events(limit=1000),
+        e.store.reports.list_events(limit=1000),
         e.store.list_tools(status=None),
         e.store.list_insights(status=None),
         e.store.tree.list_nodes(),
@@ -250,7 +250,7 @@ def test_a_pack_round_trips_insights_and_tools_into_a_fresh_store_and_one_revert
     assert report["probation"] == 2 and target.store.list_insights() == []
     assert sorted(i.text for i in target.store.list_insights(status="probation")) == sorted(INSIGHTS)
     assert all(i.provenance == [f"pack:{report['id']}"] for i in target.store.list_insights(status="probation"))
-    (event,) = target.store.list_events(kind="import")
+    (event,) = target.store.reports.list_events(kind="import")
     assert event.id == report["event_id"] and row.event_id == event.id
     assert event.payload["pack"] == report["sha256"] and event.payload["tools"][0]["provenance"]["trajectories"] == 2
     assert [c["name"] for c in event.payload["tool_changes"]] == ["reverse_text"]
@@ -283,7 +283,7 @@ def test_a_tool_whose_tests_fail_is_refused_with_its_reason_and_the_rest_comes_i
     assert "1 of 1 tests failed; test_shout" in refused[0]["reason"]
     assert report["added"] == 3 and [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
     assert not (target.data_dir / "tools" / "shout").exists()
-    (event,) = target.store.list_events(kind="import")
+    (event,) = target.store.reports.list_events(kind="import")
     assert event.payload["refused"][0]["name"] == "shout" and "test_shout" in event.payload["refused"][0]["reason"]
     target.agent()
     assert target.registry.get("shout") is None
@@ -515,7 +515,7 @@ def test_a_node_travels_as_a_proposed_child_of_the_incumbent_and_a_revert_withdr
     (item,) = report["items"]
     assert item["status"] == "added" and item["kind"] == "node"
     imported = target.store.tree.get_node(item["detail"]["node_id"])
-    served = target.store.get_meta("incumbent")
+    served = target.store.reports.get_meta("incumbent")
     assert (imported.status, imported.parent_id, imported.scaffold_hash) == ("proposed", served, child.hash)
     assert "max_steps" in imported.diff and "fewer steps" in imported.rationale
     revert_event(target.store, report["event_id"])

@@ -135,7 +135,7 @@ def test_half_the_promotion_split_sees_it_and_the_measure_there_retires_it_or_le
         f"retired insight {insight_id} on probation (hurts); every learned item is still helping or not yet measured"
     )
     assert store.get_insight(insight_id).status == "retired"
-    (event,) = store.list_events(kind="insight_retired")
+    (event,) = store.reports.list_events(kind="insight_retired")
     assert "0 of 6 attempts with it succeeded, against 6 of 6 without it" in event.why
     assert probation_round(store, target.config) == []
 
@@ -152,7 +152,7 @@ def test_one_that_helps_on_the_promotion_split_earns_its_place(engine):
             store.record_exposures(trajectory.id, {"insight": [str(insight_id)] if shown else []})
     assert probation_round(store, target.config) == [f"insight {insight_id} left probation (helps)"]
     assert store.get_insight(insight_id).status == "active"
-    (event,) = store.list_events(kind="insight_earned")
+    (event,) = store.reports.list_events(kind="insight_earned")
     assert "6 of 6 attempts with it succeeded, against 0 of 6 without it" in event.why
     revert_event(store, event.id)
     assert store.get_insight(insight_id).status == "probation"

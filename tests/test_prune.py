@@ -64,7 +64,7 @@ def test_a_harmful_insight_is_measured_retired_as_an_event_and_can_be_restored(e
     assert effect.interval[1] < 0
     assert prune_round(store, engine.config) == f"retired insight {harmful.id} (hurts)"
     assert store.get_insight(harmful.id).status == "retired"
-    (event,) = store.list_events(kind="insight_retired")
+    (event,) = store.reports.list_events(kind="insight_retired")
     assert "0 of 6 attempts with it succeeded, against 6 of 6 without it" in event.why
     assert all(r.success for r in _solve(engine, 2, insights=5))  # no longer shown
     revert_event(store, event.id)
@@ -188,6 +188,6 @@ def test_a_tool_that_hurts_is_retired_by_the_prune_job_as_an_event_that_can_be_u
     config = load_config(env={"EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "6"})
     assert prune_round(store, config) == "retired tool shout (hurts)"
     assert [t.status for t in store.list_tools(status=None)] == ["retired"]
-    (event,) = store.list_events(kind="tool_retired")
+    (event,) = store.reports.list_events(kind="tool_retired")
     revert_event(store, event.id)
     assert [t.status for t in store.list_tools(status=None)] == ["active"]

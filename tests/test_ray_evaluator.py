@@ -242,7 +242,7 @@ def test_a_node_without_bubblewrap_refuses_before_the_model_is_asked(engine, tmp
     task = engine.store.inbox.get_task(lease.task.id)
     # Failed, and not the scaffold's fault: a smoke task that ended so runs again, an evaluation counts nothing.
     assert (task.status, task.ending.value, task.error) == ("failed", "interrupted", returned.refused)
-    assert engine.store.trajectories_of(task.id) == []
+    assert engine.store.reports.trajectories_of(task.id) == []
 
 
 def test_a_shipped_evaluation_is_recorded_as_a_worker_would_and_a_late_one_is_refused(engine):
@@ -252,10 +252,10 @@ def test_a_shipped_evaluation_is_recorded_as_a_worker_would_and_a_late_one_is_re
     assert settle(engine.store, lease, returned, lease_s=30).startswith("done in ")
     task = engine.store.inbox.get_task(lease.task.id)
     assert (task.status, task.ending.value, task.lease_owner) == ("done", "answered", None)
-    (trajectory,) = engine.store.trajectories_of(task.id)
+    (trajectory,) = engine.store.reports.trajectories_of(task.id)
     assert (trajectory.status, trajectory.final_answer, trajectory.attempt) == ("finished", "42", 1)
-    assert engine.store.outcome(trajectory.id).success is True
-    assert [s.role for s in engine.store.steps(trajectory.id)] == ["assistant", "tool", "assistant", "tool"]
+    assert engine.store.reports.outcome(trajectory.id).success is True
+    assert [s.role for s in engine.store.reports.steps(trajectory.id)] == ["assistant", "tool", "assistant", "tool"]
     assert engine.store.spent(task_id=task.id)[0] == trajectory.tokens_in + trajectory.tokens_out > 0
 
     # The next one's lease expires while it is away and another worker takes the task over: what comes back
@@ -266,7 +266,7 @@ def test_a_shipped_evaluation_is_recorded_as_a_worker_would_and_a_late_one_is_re
         db.execute("UPDATE tasks SET lease_expires_at = ? WHERE id = ?", [time.time() - 1, late.task.id])
     rescuer = engine.store.inbox.claim_task("rescuer", lease_s=30, max_attempts=3)
     assert settle(engine.store, late, returned, lease_s=30).startswith("the lease was lost")
-    assert engine.store.trajectories_of(late.task.id) == []
+    assert engine.store.reports.trajectories_of(late.task.id) == []
     assert engine.store.inbox.get_task(late.task.id).lease_owner == "rescuer" and rescuer is not None
 
 
@@ -283,7 +283,7 @@ def test_a_replay_makes_only_the_writes_a_recording_may_hold(engine):
             [Write("add_step", {"trajectory_id": "traj_elsewhere", "role": "assistant", "content": "x"})],
             task_id=task_id,
         )
-    assert engine.store.trajectories_of(task_id) == []
+    assert engine.store.reports.trajectories_of(task_id) == []
 
 
 SLOW = [  # an evaluation that takes a while in the sandbox: long enough to kill the Ray worker running it

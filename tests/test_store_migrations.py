@@ -230,7 +230,7 @@ def test_foreign_keys_are_enforced(store):
     task, _ = store.inbox.add_task("needs a real node")
     with pytest.raises(StoreError, match="FOREIGN KEY"):
         store.start_trajectory(task.id, node_id="node_that_does_not_exist")
-    assert store.trajectories_of(task.id) == []
+    assert store.reports.trajectories_of(task.id) == []
 
 
 def test_wal_mode_persists_in_the_file(open_store, data_dir):

@@ -151,7 +151,7 @@ def test_trajectory_and_steps_round_trip(store):
         trajectory.id, role="assistant", content="Two files.", tokens_in=200, tokens_out=8, cost_usd=0.002
     )
     assert [s.seq for s in (s1, s2, s3)] == [1, 2, 3]
-    stored = store.steps(trajectory.id)
+    stored = store.reports.steps(trajectory.id)
     assert stored == [s1, s2, s3]
     assert all(isinstance(s, Step) for s in stored)
     assert stored[0].tool_calls == calls and stored[0].tool_results is None
@@ -162,8 +162,8 @@ def test_trajectory_and_steps_round_trip(store):
         0.0015,
         812.5,
     )
-    assert store.steps(trajectory.id, after_seq=1) == [s2, s3]
-    assert store.steps(trajectory.id, after_seq=1, limit=1) == [s2]
+    assert store.reports.steps(trajectory.id, after_seq=1) == [s2, s3]
+    assert store.reports.steps(trajectory.id, after_seq=1, limit=1) == [s2]
 
     finished = store.finish_trajectory(trajectory.id, status="finished", final_answer="a.txt, b.txt")
     assert (finished.status, finished.final_answer) == ("finished", "a.txt, b.txt")
@@ -172,7 +172,7 @@ def test_trajectory_and_steps_round_trip(store):
     assert (finished.tokens_in, finished.tokens_out) == (320, 38)
     assert finished.cost_usd == pytest.approx(0.0035)
     assert store.get_trajectory(trajectory.id) == finished
-    assert store.trajectories_of(task.id) == [finished]
+    assert store.reports.trajectories_of(task.id) == [finished]
 
 
 def test_step_of_unknown_trajectory_is_refused(store):
@@ -225,14 +225,14 @@ def test_ingest_round_trip(store):
     )
     task = store.inbox.get_task(trajectory.task_id)
     assert (task.status, task.source, task.check) == ("done", "import", {"expected": "212"})
-    steps = store.steps(trajectory_id)
+    steps = store.reports.steps(trajectory_id)
     assert [(s.seq, s.role, s.content) for s in steps] == [(1, "assistant", "compute"), (2, "tool", "212.0")]
     assert steps[0].tool_calls == [{"name": "python", "arguments": {"code": "100*9/5+32"}}]
     assert steps[1].tool_results == [{"ok": True, "output": "212.0"}]
     # The accounting of imported steps is kept, and summed on the trajectory.
     assert (steps[0].tokens_in, steps[0].tokens_out, steps[0].cost_usd, steps[0].duration_ms) == (50, 10, 0.001, 300.0)
     assert (trajectory.tokens_in, trajectory.tokens_out, trajectory.cost_usd) == (50, 10, 0.001)
-    assert store.outcome(trajectory_id).success is True
+    assert store.reports.outcome(trajectory_id).success is True
 
 
 def test_ingest_is_one_transaction(store):
@@ -245,7 +245,7 @@ def test_ingest_is_one_transaction(store):
 def test_outcome_round_trip(store):
     task, _ = store.inbox.add_task("add 2 and 2")
     trajectory = store.start_trajectory(task.id)
-    assert store.outcome(trajectory.id) is None
+    assert store.reports.outcome(trajectory.id) is None
     outcome = store.record_outcome(
         trajectory.id, success=False, score=0.25, verifier="expected_answer", verifier_output="expected '4', got '5'"
     )
@@ -258,7 +258,7 @@ def test_outcome_round_trip(store):
         None,
     )
     # A person's feedback is kept, but a verifier's verdict stands.
-    after = store.add_feedback(trajectory.id, good=True, note="close enough for me")
+    after = store.reports.add_feedback(trajectory.id, good=True, note="close enough for me")
     assert (after.success, after.feedback, after.verifier) == (False, "close enough for me", "expected_answer")
     assert after.person_good is True  # and the person's word is kept as they gave it, beside the verdict
     # A re-verification replaces the verdict and keeps the feedback.
@@ -271,7 +271,7 @@ def test_outcome_round_trip(store):
         "ok",
         "close enough for me",
     )
-    assert store.outcome(trajectory.id) == again
+    assert store.reports.outcome(trajectory.id) == again
     with pytest.raises(NotFound):
         store.record_outcome("traj_missing", success=True)
 
@@ -281,14 +281,14 @@ def test_feedback_decides_where_no_verifier_did(store):
     trajectory = store.start_trajectory(task.id)
     unknown = store.record_outcome(trajectory.id, success=None)
     assert unknown.success is None
-    liked = store.add_feedback(trajectory.id, good=True)
+    liked = store.reports.add_feedback(trajectory.id, good=True)
     assert (liked.success, liked.feedback) == (True, "good")
     # The person changes their mind: with no verifier, their latest verdict decides.
-    changed = store.add_feedback(trajectory.id, good=False, note="not a haiku")
+    changed = store.reports.add_feedback(trajectory.id, good=False, note="not a haiku")
     assert (changed.success, changed.feedback) == (False, "not a haiku")
 
     other = store.start_trajectory(task.id, attempt=2)
-    fresh = store.add_feedback(other.id, good=False)
+    fresh = store.reports.add_feedback(other.id, good=False)
     assert (fresh.success, fresh.feedback, fresh.verifier) == (False, "bad", None)
 
 
@@ -470,7 +470,7 @@ def test_ledger_and_spent(store):
 
 
 def test_events_round_trip_and_append_only(store):
-    first = store.append_event(
+    first = store.reports.append_event(
         "insight",
         "ADD insight 1",
         why="three failures on timeouts",
@@ -479,7 +479,7 @@ def test_events_round_trip_and_append_only(store):
         node_id="node_1",
         payload={"insight_id": 1, "op": "ADD"},
     )
-    second = store.append_event("revert", "undo insight 1", reverts=first.id)
+    second = store.reports.append_event("revert", "undo insight 1", reverts=first.id)
     assert isinstance(first, Event)
     assert (
         first.kind,
@@ -501,9 +501,9 @@ def test_events_round_trip_and_append_only(store):
         None,
     )
     assert (second.reverts, second.evidence, second.payload) == (first.id, [], {})
-    assert store.list_events() == [second, first]  # newest first
-    assert store.list_events(kind="insight") == [first]
-    assert store.list_events(limit=1) == [second]
+    assert store.reports.list_events() == [second, first]  # newest first
+    assert store.reports.list_events(kind="insight") == [first]
+    assert store.reports.list_events(limit=1) == [second]
 
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         store.database.writer.execute("UPDATE events SET what = 'rewritten' WHERE id = ?", [first.id])
@@ -511,7 +511,7 @@ def test_events_round_trip_and_append_only(store):
         store.database.writer.execute("DELETE FROM events WHERE id = ?", [first.id])
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         store.database.writer.execute("DELETE FROM events")
-    assert store.list_events() == [second, first]
+    assert store.reports.list_events() == [second, first]
 
 
 def test_everything_survives_reopening(open_store):
@@ -525,19 +525,19 @@ def test_everything_survives_reopening(open_store):
     tool = store.add_tool("t", description="d", code_hash="c", origin="builtin")
     evaluation = store.tree.start_evaluation(node.id, "ref")
     entry = store.record_call(model="m", purpose="p", tokens_in=1, tokens_out=2, cost_usd=0.5, latency_ms=1.0)
-    event = store.append_event("k", "w", evidence=[1, 2])
+    event = store.reports.append_event("k", "w", evidence=[1, 2])
     store.close()
 
     again = open_store()
     assert again.tree.get_node(node.id) == node
     assert again.inbox.get_task(task.id) == task
     assert again.get_trajectory(trajectory.id).node_id == node.id
-    assert again.steps(trajectory.id) == [step]
-    assert again.outcome(trajectory.id) == outcome
+    assert again.reports.steps(trajectory.id) == [step]
+    assert again.reports.outcome(trajectory.id) == outcome
     assert again.get_insight(insight.id) == insight
     assert again.get_tool(tool.id) == tool
     assert again.tree.get_evaluation(evaluation.id) == evaluation
-    assert again.list_events() == [event]
+    assert again.reports.list_events() == [event]
     assert again.spent() == (3, 0.5)
     assert entry.id == 1
 
@@ -573,9 +573,9 @@ def test_the_last_attempt_is_the_newest_even_when_a_restart_numbers_attempts_aga
     store.finish_trajectory(after.id, status="finished", final_answer="4")
     store.record_outcome(after.id, success=True, verifier="answer")
 
-    assert store.last_trajectory(task.id).id == after.id
-    assert store.last_verdict(task.id) == (after.id, True)
-    assert [t.id for t in store.trajectories_of(task.id)] == [*before_restart, after.id]
+    assert store.reports.last_trajectory(task.id).id == after.id
+    assert store.reports.last_verdict(task.id) == (after.id, True)
+    assert [t.id for t in store.reports.trajectories_of(task.id)] == [*before_restart, after.id]
 
 
 def test_the_tree_records_write_through_the_stores_database_and_join_its_transactions(store):

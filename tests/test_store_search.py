@@ -276,7 +276,7 @@ def test_filters_on_fused_vector_and_keyword_paths(filtered, embedder, filters, 
     assert {by_id[h.trajectory_id] for h in keyword_only} == expected
 
     for hit in fused:
-        outcome = store.outcome(hit.trajectory_id)
+        outcome = store.reports.outcome(hit.trajectory_id)
         assert hit.success == (None if outcome is None else outcome.success)
 
 

@@ -155,7 +155,7 @@ def _only(reply: str) -> list[dict]:
 
 
 def _tool_events(store) -> list:
-    return [e for e in store.list_events(limit=1000) if e.kind.startswith("tool_") or e.kind == "revert"]
+    return [e for e in store.reports.list_events(limit=1000) if e.kind.startswith("tool_") or e.kind == "revert"]
 
 
 def test_literals_do_not_make_code_different():
@@ -171,7 +171,7 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
     assert summary.startswith("registered reverse_text v1")
     (tool,) = e.store.list_tools()
     assert (tool.name, tool.version, tool.origin, tool.status) == ("reverse_text", 1, "synthesized", "active")
-    (event,) = e.store.list_events(kind="tool_registered")
+    (event,) = e.store.reports.list_events(kind="tool_registered")
     assert tool.event_id == event.id and sorted(event.evidence) == sorted(evidence)
     assert event.payload["quarantine"] == "2/2 tests passed, 2/2 recorded calls reproduced"
     assert event.payload["tool_changes"] == [
@@ -184,7 +184,7 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
     assert spec is not None and spec.tool_id == tool.id and spec.parameters["required"] == ["text"]
     assert e.store.search_tools("reverse a string", k=1)[0].name == "reverse_text"
     assert synthesize_round(e) == "no new trajectories since the last round"
-    assert len(e.store.list_events(kind="tool_registered")) == 1
+    assert len(e.store.reports.list_events(kind="tool_registered")) == 1
     # `evolver tools show reverse_text` and `evolver history show EVENT` (no command showed either before)
     from evolver.api import views
 
@@ -264,10 +264,12 @@ def test_a_tool_that_fails_quarantine_is_rejected_with_the_reason(engine, reply,
     assert synthesize_round(e).startswith("rejected")
     assert e.store.list_tools(status=None) == []
     assert not (e.data_dir / "tools" / "reverse_text").exists()
-    (event,) = e.store.list_events(kind="tool_rejected")
+    (event,) = e.store.reports.list_events(kind="tool_rejected")
     assert reason in event.payload["reason"], event.payload["reason"]
     assert event.payload["code"] and event.payload["tool_changes"] == []
-    assert json.loads(e.store.get_meta(WATERMARK_KEY))["until"] is None  # the window is done: not proposed again
+    assert (
+        json.loads(e.store.reports.get_meta(WATERMARK_KEY))["until"] is None
+    )  # the window is done: not proposed again
     assert synthesize_round(e) == "no new trajectories since the last round"
 
 
@@ -286,14 +288,14 @@ def test_a_malformed_answer_fails_the_round_and_changes_nothing(engine, reply, p
     with pytest.raises(SynthesisError, match=problem):
         synthesize_round(e)
     assert e.store.list_tools(status=None) == [] and _tool_events(e.store) == []
-    assert e.store.get_meta(WATERMARK_KEY) is None  # the same window is seen again
+    assert e.store.reports.get_meta(WATERMARK_KEY) is None  # the same window is seen again
 
 
 def test_the_model_may_decline(engine):
     e = engine(_only(json.dumps({"tool": None, "why": "too trivial to be a tool"})), "synth-decline")
     reversals(e.store)
     assert synthesize_round(e).startswith("skipped")
-    (event,) = e.store.list_events(kind="tool_skipped")
+    (event,) = e.store.reports.list_events(kind="tool_skipped")
     assert event.why == "too trivial to be a tool" and e.store.list_tools(status=None) == []
 
 
@@ -311,7 +313,7 @@ def test_code_seen_in_one_task_only_is_no_opportunity(engine):
     )
     assert synthesize_round(e).startswith("no opportunity")
     assert e.store.database.one("SELECT count(*) AS n FROM ledger")["n"] == 0  # no model call for nothing
-    assert json.loads(e.store.get_meta(WATERMARK_KEY))["until"] is None
+    assert json.loads(e.store.reports.get_meta(WATERMARK_KEY))["until"] is None
 
 
 def test_a_failure_that_lacked_a_capability_is_an_opportunity(engine):
@@ -356,9 +358,9 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     with pytest.raises(BudgetExceeded):
         synthesize_round(e)
     (first,) = e.store.list_tools()
-    state = json.loads(e.store.get_meta(WATERMARK_KEY))
+    state = json.loads(e.store.reports.get_meta(WATERMARK_KEY))
     assert state["until"] is not None and len(state["done"]) == 1  # the window stays open, one opportunity done
-    assert len(e.store.list_events(kind="tool_registered")) == 1
+    assert len(e.store.reports.list_events(kind="tool_registered")) == 1
     e.close()
     # More budget, a new daemon: the round picks up the other opportunity, not the first one again.
     e2 = engine(
@@ -371,7 +373,7 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     summary = synthesize_round(e2)
     assert summary.startswith("registered") and first.name not in summary
     assert sorted(t.name for t in e2.store.list_tools()) == ["reverse_text", "shout"]
-    assert json.loads(e2.store.get_meta(WATERMARK_KEY))["until"] is None
+    assert json.loads(e2.store.reports.get_meta(WATERMARK_KEY))["until"] is None
 
 
 def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_path):
@@ -385,9 +387,9 @@ def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_p
     )
     e2 = engine(_only(proposal(code=better, words=AGAIN)), "synth-v2", data=e.data_dir)
     reversals(e2.store)
-    assert synthesize_round(e2).startswith("registered reverse_text v2"), e2.store.list_events(kind="tool_rejected")[
-        0
-    ].why
+    assert synthesize_round(e2).startswith("registered reverse_text v2"), e2.store.reports.list_events(
+        kind="tool_rejected"
+    )[0].why
     rows = {t.version: t.status for t in e2.store.list_tools(status=None)}
     assert rows == {1: "replaced", 2: "active"}
     e2.agent()
@@ -406,7 +408,7 @@ def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_p
     )
     reversals(e3.store)
     assert synthesize_round(e3).startswith("rejected")
-    assert "test_empty" in e3.store.list_events(kind="tool_rejected")[0].payload["reason"]
+    assert "test_empty" in e3.store.reports.list_events(kind="tool_rejected")[0].payload["reason"]
     assert {t.version: t.status for t in e3.store.list_tools(status=None)} == {1: "replaced", 2: "active"}
 
 
@@ -431,7 +433,7 @@ def test_a_near_duplicate_under_another_name_is_refused(engine):
     )
     reversals(e2.store)
     assert synthesize_round(e2).startswith("rejected")
-    assert "duplicates tool 'reverse_text'" in e2.store.list_events(kind="tool_rejected")[0].payload["reason"]
+    assert "duplicates tool 'reverse_text'" in e2.store.reports.list_events(kind="tool_rejected")[0].payload["reason"]
 
 
 def test_revert_of_a_registration_and_of_a_replacement(engine):
@@ -443,7 +445,7 @@ def test_revert_of_a_registration_and_of_a_replacement(engine):
     e2 = engine(_only(proposal(code=better, words=AGAIN)), "synth-revert2", data=e.data_dir)
     reversals(e2.store)
     synthesize_round(e2)
-    first, second = sorted(e2.store.list_events(kind="tool_registered"), key=lambda ev: ev.id)
+    first, second = sorted(e2.store.reports.list_events(kind="tool_registered"), key=lambda ev: ev.id)
     with pytest.raises(RevertError, match="changed again after event"):
         revert_event(e2.store, first.id)
     revert = revert_event(e2.store, second.id)
@@ -471,7 +473,7 @@ def test_recording_a_use_only_counts_it(engine):
     e.agent()
     (tool,) = e.store.list_tools(status=None)
     assert tool.status == "active" and (tool.uses, tool.successes) == (4, 1)
-    assert e.registry.get("reverse_text") is not None and not e.store.list_events(kind="tool_retired")
+    assert e.registry.get("reverse_text") is not None and not e.store.reports.list_events(kind="tool_retired")
 
 
 def test_a_tool_whose_file_changed_on_disk_is_not_offered(engine):

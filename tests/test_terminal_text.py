@@ -82,7 +82,7 @@ def hostile(tmp_path_factory) -> dict:
         node = store.tree.add_node(
             scaffold.hash, status="proposed", rationale=f"rationale {HOSTILE}", diff=f"--- a\n+++ b\n+{HOSTILE}"
         )
-        events = [e.id for e in store.list_events(limit=100)]
+        events = [e.id for e in store.reports.list_events(limit=100)]
     (root / "data" / "daemon.log").write_text(f"INFO evolver.service: task failed: {HOSTILE}\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVER_")}
     env.update(

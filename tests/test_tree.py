@@ -209,7 +209,7 @@ def test_a_malformed_proposal_is_an_invalid_node_saying_what_came_back(engine):
     assert "invalid" in summary and "not JSON" in summary, summary
     (child,) = [n for n in e.store.tree.list_nodes() if n.parent_id is not None]
     assert child.status == "invalid" and "I would make the prompt friendlier." in child.reason
-    (event,) = e.store.list_events(kind="propose")
+    (event,) = e.store.reports.list_events(kind="propose")
     assert event.payload["status"] == "invalid" and "not JSON" in event.payload["reason"]
 
 
@@ -235,9 +235,9 @@ def test_a_valid_proposal_is_validated_with_a_smoke_task_run_through_the_inbox(e
     assert scaffold_of(e.store, child).parameters.max_steps == 12
     smoke = e.store.inbox.list_tasks(source="smoke")
     assert len(smoke) == 1 and smoke[0].status == "done"
-    assert e.store.trajectories_of(smoke[0].id)[0].node_id == child.id
-    assert e.store.list_events(kind="node_valid")[0].evidence == [smoke[0].id]
-    kinds = [ev.kind for ev in e.store.list_events(limit=10)]
+    assert e.store.reports.trajectories_of(smoke[0].id)[0].node_id == child.id
+    assert e.store.reports.list_events(kind="node_valid")[0].evidence == [smoke[0].id]
+    kinds = [ev.kind for ev in e.store.reports.list_events(limit=10)]
     assert "propose" in kinds and "node_valid" in kinds
 
 
@@ -347,7 +347,7 @@ def test_promotion_only_when_the_bound_beats_the_incumbents(engine):
     _held_out(e, child, 3, 0)  # 7/8: 0.571 > 0.450
     assert search.consider_promotion() == f"promoted {child}"
     assert incumbent(e.store).id == child
-    (event,) = e.store.list_events(kind="promote")
+    (event,) = e.store.reports.list_events(kind="promote")
     assert "bound" in event.why and event.payload == {"from": root, "to": child}
     # Rollback restores the earlier node.
     rollback(e.store)
@@ -415,7 +415,7 @@ def test_the_approval_gate_waits_for_a_person(engine):
     assert search.consider_promotion() == f"node {child} awaits approval"
     assert search.consider_promotion() == f"node {child} awaits approval"
     assert incumbent(e.store).id == root
-    assert len(e.store.list_events(kind="promotion_ready")) == 1  # asked once
+    assert len(e.store.reports.list_events(kind="promotion_ready")) == 1  # asked once
     promote(e.store, child, why="approved")
     assert incumbent(e.store).id == child
 
@@ -426,14 +426,14 @@ class Crash(Exception):
 
 def _failing_event(store, monkeypatch, kind: str) -> None:
     """Make the store fail to append an event of ``kind``, as a crash at that write would."""
-    append = store.append_event
+    append = store.reports.append_event
 
     def append_or_fail(event_kind, *args, **kwargs):
         if event_kind == kind:
             raise Crash(f"the process died while recording {kind}")
         return append(event_kind, *args, **kwargs)
 
-    monkeypatch.setattr(store, "append_event", append_or_fail)
+    monkeypatch.setattr(store.reports, "append_event", append_or_fail)
 
 
 @pytest.mark.parametrize("switch", ["promote", "rollback"])
@@ -445,7 +445,7 @@ def test_a_switch_that_fails_at_its_event_leaves_the_incumbent_and_node_as_they_
     before = (
         incumbent(e.store).id,
         {n.id: n.status for n in e.store.tree.list_nodes()},
-        len(e.store.list_events(limit=1000)),
+        len(e.store.reports.list_events(limit=1000)),
     )
     _failing_event(e.store, monkeypatch, switch)
     with pytest.raises(Crash):
@@ -454,7 +454,7 @@ def test_a_switch_that_fails_at_its_event_leaves_the_incumbent_and_node_as_they_
     assert (
         incumbent(e.store).id,
         {n.id: n.status for n in e.store.tree.list_nodes()},
-        len(e.store.list_events(limit=1000)),
+        len(e.store.reports.list_events(limit=1000)),
     ) == before
     (promote(e.store, child) if switch == "promote" else rollback(e.store))  # and it can be done again
     assert incumbent(e.store).id == (child if switch == "promote" else root)
@@ -470,7 +470,7 @@ def test_a_validation_that_fails_at_its_event_leaves_the_node_proposed_for_the_n
     assert child.status == "proposed"  # not "evaluating" without the event that says why
     assert _search(e).step() == "valid: its tools import and a smoke task ran"
     assert e.store.tree.get_node(child.id).status == "evaluating"
-    assert len(e.store.list_events(kind="node_valid")) == 1
+    assert len(e.store.reports.list_events(kind="node_valid")) == 1
 
 
 def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_validation(engine, tmp_path):
@@ -496,7 +496,7 @@ def test_a_smoke_task_the_model_failed_runs_again_and_a_restart_resumes_the_vali
     assert _run_queued(e2, search2) == 1
     assert search2.step() == "valid: its tools import and a smoke task ran"
     assert e2.store.tree.get_node(child.id).status == "evaluating"
-    assert len(e2.store.list_events(kind="propose")) == 1
+    assert len(e2.store.reports.list_events(kind="propose")) == 1
 
 
 def test_an_evaluation_a_drain_sent_back_to_the_queue_is_not_ended_and_runs_again(engine):
@@ -744,7 +744,7 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
     assert _run_queued(e, _search(e, slots=2)) == 2
     held_out = {t.id for t in e.store.inbox.list_tasks(source="evaluation") if t.metadata["split"] == "test"}
     trained = {t.id for t in e.store.inbox.list_tasks(source="evaluation") if t.metadata["split"] == "train"}
-    assert all(e.store.last_verdict(t)[1] for t in held_out | trained)  # both were solved
+    assert all(e.store.reports.last_verdict(t)[1] for t in held_out | trained)  # both were solved
 
     for prompt in ("What is 1 + 6?", "What is 1 + 7?", "What is 2 + 3?"):  # the same task, another, a trained one
         shown = {hit.task_id for hit in e.store.context(prompt, trajectories=5).trajectories}
@@ -888,7 +888,7 @@ def test_a_child_whose_only_change_is_a_hook_is_evaluated_and_promoted_on_its_re
     served = incumbent(e.store)
     assert served.id != root.id, tree_view(e.store)
     assert scaffold_of(e.store, served).model_copy(update={"hooks": ""}) == scaffold_of(e.store, root)
-    (event,) = e.store.list_events(kind="promote")
+    (event,) = e.store.reports.list_events(kind="promote")
     assert event.payload == {"from": root.id, "to": served.id}
     held = [ev for ev in e.store.tree.evaluations_of(served.id) if ev.split == "test" and ev.status == "done"]
     assert len(held) >= 3 and all(ev.success for ev in held)

@@ -76,7 +76,7 @@ def _repetition(store, trajectory_id: str) -> str:
     """A clause naming the call the turn ended on when it was made again and again, or ""."""
     calls = [
         (c["name"], json.dumps(c.get("arguments")))
-        for step in store.steps(trajectory_id)
+        for step in store.reports.steps(trajectory_id)
         for c in (step.tool_calls or [])
     ]
     if not calls:
@@ -96,7 +96,7 @@ def reply_text(store, result) -> str:
     if result.ending is Ending.NO_ANSWER and result.trajectory_ids:
         last = store.get_trajectory(result.trajectory_ids[-1])
         if last.status == "step_limit":
-            steps = sum(1 for s in store.steps(last.id) if s.role == "assistant")
+            steps = sum(1 for s in store.reports.steps(last.id) if s.role == "assistant")
             why = (
                 f"the agent used all {steps} of its steps without calling finish"
                 f"{_repetition(store, last.id)}. A model too weak for the tools often does this; "
@@ -125,7 +125,7 @@ def rest_of_reply(streamed: str, text: str) -> str:
 
 def _usage(daemon, task_id: str) -> dict:
     tokens_in = tokens_out = 0
-    for trajectory in daemon.store.trajectories_of(task_id):
+    for trajectory in daemon.store.reports.trajectories_of(task_id):
         tokens_in += trajectory.tokens_in
         tokens_out += trajectory.tokens_out
     return {"prompt_tokens": tokens_in, "completion_tokens": tokens_out, "total_tokens": tokens_in + tokens_out}

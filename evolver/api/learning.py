@@ -38,13 +38,13 @@ def learning(store: ExperienceStore, config: Config, *, now: float | None = None
     windows = {}
     for name, seconds in WINDOWS.items():
         since = now - seconds
-        by_source = store.task_results(since=since)
+        by_source = store.reports.task_results(since=since)
         mine_tokens, mine_usd = store.spent(since=since, purpose=PERSON_PURPOSES)
         all_tokens, all_usd = store.spent(since=since)
         windows[name] = {
             "person": _results(by_source, evaluations=False),
             "evaluations": _results(by_source, evaluations=True),
-            **store.learned_since(since),
+            **store.reports.learned_since(since),
             "spend": {
                 "person": {"tokens": mine_tokens, "usd": round(mine_usd, 6)},
                 "background": {"tokens": all_tokens - mine_tokens, "usd": round(all_usd - mine_usd, 6)},
@@ -52,11 +52,12 @@ def learning(store: ExperienceStore, config: Config, *, now: float | None = None
         }
     e = config.evolution
     failures = [
-        {"at": ev.at, "what": ev.what} for ev in store.list_events(kind="job_failed", since=now - 86400, limit=5)
+        {"at": ev.at, "what": ev.what}
+        for ev in store.reports.list_events(kind="job_failed", since=now - 86400, limit=5)
     ]
     return {
         "windows": windows,
-        "incumbent": store.get_meta("incumbent"),
+        "incumbent": store.reports.get_meta("incumbent"),
         "best_candidate": best_candidate(store, e.min_evaluations, e.promotion_quantile),
         "job_failures": failures,
     }
@@ -71,7 +72,7 @@ def curve(
     now = time.time() if now is None else now
     since = now - days * 86400
     period_s = days * 86400 / periods
-    found = dict(store.results_over_time(since=since, period_s=period_s))
+    found = dict(store.reports.results_over_time(since=since, period_s=period_s))
     points = [
         {
             "start": round(since + n * period_s, 3),

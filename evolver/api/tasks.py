@@ -141,10 +141,10 @@ def cancel(task_id: str, request: Request) -> dict:
 def feedback(task_id: str, body: FeedbackIn, request: Request) -> dict:
     store = _daemon(request).store
     store.inbox.get_task(task_id)
-    last = store.last_trajectory(task_id)
+    last = store.reports.last_trajectory(task_id)
     if last is None:
         return error_response(409, "conflict", f"task {task_id} has no answer yet to give feedback on")
-    outcome = store.add_feedback(last.id, good=body.good, note=body.note)
+    outcome = store.reports.add_feedback(last.id, good=body.good, note=body.note)
     return asdict(outcome)
 
 

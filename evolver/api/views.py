@@ -28,7 +28,7 @@ def task_json(task, store: ExperienceStore, *, attempts: int | None = None) -> d
     data = {f.name: getattr(task, f.name) for f in fields(task)}
     data.pop("lease_token", None)  # a fencing detail of the inbox, not the client's business
     data["claims"] = data.pop("attempts")
-    data["attempts"] = attempts if attempts is not None else store.trajectory_counts([task.id])[task.id]
+    data["attempts"] = attempts if attempts is not None else store.reports.trajectory_counts([task.id])[task.id]
     return data
 
 
@@ -37,8 +37,8 @@ def task_list(
 ) -> dict:
     tasks = store.inbox.list_tasks(status=status, source=source, limit=limit + 1, offset=offset)
     more = len(tasks) > limit
-    counts = store.trajectory_counts([t.id for t in tasks[:limit]])
-    short = store.short_ids([t.id for t in tasks[:limit]])
+    counts = store.reports.trajectory_counts([t.id for t in tasks[:limit]])
+    short = store.reports.short_ids([t.id for t in tasks[:limit]])
     return {
         "tasks": [{**task_json(t, store, attempts=counts[t.id]), "short_id": short[t.id]} for t in tasks[:limit]],
         "next_offset": offset + limit if more else None,
@@ -61,14 +61,14 @@ def memories_of(store: ExperienceStore, trajectory_id: str) -> dict:
 def task_detail(store: ExperienceStore, task_id: str) -> dict:
     task = store.inbox.get_task(task_id)
     trajectories = []
-    for trajectory in store.trajectories_of(task_id):
-        outcome = store.outcome(trajectory.id)
+    for trajectory in store.reports.trajectories_of(task_id):
+        outcome = store.reports.outcome(trajectory.id)
         trajectories.append(
             {
                 **asdict(trajectory),
                 "outcome": asdict(outcome) if outcome else None,
                 "memories": memories_of(store, trajectory.id),
-                "steps": [asdict(s) for s in store.steps(trajectory.id)],
+                "steps": [asdict(s) for s in store.reports.steps(trajectory.id)],
             }
         )
     return {**task_json(task, store, attempts=len(trajectories)), "trajectories": trajectories}
@@ -124,7 +124,7 @@ def tools(store: ExperienceStore, *, status: str = "active", mcp: list[dict] | N
     }
     if mcp is not None:
         names = [t["name"] for t in mcp if t["name"]]  # a server left out has none
-        calls, measured = store.tool_calls(names), store.effects("tool", dict.fromkeys(names, 0.0))
+        calls, measured = store.reports.tool_calls(names), store.effects("tool", dict.fromkeys(names, 0.0))
         shown["mcp"] = [
             {
                 **t,
@@ -160,19 +160,19 @@ def node(store: ExperienceStore, node_id: str) -> dict:
     return {
         **asdict(found),
         "scaffold": scaffold_of(store, found).model_dump(mode="json"),
-        "incumbent": store.get_meta("incumbent") == node_id,
+        "incumbent": store.reports.get_meta("incumbent") == node_id,
         "evaluations": [asdict(e) for e in store.tree.evaluations_of(node_id)],
         "hook_effects": store.tree.hook_effects(node_id),
     }
 
 
 def history(store: ExperienceStore, *, kind: str | None = None, limit: int = 100) -> dict:
-    return {"events": [asdict(e) for e in store.list_events(kind=kind, limit=limit)]}
+    return {"events": [asdict(e) for e in store.reports.list_events(kind=kind, limit=limit)]}
 
 
 def resolve_id(store: ExperienceStore, short: str) -> dict:
     """What a short id (a unique prefix) names: its kind and full id; a trajectory's task too."""
-    kind, full = store.resolve_id(short)
+    kind, full = store.reports.resolve_id(short)
     found = {"kind": kind, "id": full}
     if kind == "trajectory":
         found["task_id"] = store.get_trajectory(full).task_id
@@ -182,8 +182,8 @@ def resolve_id(store: ExperienceStore, short: str) -> dict:
 def event_detail(store: ExperienceStore, event_id: int) -> dict:
     """One event whole: what, why, its evidence, its payload, and the insight changes it made (each
     insight before and after) or the tool changes it recorded."""
-    event = store.get_event(event_id)
-    reverted_by = [e.id for e in store.list_events(kind="revert", limit=1000) if e.reverts == event_id]
+    event = store.reports.get_event(event_id)
+    reverted_by = [e.id for e in store.reports.list_events(kind="revert", limit=1000) if e.reverts == event_id]
     return {
         **asdict(event),
         "insight_changes": store.insight_changes_of(event_id),

@@ -46,7 +46,7 @@ def _solve(lab, rules: list[dict]):
         task.prompt, check={**task.check_data(), "timeout_s": _TIMEOUT_S}, source="bench", metadata=task.metadata()
     )
     result = lab.engine.agent(scaffold).run_task(stored)
-    seen = [s.content for s in lab.engine.store.steps(result.trajectory_ids[-1]) if s.role == "tool"]
+    seen = [s.content for s in lab.engine.store.reports.steps(result.trajectory_ids[-1]) if s.role == "tool"]
     return result, seen
 
 

@@ -96,7 +96,7 @@ NOTHING_NEW = Unchanged("no new trajectories since the last round")
 
 
 def watermark(store: ExperienceStore) -> tuple[float, str] | None:
-    raw = store.get_meta(WATERMARK_KEY)
+    raw = store.reports.get_meta(WATERMARK_KEY)
     return None if raw is None else tuple(json.loads(raw))  # type: ignore[return-value]
 
 
@@ -124,9 +124,9 @@ def _prompt(store: ExperienceStore, batch, shown) -> str:
         else:
             lines.append(f"   No answer ({_outcome(success)})")
         if trajectory.status != "finished" or success is False:
-            seen = behaviour(trajectory.status, success, store.steps(trajectory.id, limit=200))
+            seen = behaviour(trajectory.status, success, store.reports.steps(trajectory.id, limit=200))
             lines.append(f"   What it did: {seen.describe()}")
-            outcome = store.outcome(trajectory.id)
+            outcome = store.reports.outcome(trajectory.id)
             if outcome is not None and outcome.verifier_output:
                 lines.append(f"   The verifier said: {clip(outcome.verifier_output, 200, one_line=True)}")
         if success is not None:
@@ -154,13 +154,13 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
     try:
         return _distill(store, model, config, max_ops=max_ops)
     except _Unusable as unusable:
-        refusals = json.loads(store.get_meta(REFUSALS_KEY) or "{}")
+        refusals = json.loads(store.reports.get_meta(REFUSALS_KEY) or "{}")
         count = refusals.get("count", 0) + 1 if refusals.get("mark") == unusable.new_mark else 1
         if count < GIVE_UP_AFTER:
-            store.set_meta(REFUSALS_KEY, json.dumps({"mark": unusable.new_mark, "count": count}))
+            store.reports.set_meta(REFUSALS_KEY, json.dumps({"mark": unusable.new_mark, "count": count}))
             raise unusable.error from None
         with store.transaction():
-            store.append_event(
+            store.reports.append_event(
                 "distill_skipped",
                 f"{len(unusable.evidence)} trajectories left undistilled after "
                 f"{count} unusable answers: {clip(str(unusable.error), 200)}",
@@ -168,8 +168,8 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
                 evidence=unusable.evidence,
                 payload={"error": str(unusable.error)},
             )
-            store.set_meta(WATERMARK_KEY, unusable.new_mark)
-            store.set_meta(REFUSALS_KEY, "{}")
+            store.reports.set_meta(WATERMARK_KEY, unusable.new_mark)
+            store.reports.set_meta(REFUSALS_KEY, "{}")
         return (
             f"gave up on {len(unusable.evidence)} trajectories after {count} unusable answers "
             f"(last: {clip(str(unusable.error), 120)})"
@@ -194,7 +194,7 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
     shown = numbered(store, limit=cap)
     new_mark = json.dumps([recent[-1][0].finished_at, recent[-1][0].id])
     if not batch:  # only attempts cut short (cancelled, errors, the budget): nothing to learn, move on
-        store.set_meta(WATERMARK_KEY, new_mark)
+        store.reports.set_meta(WATERMARK_KEY, new_mark)
         return f"{len(recent)} trajectories cut short (cancelled or an error); nothing to distill"
     shape = DistillAnswer if shown else FirstLessons
     structured = json_schema_format("insight_operations", shape) if config.model.structured_output else None
@@ -230,7 +230,7 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
     # The event, its insight changes and the watermark commit together: a kill between
     # them would otherwise leave the round applied but unmarked, and the next run repeat it.
     with store.transaction():
-        event = store.append_event(
+        event = store.reports.append_event(
             "distill",
             f"{len(ops)} insight operations from {len(batch)} trajectories: {named}{left_out}",
             why="contrast of new trajectories with similar past ones",
@@ -247,5 +247,5 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
             merge_threshold=config.evolution.insight_merge_threshold,
             event_id=event.id,
         )
-        store.set_meta(WATERMARK_KEY, new_mark)
+        store.reports.set_meta(WATERMARK_KEY, new_mark)
     return f"{len(ops)} operations ({summary}) from {len(batch)} trajectories"

@@ -362,7 +362,7 @@ class Jobs:
         scheduled = {j.id: j for j in self.scheduler.get_jobs()}
         last: dict[str, dict] = {}
         for kind in ("job", "job_failed"):
-            for event in self.host.store.list_events(kind=kind, limit=500):
+            for event in self.host.store.reports.list_events(kind=kind, limit=500):
                 name = (event.payload or {}).get("job")
                 if name in self.jobs and (name not in last or event.at > last[name]["at"]):
                     last[name] = {"at": event.at, "ok": kind == "job", "summary": event.what}
@@ -468,7 +468,7 @@ class Jobs:
         payload = {"job": job.name, "seconds": round(seconds, 3)}
         if retry_in is not None:
             payload |= {"failures": self._failures[job.name], "retry_in_s": round(retry_in)}
-        event = self.host.store.append_event(
+        event = self.host.store.reports.append_event(
             "job" if ok else "job_failed", f"{job.name}: {summary}", why=job.description, payload=payload
         )
         return JobRound(job=job.name, ok=ok, summary=summary, seconds=seconds, event_id=event.id)

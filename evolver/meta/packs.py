@@ -85,7 +85,7 @@ def _event_provenance(store: ExperienceStore, event_id: int | None) -> dict:
     if event_id is None:
         return {}
     try:
-        event = store.get_event(event_id)
+        event = store.reports.get_event(event_id)
     except NotFound:
         return {}
     packs = [f"pack:{event.payload['pack'][:16]}"] if event.kind == "import" and event.payload.get("pack") else []
@@ -154,7 +154,7 @@ def _tool_items(
         made = _event_provenance(store, tool.event_id)
         evidence = []
         if tool.event_id is not None:
-            evidence = store.get_event(tool.event_id).evidence
+            evidence = store.reports.get_event(tool.event_id).evidence
         count, prompts = _prompts(store, list(evidence))
         provenance = {
             "trajectories": count,

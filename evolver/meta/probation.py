@@ -85,6 +85,6 @@ def probation_round(store: ExperienceStore, config: Config) -> list[str]:
 
 def _activate(store: ExperienceStore, insight_id: int, kind: str, op: str, what: str, *, why: str, cap: int) -> Event:
     with store.transaction():  # the event, the change and any retirement over the cap: all or nothing
-        event = store.append_event(kind, what, why=why)
+        event = store.reports.append_event(kind, what, why=why)
         apply_changes(store, [{"op": op, "id": insight_id, "status": "active"}], cap=cap, event_id=event.id)
     return event

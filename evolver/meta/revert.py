@@ -27,7 +27,7 @@ class RevertError(ValueError):
 
 
 def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted by hand") -> Event:
-    event = store.get_event(event_id)  # NotFound names the id
+    event = store.reports.get_event(event_id)  # NotFound names the id
     if event.kind in ("promote", "rollback", "seed"):
         raise RevertError(f"event {event_id} changed the served node; use `evolver rollback` to serve another")
     rows = store.insight_changes_of(event_id)
@@ -35,7 +35,7 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
     node_changes = event.payload.get("node_changes") or []
     if not rows and not tool_changes and not node_changes:
         raise RevertError(f"event {event_id} ({event.kind}) changed no insight or tool; there is nothing to revert")
-    if any(e.reverts == event_id for e in store.list_events(kind="revert", limit=10_000)):
+    if any(e.reverts == event_id for e in store.reports.list_events(kind="revert", limit=10_000)):
         raise RevertError(f"event {event_id} was already reverted")
     # Every check before any change: a revert is whole or not at all.
     insights = _insights_before(store, event_id, rows)
@@ -124,7 +124,7 @@ def _nodes_before(store: ExperienceStore, event: Event, changes: list[dict]) -> 
     out = []
     for change in changes:
         node = store.tree.get_node(change["id"])
-        if store.get_meta(INCUMBENT_KEY) == node.id:
+        if store.reports.get_meta(INCUMBENT_KEY) == node.id:
             raise RevertError(
                 f"node {node.id} is served now; serve another first (`evolver rollback`), then revert event {event.id}"
             )

@@ -118,9 +118,9 @@ class ChatTurns:
 
 def result_of(store, task: Task) -> TaskResult:
     """The result of ``task``, which has ended, as the store holds it: its last attempt's answer."""
-    trajectories = store.trajectories_of(task.id)
+    trajectories = store.reports.trajectories_of(task.id)
     last = trajectories[-1] if trajectories else None
-    outcome = store.outcome(last.id) if last is not None else None
+    outcome = store.reports.outcome(last.id) if last is not None else None
     return TaskResult(
         task_id=task.id,
         status="failed" if task.status is TaskStatus.DEAD else str(task.status),

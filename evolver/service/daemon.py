@@ -355,7 +355,8 @@ class Daemon:
                 "tokens_per_day": b.tokens_per_day,
                 "usd_per_day": b.usd_per_day,
                 "by_model": {
-                    m: {"tokens": t, "usd": round(u, 6)} for m, (t, u) in self.store.spent_by_model(since=day).items()
+                    m: {"tokens": t, "usd": round(u, 6)}
+                    for m, (t, u) in self.store.reports.spent_by_model(since=day).items()
                 },
             },
             "incumbent": node.id if node else None,

@@ -141,7 +141,7 @@ def _attempts(store: ExperienceStore, node: Node) -> str:
     lines, left, seen = [], SAMPLE_CHARS, []
     for evaluation in done[:SAMPLE]:
         trajectory = store.get_trajectory(evaluation.trajectory_id)
-        steps = store.steps(trajectory.id, limit=200)
+        steps = store.reports.steps(trajectory.id, limit=200)
         did = behaviour(trajectory.status, evaluation.success, steps)
         trace = " | ".join(f"{s.role}: {clip(s.content, 160, one_line=True)}" for s in steps[:12] if s.content)
         outcome = "SUCCEEDED" if evaluation.success else "FAILED"

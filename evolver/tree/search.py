@@ -172,11 +172,11 @@ class TreeSearch:
             except BudgetExceeded:  # a gate, not a failure: nothing was spent
                 raise
             except Exception:
-                self.store.set_meta(FAILED_STEPS_KEY, str(self.failed_steps() + 1))
+                self.store.reports.set_meta(FAILED_STEPS_KEY, str(self.failed_steps() + 1))
                 raise
 
     def failed_steps(self) -> int:
-        return int(self.store.get_meta(FAILED_STEPS_KEY) or 0)
+        return int(self.store.reports.get_meta(FAILED_STEPS_KEY) or 0)
 
     def _step(self) -> str:
         notes = self.reconcile()
@@ -269,7 +269,7 @@ class TreeSearch:
             )
             if reason:
                 node = self.store.tree.set_node_status(node.id, status, reason=reason)
-            self.store.append_event(
+            self.store.reports.append_event(
                 "propose",
                 f"node {node.id} proposed from {parent.id}" + (f" (invalid: {reason[:200]})" if reason else ""),
                 why=proposal.rationale,
@@ -296,7 +296,7 @@ class TreeSearch:
         except (InvalidProposal, ScaffoldError) as exc:
             with self.store.transaction():  # the verdict and its event, or (after a crash) neither
                 self.store.tree.set_node_status(node.id, "invalid", reason=str(exc))
-                self.store.append_event(
+                self.store.reports.append_event(
                     "node_invalid",
                     f"node {node.id} is invalid: {str(exc)[:200]}",
                     why=str(exc),
@@ -306,7 +306,7 @@ class TreeSearch:
             return f"invalid: {exc}"
         with self.store.transaction():
             self.store.tree.set_node_status(node.id, "evaluating")
-            self.store.append_event(
+            self.store.reports.append_event(
                 "node_valid",
                 f"node {node.id} passed validation",
                 node_id=node.id,
@@ -452,7 +452,7 @@ class TreeSearch:
         evaluation = self.store.tree.get_evaluation(int(evaluation_id))
         if evaluation.status != "running":
             return None
-        last = self.store.last_verdict(task.id)
+        last = self.store.reports.last_verdict(task.id)
         if task.status in ("done", "failed") and last is not None and last[1] is not None:
             self.store.tree.finish_evaluation(evaluation.id, success=last[1], trajectory_id=last[0])
         else:  # cancelled, dead, or ended before a verdict (a model error, no budget): it counts for nothing
@@ -526,9 +526,11 @@ class TreeSearch:
             f"incumbent's {incumbent_counts[0]}/{sum(incumbent_counts)} bound {theirs:.3f}"
         )
         if e.require_approval:
-            asked = [ev for ev in self.store.list_events(kind="promotion_ready", limit=1000) if ev.node_id == best.id]
+            asked = [
+                ev for ev in self.store.reports.list_events(kind="promotion_ready", limit=1000) if ev.node_id == best.id
+            ]
             if not asked:
-                self.store.append_event(
+                self.store.reports.append_event(
                     "promotion_ready",
                     f"node {best.id} is ready to replace {current.id}; approve with `evolver promote {best.id}`",
                     why=why,
@@ -589,7 +591,7 @@ def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
     clade = policy.clade_counts(train)
     nodes = []
     listed = store.tree.list_nodes()
-    short = store.short_ids([n.id for n in listed])
+    short = store.reports.short_ids([n.id for n in listed])
     for node, stats in zip(listed, train):
         s, f = clade[node.id]
         held = test[node.id]
@@ -609,4 +611,4 @@ def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
                 "bound": round(policy.lower_bound(held.successes, held.failures, quantile), 4),
             }
         )
-    return {"incumbent": store.get_meta("incumbent"), "quantile": quantile, "nodes": nodes}
+    return {"incumbent": store.reports.get_meta("incumbent"), "quantile": quantile, "nodes": nodes}

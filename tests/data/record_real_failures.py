@@ -94,7 +94,7 @@ def main() -> None:
                 result = engine.agent(scaffold).run_task(task)
                 for trajectory_id in result.trajectory_ids:
                     trajectory = engine.store.get_trajectory(trajectory_id)
-                    outcome = engine.store.outcome(trajectory_id)
+                    outcome = engine.store.reports.outcome(trajectory_id)
                     print(f"{item.id}: {trajectory.status}", file=sys.stderr)
                     if trajectory.status == "finished":
                         continue
@@ -111,7 +111,7 @@ def main() -> None:
                                     "tool_calls": s.tool_calls,
                                     "tool_results": s.tool_results,
                                 }
-                                for s in engine.store.steps(trajectory_id)
+                                for s in engine.store.reports.steps(trajectory_id)
                             ],
                         }
                     )
