@@ -6,8 +6,12 @@ writes Chroma, and only afterwards clears their outbox rows. A crash between
 the two stores therefore leaves the work in the outbox, and ``open`` finishes it
 (``reconcile``). The index can always be rebuilt from SQLite (``reindex``).
 
-This module holds the store's plumbing and its entities; keeping the index in
-step lives in ``indexing.py`` and answering queries in ``retrieval.py``.
+``Store`` opens the one database object (``database.py``) and composes the parts
+over it that are roles of their own: ``store.inbox``, ``store.tree`` and
+``store.reports``. It keeps the rest itself for now: an attempt's records, what is
+learned, and the ledger, with the parts still mixed in (keeping the index in step,
+``indexing.py``; answering queries, ``retrieval.py``; the insight and tool logs;
+measured effects).
 """
 
 from __future__ import annotations
