@@ -2,10 +2,12 @@
 
 Each role is a protocol: what an agent asks (``AgentStore``, in ``memory.roles``), the inbox, the tree
 search's nodes and evaluations, what is learned, and the reports the views read. ``ExperienceStore`` is
-all of them with the store's upkeep, and the SQLite + Chroma ``Store`` keeps it. The engine depends on
-these, never on that class, so a server-database implementation later is a new class that keeps them,
-not a rewrite; only ``evolver.storage`` names the class, to open one (a test checks both). Each method
-means what ``Store``'s own docstring says.
+all of them with the store's upkeep, and the SQLite + Chroma ``Store`` keeps it: the agent's role and
+what is learned as its own methods, the inbox, the tree's records and the reports as parts of their own
+(``store.inbox``, ``store.tree``, ``store.reports``). The engine depends on these, never on that class,
+so a server-database implementation later is a new class that keeps them, not a rewrite; only
+``evolver.storage`` names the class, to open one (a test checks both). Each method means what its
+implementation's docstring says.
 """
 
 from __future__ import annotations
