@@ -165,7 +165,7 @@ OPEN_AND_WRITE = textwrap.dedent("""
     try:
         store = Store.open(pathlib.Path(sys.argv[1]))
         stage = "write"
-        store.add_task("written where nothing may be written")
+        store.inbox.add_task("written where nothing may be written")
         result = {"error": None}
     except Exception as exc:
         result = {"error": type(exc).__name__, "message": str(exc), "stage": stage}
@@ -293,7 +293,7 @@ FILL_THE_DISK = textwrap.dedent("""
     root = pathlib.Path(sys.argv[1])
     store = Store.open(root / "data")
     for i in range(20):
-        store.add_task(f"earlier task {i}")
+        store.inbox.add_task(f"earlier task {i}")
     filler = os.open(root / "filler", os.O_WRONLY | os.O_CREAT)
     for size in (1 << 20, 1 << 12, 1 << 9):
         try:
@@ -304,7 +304,7 @@ FILL_THE_DISK = textwrap.dedent("""
     os.close(filler)
 
     errors = []
-    for write in (lambda: store.add_task("a task on a full disk " + "x" * 300_000),
+    for write in (lambda: store.inbox.add_task("a task on a full disk " + "x" * 300_000),
                   lambda: store.ingest([NewTrajectory(prompt="a trajectory on a full disk " + "y" * 300_000)],
                                        sync=False)):
         try:
@@ -313,11 +313,11 @@ FILL_THE_DISK = textwrap.dedent("""
         except StoreError as exc:
             errors.append([type(exc).__name__, str(exc)])
     os.remove(root / "filler")
-    store.add_task("after space was freed")
+    store.inbox.add_task("after space was freed")
     store.close()
 
     with Store.open(root / "data") as again:
-        prompts = sorted(t.prompt for t in again.list_tasks(limit=100))
+        prompts = sorted(t.prompt for t in again.inbox.list_tasks(limit=100))
         print(json.dumps({"errors": errors, "prompts": prompts, "check": again.check()}))
 """)
 
