@@ -1,7 +1,6 @@
 """What the views read and the history they show (the ``Reports`` role, ``store.reports``: a part of the
 store composed over its database): ids and their short forms, a task's attempts, their steps and
-outcomes, a person's verdict, spend and results over time, the evolution events and the store's small
-named settings (``meta``).
+outcomes, a person's verdict, spend and results over time, and the evolution events.
 """
 
 from __future__ import annotations
@@ -25,15 +24,6 @@ class ReportRecords:
         verdict changes what a trajectory is indexed with)."""
         self.database = database
         self._sync_index = sync_index
-
-    def get_meta(self, key: str) -> str | None:
-        """A small named setting of the store (``meta``)."""
-        row = self.database.one("SELECT value FROM meta WHERE key = ?", [key])
-        return None if row is None else row["value"]
-
-    def set_meta(self, key: str, value: str) -> None:
-        with self.database.write() as db:
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
 
     def resolve_id(self, short: str) -> tuple[str, str]:
         """The kind ("task", "trajectory", "node") and full id of a unique prefix of one, as git takes a

@@ -160,7 +160,7 @@ class Store(IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
             stored = self.database.writer.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()
         # The index opened, so it is (now) built with this model; say so where the data lives.
         if stored is None or stored[0] != self.embedder.model_id:
-            self.reports.set_meta("embedding_model", self.embedder.model_id)
+            self.set_meta("embedding_model", self.embedder.model_id)
 
     def _open_index(self, *, rebuild: bool) -> None:
         try:
@@ -197,6 +197,16 @@ class Store(IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
 
     def migrations(self) -> list[str]:
         return self.database.migrations()
+
+    def get_meta(self, key: str) -> str | None:
+        """A small named setting of the store (``meta``): the incumbent node, a job's watermark, the
+        embedding model the index was built with."""
+        row = self.database.one("SELECT value FROM meta WHERE key = ?", [key])
+        return None if row is None else row["value"]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.database.write() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
 
     # --- tasks ---------------------------------------------------------------
 

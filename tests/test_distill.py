@@ -83,7 +83,7 @@ def test_bad_model_output_fails_the_round_and_changes_nothing(engine, reply, pro
     with pytest.raises(InsightOpError, match=problem):
         distill_round(e.store, e.model, e.config)
     assert e.store.list_insights(status=None) == [] and e.store.reports.list_events(kind="distill") == []
-    assert e.store.reports.get_meta(WATERMARK_KEY) is None  # the same trajectories are seen again next round
+    assert e.store.get_meta(WATERMARK_KEY) is None  # the same trajectories are seen again next round
 
 
 def test_the_watermark_survives_a_restart(engine, open_store, tmp_path):
@@ -107,7 +107,7 @@ def test_no_budget_for_background_work_stops_the_round_cleanly(engine):
     _experience(e.store)
     with pytest.raises(BudgetExceeded, match="background token share"):
         distill_round(e.store, e.model, e.config)
-    assert e.store.list_insights(status=None) == [] and e.store.reports.get_meta(WATERMARK_KEY) is None
+    assert e.store.list_insights(status=None) == [] and e.store.get_meta(WATERMARK_KEY) is None
 
 
 def test_a_failed_round_is_a_loud_job_failed_event(engine):
@@ -320,7 +320,7 @@ def test_attempts_cut_short_by_something_else_teach_nothing_and_move_the_waterma
     assert distill_round(e.store, e.model, e.config) == (
         "2 trajectories cut short (cancelled or an error); nothing to distill"
     )
-    assert e.store.list_insights() == [] and e.store.reports.get_meta(WATERMARK_KEY) is not None
+    assert e.store.list_insights() == [] and e.store.get_meta(WATERMARK_KEY) is not None
 
 
 REAL = Path(__file__).parent / "data" / "real_model_failures.json"  # tests/data/record_real_failures.py
@@ -520,9 +520,7 @@ def test_a_batch_the_model_keeps_answering_unusably_is_passed_after_three_tries(
     for _ in range(GIVE_UP_AFTER - 1):
         with pytest.raises(InsightOpError, match="copies the example"):
             distill_round(e.store, e.model, e.config)
-        assert e.store.reports.get_meta(WATERMARK_KEY) is None and not e.store.reports.list_events(
-            kind="distill_skipped"
-        )
+        assert e.store.get_meta(WATERMARK_KEY) is None and not e.store.reports.list_events(kind="distill_skipped")
     summary = distill_round(e.store, e.model, e.config)
     assert summary.startswith(f"gave up on 2 trajectories after {GIVE_UP_AFTER} unusable answers")
     (event,) = e.store.reports.list_events(kind="distill_skipped")

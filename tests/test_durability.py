@@ -115,17 +115,17 @@ def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_
     store.ingest(
         [NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i), success=i % 2 == 0) for i in range(2)]
     )
-    set_meta = store.reports.set_meta
+    set_meta = store.set_meta
 
     def killed_before_the_watermark(key, value):
         if key == WATERMARK_KEY:
             raise _Killed()
         set_meta(key, value)
 
-    monkeypatch.setattr(store.reports, "set_meta", killed_before_the_watermark)
+    monkeypatch.setattr(store, "set_meta", killed_before_the_watermark)
     with pytest.raises(_Killed):
         distill_round(store, engine.model, config)
-    monkeypatch.setattr(store.reports, "set_meta", set_meta)  # the next daemon
+    monkeypatch.setattr(store, "set_meta", set_meta)  # the next daemon
     distill_round(store, engine.model, config)
     assert len(store.reports.list_events(kind="distill")) == 1, "the round ran again on the same trajectories"
     (insight,) = store.list_insights()

@@ -515,7 +515,7 @@ def test_a_node_travels_as_a_proposed_child_of_the_incumbent_and_a_revert_withdr
     (item,) = report["items"]
     assert item["status"] == "added" and item["kind"] == "node"
     imported = target.store.tree.get_node(item["detail"]["node_id"])
-    served = target.store.reports.get_meta("incumbent")
+    served = target.store.get_meta("incumbent")
     assert (imported.status, imported.parent_id, imported.scaffold_hash) == ("proposed", served, child.hash)
     assert "max_steps" in imported.diff and "fewer steps" in imported.rationale
     revert_event(target.store, report["event_id"])

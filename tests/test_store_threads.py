@@ -17,18 +17,18 @@ def test_a_reader_never_sees_another_threads_uncommitted_rows(store):
     def writer() -> None:
         with store.database.write() as db:
             db.execute("INSERT INTO meta (key, value) VALUES ('pending', 'yes')")
-            seen_inside.append(store.reports.get_meta("pending"))  # its own row, not yet committed
+            seen_inside.append(store.get_meta("pending"))  # its own row, not yet committed
             inside.set()
             release.wait(10)
 
     thread = threading.Thread(target=writer)
     thread.start()
     assert inside.wait(10)
-    assert store.reports.get_meta("pending") is None  # this thread reads committed data only
+    assert store.get_meta("pending") is None  # this thread reads committed data only
     release.set()
     thread.join()
     assert seen_inside == ["yes"]
-    assert store.reports.get_meta("pending") == "yes"
+    assert store.get_meta("pending") == "yes"
 
 
 def test_many_threads_submitting_and_reading_at_once(store):
@@ -94,7 +94,7 @@ def test_a_writer_reads_its_own_rows_through_nested_blocks_and_others_through_it
         ((task, _),) = store.inbox.add_tasks([{"prompt": "inside"}])
         assert store.inbox.get_task(task.id).prompt == "inside"  # add_tasks nested in this block
     assert store.database.reader() is not store.database.writer
-    assert store.reports.get_meta("outer") == "1" and store.reports.get_meta("inner") == "2"
+    assert store.get_meta("outer") == "1" and store.get_meta("inner") == "2"
     assert store.inbox.get_task(task.id).prompt == "inside"
 
 
@@ -106,14 +106,14 @@ def test_a_rolled_back_write_is_seen_by_nobody(store):
         with store.database.write() as db:
             db.execute("INSERT INTO meta (key, value) VALUES ('doomed', 'x')")
             raise Boom
-    assert store.reports.get_meta("doomed") is None
+    assert store.get_meta("doomed") is None
     seen: list = []
-    thread = threading.Thread(target=lambda: seen.append(store.reports.get_meta("doomed")))
+    thread = threading.Thread(target=lambda: seen.append(store.get_meta("doomed")))
     thread.start()
     thread.join()
     assert seen == [None]
     with store.database.write():
-        assert store.reports.get_meta("doomed") is None
+        assert store.get_meta("doomed") is None
     assert store.database.reader() is not store.database.writer  # the depth went back to zero after the error
 
 

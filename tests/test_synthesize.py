@@ -267,9 +267,7 @@ def test_a_tool_that_fails_quarantine_is_rejected_with_the_reason(engine, reply,
     (event,) = e.store.reports.list_events(kind="tool_rejected")
     assert reason in event.payload["reason"], event.payload["reason"]
     assert event.payload["code"] and event.payload["tool_changes"] == []
-    assert (
-        json.loads(e.store.reports.get_meta(WATERMARK_KEY))["until"] is None
-    )  # the window is done: not proposed again
+    assert json.loads(e.store.get_meta(WATERMARK_KEY))["until"] is None  # the window is done: not proposed again
     assert synthesize_round(e) == "no new trajectories since the last round"
 
 
@@ -288,7 +286,7 @@ def test_a_malformed_answer_fails_the_round_and_changes_nothing(engine, reply, p
     with pytest.raises(SynthesisError, match=problem):
         synthesize_round(e)
     assert e.store.list_tools(status=None) == [] and _tool_events(e.store) == []
-    assert e.store.reports.get_meta(WATERMARK_KEY) is None  # the same window is seen again
+    assert e.store.get_meta(WATERMARK_KEY) is None  # the same window is seen again
 
 
 def test_the_model_may_decline(engine):
@@ -313,7 +311,7 @@ def test_code_seen_in_one_task_only_is_no_opportunity(engine):
     )
     assert synthesize_round(e).startswith("no opportunity")
     assert e.store.database.one("SELECT count(*) AS n FROM ledger")["n"] == 0  # no model call for nothing
-    assert json.loads(e.store.reports.get_meta(WATERMARK_KEY))["until"] is None
+    assert json.loads(e.store.get_meta(WATERMARK_KEY))["until"] is None
 
 
 def test_a_failure_that_lacked_a_capability_is_an_opportunity(engine):
@@ -358,7 +356,7 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     with pytest.raises(BudgetExceeded):
         synthesize_round(e)
     (first,) = e.store.list_tools()
-    state = json.loads(e.store.reports.get_meta(WATERMARK_KEY))
+    state = json.loads(e.store.get_meta(WATERMARK_KEY))
     assert state["until"] is not None and len(state["done"]) == 1  # the window stays open, one opportunity done
     assert len(e.store.reports.list_events(kind="tool_registered")) == 1
     e.close()
@@ -373,7 +371,7 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     summary = synthesize_round(e2)
     assert summary.startswith("registered") and first.name not in summary
     assert sorted(t.name for t in e2.store.list_tools()) == ["reverse_text", "shout"]
-    assert json.loads(e2.store.reports.get_meta(WATERMARK_KEY))["until"] is None
+    assert json.loads(e2.store.get_meta(WATERMARK_KEY))["until"] is None
 
 
 def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_path):

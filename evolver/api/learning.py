@@ -57,7 +57,7 @@ def learning(store: ExperienceStore, config: Config, *, now: float | None = None
     ]
     return {
         "windows": windows,
-        "incumbent": store.reports.get_meta("incumbent"),
+        "incumbent": store.get_meta("incumbent"),
         "best_candidate": best_candidate(store, e.min_evaluations, e.promotion_quantile),
         "job_failures": failures,
     }

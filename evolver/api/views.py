@@ -160,7 +160,7 @@ def node(store: ExperienceStore, node_id: str) -> dict:
     return {
         **asdict(found),
         "scaffold": scaffold_of(store, found).model_dump(mode="json"),
-        "incumbent": store.reports.get_meta("incumbent") == node_id,
+        "incumbent": store.get_meta("incumbent") == node_id,
         "evaluations": [asdict(e) for e in store.tree.evaluations_of(node_id)],
         "hook_effects": store.tree.hook_effects(node_id),
     }

@@ -96,7 +96,7 @@ NOTHING_NEW = Unchanged("no new trajectories since the last round")
 
 
 def watermark(store: ExperienceStore) -> tuple[float, str] | None:
-    raw = store.reports.get_meta(WATERMARK_KEY)
+    raw = store.get_meta(WATERMARK_KEY)
     return None if raw is None else tuple(json.loads(raw))  # type: ignore[return-value]
 
 
@@ -154,10 +154,10 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
     try:
         return _distill(store, model, config, max_ops=max_ops)
     except _Unusable as unusable:
-        refusals = json.loads(store.reports.get_meta(REFUSALS_KEY) or "{}")
+        refusals = json.loads(store.get_meta(REFUSALS_KEY) or "{}")
         count = refusals.get("count", 0) + 1 if refusals.get("mark") == unusable.new_mark else 1
         if count < GIVE_UP_AFTER:
-            store.reports.set_meta(REFUSALS_KEY, json.dumps({"mark": unusable.new_mark, "count": count}))
+            store.set_meta(REFUSALS_KEY, json.dumps({"mark": unusable.new_mark, "count": count}))
             raise unusable.error from None
         with store.transaction():
             store.reports.append_event(
@@ -168,8 +168,8 @@ def distill_round(store: ExperienceStore, model: Model, config: Config, *, max_o
                 evidence=unusable.evidence,
                 payload={"error": str(unusable.error)},
             )
-            store.reports.set_meta(WATERMARK_KEY, unusable.new_mark)
-            store.reports.set_meta(REFUSALS_KEY, "{}")
+            store.set_meta(WATERMARK_KEY, unusable.new_mark)
+            store.set_meta(REFUSALS_KEY, "{}")
         return (
             f"gave up on {len(unusable.evidence)} trajectories after {count} unusable answers "
             f"(last: {clip(str(unusable.error), 120)})"
@@ -194,7 +194,7 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
     shown = numbered(store, limit=cap)
     new_mark = json.dumps([recent[-1][0].finished_at, recent[-1][0].id])
     if not batch:  # only attempts cut short (cancelled, errors, the budget): nothing to learn, move on
-        store.reports.set_meta(WATERMARK_KEY, new_mark)
+        store.set_meta(WATERMARK_KEY, new_mark)
         return f"{len(recent)} trajectories cut short (cancelled or an error); nothing to distill"
     shape = DistillAnswer if shown else FirstLessons
     structured = json_schema_format("insight_operations", shape) if config.model.structured_output else None
@@ -247,5 +247,5 @@ def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: i
             merge_threshold=config.evolution.insight_merge_threshold,
             event_id=event.id,
         )
-        store.reports.set_meta(WATERMARK_KEY, new_mark)
+        store.set_meta(WATERMARK_KEY, new_mark)
     return f"{len(ops)} operations ({summary}) from {len(batch)} trajectories"

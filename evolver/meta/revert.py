@@ -124,7 +124,7 @@ def _nodes_before(store: ExperienceStore, event: Event, changes: list[dict]) -> 
     out = []
     for change in changes:
         node = store.tree.get_node(change["id"])
-        if store.reports.get_meta(INCUMBENT_KEY) == node.id:
+        if store.get_meta(INCUMBENT_KEY) == node.id:
             raise RevertError(
                 f"node {node.id} is served now; serve another first (`evolver rollback`), then revert event {event.id}"
             )

@@ -131,7 +131,7 @@ class _Candidate:
 
 
 def _state(store: ExperienceStore) -> dict:
-    raw = store.reports.get_meta(WATERMARK_KEY)
+    raw = store.get_meta(WATERMARK_KEY)
     state = {"after": None, "until": None, "done": []}
     if raw is not None:
         state.update(json.loads(raw))
@@ -491,9 +491,9 @@ def synthesize_round(engine: Engine) -> str:
         outcomes.append(_take(engine, files, opportunity, state))
         state = _state(store)
     if len(todo) <= config.evolution.tools_per_round:  # the window is done: the next one starts after it
-        store.reports.set_meta(WATERMARK_KEY, json.dumps({"after": state["until"], "until": None, "done": []}))
+        store.set_meta(WATERMARK_KEY, json.dumps({"after": state["until"], "until": None, "done": []}))
     else:
-        store.reports.set_meta(WATERMARK_KEY, json.dumps(state))
+        store.set_meta(WATERMARK_KEY, json.dumps(state))
     left = max(0, len(todo) - config.evolution.tools_per_round)
     summary = "; ".join(outcomes) if outcomes else "no opportunity"
     return f"{summary} ({len(window)} trajectories{f', {left} opportunities left for the next round' if left else ''})"

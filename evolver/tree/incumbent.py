@@ -26,13 +26,13 @@ class IncumbentError(ValueError):
 
 def ensure_root(store: ExperienceStore, seed: Scaffold) -> Node:
     """Make sure the tree has a root (the seed scaffold) and an incumbent; return the incumbent."""
-    current = store.reports.get_meta(KEY)
+    current = store.get_meta(KEY)
     if current is not None:
         return store.tree.get_node(current)
     store.tree.put_scaffold(seed.hash, seed.canonical_json())
     roots = [n for n in store.tree.list_nodes() if n.parent_id is None]
     root = roots[0] if roots else store.tree.add_node(seed.hash, status="promoted", rationale="the seed scaffold")
-    store.reports.set_meta(KEY, root.id)
+    store.set_meta(KEY, root.id)
     store.reports.append_event(
         "seed",
         f"serving the seed scaffold as node {root.id}",
@@ -43,7 +43,7 @@ def ensure_root(store: ExperienceStore, seed: Scaffold) -> Node:
 
 
 def incumbent(store: ExperienceStore) -> Node | None:
-    node_id = store.reports.get_meta(KEY)
+    node_id = store.get_meta(KEY)
     return None if node_id is None else store.tree.get_node(node_id)
 
 
@@ -62,10 +62,10 @@ def _switch(store: ExperienceStore, kind: str, node_id: str, why: str, *, revert
         if node.status in UNSERVABLE:
             raise IncumbentError(f"node {node_id} is {node.status}; only a validated node can be served")
         scaffold_of(store, node)  # refuse a node whose snapshot no longer loads
-        previous = store.reports.get_meta(KEY)
+        previous = store.get_meta(KEY)
         if previous == node_id:
             raise IncumbentError(f"node {node_id} is already the incumbent")
-        store.reports.set_meta(KEY, node_id)
+        store.set_meta(KEY, node_id)
         if node.status != "promoted":
             store.tree.set_node_status(node_id, "promoted")
         # "promoted" is the node being served: the one it replaces goes back to evaluated (two nodes
@@ -98,7 +98,7 @@ def rollback(store: ExperienceStore, node_id: str | None = None, *, why: str = "
     rolled back from)."""
     if node_id is not None:
         return _switch(store, "rollback", node_id, why)
-    current = store.reports.get_meta(KEY)
+    current = store.get_meta(KEY)
     for event in store.reports.list_events(limit=1000):
         if event.kind == "rollback" and event.reverts is not None:
             continue

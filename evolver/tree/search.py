@@ -172,11 +172,11 @@ class TreeSearch:
             except BudgetExceeded:  # a gate, not a failure: nothing was spent
                 raise
             except Exception:
-                self.store.reports.set_meta(FAILED_STEPS_KEY, str(self.failed_steps() + 1))
+                self.store.set_meta(FAILED_STEPS_KEY, str(self.failed_steps() + 1))
                 raise
 
     def failed_steps(self) -> int:
-        return int(self.store.reports.get_meta(FAILED_STEPS_KEY) or 0)
+        return int(self.store.get_meta(FAILED_STEPS_KEY) or 0)
 
     def _step(self) -> str:
         notes = self.reconcile()
@@ -611,4 +611,4 @@ def tree_view(store: ExperienceStore, quantile: float = 0.05) -> dict:
                 "bound": round(policy.lower_bound(held.successes, held.failures, quantile), 4),
             }
         )
-    return {"incumbent": store.reports.get_meta("incumbent"), "quantile": quantile, "nodes": nodes}
+    return {"incumbent": store.get_meta("incumbent"), "quantile": quantile, "nodes": nodes}
