@@ -156,10 +156,8 @@ class Store(IndexMaintenance, Retrieval, InsightLog, ToolLog, Exposures):
 
     def _migrate(self) -> None:
         self.database.migrate()
-        with self.database.errors():
-            stored = self.database.writer.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()
         # The index opened, so it is (now) built with this model; say so where the data lives.
-        if stored is None or stored[0] != self.embedder.model_id:
+        if self.get_meta("embedding_model") != self.embedder.model_id:
             self.set_meta("embedding_model", self.embedder.model_id)
 
     def _open_index(self, *, rebuild: bool) -> None:
