@@ -109,11 +109,11 @@ def measure_keyword_pruning(store: Store, queries: list[str]) -> dict:
     saved = memory_search.POSTINGS_BUDGET
     for q in queries:
         pruned = search(q)
-        pruned_context = [h.trajectory_id for h in store.context(q).trajectories]
+        pruned_context = [h.trajectory_id for h in store.retrieval.context(q).trajectories]
         memory_search.POSTINGS_BUDGET = None
         try:
             full = search(q)
-            full_context = [h.trajectory_id for h in store.context(q).trajectories]
+            full_context = [h.trajectory_id for h in store.retrieval.context(q).trajectories]
         finally:
             memory_search.POSTINGS_BUDGET = saved
         same_context += pruned_context == full_context
@@ -167,7 +167,7 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
                 floor_s += time.perf_counter() - t
                 floor_n += len(sample)
                 t = time.perf_counter()
-                store.ingest(chunk)
+                store.attempts.ingest(chunk)
                 ingest_s += time.perf_counter() - t
                 if (start // INGEST_CHUNK) % 5 == 4 or start + len(chunk) == n:
                     log(
@@ -179,15 +179,15 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
 
             # --- insights and tools of a realistic size ---
             for text in insight_texts(N_INSIGHTS, seed=n + 1):
-                store.add_insight(text, importance=rng.randint(1, 3))
+                store.insights.add_insight(text, importance=rng.randint(1, 3))
             for name, description in tool_specs(N_TOOLS, seed=n + 2):
-                store.add_tool(
+                store.tools.add_tool(
                     name, description=description, code_hash=f"{rng.getrandbits(64):016x}", origin="synthesized"
                 )
 
             # --- latency: full context vs the floor, alternately, same queries ---
             for q in task_texts(10, seed=QUERY_SEED - 1):  # warm-up, not measured
-                store.context(q)
+                store.retrieval.context(q)
                 store.index.query("trajectories", model.encode([q], normalize_embeddings=True)[0], 20)
             context_ms, floor_ms, sizes = [], [], []
             fetch = max(3 * options.candidates_per_result, 20)  # what context fetches per collection
@@ -201,7 +201,7 @@ def bench_size(n: int, n_queries: int, embedder: Embedder, options: StoreOptions
 
                 def run_context(q=q):
                     t = time.perf_counter()
-                    ctx = store.context(q)
+                    ctx = store.retrieval.context(q)
                     context_ms.append((time.perf_counter() - t) * 1e3)
                     sizes.append((len(ctx.trajectories), len(ctx.insights), len(ctx.tools)))
 

@@ -79,7 +79,9 @@ def run(engine, scaffold, tasks) -> dict:
             "turns": sum(s.role in ("assistant", "answer", "reflection", "plan") for s in steps),
             "tokens": sum(s.tokens_in + s.tokens_out for s in steps),
             "wall_s": round(time.perf_counter() - started, 1),
-            "ended": engine.store.get_trajectory(result.trajectory_ids[-1]).status if result.trajectory_ids else None,
+            "ended": engine.store.attempts.get_trajectory(result.trajectory_ids[-1]).status
+            if result.trajectory_ids
+            else None,
         }
         log(f"{pack_task.id}: {'solved' if result.success else 'failed'} ({work[pack_task.id]})")
     n = len(tasks) or 1

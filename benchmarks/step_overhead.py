@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = task_texts(args.store_size + args.tasks, seed=11)
         started = time.perf_counter()
         for start in range(0, args.store_size, 2000):
-            store.ingest(
+            store.attempts.ingest(
                 [
                     NewTrajectory(prompt=t, final_answer="ok", success=i % 3 != 0)
                     for i, t in enumerate(texts[start : min(start + 2000, args.store_size)])
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         context_ms, render_ms = [], []
         for query in queries:
             t0 = time.perf_counter()
-            context = store.context(
+            context = store.retrieval.context(
                 query, trajectories=params.similar_trajectories, insights=params.insights, tools=params.tools
             )
             t1 = time.perf_counter()

@@ -92,10 +92,10 @@ class Engine:
                     "SANDBOX DEGRADED: bubblewrap is unavailable; model-written code runs as a plain "
                     "subprocess with limits, not isolated from your files"
                 )
-            budget = BudgetGuard(config.budget, store)  # one set of caps over both models
-            model = ModelClient(config.model, store=store, budget=budget)
+            budget = BudgetGuard(config.budget, store.ledger)  # one set of caps over both models
+            model = ModelClient(config.model, ledger=store.ledger, budget=budget)
             meta = (
-                ModelClient(config.meta.settings(config.model), store=store, budget=budget, section="meta")
+                ModelClient(config.meta.settings(config.model), ledger=store.ledger, budget=budget, section="meta")
                 if config.meta.name
                 else None
             )
@@ -118,7 +118,7 @@ class Engine:
             sandbox=sandbox,
             registry=registry,
             data_dir=data_dir,
-            toolbox=Toolbox(store, registry, data_dir),
+            toolbox=Toolbox(store.agent, registry, data_dir),
             mcp=servers,
             meta_model=meta,
         )
@@ -176,7 +176,7 @@ class Engine:
     def agent(self, scaffold: Scaffold | None = None, *, node_id: str | None = None) -> Agent:
         self.toolbox.refresh()  # between tasks: retirements and new tools take effect here
         return Agent(
-            store=self.store,
+            store=self.store.agent,
             model=self.model,
             sandbox=self.sandbox,
             registry=self.registry.snapshot(),

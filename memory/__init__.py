@@ -6,6 +6,7 @@ keyword search. This package depends on no other package of the project.
 """
 
 from . import _offline  # noqa: F401  (before chromadb, transformers, litellm)
+from .attempts import NewTrajectory
 from .effects import Effect
 from .embedder import Embedder, bundled_model_path
 from .errors import (
@@ -21,7 +22,18 @@ from .errors import (
 )
 from .inbox import TERMINAL as TERMINAL_STATUSES
 from .inbox import Lease
-from .protocol import ExperienceStore, InboxStore, LearnedStore, Reports, TreeStore
+from .protocol import (
+    AttemptStore,
+    ExperienceStore,
+    ExposureStore,
+    InboxStore,
+    InsightStore,
+    LearnedStore,
+    Reports,
+    RetrievalStore,
+    ToolStore,
+    TreeStore,
+)
 from .records import (
     Context,
     Ending,
@@ -41,17 +53,23 @@ from .records import (
     Trajectory,
     TrajectoryHit,
 )
-from .roles import AgentStore
+from .roles import AgentStore, CallLedger
 from .search import Filters
-from .store import NewTrajectory, Store, StoreOptions, new_id
+from .store import Store, StoreOptions, new_id
 from .tool_log import NewTool, RecordedCall
 
 __all__ = [
     "ExperienceStore",
     "AgentStore",
+    "CallLedger",
     "InboxStore",
     "TreeStore",
     "LearnedStore",
+    "AttemptStore",
+    "InsightStore",
+    "ToolStore",
+    "ExposureStore",
+    "RetrievalStore",
     "Reports",
     "Store",
     "StoreOptions",

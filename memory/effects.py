@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ._host import StoreHost
+from .database import Database
 from .search import learnable_sql
 
 __all__ = ["Effect", "Exposures"]
@@ -121,8 +121,11 @@ def _rate(successes: int, failures: int) -> float:
     return (successes + 1) / (successes + failures + 2)
 
 
-class Exposures(StoreHost):
-    """The part of ``Store`` that records exposures and measures effects (a mixin)."""
+class Exposures:
+    """Exposures and measured effects (``store.exposures``, a part composed over the store's database)."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
 
     def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None:
         """Note, in one write, what the attempt was shown: ``{"insight": ids, "tool": names}``;

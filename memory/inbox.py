@@ -149,6 +149,22 @@ class Inbox:
             required(self.database.one("SELECT * FROM tasks WHERE id = ?", [task_id]), "task", task_id)
         )
 
+    def set_task_status(
+        self, task_id: str, status: str, *, error: str | None = None, ending: Ending | None = None
+    ) -> Task:
+        checked = TaskStatus.of(status)  # a status no task has is refused, naming them
+        now = time.time()
+        finished = now if checked in TERMINAL else None
+        with self.database.write() as db:
+            cursor = db.execute(
+                "UPDATE tasks SET status = ?, error = ?, ending = ?, updated_at = ?, "
+                "finished_at = coalesce(?, finished_at) WHERE id = ?",
+                [checked.value, error, None if ending is None else Ending(ending).value, now, finished, task_id],
+            )
+            if cursor.rowcount == 0:
+                raise NotFound(f"No task with id {task_id!r}.")
+        return self.get_task(task_id)
+
     def list_tasks(
         self, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
     ) -> list[Task]:

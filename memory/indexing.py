@@ -5,19 +5,28 @@ the change. ``sync_index`` embeds those rows, writes Chroma, and only then
 clears their outbox rows (if no newer change came meanwhile), so a crash
 between the two stores loses nothing: the next sync finishes the work. A
 trajectory waits there while its attempt runs, and enters the index when it ends.
+
+``IndexUpkeep`` is the store's own (``Store.sync_index``, ``reconcile``, ``reindex`` call it), composed
+over its database and handed the index as it is now: none while a reader shares the daemon's, or once the
+store is closed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 
-from ._host import StoreHost
+from .database import Database
 from .db import INDEXED_COLLECTIONS
+from .embedder import Embedder
 from .errors import StoreError
+from .index import VectorIndex
+from .options import StoreOptions
 
-__all__ = ["IndexMaintenance"]
+__all__ = ["IndexUpkeep"]
 
 
 # What the index is owed, less the attempts still running: a trajectory enters the index once, when it ends,
@@ -34,9 +43,30 @@ def _text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-class IndexMaintenance(StoreHost):
-    """The part of ``Store`` that writes the vector index (a mixin: it uses the
-    store's connection, lock, embedder and index)."""
+class IndexUpkeep:
+    """Writes the vector index from the outbox, and mends or rebuilds it (see the module)."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        options: StoreOptions,
+        embedder: Embedder,
+        index: Callable[[], VectorIndex | None],
+        readonly: bool,
+        db_path: Path,
+    ) -> None:
+        self.database = database
+        self.options = options
+        self.embedder = embedder
+        self._index = index
+        self.readonly = readonly
+        self.db_path = db_path
+        self._lock = threading.Lock()  # one sync at a time: a row is embedded and written once
+
+    @property
+    def index(self) -> VectorIndex | None:
+        return self._index()
 
     def _documents(self, collection: str, ids: list[str]) -> dict[str, tuple[str, dict]]:
         """The text to embed and the metadata of each indexable row among ``ids``."""
@@ -88,7 +118,7 @@ class IndexMaintenance(StoreHost):
         if self.database.writing:
             return 0  # inside a transaction: ``transaction()`` syncs once it has committed
         done = 0
-        with self._index_lock:
+        with self._lock:
             while True:
                 pending = self.database.all(_PENDING_SQL, [self.options.index_batch])
                 if not pending:

@@ -1,11 +1,13 @@
 """The experience store as interfaces sized to their consumers: what the rest of the project may ask.
 
-Each role is a protocol: what an agent asks (``AgentStore``, in ``memory.roles``), the inbox, the tree
-search's nodes and evaluations, what is learned, and the reports the views read. ``ExperienceStore`` is
-all of them with the store's upkeep, and the SQLite + Chroma ``Store`` keeps it: the agent's role and
-what is learned as its own methods, the inbox, the tree's records and the reports as parts of their own
-(``store.inbox``, ``store.tree``, ``store.reports``). The engine depends on these, never on that class,
-so a server-database implementation later is a new class that keeps them, not a rewrite; only
+Each role is a protocol: what an agent asks (``AgentStore``, in ``memory.roles``, with the ledger of model
+calls it extends), the inbox, the tree search's nodes and evaluations, what is learned (an attempt's
+records, insights, tools, exposures and retrieval) and the reports the views read. ``ExperienceStore``
+is all of them with the store's upkeep, and the SQLite + Chroma ``Store`` keeps it: each role is a part
+of its own composed over the store's database (``store.agent``, ``store.inbox``, ``store.tree``,
+``store.attempts``, ``store.insights``, ``store.tools``, ``store.exposures``, ``store.retrieval``,
+``store.ledger``, ``store.reports``). The engine depends on these, never on that class, so a
+server-database implementation later is a new class that keeps them, not a rewrite; only
 ``evolver.storage`` names the class, to open one (a test checks both). Each method means what its
 implementation's docstring says.
 """
@@ -16,11 +18,13 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from .attempts import NewTrajectory
 from .effects import Effect
 from .embedder import Embedder
 from .inbox import Lease
 from .index import VectorIndex
 from .records import (
+    Context,
     Ending,
     Evaluation,
     Event,
@@ -36,12 +40,24 @@ from .records import (
     Trajectory,
     TrajectoryHit,
 )
-from .roles import AgentStore
+from .roles import AgentStore, CallLedger
 from .search import Filters
-from .store import NewTrajectory
 from .tool_log import NewTool, RecordedCall
 
-__all__ = ["ExperienceStore", "AgentStore", "InboxStore", "TreeStore", "LearnedStore", "Reports"]
+__all__ = [
+    "ExperienceStore",
+    "AgentStore",
+    "CallLedger",
+    "InboxStore",
+    "TreeStore",
+    "LearnedStore",
+    "AttemptStore",
+    "InsightStore",
+    "ToolStore",
+    "ExposureStore",
+    "RetrievalStore",
+    "Reports",
+]
 
 
 class InboxStore(Protocol):
@@ -61,6 +77,9 @@ class InboxStore(Protocol):
     ) -> tuple[Task, bool]: ...
     def add_tasks(self, items: list[dict]) -> list[tuple[Task, bool]]: ...
     def get_task(self, task_id: str) -> Task: ...
+    def set_task_status(
+        self, task_id: str, status: str, *, error: str | None = None, ending: Ending | None = None
+    ) -> Task: ...
     def list_tasks(
         self, *, status: str | None = None, source: str | None = None, limit: int = 50, offset: int = 0
     ) -> list[Task]: ...
@@ -124,18 +143,60 @@ class TreeStore(Protocol):
     def hook_effects(self, node_id: str) -> dict[str, dict[str, int]]: ...
 
 
-class LearnedStore(Protocol):
-    """What is learned and what it is learned from: finished attempts, insights, synthesized tools and the
-    effects their exposures measure (``evolver.meta``)."""
+class AttemptStore(Protocol):
+    """An attempt's records, and the finished attempts the learners read (``store.attempts``,
+    ``memory.attempts``)."""
 
-    def search_trajectories(
-        self, query: str, *, k: int = 5, filters: Filters | None = None, vector=None
-    ) -> list[TrajectoryHit]: ...
-    def search_insights(self, query: str, *, k: int = 5, vector=None, probation: bool = False) -> list[InsightHit]: ...
-    def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]: ...
+    def start_trajectory(self, task_id: str, *, node_id: str | None = None, attempt: int = 1) -> Trajectory: ...
+    def add_step(
+        self,
+        trajectory_id: str,
+        *,
+        role: str,
+        content: str,
+        tool_calls: list | None = None,
+        tool_results: list | None = None,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        cost_usd: float = 0.0,
+        duration_ms: float = 0.0,
+    ) -> Step: ...
+    def finish_trajectory(self, trajectory_id: str, *, status: str, final_answer: str | None = None) -> Trajectory: ...
+    def get_trajectory(self, trajectory_id: str) -> Trajectory: ...
+    def finished_since(
+        self, mark: tuple[float, str] | None, *, limit: int = 100
+    ) -> list[tuple[Trajectory, bool | None]]: ...
+    def finished_until(self, mark: tuple[float, str], *, limit: int = 100) -> list[str]: ...
+    def learnable(self, trajectory_ids: list[str]) -> set[str]: ...
+    def record_outcome(
+        self,
+        trajectory_id: str,
+        *,
+        success: bool | None,
+        score: float | None = None,
+        verifier: str | None = None,
+        verifier_output: str | None = None,
+    ) -> Outcome: ...
+    def ingest(self, items: list[NewTrajectory], *, sync: bool = True) -> list[str]: ...
+    def reflections(self, trajectory_ids: list[str]) -> dict[str, str]: ...
+
+
+class InsightStore(Protocol):
+    """The insights and their history (``store.insights``, ``memory.insight_log``)."""
+
     def add_insight(
         self, text: str, *, importance: int = 2, provenance: list | None = None, node_id: str | None = None
     ) -> Insight: ...
+    def update_insight(
+        self,
+        insight_id: int,
+        *,
+        text: str | None = None,
+        importance: int | None = None,
+        status: str | None = None,
+        provenance: list | None = None,
+    ) -> Insight: ...
+    def get_insight(self, insight_id: int) -> Insight: ...
     def list_insights(self, *, status: str | tuple[str, ...] | None = "active", limit: int = 100) -> list[Insight]: ...
     def apply_insight_changes(self, changes: list[dict], *, event_id: int | None = None) -> list[Insight]: ...
     def record_insight_changes(
@@ -151,11 +212,29 @@ class LearnedStore(Protocol):
         payload: dict | None = None,
         reverts: int | None = None,
     ) -> Event: ...
-    def insight_changes_of(self, event_id: int) -> list[dict]: ...
     def insight_history(self, insight_id: int) -> list[dict]: ...
-    def active_tool(self, name: str) -> ToolRecord | None: ...
-    def next_tool_version(self, name: str) -> int: ...
-    def recorded_calls(self, trajectory_ids: list[str], *, tool: str | None = None) -> list[RecordedCall]: ...
+    def insight_changes_of(self, event_id: int) -> list[dict]: ...
+
+
+class ToolStore(Protocol):
+    """The synthesized tools, their use and their changes (``store.tools``, ``memory.tool_log``)."""
+
+    def add_tool(
+        self,
+        name: str,
+        *,
+        description: str,
+        code_hash: str,
+        origin: str,
+        status: str = "active",
+        version: int | None = None,
+        node_id: str | None = None,
+        event_id: int | None = None,
+    ) -> ToolRecord: ...
+    def set_tool_status(self, tool_id: int, status: str) -> ToolRecord: ...
+    def record_tool_use(self, tool_id: int, *, ok: bool) -> ToolRecord: ...
+    def get_tool(self, tool_id: int) -> ToolRecord: ...
+    def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]: ...
     def apply_tool_changes(
         self,
         kind: str,
@@ -171,17 +250,63 @@ class LearnedStore(Protocol):
         reverts: int | None = None,
         meta: dict[str, str] | None = None,
     ) -> Event: ...
-    def exposures_of(self, trajectory_id: str) -> dict[str, list[str]]: ...
-    def effects(self, kind: str, since: dict[str, float], *, promotion: bool = False) -> dict[str, Effect]: ...
+    def active_tool(self, name: str) -> ToolRecord | None: ...
+    def next_tool_version(self, name: str) -> int: ...
+    def tool_events(self, tool_id: int) -> list[Event]: ...
+    def recorded_calls(self, trajectory_ids: list[str], *, tool: str | None = None) -> list[RecordedCall]: ...
+
+
+class ExposureStore(Protocol):
+    """What attempts were shown, and the effects measured from it (``store.exposures``,
+    ``memory.effects``)."""
+
+    def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None: ...
     def record_measurements(self, kind: str, measured: Mapping[str, tuple[Effect, str | None]]) -> None: ...
     def verdicts(self, kind: str, items: Iterable[str]) -> dict[str, str]: ...
-    def finished_since(
-        self, mark: tuple[float, str] | None, *, limit: int = 100
-    ) -> list[tuple[Trajectory, bool | None]]: ...
-    def finished_until(self, mark: tuple[float, str], *, limit: int = 100) -> list[str]: ...
-    def learnable(self, trajectory_ids: list[str]) -> set[str]: ...
-    def reflections(self, trajectory_ids: list[str]) -> dict[str, str]: ...
-    def ingest(self, items: list[NewTrajectory], *, sync: bool = True) -> list[str]: ...
+    def exposures_of(self, trajectory_id: str) -> dict[str, list[str]]: ...
+    def effects(self, kind: str, since: dict[str, float], *, promotion: bool = False) -> dict[str, Effect]: ...
+
+
+class RetrievalStore(Protocol):
+    """Similarity queries over attempts, insights and tools (``store.retrieval``,
+    ``memory.retrieval``)."""
+
+    def search_trajectories(
+        self, query: str, *, k: int = 5, filters: Filters | None = None, vector=None
+    ) -> list[TrajectoryHit]: ...
+    def search_insights(self, query: str, *, k: int = 5, vector=None, probation: bool = False) -> list[InsightHit]: ...
+    def search_tools(self, query: str, *, k: int = 5, vector=None) -> list[ToolHit]: ...
+    def context(
+        self,
+        query: str,
+        *,
+        trajectories: int = 3,
+        insights: int = 5,
+        tools: int = 5,
+        successful_only: bool = True,
+        probation: bool = False,
+    ) -> Context: ...
+
+
+class LearnedStore(Protocol):
+    """What is learned and what it is learned from (``evolver.meta``): finished attempts, insights,
+    synthesized tools, the effects their exposures measure, and retrieval over them; each a part of its
+    own, composed over the store's database."""
+
+    @property
+    def attempts(self) -> AttemptStore: ...
+
+    @property
+    def insights(self) -> InsightStore: ...
+
+    @property
+    def tools(self) -> ToolStore: ...
+
+    @property
+    def exposures(self) -> ExposureStore: ...
+
+    @property
+    def retrieval(self) -> RetrievalStore: ...
 
 
 class Reports(Protocol):
@@ -219,8 +344,14 @@ class Reports(Protocol):
     def list_events(self, *, kind: str | None = None, since: float = 0.0, limit: int = 100) -> list[Event]: ...
 
 
-class ExperienceStore(AgentStore, LearnedStore, Protocol):
+class ExperienceStore(LearnedStore, Protocol):
     """Every role, and the store's upkeep: what the daemon and the CLI, which own a store, hold."""
+
+    @property
+    def agent(self) -> AgentStore: ...
+
+    @property
+    def ledger(self) -> CallLedger: ...
 
     @property
     def reports(self) -> Reports: ...
@@ -241,5 +372,7 @@ class ExperienceStore(AgentStore, LearnedStore, Protocol):
     def check(self) -> list[str]: ...
     def get_meta(self, key: str) -> str | None: ...
     def set_meta(self, key: str, value: str) -> None: ...
+    def sync_index(self, *, progress: Callable[[int], None] | None = None) -> int: ...
     def reconcile(self) -> dict[str, int]: ...
     def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int: ...
+    def close(self) -> None: ...

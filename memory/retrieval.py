@@ -1,17 +1,24 @@
-"""Hybrid retrieval: vector similarity from Chroma fused with FTS5 keyword search.
+"""Hybrid retrieval: vector similarity from Chroma fused with FTS5 keyword search (``store.retrieval``).
 
 Reciprocal rank fusion of the two rankings, with filters on trajectories
 (success, time window, scaffold node); ``context`` gathers one task's examples,
 insights and tools for a single query embedding.
+
+A part composed over the store's database, handed the store's options, its embedder, the index as it
+is now (none while a reader shares the daemon's, or once the store is closed) and the verdicts items
+earned (``store.exposures``), by which it prefers those measured to help.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._host import StoreHost
+from .database import Database
+from .embedder import Embedder
+from .index import VectorIndex
+from .options import StoreOptions
 from .records import Context, InsightHit, ToolHit, TrajectoryHit
 from .search import Filters, fuse, keyword_search
 
@@ -48,9 +55,30 @@ class _Pending:
         return self._value
 
 
-class Retrieval(StoreHost):
-    """The part of ``Store`` that answers similarity queries (a mixin: it uses the
-    store's connection, embedder and index)."""
+class Retrieval:
+    """Similarity queries over what the store holds (see the module)."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        options: StoreOptions,
+        embedder: Embedder,
+        index: Callable[[], VectorIndex | None],
+        verdicts: Callable[[str, Iterable[str]], dict[str, str]],
+        context_from: Callable[..., Context] | None = None,
+    ) -> None:
+        """``context_from``: a store beside the index's owner asks it for a task's context instead."""
+        self.database = database
+        self.options = options
+        self.embedder = embedder
+        self._index = index
+        self._verdicts = verdicts
+        self.context_from = context_from
+
+    @property
+    def index(self) -> VectorIndex | None:
+        return self._index()
 
     def _vector_hits(self, collection: str, vector, k: int, filters: Filters | None) -> list[tuple[str, float]]:
         """Nearest ids, filtered. Unfiltered HNSW search is fast and metadata-filtered
@@ -187,7 +215,7 @@ class Retrieval(StoreHost):
         }
         found = [(rows[i], score, similarity, rank) for i, score, similarity, rank in fused if i in rows]
         kind, key = MEASURED_BY[collection]
-        verdicts = self.verdicts(kind, [str(row[key]) for row, *_ in found])
+        verdicts = self._verdicts(kind, [str(row[key]) for row, *_ in found])
         said = [(*f, verdicts.get(str(f[0][key]))) for f in found]
         return sorted(said, key=lambda f: f[4] != "helps")[:k]  # stable: relevance within each side
 

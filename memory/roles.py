@@ -3,8 +3,9 @@
 ``AgentStore`` is exactly what an agent's run of a task uses (``evolver.agent``: retrieval, its attempt
 and steps, the outcome, the tools it may call, exposures, the ledger of its model calls), and exactly
 what a Ray node's ``RecordingStore`` implements. The agent package imports this role and the records,
-never the store (an import-linter contract in pyproject.toml holds it). ``ExperienceStore``
-(``memory.protocol``) is this role and the others together.
+never the store (an import-linter contract in pyproject.toml holds it); the store answers it as
+``store.agent``. ``CallLedger`` is the part of it a model client needs (``store.ledger``: its calls
+charged, what was spent). ``ExperienceStore`` (``memory.protocol``) is these roles and the others together.
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ from typing import Protocol
 
 from .records import Context, Ending, LedgerEntry, Outcome, Step, Task, ToolRecord, Trajectory
 
-__all__ = ["AgentStore"]
+__all__ = ["AgentStore", "CallLedger"]
 
 
-class AgentStore(Protocol):
-    def context(
-        self,
-        query: str,
-        *,
-        trajectories: int = 3,
-        insights: int = 5,
-        tools: int = 5,
-        successful_only: bool = True,
-        probation: bool = False,
-    ) -> Context: ...
+class CallLedger(Protocol):
+    """The ledger of model calls (``store.ledger``): what a model client charges each call to, and what the
+    budget's caps read."""
+
     def spent(
         self, *, since: float = 0.0, purpose: str | tuple[str, ...] | None = None, task_id: str | None = None
     ) -> tuple[int, float]: ...
@@ -43,6 +37,22 @@ class AgentStore(Protocol):
         task_id: str | None = None,
         node_id: str | None = None,
     ) -> LedgerEntry: ...
+
+
+class AgentStore(CallLedger, Protocol):
+    """What an agent's run of a task asks (see the module), as ``store.agent``; its model calls go to the
+    ledger it extends."""
+
+    def context(
+        self,
+        query: str,
+        *,
+        trajectories: int = 3,
+        insights: int = 5,
+        tools: int = 5,
+        successful_only: bool = True,
+        probation: bool = False,
+    ) -> Context: ...
     def get_trajectory(self, trajectory_id: str) -> Trajectory: ...
     def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]: ...
     def get_tool(self, tool_id: int) -> ToolRecord: ...
@@ -75,4 +85,3 @@ class AgentStore(Protocol):
     def set_task_status(
         self, task_id: str, status: str, *, error: str | None = None, ending: Ending | None = None
     ) -> Task: ...
-    def close(self) -> None: ...

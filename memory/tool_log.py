@@ -1,4 +1,6 @@
-"""Changes to the synthesized tools, each applied together with the event that records it.
+"""The synthesized tools: their rows and versions, their use, the real calls the agent made, and changes to
+them, each applied together with the event that records it (``store.tools``, a part composed over the
+store's database, handed the event log and the index's sync).
 
 A tool change is a new tool row (a new tool, or a new version of one) and/or
 status changes of existing rows (replaced, retired, reverted, active again).
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from ._host import StoreHost
+from .database import Database, required
 from .errors import NotFound
 from .records import Event, ToolRecord
 
@@ -45,8 +49,78 @@ class RecordedCall:
     finished_at: float | None = None  # when the trajectory ended
 
 
-class ToolLog(StoreHost):
-    """The part of ``Store`` that records tool changes and reads real tool calls (a mixin)."""
+class _Events(Protocol):
+    def get_event(self, event_id: int) -> Event: ...
+
+
+class ToolLog:
+    """The synthesized tools and their changes (see the module)."""
+
+    def __init__(self, database: Database, *, events: _Events, sync_index: Callable[[], object]) -> None:
+        self.database = database
+        self._events = events
+        self._sync_index = sync_index
+
+    def add_tool(
+        self,
+        name: str,
+        *,
+        description: str,
+        code_hash: str,
+        origin: str,
+        status: str = "active",
+        version: int | None = None,
+        node_id: str | None = None,
+        event_id: int | None = None,
+    ) -> ToolRecord:
+        now = time.time()
+        with self.database.write() as db:
+            if version is None:
+                version = db.execute(
+                    "SELECT coalesce(max(version), 0) + 1 FROM tools WHERE name = ?", [name]
+                ).fetchone()[0]
+            cursor = db.execute(
+                """INSERT INTO tools (name, version, description, code_hash, status, origin, node_id, event_id,
+                   created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)""",
+                [name, version, description, code_hash, status, origin, node_id, event_id, now, now],
+            )
+            tool_id = cursor.lastrowid
+            assert tool_id is not None  # an INSERT just ran
+        self._sync_index()
+        return self.get_tool(tool_id)
+
+    def set_tool_status(self, tool_id: int, status: str) -> ToolRecord:
+        with self.database.write() as db:
+            cursor = db.execute(
+                "UPDATE tools SET status = ?, updated_at = ? WHERE id = ?", [status, time.time(), tool_id]
+            )
+            if cursor.rowcount == 0:
+                raise NotFound(f"No tool with id {tool_id!r}.")
+        self._sync_index()
+        return self.get_tool(tool_id)
+
+    def record_tool_use(self, tool_id: int, *, ok: bool) -> ToolRecord:
+        with self.database.write() as db:
+            cursor = db.execute(
+                "UPDATE tools SET uses = uses + 1, successes = successes + ?, failures = failures + ?, updated_at = ? "
+                "WHERE id = ?",
+                [int(ok), int(not ok), time.time(), tool_id],
+            )
+            if cursor.rowcount == 0:
+                raise NotFound(f"No tool with id {tool_id!r}.")
+        return self.get_tool(tool_id)
+
+    def get_tool(self, tool_id: int) -> ToolRecord:
+        return ToolRecord.from_row(
+            required(self.database.one("SELECT * FROM tools WHERE id = ?", [tool_id]), "tool", tool_id)
+        )
+
+    def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]:
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        return [
+            ToolRecord.from_row(r)
+            for r in self.database.all(f"SELECT * FROM tools {where} ORDER BY name, version", params)
+        ]
 
     def apply_tool_changes(
         self,
@@ -112,8 +186,8 @@ class ToolLog(StoreHost):
                 db.execute("UPDATE tools SET event_id = ? WHERE id = ?", [event_id, new_id])
             for key, value in (meta or {}).items():
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", [key, value])
-        self.sync_index()
-        return self.reports.get_event(event_id)
+        self._sync_index()
+        return self._events.get_event(event_id)
 
     def active_tool(self, name: str) -> ToolRecord | None:
         row = self.database.one(
@@ -173,15 +247,3 @@ class ToolLog(StoreHost):
                     )
                 )
         return calls
-
-    def reflections(self, trajectory_ids: list[str]) -> dict[str, str]:
-        """The reflection written after each of these trajectories failed, by trajectory id."""
-        if not trajectory_ids:
-            return {}
-        marks = ",".join("?" * len(trajectory_ids))
-        rows = self.database.all(
-            f"SELECT trajectory_id, content FROM steps WHERE role = 'reflection' "
-            f"AND trajectory_id IN ({marks}) ORDER BY seq",
-            list(trajectory_ids),
-        )
-        return {r["trajectory_id"]: r["content"] for r in rows}

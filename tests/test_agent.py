@@ -58,7 +58,7 @@ def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_f
     steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert steps[0].tool_calls[0]["name"] == "run_python" and steps[1].content == "42"
     assert steps[0].tokens_in > 0
-    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
     assert (trajectory.status, trajectory.final_answer) == ("finished", "42")
     assert trajectory.tokens_in == sum(s.tokens_in for s in steps)
     outcome = engine.store.reports.outcome(trajectory.id)
@@ -81,7 +81,7 @@ def test_a_failed_attempt_is_reflected_on_and_retried(engine_for):
     task, _ = engine.store.inbox.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})
     result = engine.agent(scaffold_with(reflect_retry=True, max_attempts=2)).run_task(task)
     assert (result.status, result.answer, result.attempts) == ("done", "42", 2)
-    first, second = (engine.store.get_trajectory(t) for t in result.trajectory_ids)
+    first, second = (engine.store.attempts.get_trajectory(t) for t in result.trajectory_ids)
     assert (
         engine.store.reports.outcome(first.id).success is False
         and engine.store.reports.outcome(second.id).success is True
@@ -142,7 +142,7 @@ def test_the_step_limit_ends_an_attempt(engine_for):
     task, _ = engine.store.inbox.add_task("Loop forever")
     result = engine.agent(scaffold_with(max_steps=3)).run_task(task)
     assert result.status == "failed" and result.error == "no answer (step_limit)"
-    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
     # three turns and their results, then the last turn that may only answer (this model answers with a call)
     steps = engine.store.reports.steps(trajectory.id)
     assert trajectory.status == "step_limit" and len(steps) == 7
@@ -156,7 +156,7 @@ def test_a_call_repeated_is_answered_from_before_and_too_many_repeats_end_the_at
     task, _ = engine.store.inbox.add_task("Loop forever")
     result = engine.agent(scaffold_with(max_steps=20, repeat_limit=2)).run_task(task)
     assert result.status == "failed" and result.error == "no answer (repeating)"
-    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
     observations = [s.content for s in engine.store.reports.steps(trajectory.id) if s.role == "tool"]
     assert trajectory.status == "repeating" and len(observations) == 4
     assert observations[0].strip() == "7"
@@ -174,9 +174,9 @@ def test_the_budget_stops_a_task_with_a_recorded_reason(engine_for):
     task, _ = engine.store.inbox.add_task("Spend everything")
     result = engine.agent(scaffold_with(max_steps=50, repeat_limit=0)).run_task(task)  # the same call, on and on
     assert result.status == "failed" and "per-task token cap of 400 tokens" in result.error
-    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
     assert trajectory.status == "budget" and engine.store.reports.steps(trajectory.id)
-    assert engine.store.spent(task_id=task.id)[0] <= 400
+    assert engine.store.ledger.spent(task_id=task.id)[0] <= 400
 
 
 def test_cancellation_stops_at_the_next_step(engine_for):
@@ -190,7 +190,7 @@ def test_cancellation_stops_at_the_next_step(engine_for):
 
     result = engine.agent(scaffold_with(max_steps=50)).run_task(task, cancel=cancel, on_step=on_step)
     assert result.status == "cancelled"
-    assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "cancelled"
+    assert engine.store.attempts.get_trajectory(result.trajectory_ids[0]).status == "cancelled"
     assert len(engine.store.reports.steps(result.trajectory_ids[0])) == 4
 
 
@@ -266,8 +266,10 @@ def test_retrieved_experience_reaches_the_prompt(engine_for):
         ]
     }
     engine = engine_for(script, "a-memory")
-    engine.store.ingest([NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True)])
-    engine.store.add_insight("Strip currency symbols before converting money to float.")
+    engine.store.attempts.ingest(
+        [NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True)]
+    )
+    engine.store.insights.add_insight("Strip currency symbols before converting money to float.")
     task, _ = engine.store.inbox.add_task("Add up the price column of invoices.csv")
     assert engine.agent().run_task(task).answer == "used memory"
 
@@ -305,7 +307,7 @@ def test_only_offered_tools_can_be_called(engine_for):
     digest = ToolFiles(engine.data_dir / "tools").write(
         "triple", 1, code, "def test_it():\n    assert triple(1) == 3\n"
     )
-    engine.store.add_tool(
+    engine.store.tools.add_tool(
         "triple", description="Multiply a whole number by three", code_hash=digest, origin="synthesized"
     )
     task, _ = engine.store.inbox.add_task("Multiply a whole number by three: 3")
@@ -325,7 +327,7 @@ def test_a_model_failure_mid_task_leaves_a_readable_prefix(engine_for):
     assert result.status == "failed" and result.error.startswith("model error: ")
     # How it ended is a typed field, on the result and stored with the task: nobody parses the error.
     assert result.ending is Ending.MODEL_ERROR and engine.store.inbox.get_task(task.id).ending is Ending.MODEL_ERROR
-    trajectory = engine.store.get_trajectory(result.trajectory_ids[0])
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
     assert trajectory.status == "error"
     assert [s.role for s in engine.store.reports.steps(trajectory.id)] == ["assistant", "tool"]
 
@@ -382,7 +384,7 @@ def test_an_internal_failure_is_recorded_on_the_task_not_raised(engine_for, monk
     assert (
         result.ending is Ending.INTERNAL_ERROR and engine.store.inbox.get_task(task.id).ending is Ending.INTERNAL_ERROR
     )
-    assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "error"
+    assert engine.store.attempts.get_trajectory(result.trajectory_ids[0]).status == "error"
 
 
 def test_a_chat_turn_without_an_answer_says_so_and_why(engine_for):

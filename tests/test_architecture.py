@@ -64,8 +64,9 @@ def test_the_import_contracts_hold():
         ("evolver/agent/loop.py", "from memory import Task", "never the store"),
         ("evolver/llm/budget.py", "from memory.store import Store", "never the store"),
         ("memory/roles.py", "from memory.inbox import Lease", "implements them"),
-        ("memory/tree_records.py", "from memory.retrieval import Retrieval", "no other part"),
+        ("memory/attempts.py", "from memory.store import Store", "nor its roles"),
         ("memory/tree_records.py", "from memory.inbox import Lease", "it is handed"),
+        ("memory/ledger.py", "from memory.retrieval import Retrieval", "it is handed"),
         ("sandbox/limits.py", "from sandbox import worker", "no import cycles"),
     ],
 )
@@ -138,23 +139,46 @@ def _keeps(implementation: type, protocol: type) -> list[str]:
 
 
 def test_the_parts_keep_the_protocols_the_engine_depends_on():
+    import memory.protocol as roles
     from evolver.llm import Model, ModelClient
-    from memory import ExperienceStore, InboxStore, Reports, Store, TreeStore
+    from memory import ExperienceStore, Store
+    from memory.agent_records import AgentRecords
+    from memory.attempts import Attempts
+    from memory.effects import Exposures
     from memory.inbox import Inbox
+    from memory.insight_log import InsightLog
+    from memory.ledger import Ledger
     from memory.reports import ReportRecords
+    from memory.retrieval import Retrieval
+    from memory.tool_log import ToolLog
     from memory.tree_records import TreeRecords
     from sandbox import BubblewrapSandbox, DegradedSandbox, Sandbox
 
+    parts = {  # the store's attribute: (the part composed over its database, the role it keeps)
+        "inbox": (Inbox, roles.InboxStore),
+        "tree": (TreeRecords, roles.TreeStore),
+        "reports": (ReportRecords, roles.Reports),
+        "attempts": (Attempts, roles.AttemptStore),
+        "insights": (InsightLog, roles.InsightStore),
+        "tools": (ToolLog, roles.ToolStore),
+        "exposures": (Exposures, roles.ExposureStore),
+        "retrieval": (Retrieval, roles.RetrievalStore),
+        "ledger": (Ledger, roles.CallLedger),
+        "agent": (AgentRecords, roles.AgentStore),
+    }
+    for name, (part, role) in parts.items():
+        assert _keeps(part, role) == [], name
+        assert isinstance(_members(ExperienceStore)[name], property), f"the store's protocol names store.{name}"
     assert _keeps(Store, ExperienceStore) == []
-    assert _keeps(TreeRecords, TreeStore) == [] and _keeps(Inbox, InboxStore) == []
-    assert _keeps(ReportRecords, Reports) == []
     assert {"embedder", "index"} <= set(ExperienceStore.__annotations__)
-    assert {"add_insight", "context", "reindex", "inbox", "tree", "reports"} <= set(_members(ExperienceStore)), (
-        "the store's protocol is all of its roles"
-    )
-    assert not {"add_node", "claim_task", "list_events"} & set(_members(ExperienceStore)), (
-        "the tree's records, the inbox and the reports are parts of their own (store.tree, .inbox, .reports)"
-    )
+    flat = {
+        name
+        for _, role in parts.values()
+        for name, member in _members(role).items()
+        if callable(member) and not name.startswith("_")
+    }
+    assert not flat & set(_members(ExperienceStore)), "every role is a part of its own, none flat on the store"
+    assert not flat & {name for name in vars(Store) if not name.startswith("_")}
     assert _keeps(ModelClient, Model) == []
     assert _keeps(BubblewrapSandbox, Sandbox) == [] and _keeps(DegradedSandbox, Sandbox) == []
 

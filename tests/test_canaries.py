@@ -138,7 +138,7 @@ def _tool(name: str, code: str, tests: str) -> str:
 
 
 def _gap(store) -> None:
-    store.ingest(
+    store.attempts.ingest(
         [
             NewTrajectory(
                 prompt="Fetch the answers for the test tasks",
@@ -191,7 +191,7 @@ def record_success(note: str) -> str:
     (rejected,) = e.store.reports.list_events(kind="tool_rejected")
     assert "tests failed" in rejected.payload["reason"]
     assert "unable to open database" in rejected.payload["reason"] or "OperationalError" in rejected.payload["reason"]
-    assert e.store.list_tools(status=None) == []
+    assert e.store.tools.list_tools(status=None) == []
     assert [ev for ev in _events(e.store) if ev[1] == "promote"] == []
     assert set(before_events) <= set(_events(e.store)) and _hashes() == before_hashes
     assert e.store.database.one("PRAGMA integrity_check")["integrity_check"] == "ok"
@@ -226,7 +226,7 @@ def held_out_answers(split: str) -> list[str]:
     assert synthesize_round(e).startswith("rejected held_out_answers")
     (rejected,) = e.store.reports.list_events(kind="tool_rejected")
     assert "No such file or directory" in rejected.payload["reason"] or "Permission" in rejected.payload["reason"]
-    assert e.store.list_tools(status=None) == [] and pack.read_bytes() == before
+    assert e.store.tools.list_tools(status=None) == [] and pack.read_bytes() == before
 
 
 # -- the attack suite (`evolver canaries`), run here as it runs for a user -------------------------------------

@@ -104,7 +104,7 @@ def test_the_model_client_streams_through_litellm(store, native):
         name, {"native_tools": native, "rules": [{"match": "", "tool": "finish", "arguments": {"answer": ANSWER}}]}
     )
     client = ModelClient(
-        ModelSettings(name=f"scripted/{name}"), store=store, budget=BudgetGuard(BudgetSettings(), store)
+        ModelSettings(name=f"scripted/{name}"), ledger=store.ledger, budget=BudgetGuard(BudgetSettings(), store.ledger)
     )
     plain = client.complete([{"role": "user", "content": "hi"}], tools=FINISH)
     got: list[str] = []

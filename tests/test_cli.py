@@ -76,7 +76,7 @@ def test_memory_commands_on_a_real_store(tmp_path):
     from memory import NewTrajectory, Store
 
     with Store.open(tmp_path) as store:
-        store.ingest(
+        store.attempts.ingest(
             [
                 NewTrajectory(prompt="Sum the amount column of sales.csv", final_answer="1200", success=True),
                 NewTrajectory(prompt="Count ERROR lines in server.log", final_answer="37", success=False),

@@ -507,7 +507,7 @@ def test_an_attempt_out_of_steps_is_asked_for_its_answer_once_and_says_so(engine
     task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
     result = engine.agent(code_scaffold(max_steps=2, repeat_limit=0)).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "42", True)
-    assert engine.store.get_trajectory(result.trajectory_ids[0]).status == "asked"
+    assert engine.store.attempts.get_trajectory(result.trajectory_ids[0]).status == "asked"
 
 
 # --- worked examples carry the work ----------------------------------------------------------------------
@@ -602,14 +602,14 @@ def test_a_synthesized_tool_is_a_function_in_the_session_and_each_call_is_counte
     digest = ToolFiles(engine.data_dir / "tools").write(
         "triple", 1, code, "def test_it():\n    assert triple(1) == 3\n"
     )
-    tool = engine.store.add_tool(
+    tool = engine.store.tools.add_tool(
         "triple", description="Multiply a whole number by three", code_hash=digest, origin="synthesized"
     )
     task, _ = engine.store.inbox.add_task("Multiply a whole number by three: 3")
     assert engine.agent(code_scaffold()).run_task(task).answer == "tripled"
     system = json.loads(record.read_text().splitlines()[0])["messages"][0]["content"]
     assert "- triple(x: int): Multiply a whole number by three." in system
-    counted = engine.store.get_tool(tool.id)
+    counted = engine.store.tools.get_tool(tool.id)
     assert (counted.uses, counted.successes) == (2, 1)
 
 

@@ -310,7 +310,7 @@ def _pack_of(text: str, embedder, where: Path) -> bytes:
     """A pack holding one insight, as another installation would export it."""
     store = Store.open(where, embedder=embedder)
     try:
-        store.record_insight_changes("distill", "one insight", [{"op": "ADD", "text": text, "importance": 2}])
+        store.insights.record_insight_changes("distill", "one insight", [{"op": "ADD", "text": text, "importance": 2}])
         return packs.export_pack(store, insights=True)[0]
     finally:
         store.close()

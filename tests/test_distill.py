@@ -43,7 +43,7 @@ def engine(open_store, sandbox, tmp_path):
 
 
 def _experience(store, n: int = 2) -> list[str]:
-    return store.ingest(
+    return store.attempts.ingest(
         [
             NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i + (i % 2)), success=i % 2 == 0)
             for i in range(n)
@@ -59,11 +59,11 @@ def test_a_round_applies_the_operations_records_evidence_and_moves_the_watermark
     e = engine(ADD, "distill-ok")
     ids = _experience(e.store)
     assert distill_round(e.store, e.model, e.config) == "1 operations (ADD) from 2 trajectories"
-    (insight,) = e.store.list_insights()
+    (insight,) = e.store.insights.list_insights()
     assert insight.text == ADD["operations"][0]["text"] and sorted(insight.provenance) == sorted(ids)
     (event,) = e.store.reports.list_events(kind="distill")
     assert sorted(event.evidence) == sorted(ids)
-    assert e.store.insight_history(insight.id)[0]["event_id"] == event.id
+    assert e.store.insights.insight_history(insight.id)[0]["event_id"] == event.id
     calls = _ledger_rows(e.store)
     assert distill_round(e.store, e.model, e.config) == "no new trajectories since the last round"
     assert _ledger_rows(e.store) == calls  # no model call for nothing new
@@ -82,7 +82,7 @@ def test_bad_model_output_fails_the_round_and_changes_nothing(engine, reply, pro
     _experience(e.store)
     with pytest.raises(InsightOpError, match=problem):
         distill_round(e.store, e.model, e.config)
-    assert e.store.list_insights(status=None) == [] and e.store.reports.list_events(kind="distill") == []
+    assert e.store.insights.list_insights(status=None) == [] and e.store.reports.list_events(kind="distill") == []
     assert e.store.get_meta(WATERMARK_KEY) is None  # the same trajectories are seen again next round
 
 
@@ -92,7 +92,7 @@ def test_the_watermark_survives_a_restart(engine, open_store, tmp_path):
     distill_round(e.store, e.model, e.config)
     e.store.close()
     again = engine(ADD, "distill-restart-2")  # a new store on the same data dir: a restarted daemon
-    again.store.ingest([NewTrajectory(prompt="What is 10 + 10?", final_answer="20", success=True)])
+    again.store.attempts.ingest([NewTrajectory(prompt="What is 10 + 10?", final_answer="20", success=True)])
     assert distill_round(again.store, again.model, again.config).endswith("from 1 trajectories")
 
 
@@ -107,7 +107,7 @@ def test_no_budget_for_background_work_stops_the_round_cleanly(engine):
     _experience(e.store)
     with pytest.raises(BudgetExceeded, match="background token share"):
         distill_round(e.store, e.model, e.config)
-    assert e.store.list_insights(status=None) == [] and e.store.get_meta(WATERMARK_KEY) is None
+    assert e.store.insights.list_insights(status=None) == [] and e.store.get_meta(WATERMARK_KEY) is None
 
 
 def test_a_failed_round_is_a_loud_job_failed_event(engine):
@@ -129,10 +129,10 @@ def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
     from evolver.meta.revert import RevertError, revert_event
 
     e = engine(ADD, "distill-revert")
-    kept = e.store.add_insight("Read the task's files before answering.", importance=3)
+    kept = e.store.insights.add_insight("Read the task's files before answering.", importance=3)
     _experience(e.store)
     distill_round(e.store, e.model, e.config)
-    (added,) = [i for i in e.store.list_insights() if i.id != kept.id]
+    (added,) = [i for i in e.store.insights.list_insights() if i.id != kept.id]
     shown = numbered(e.store, limit=50)
     vote = e.store.reports.append_event("distill", "by hand")
     apply_ops(
@@ -143,20 +143,20 @@ def test_reverting_a_distill_event_restores_the_insights_as_a_new_event(engine):
         cap=50,
         event_id=vote.id,
     )
-    assert e.store.get_insight(kept.id).importance == 4
+    assert e.store.insights.get_insight(kept.id).importance == 4
     (first,) = e.store.reports.list_events(kind="distill", limit=2)[1:]
     with pytest.raises(RevertError, match="nothing to revert"):
         revert_event(e.store, e.store.reports.append_event("job", "reconcile: ok").id)
 
     undone = revert_event(e.store, vote.id, why="that vote was wrong")
-    assert undone.reverts == vote.id and e.store.get_insight(kept.id).importance == 3
-    assert [h["op"] for h in e.store.insight_history(kept.id)] == ["UPVOTE", "REVERT"]
+    assert undone.reverts == vote.id and e.store.insights.get_insight(kept.id).importance == 3
+    assert [h["op"] for h in e.store.insights.insight_history(kept.id)] == ["UPVOTE", "REVERT"]
     with pytest.raises(RevertError, match="already reverted"):
         revert_event(e.store, vote.id)
 
     revert_event(e.store, first.id)  # the ADD: the insight is retired, not deleted
-    assert e.store.get_insight(added.id).status == "retired"
-    assert e.store.list_insights() == [e.store.get_insight(kept.id)]
+    assert e.store.insights.get_insight(added.id).status == "retired"
+    assert e.store.insights.list_insights() == [e.store.insights.get_insight(kept.id)]
 
 
 def test_a_revert_that_fails_halfway_leaves_nothing_and_can_be_retried(engine, monkeypatch):
@@ -167,21 +167,21 @@ def test_a_revert_that_fails_halfway_leaves_nothing_and_can_be_retried(engine, m
     _experience(e.store)
     distill_round(e.store, e.model, e.config)
     (event,) = e.store.reports.list_events(kind="distill")
-    (added,) = e.store.list_insights()
+    (added,) = e.store.insights.list_insights()
 
     def crash(*args, **kwargs):
         raise StoreError("the disk went away while the insights were put back")
 
     with monkeypatch.context() as m:  # the revert's event is written, its insight changes are not
-        m.setattr(type(e.store), "apply_insight_changes", crash)
+        m.setattr(type(e.store.insights), "apply_insight_changes", crash)
         with pytest.raises(StoreError, match="disk went away"):
             revert_event(e.store, event.id)
     assert e.store.reports.list_events(kind="revert") == []  # no revert event stands for a revert that did not happen
-    assert e.store.get_insight(added.id).status == "active"
+    assert e.store.insights.get_insight(added.id).status == "active"
     undone = revert_event(e.store, event.id)  # so a retry is not refused as "already reverted"
-    assert undone.reverts == event.id and e.store.get_insight(added.id).status == "retired"
-    assert [h["op"] for h in e.store.insight_history(added.id)] == ["ADD", "REVERT"]
-    assert e.store.insight_changes_of(undone.id)[0]["insight_id"] == added.id
+    assert undone.reverts == event.id and e.store.insights.get_insight(added.id).status == "retired"
+    assert [h["op"] for h in e.store.insights.insight_history(added.id)] == ["ADD", "REVERT"]
+    assert e.store.insights.insight_changes_of(undone.id)[0]["insight_id"] == added.id
 
 
 def test_failing_scheduled_rounds_back_off_doubling_to_a_cap_and_a_success_resets(engine):
@@ -245,7 +245,7 @@ def test_with_structured_output_the_answer_is_asked_for_with_a_json_schema(engin
     )
     e = engine(ADD, "distill-schema-unused")
     _experience(e.store)
-    distill_round(e.store, e.model.__class__(config.model, store=e.store, budget=e.model.budget), config)
+    distill_round(e.store, e.model.__class__(config.model, ledger=e.store.ledger, budget=e.model.budget), config)
     sent = json.loads(record.read_text().splitlines()[-1])
     schema = sent["response_format"]["json_schema"]["schema"]
     assert "operations" in schema["properties"] and sent["max_tokens"] == config.model.max_tokens_distill
@@ -290,14 +290,14 @@ def test_attempts_without_an_answer_are_distilled_with_what_the_model_kept_doing
         "distill-stuck", {"rules": [{"match": "", "reply": json.dumps(ADD)}], "record": str(record)}
     )
     e = engine(ADD, "distill-stuck-unused", EVOLVER_MODEL_NAME="scripted/distill-stuck")
-    ids = e.store.ingest(
+    ids = e.store.attempts.ingest(
         [
             _stuck("What is x + 1?", "step_limit", "print(x + 1)", 4),
             _stuck("What is y * 2?", "repeating", "print(y * 2)", 6),
         ]
     )
     assert distill_round(e.store, e.model, e.config) == "1 operations (ADD) from 2 trajectories"
-    (insight,) = e.store.list_insights()
+    (insight,) = e.store.insights.list_insights()
     assert sorted(insight.provenance) == sorted(ids)
     prompt = json.loads(record.read_text().splitlines()[0])["messages"][-1]["content"]
     assert (
@@ -311,7 +311,7 @@ def test_attempts_without_an_answer_are_distilled_with_what_the_model_kept_doing
 
 def test_attempts_cut_short_by_something_else_teach_nothing_and_move_the_watermark(engine):
     e = engine(ADD, "distill-cut")
-    e.store.ingest(
+    e.store.attempts.ingest(
         [
             NewTrajectory(prompt="What is 1 + 1?", status="cancelled"),
             NewTrajectory(prompt="What is 2 + 2?", status="error"),
@@ -320,7 +320,7 @@ def test_attempts_cut_short_by_something_else_teach_nothing_and_move_the_waterma
     assert distill_round(e.store, e.model, e.config) == (
         "2 trajectories cut short (cancelled or an error); nothing to distill"
     )
-    assert e.store.list_insights() == [] and e.store.get_meta(WATERMARK_KEY) is not None
+    assert e.store.insights.list_insights() == [] and e.store.get_meta(WATERMARK_KEY) is not None
 
 
 REAL = Path(__file__).parent / "data" / "real_model_failures.json"  # tests/data/record_real_failures.py
@@ -350,9 +350,9 @@ def test_the_real_models_attempts_without_an_answer_become_an_insight(engine, tm
     e = engine(ADD, "distill-real-unused", EVOLVER_MODEL_NAME="scripted/distill-real")
     attempts = real_failures()
     assert attempts and all(a.status in ("step_limit", "repeating") for a in attempts)
-    ids = e.store.ingest(attempts)
+    ids = e.store.attempts.ingest(attempts)
     assert distill_round(e.store, e.model, e.config) == f"1 operations (ADD) from {len(ids)} trajectories"
-    (insight,) = e.store.list_insights()
+    (insight,) = e.store.insights.list_insights()
     assert sorted(insight.provenance) == sorted(ids)
     prompt = json.loads(record.read_text().splitlines()[0])["messages"][-1]["content"]
     assert prompt.count("No answer (failed)") == len(ids) and prompt.count("What it did: ") == len(ids)
@@ -375,7 +375,7 @@ def test_one_bad_operation_of_a_weak_model_is_skipped_and_its_good_ones_applied(
         "1 operations (ADD; skipped 1: operation 2: EDIT needs the id of a listed insight "
         "(1..0), not 2) from 2 trajectories"
     )
-    (insight,) = e.store.list_insights()
+    (insight,) = e.store.insights.list_insights()
     assert insight.text == "Call finish with the answer once the code printed it."
     (event,) = e.store.reports.list_events(kind="distill")
     assert event.payload["skipped"] == ["operation 2: EDIT needs the id of a listed insight (1..0), not 2"]
@@ -525,5 +525,5 @@ def test_a_batch_the_model_keeps_answering_unusably_is_passed_after_three_tries(
     assert summary.startswith(f"gave up on 2 trajectories after {GIVE_UP_AFTER} unusable answers")
     (event,) = e.store.reports.list_events(kind="distill_skipped")
     assert sorted(event.evidence) == sorted(ids) and "copies the example" in event.what
-    assert e.store.list_insights(status=None) == []
+    assert e.store.insights.list_insights(status=None) == []
     assert distill_round(e.store, e.model, e.config) == "no new trajectories since the last round"

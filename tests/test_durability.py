@@ -83,15 +83,15 @@ def test_attempts_a_dead_daemon_left_open_end_as_interrupted_when_the_next_one_s
     """What the daemon's recovery does first (the kill loop checks it end to end): a trajectory still
     'running' was cut off, so it ends 'interrupted' at its last step; finished ones are left alone."""
     task, _ = store.inbox.add_task("What is 1 + 1?")
-    finished = store.start_trajectory(task.id)
-    store.finish_trajectory(finished.id, status="finished", final_answer="2")
-    stepped = store.start_trajectory(task.id, attempt=2)
-    last = store.add_step(stepped.id, role="assistant", content="thinking")
-    bare = store.start_trajectory(task.id, attempt=3)
+    finished = store.attempts.start_trajectory(task.id)
+    store.attempts.finish_trajectory(finished.id, status="finished", final_answer="2")
+    stepped = store.attempts.start_trajectory(task.id, attempt=2)
+    last = store.attempts.add_step(stepped.id, role="assistant", content="thinking")
+    bare = store.attempts.start_trajectory(task.id, attempt=3)
     assert store.inbox.close_interrupted_trajectories() == 2
-    assert store.get_trajectory(finished.id).status == "finished"
+    assert store.attempts.get_trajectory(finished.id).status == "finished"
     for trajectory, ended_at in ((stepped, last.created_at), (bare, bare.started_at)):
-        now = store.get_trajectory(trajectory.id)
+        now = store.attempts.get_trajectory(trajectory.id)
         assert (now.status, now.finished_at) == ("interrupted", ended_at)
     assert store.inbox.close_interrupted_trajectories() == 0
 
@@ -112,7 +112,7 @@ def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_
     config = load_config(env={"EVOLVER_MODEL_NAME": "scripted/durability-distill"})
     store = open_store(tmp_path / "d")
     engine = Engine.open(config, data_dir=tmp_path / "d", store=store, sandbox=sandbox)
-    store.ingest(
+    store.attempts.ingest(
         [NewTrajectory(prompt=f"What is {i} + {i}?", final_answer=str(2 * i), success=i % 2 == 0) for i in range(2)]
     )
     set_meta = store.set_meta
@@ -128,7 +128,7 @@ def test_a_kill_between_a_distill_rounds_commits_does_not_repeat_the_round(open_
     monkeypatch.setattr(store, "set_meta", set_meta)  # the next daemon
     distill_round(store, engine.model, config)
     assert len(store.reports.list_events(kind="distill")) == 1, "the round ran again on the same trajectories"
-    (insight,) = store.list_insights()
+    (insight,) = store.insights.list_insights()
     assert insight.importance == 2, "its operations were applied twice"
 
 

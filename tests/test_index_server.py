@@ -52,14 +52,14 @@ def server(tmp_path_factory):
 def test_the_index_lives_on_the_server_and_each_data_dir_has_its_own(server, open_store, tmp_path):
     options = StoreOptions(index_server=server)
     first = open_store(tmp_path / "a", options=options)
-    ids = first.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
+    ids = first.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
     assert_in_sync(first)
     assert_findable(first, ids)
     assert not (tmp_path / "a" / "index" / "chroma").exists(), "nothing of the index was written locally"
     # Another data dir on the same server sees none of it.
     second = open_store(tmp_path / "b", options=options)
     assert second.index.count("trajectories") == 0
-    assert second.ingest([NewTrajectory(prompt=PROMPTS[0])])
+    assert second.attempts.ingest([NewTrajectory(prompt=PROMPTS[0])])
     assert first.index.count("trajectories") == len(PROMPTS)
     # Reopened, the first finds its index on the server as it left it.
     first.close()
@@ -71,7 +71,7 @@ def test_the_index_lives_on_the_server_and_each_data_dir_has_its_own(server, ope
 def test_an_index_lost_on_the_server_is_rebuilt_from_sqlite(server, open_store, tmp_path):
     options = StoreOptions(index_server=server)
     store = open_store(tmp_path / "c", options=options)
-    ids = store.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
+    ids = store.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
     prefix = store.index._prefix
     store.close()
     import chromadb

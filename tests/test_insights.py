@@ -13,7 +13,7 @@ TESTS = "Run the unit tests before calling finish."
 
 def _seed(store, *texts_and_importance):
     for text, importance in texts_and_importance:
-        store.add_insight(text, importance=importance)
+        store.insights.add_insight(text, importance=importance)
     return numbered(store, limit=50)
 
 
@@ -72,21 +72,21 @@ def test_operations_count_importance_retire_at_zero_and_keep_history(store):
         shown=2,
     )
     apply_ops(store, ops, shown, provenance=["traj_a", "traj_b"], cap=50)
-    csv, tests = store.get_insight(shown[0].id), store.get_insight(shown[1].id)
+    csv, tests = store.insights.get_insight(shown[0].id), store.insights.get_insight(shown[1].id)
     assert (csv.importance, csv.status, csv.provenance) == (4, "active", ["traj_a", "traj_b"])
     assert (tests.importance, tests.status) == (0, "retired")
     (new,) = [i for i in numbered(store, limit=50) if i.text.startswith("Check the workspace")]
     assert (new.importance, new.provenance) == (2, ["traj_a", "traj_b"])
-    history = store.insight_history(shown[1].id)
+    history = store.insights.insight_history(shown[1].id)
     assert [h["op"] for h in history] == ["DOWNVOTE"]
     assert history[0]["before"]["importance"] == 1 and history[0]["after"]["status"] == "retired"
 
     shown = numbered(store, limit=50)
     edit = parse_ops({"operations": [{"op": "EDIT", "id": 1, "text": CSV + " Also csv.writer."}]}, shown=len(shown))
     apply_ops(store, edit, shown, provenance=["traj_c"], cap=50)
-    edited = store.get_insight(shown[0].id)
+    edited = store.insights.get_insight(shown[0].id)
     assert edited.text.endswith("Also csv.writer.") and edited.importance == 5
-    assert [h["op"] for h in store.insight_history(edited.id)] == ["UPVOTE", "EDIT"]
+    assert [h["op"] for h in store.insights.insight_history(edited.id)] == ["UPVOTE", "EDIT"]
 
 
 def test_a_near_duplicate_add_upvotes_the_existing_insight(store):
@@ -95,16 +95,16 @@ def test_a_near_duplicate_add_upvotes_the_existing_insight(store):
     apply_ops(store, ops, shown, provenance=["traj_x"], cap=50, merge_threshold=0.9)
     (only,) = numbered(store, limit=50)
     assert only.id == shown[0].id and only.importance == 3 and only.text == MONEY
-    assert [h["op"] for h in store.insight_history(only.id)] == ["MERGE"]
+    assert [h["op"] for h in store.insights.insight_history(only.id)] == ["MERGE"]
 
 
 def test_over_the_cap_downvotes_weigh_double_and_the_lowest_are_retired(store):
     shown = _seed(store, (CSV, 5), (MONEY, 4), (TESTS, 3))
     ops = parse_ops({"operations": [{"op": "DOWNVOTE", "id": 3}]}, shown=3)
     apply_ops(store, ops, shown, provenance=[], cap=2)
-    assert store.get_insight(shown[2].id).importance == 1  # 3 - 2: the list was over its cap
+    assert store.insights.get_insight(shown[2].id).importance == 1  # 3 - 2: the list was over its cap
     assert [i.id for i in numbered(store, limit=50)] == [shown[0].id, shown[1].id]  # capped at 2
-    assert store.get_insight(shown[2].id).status == "retired"
+    assert store.insights.get_insight(shown[2].id).status == "retired"
 
 
 def test_an_operation_on_an_insight_retired_in_the_same_answer_changes_nothing(store):
@@ -112,7 +112,7 @@ def test_an_operation_on_an_insight_retired_in_the_same_answer_changes_nothing(s
     ops = parse_ops({"operations": [{"op": "DOWNVOTE", "id": 1}, {"op": "UPVOTE", "id": 1}]}, shown=1)
     with pytest.raises(InsightOpError, match="retired earlier in this answer"):
         apply_ops(store, ops, shown, provenance=[], cap=50)
-    assert store.get_insight(shown[0].id).importance == 1 and store.insight_history(shown[0].id) == []
+    assert store.insights.get_insight(shown[0].id).importance == 1 and store.insights.insight_history(shown[0].id) == []
 
 
 def test_an_answer_that_echoes_the_instructions_example_is_refused_whole():

@@ -114,7 +114,7 @@ def test_a_task_calls_a_tool_of_the_users_mcp_server_through_the_agent_loop(engi
         "ok": True,
     }
     trajectory = engine.store.reports.trajectories_of(task.id)[0]
-    assert "capitals__lookup" in engine.store.exposures_of(trajectory.id)["tool"]
+    assert "capitals__lookup" in engine.store.exposures.exposures_of(trajectory.id)["tool"]
 
     shown = views.tools(engine.store, mcp=[{"name": "capitals__lookup", "server": "capitals", "description": ""}])
     (row,) = shown["mcp"]
@@ -204,4 +204,4 @@ def test_synthesis_and_import_refuse_a_users_mcp_tool_name(engine):
     spec = spec_from_source(code, name="capitals__lookup", tests="def test_x():\n    assert True\n")
     with pytest.raises(ToolRejected, match="name of a mcp tool"):
         vet_tool(engine, ToolFiles(engine.data_dir / "tools"), spec)
-    assert engine.store.active_tool("capitals__lookup") is None
+    assert engine.store.tools.active_tool("capitals__lookup") is None

@@ -54,11 +54,13 @@ def test_a_task_step_goes_to_the_task_model_and_a_distill_answer_to_the_meta_mod
     (distill,) = [j for j in builtin_jobs(engine.config) if j.name == "distill"]
     host = SimpleNamespace(config=engine.config, engine=engine, tree=None, store=store)
     assert distill.run(host).startswith("1 operations (ADD)")
-    assert [i.text for i in store.list_insights()] == [DISTILLED]  # the meta model's answer, not the task model's
+    assert [i.text for i in store.insights.list_insights()] == [
+        DISTILLED
+    ]  # the meta model's answer, not the task model's
     assert _ledger(store) == [("scripted/task-side", "task"), ("scripted/meta-side", "distill")]
     by_model = store.reports.spent_by_model()
     assert set(by_model) == {"scripted/task-side", "scripted/meta-side"}
-    assert sum(t for t, _ in by_model.values()) == store.spent()[0]
+    assert sum(t for t, _ in by_model.values()) == store.ledger.spent()[0]
 
 
 def test_without_a_meta_model_the_task_model_is_the_meta_agents(open_store, sandbox, tmp_path):

@@ -32,8 +32,8 @@ def client_for(store):
     def make(model: str, budget: BudgetSettings | None = None, **settings) -> ModelClient:
         client = ModelClient(
             ModelSettings(name=model, **settings),
-            store=store,
-            budget=BudgetGuard(budget or BudgetSettings(), store),
+            ledger=store.ledger,
+            budget=BudgetGuard(budget or BudgetSettings(), store.ledger),
             sleep=sleeps.append,
         )
         client.sleeps = sleeps
@@ -57,7 +57,7 @@ def test_scripted_tool_calls_go_through_litellm_and_are_ledgered(client_for, sto
     assert reply.finish_reason == "tool_calls"
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("run_python", {"code": "print(2 + 3)"})]
     assert reply.assistant_message["tool_calls"][0]["function"]["name"] == "run_python"
-    tokens, usd = store.spent()
+    tokens, usd = store.ledger.spent()
     assert tokens == reply.tokens_in + reply.tokens_out > 0 and usd == 0.0
     row = store.database.writer.execute("SELECT model, purpose FROM ledger").fetchall()
     assert row == [("scripted/m-tools", "task")]
@@ -148,7 +148,7 @@ def test_budget_guard_refuses_a_call_past_the_daily_and_task_caps(client_for, st
     client.complete([{"role": "user", "content": "x" * 40}], task_id=task.id)  # ~10 + 1 tokens
     with pytest.raises(BudgetExceeded, match="per-task token cap of 20 tokens"):
         client.complete([{"role": "user", "content": "x" * 80}], task_id=task.id)
-    store.record_call(model="other", purpose="task", tokens_in=995, tokens_out=0, cost_usd=0, latency_ms=1)
+    store.ledger.record_call(model="other", purpose="task", tokens_in=995, tokens_out=0, cost_usd=0, latency_ms=1)
     with pytest.raises(BudgetExceeded, match="daily token cap of 1000 tokens"):
         client.complete([{"role": "user", "content": "y" * 40}])
 
@@ -156,7 +156,7 @@ def test_budget_guard_refuses_a_call_past_the_daily_and_task_caps(client_for, st
 def test_background_work_is_held_to_its_share(client_for, store):
     scripted.register_script("m-bg", {"rules": [{"match": "", "reply": "ok"}]})
     client = client_for("scripted/m-bg", BudgetSettings(tokens_per_day=1000, tokens_per_task=0, background_share=0.1))
-    store.record_call(model="x", purpose="distill", tokens_in=99, tokens_out=0, cost_usd=0, latency_ms=1)
+    store.ledger.record_call(model="x", purpose="distill", tokens_in=99, tokens_out=0, cost_usd=0, latency_ms=1)
     with pytest.raises(BudgetExceeded, match="background token share of 100 tokens"):
         client.complete([{"role": "user", "content": "z" * 40}], purpose="distill")
     assert client.complete([{"role": "user", "content": "z" * 40}], purpose="task").content == "ok"
@@ -165,7 +165,7 @@ def test_background_work_is_held_to_its_share(client_for, store):
 def test_dollar_caps_refuse_once_reached(client_for, store):
     scripted.register_script("m-usd", {"rules": [{"match": "", "reply": "ok"}]})
     client = client_for("scripted/m-usd", BudgetSettings(usd_per_day=1.0, usd_per_task=0.5, tokens_per_task=0))
-    store.record_call(model="paid", purpose="task", tokens_in=1, tokens_out=1, cost_usd=1.0, latency_ms=1)
+    store.ledger.record_call(model="paid", purpose="task", tokens_in=1, tokens_out=1, cost_usd=1.0, latency_ms=1)
     with pytest.raises(BudgetExceeded, match="daily dollar cap"):
         client.complete([{"role": "user", "content": "hi"}])
 

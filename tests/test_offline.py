@@ -26,14 +26,14 @@ IN_A_WORLD_WITHOUT_NETWORK = textwrap.dedent("""
 
     embedder = Embedder()
     store = Store.open(pathlib.Path(sys.argv[1]), embedder=embedder)
-    ids = store.ingest([
+    ids = store.attempts.ingest([
         NewTrajectory(prompt="resize every png in a folder", final_answer="mogrify -resize 50%", success=True),
         NewTrajectory(prompt="count the lines of a csv file", final_answer="wc -l", success=True),
         NewTrajectory(prompt="rotate the nginx logs weekly", final_answer="logrotate", success=False),
     ])
-    hits = store.search_trajectories("shrink the images in a directory", k=2)
-    insight = store.add_insight("check the file type before converting")
-    context = store.context("make thumbnails from pictures")
+    hits = store.retrieval.search_trajectories("shrink the images in a directory", k=2)
+    insight = store.insights.add_insight("check the file type before converting")
+    context = store.retrieval.context("make thumbnails from pictures")
     query = embedder.embed_query("an offline query")
     docs = embedder.embed_documents(["an offline document"])
     store.close()

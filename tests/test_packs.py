@@ -81,7 +81,7 @@ def engine(open_store, sandbox, tmp_path):
 def learned(e: Engine) -> list[str]:
     """What a store learned: a tool synthesized and quarantined from two tasks, and two distilled insights."""
     ids = [
-        *e.store.ingest(
+        *e.store.attempts.ingest(
             [
                 NewTrajectory(
                     prompt="Reverse the word hello",
@@ -91,7 +91,7 @@ def learned(e: Engine) -> list[str]:
                 )
             ]
         ),
-        *e.store.ingest(
+        *e.store.attempts.ingest(
             [
                 NewTrajectory(
                     prompt="Reverse the word abc",
@@ -103,7 +103,7 @@ def learned(e: Engine) -> list[str]:
         ),
     ]
     assert synthesize_round(e).startswith("registered reverse_text v1")
-    e.store.record_insight_changes(
+    e.store.insights.record_insight_changes(
         "distill",
         "two insights",
         [{"op": "ADD", "text": text, "importance": 2, "provenance": ids} for text in INSIGHTS],
@@ -195,8 +195,8 @@ def _state(e: Engine) -> tuple:
     tools_dir = e.data_dir / "tools"
     return (
         e.store.reports.list_events(limit=1000),
-        e.store.list_tools(status=None),
-        e.store.list_insights(status=None),
+        e.store.tools.list_tools(status=None),
+        e.store.insights.list_insights(status=None),
         e.store.tree.list_nodes(),
         sorted(p.name for p in tools_dir.rglob("*")) if tools_dir.exists() else [],
     )
@@ -241,26 +241,28 @@ def test_a_pack_round_trips_insights_and_tools_into_a_fresh_store_and_one_revert
     report = packs.import_pack(target, data)
     assert (report["added"], report["skipped"], report["refused"]) == (3, 0, 0), report
     # The tool is active and callable through the registry (in the sandbox, as every synthesized tool).
-    (row,) = target.store.list_tools()
+    (row,) = target.store.tools.list_tools()
     assert (row.name, row.version, row.status, row.origin) == ("reverse_text", 1, "active", "synthesized")
     target.agent()
     assert target.registry.get("reverse_text").tool_id == row.id
     assert target.call_tool("reverse_text", {"text": "stressed"})["text"] == "desserts"
     # The insights wait on probation: shown to no task of a person's until approved or measured to help.
-    assert report["probation"] == 2 and target.store.list_insights() == []
-    assert sorted(i.text for i in target.store.list_insights(status="probation")) == sorted(INSIGHTS)
-    assert all(i.provenance == [f"pack:{report['id']}"] for i in target.store.list_insights(status="probation"))
+    assert report["probation"] == 2 and target.store.insights.list_insights() == []
+    assert sorted(i.text for i in target.store.insights.list_insights(status="probation")) == sorted(INSIGHTS)
+    assert all(
+        i.provenance == [f"pack:{report['id']}"] for i in target.store.insights.list_insights(status="probation")
+    )
     (event,) = target.store.reports.list_events(kind="import")
     assert event.id == report["event_id"] and row.event_id == event.id
     assert event.payload["pack"] == report["sha256"] and event.payload["tools"][0]["provenance"]["trajectories"] == 2
     assert [c["name"] for c in event.payload["tool_changes"]] == ["reverse_text"]
-    assert len(target.store.insight_changes_of(event.id)) == 2
+    assert len(target.store.insights.insight_changes_of(event.id)) == 2
 
     # One revert undoes it all: the tool withdrawn, the insights retired, as one event.
     revert = revert_event(target.store, event.id)
     assert revert.reverts == event.id and "2 insights restored" in revert.what and "reverse_text v1" in revert.what
-    assert [t.status for t in target.store.list_tools(status=None)] == ["reverted"]
-    assert target.store.list_insights(status=("active", "probation")) == []
+    assert [t.status for t in target.store.tools.list_tools(status=None)] == ["reverted"]
+    assert target.store.insights.list_insights(status=("active", "probation")) == []
     target.agent()
     assert target.registry.get("reverse_text") is None
     with pytest.raises(RevertError, match="already reverted"):
@@ -270,7 +272,7 @@ def test_a_pack_round_trips_insights_and_tools_into_a_fresh_store_and_one_revert
     assert (again["added"], again["skipped"]) == (0, 3)
     reasons = {i["kind"]: i["reason"] for i in again["items"]}
     assert "is reverted, as decided here" in reasons["tool"] and "(retired)" in reasons["insight"]
-    assert [t.status for t in target.store.list_tools(status=None)] == ["reverted"]
+    assert [t.status for t in target.store.tools.list_tools(status=None)] == ["reverted"]
     with pytest.raises(RevertError, match="nothing to revert"):
         revert_event(target.store, again["event_id"])
 
@@ -281,7 +283,7 @@ def test_a_tool_whose_tests_fail_is_refused_with_its_reason_and_the_rest_comes_i
     refused = [i for i in report["items"] if i["status"] == "refused"]
     assert [(i["kind"], i["name"]) for i in refused] == [("tool", "shout")]
     assert "1 of 1 tests failed; test_shout" in refused[0]["reason"]
-    assert report["added"] == 3 and [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
+    assert report["added"] == 3 and [t.name for t in target.store.tools.list_tools(status=None)] == ["reverse_text"]
     assert not (target.data_dir / "tools" / "shout").exists()
     (event,) = target.store.reports.list_events(kind="import")
     assert event.payload["refused"][0]["name"] == "shout" and "test_shout" in event.payload["refused"][0]["reason"]
@@ -316,8 +318,8 @@ def test_an_insight_or_a_tool_with_a_control_character_is_refused_naming_where_a
         "tool": "a control character \\x1b at line 3, column 54 in its code; a tool's code, tests and docstring "
         "are plain text",
     }
-    assert report["added"] == 2 and [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
-    assert [i.text for i in target.store.list_insights(status="probation")] == [INSIGHTS[1]]
+    assert report["added"] == 2 and [t.name for t in target.store.tools.list_tools(status=None)] == ["reverse_text"]
+    assert [i.text for i in target.store.insights.list_insights(status="probation")] == [INSIGHTS[1]]
 
 
 def _new_version(breaks_old_tests: bool):
@@ -338,14 +340,14 @@ def test_a_tool_under_a_local_name_is_a_new_version_only_if_it_passes_the_local_
     broken = packs.import_pack(target, forge(pack, _new_version(breaks_old_tests=True)))
     (tool,) = [i for i in broken["items"] if i["kind"] == "tool"]
     assert tool["status"] == "refused" and "test_empty" in tool["reason"], tool
-    assert {t.version: t.status for t in target.store.list_tools(status=None)} == {1: "active"}
+    assert {t.version: t.status for t in target.store.tools.list_tools(status=None)} == {1: "active"}
     # A sound one replaces it as v2 (never silently: the report and the event say so), and a revert undoes that.
     better = packs.import_pack(target, forge(pack, _new_version(breaks_old_tests=False)))
     (tool,) = [i for i in better["items"] if i["kind"] == "tool"]
     assert tool["status"] == "added" and tool["detail"] == {"version": 2, "replaces": 1}
-    assert {t.version: t.status for t in target.store.list_tools(status=None)} == {1: "replaced", 2: "active"}
+    assert {t.version: t.status for t in target.store.tools.list_tools(status=None)} == {1: "replaced", 2: "active"}
     revert_event(target.store, better["event_id"])
-    assert {t.version: t.status for t in target.store.list_tools(status=None)} == {1: "active", 2: "reverted"}
+    assert {t.version: t.status for t in target.store.tools.list_tools(status=None)} == {1: "active", 2: "reverted"}
 
 
 def test_a_tool_that_duplicates_a_local_one_or_takes_a_builtin_name_is_refused(engine, pack):
@@ -372,18 +374,20 @@ def test_a_tool_that_duplicates_a_local_one_or_takes_a_builtin_name_is_refused(e
     reasons = {i["name"]: i["reason"] for i in report["items"] if i["status"] == "refused"}
     assert "duplicates tool 'reverse_text'" in reasons["reverse_string"]
     assert "built-in tool's name" in reasons["run_shell"]
-    assert [t.name for t in target.store.list_tools(status=None)] == ["reverse_text"]
+    assert [t.name for t in target.store.tools.list_tools(status=None)] == ["reverse_text"]
 
 
 def test_an_insight_too_similar_to_a_local_one_is_skipped_not_merged(engine, pack):
     target = engine("target")
-    (local,) = target.store.apply_insight_changes([{"op": "ADD", "text": INSIGHTS[0] + " Always.", "importance": 3}])
+    (local,) = target.store.insights.apply_insight_changes(
+        [{"op": "ADD", "text": INSIGHTS[0] + " Always.", "importance": 3}]
+    )
     report = packs.import_pack(target, pack)
     skipped = [i for i in report["items"] if i["status"] == "skipped"]
     assert len(skipped) == 1 and f"too similar to insight {local.id} here" in skipped[0]["reason"]
-    assert target.store.get_insight(local.id).importance == 3  # not upvoted, not edited
-    assert [i.text for i in target.store.list_insights()] == [local.text]
-    assert [i.text for i in target.store.list_insights(status="probation")] == [INSIGHTS[1]]
+    assert target.store.insights.get_insight(local.id).importance == 3  # not upvoted, not edited
+    assert [i.text for i in target.store.insights.list_insights()] == [local.text]
+    assert [i.text for i in target.store.insights.list_insights(status="probation")] == [INSIGHTS[1]]
 
 
 # --- refused whole ------------------------------------------------------------------------------------------

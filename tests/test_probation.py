@@ -50,12 +50,14 @@ def _scaffold():
 def _imported(make) -> tuple[Engine, int]:
     """A store that imported a pack whose one insight makes every task here fail."""
     source = make("source")
-    source.store.record_insight_changes("distill", "one insight", [{"op": "ADD", "text": HARMFUL, "importance": 2}])
+    source.store.insights.record_insight_changes(
+        "distill", "one insight", [{"op": "ADD", "text": HARMFUL, "importance": 2}]
+    )
     data, _ = packs.export_pack(source.store, insights=True)
     target = make("target")
     report = packs.import_pack(target, data)
     assert report["probation"] == 1 and report["items"][0]["reason"] == "on probation"
-    (insight,) = target.store.list_insights(status="probation")
+    (insight,) = target.store.insights.list_insights(status="probation")
     return target, insight.id
 
 
@@ -72,7 +74,7 @@ def _solve(engine: Engine, task):
 
 def _shown(store, result) -> list[str]:
     """The insights an attempt was shown (its prompt's, as recorded for measuring them)."""
-    return store.exposures_of(result.trajectory_ids[0]).get("insight", [])
+    return store.exposures.exposures_of(result.trajectory_ids[0]).get("insight", [])
 
 
 def _promotion_task(engine: Engine, n: int, shown: bool):
@@ -106,7 +108,7 @@ def test_an_imported_insight_reaches_no_task_of_a_person_until_approved_and_a_re
     assert held.success is True and _shown(store, held) == []
 
     event = approve_insight(store, insight_id, cap=target.config.evolution.max_insights)
-    assert event.kind == "insight_approved" and store.get_insight(insight_id).status == "active"
+    assert event.kind == "insight_approved" and store.insights.get_insight(insight_id).status == "active"
     after = _solve(target, _task(target, 3))
     assert after.success is False and after.answer == "red"
     assert _shown(store, after) == [str(insight_id)]
@@ -114,7 +116,7 @@ def test_an_imported_insight_reaches_no_task_of_a_person_until_approved_and_a_re
         approve_insight(store, insight_id, cap=50)
 
     revert_event(store, event.id)
-    assert store.get_insight(insight_id).status == "probation"
+    assert store.insights.get_insight(insight_id).status == "probation"
     again = _solve(target, _task(target, 4))
     assert again.success is True and _shown(store, again) == []
 
@@ -134,7 +136,7 @@ def test_half_the_promotion_split_sees_it_and_the_measure_there_retires_it_or_le
     assert prune.run(host) == (
         f"retired insight {insight_id} on probation (hurts); every learned item is still helping or not yet measured"
     )
-    assert store.get_insight(insight_id).status == "retired"
+    assert store.insights.get_insight(insight_id).status == "retired"
     (event,) = store.reports.list_events(kind="insight_retired")
     assert "0 of 6 attempts with it succeeded, against 6 of 6 without it" in event.why
     assert probation_round(store, target.config) == []
@@ -146,13 +148,13 @@ def test_one_that_helps_on_the_promotion_split_earns_its_place(engine):
     for n in range(6):  # synthetic outcomes: with it the promotion tasks pass, without it they fail
         for shown in (True, False):
             task = _promotion_task(target, n, shown=shown)
-            trajectory = store.start_trajectory(task.id)
-            store.finish_trajectory(trajectory.id, status="done", final_answer="x")
-            store.record_outcome(trajectory.id, success=shown)
-            store.record_exposures(trajectory.id, {"insight": [str(insight_id)] if shown else []})
+            trajectory = store.attempts.start_trajectory(task.id)
+            store.attempts.finish_trajectory(trajectory.id, status="done", final_answer="x")
+            store.attempts.record_outcome(trajectory.id, success=shown)
+            store.exposures.record_exposures(trajectory.id, {"insight": [str(insight_id)] if shown else []})
     assert probation_round(store, target.config) == [f"insight {insight_id} left probation (helps)"]
-    assert store.get_insight(insight_id).status == "active"
+    assert store.insights.get_insight(insight_id).status == "active"
     (event,) = store.reports.list_events(kind="insight_earned")
     assert "6 of 6 attempts with it succeeded, against 0 of 6 without it" in event.why
     revert_event(store, event.id)
-    assert store.get_insight(insight_id).status == "probation"
+    assert store.insights.get_insight(insight_id).status == "probation"

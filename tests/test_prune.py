@@ -50,25 +50,25 @@ def _solve(engine: Engine, n: int, insights: int) -> list:
 
 def test_a_harmful_insight_is_measured_retired_as_an_event_and_can_be_restored(engine):
     store = engine.store
-    (harmful,) = store.apply_insight_changes([{"op": "ADD", "text": HARMFUL, "importance": 2}])
+    (harmful,) = store.insights.apply_insight_changes([{"op": "ADD", "text": HARMFUL, "importance": 2}])
     shown = _solve(engine, 6, insights=5)
     assert all(r.success is False and r.answer == "red" for r in shown)
-    assert store.exposures_of(shown[0].trajectory_ids[0]) == {"insight": [str(harmful.id)]}
+    assert store.exposures.exposures_of(shown[0].trajectory_ids[0]) == {"insight": [str(harmful.id)]}
     assert (
         prune_round(store, engine.config) == "every learned item is still helping or not yet measured"
     )  # no control yet
     hidden = _solve(engine, 6, insights=0)  # comparable tasks without it
-    assert all(r.success for r in hidden) and store.exposures_of(hidden[0].trajectory_ids[0]) == {}
+    assert all(r.success for r in hidden) and store.exposures.exposures_of(hidden[0].trajectory_ids[0]) == {}
     effect = insight_effects(store)[harmful.id]
     assert (effect.helped, effect.hurt, effect.control_successes, effect.control_failures) == (0, 6, 6, 0)
     assert effect.interval[1] < 0
     assert prune_round(store, engine.config) == f"retired insight {harmful.id} (hurts)"
-    assert store.get_insight(harmful.id).status == "retired"
+    assert store.insights.get_insight(harmful.id).status == "retired"
     (event,) = store.reports.list_events(kind="insight_retired")
     assert "0 of 6 attempts with it succeeded, against 6 of 6 without it" in event.why
     assert all(r.success for r in _solve(engine, 2, insights=5))  # no longer shown
     revert_event(store, event.id)
-    assert store.get_insight(harmful.id).status == "active"
+    assert store.insights.get_insight(harmful.id).status == "active"
     from evolver.api import views
     from evolver.cli.inspect import _effect
 
@@ -81,10 +81,10 @@ def test_a_harmful_insight_is_measured_retired_as_an_event_and_can_be_restored(e
 
 def _attempt(store, prompt: str, success: bool, shown: list[str]) -> None:
     task, _ = store.inbox.add_task(prompt, check={"type": "answer", "expected": "x"})
-    trajectory = store.start_trajectory(task.id)
-    store.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")
-    store.record_outcome(trajectory.id, success=success)
-    store.record_exposures(trajectory.id, {"insight": shown})
+    trajectory = store.attempts.start_trajectory(task.id)
+    store.attempts.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")
+    store.attempts.record_outcome(trajectory.id, success=success)
+    store.exposures.record_exposures(trajectory.id, {"insight": shown})
 
 
 def test_an_insight_shown_on_hard_tasks_is_compared_on_those_tasks_not_on_easy_ones(open_store, tmp_path):
@@ -92,7 +92,7 @@ def test_an_insight_shown_on_hard_tasks_is_compared_on_those_tasks_not_on_easy_o
     tasks that fail with or without it must not be retired as harmful because easy tasks without it
     succeed (the plain comparison said "hurts"; a test failed before)."""
     store = open_store(tmp_path / "d")
-    (insight,) = store.apply_insight_changes([{"op": "ADD", "text": "About the hard ones.", "importance": 2}])
+    (insight,) = store.insights.apply_insight_changes([{"op": "ADD", "text": "About the hard ones.", "importance": 2}])
     for i in range(4):
         for _ in range(2):
             _attempt(store, f"hard task {i}", False, [str(insight.id)])
@@ -119,30 +119,30 @@ def test_an_insight_measured_to_help_is_kept_with_its_verdict_and_retrieved_befo
     """Retrieval prefers what was measured to help: the prune round keeps each item's measurement, and a
     search puts an insight that earned "helps" before a more relevant one never measured."""
     store = open_store(tmp_path / "d")
-    (relevant, helpful) = store.apply_insight_changes(
+    (relevant, helpful) = store.insights.apply_insight_changes(
         [
             {"op": "ADD", "text": "Sort a list of numbers with sorted() before taking its median.", "importance": 2},
             {"op": "ADD", "text": "Check the length of a list of numbers before reading from it.", "importance": 2},
         ]
     )
     query = "the median of a sorted list of numbers"
-    assert [h.insight_id for h in store.search_insights(query, k=2)] == [relevant.id, helpful.id]
-    assert store.search_insights(query, k=1)[0].measured is None
+    assert [h.insight_id for h in store.retrieval.search_insights(query, k=2)] == [relevant.id, helpful.id]
+    assert store.retrieval.search_insights(query, k=1)[0].measured is None
     for i in range(6):
         _attempt(store, f"list task {i}", True, [str(helpful.id)])
         _attempt(store, f"list task {i}", False, [])
     assert prune_round(store, load_config(env={"EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "6"})) == (
         f"insight {helpful.id} helps"
     )
-    assert store.verdicts("insight", [str(relevant.id), str(helpful.id)]) == {str(helpful.id): "helps"}
-    (first,) = store.search_insights(query, k=1)
+    assert store.exposures.verdicts("insight", [str(relevant.id), str(helpful.id)]) == {str(helpful.id): "helps"}
+    (first,) = store.retrieval.search_insights(query, k=1)
     assert (first.insight_id, first.measured) == (helpful.id, "helps")
-    assert store.get_insight(helpful.id).importance == 2  # the measurement is kept apart from the votes
+    assert store.insights.get_insight(helpful.id).importance == 2  # the measurement is kept apart from the votes
 
 
 def test_an_item_shown_to_every_attempt_cannot_be_measured_and_is_kept(open_store, tmp_path):
     store = open_store(tmp_path / "d")
-    (insight,) = store.apply_insight_changes([{"op": "ADD", "text": "Shown always.", "importance": 2}])
+    (insight,) = store.insights.apply_insight_changes([{"op": "ADD", "text": "Shown always.", "importance": 2}])
     for i in range(30):
         _attempt(store, f"task {i}", i % 3 == 0, [str(insight.id)])
     effect = insight_effects(store)[insight.id]
@@ -175,19 +175,19 @@ def test_a_tool_that_hurts_is_retired_by_the_prune_job_as_an_event_that_can_be_u
     from memory import NewTool
 
     store = open_store(tmp_path / "d")
-    store.apply_tool_changes(
+    store.tools.apply_tool_changes(
         "synthesize", "registered shout", why="test", new=NewTool("shout", "shouts", code_hash="0" * 64, version=1)
     )
     for i in range(6):
         task, _ = store.inbox.add_task(f"task {i}", check={"type": "answer", "expected": "x"})
         for success, offered in ((False, ["shout"]), (True, [])):
-            trajectory = store.start_trajectory(task.id)
-            store.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")
-            store.record_outcome(trajectory.id, success=success)
-            store.record_exposures(trajectory.id, {"tool": offered})
+            trajectory = store.attempts.start_trajectory(task.id)
+            store.attempts.finish_trajectory(trajectory.id, status="done", final_answer="x" if success else "y")
+            store.attempts.record_outcome(trajectory.id, success=success)
+            store.exposures.record_exposures(trajectory.id, {"tool": offered})
     config = load_config(env={"EVOLVER_EVOLUTION_RETIRE_AFTER_EXPOSURES": "6"})
     assert prune_round(store, config) == "retired tool shout (hurts)"
-    assert [t.status for t in store.list_tools(status=None)] == ["retired"]
+    assert [t.status for t in store.tools.list_tools(status=None)] == ["retired"]
     (event,) = store.reports.list_events(kind="tool_retired")
     revert_event(store, event.id)
-    assert [t.status for t in store.list_tools(status=None)] == ["active"]
+    assert [t.status for t in store.tools.list_tools(status=None)] == ["active"]

@@ -256,7 +256,7 @@ def test_a_shipped_evaluation_is_recorded_as_a_worker_would_and_a_late_one_is_re
     assert (trajectory.status, trajectory.final_answer, trajectory.attempt) == ("finished", "42", 1)
     assert engine.store.reports.outcome(trajectory.id).success is True
     assert [s.role for s in engine.store.reports.steps(trajectory.id)] == ["assistant", "tool", "assistant", "tool"]
-    assert engine.store.spent(task_id=task.id)[0] == trajectory.tokens_in + trajectory.tokens_out > 0
+    assert engine.store.ledger.spent(task_id=task.id)[0] == trajectory.tokens_in + trajectory.tokens_out > 0
 
     # The next one's lease expires while it is away and another worker takes the task over: what comes back
     # is refused whole, not one step of it recorded.
@@ -274,12 +274,12 @@ def test_a_replay_makes_only_the_writes_a_recording_may_hold(engine):
     lease = _claimed(engine)
     task_id = lease.task.id
     with pytest.raises(ReplayError, match="may not hold 'add_node'"):
-        replay(engine.store, [Write("add_node", {"scaffold_hash": "x"})], task_id=task_id)
+        replay(engine.store.agent, [Write("add_node", {"scaffold_hash": "x"})], task_id=task_id)
     with pytest.raises(ReplayError, match="writes about task other"):
-        replay(engine.store, [Write("start_trajectory", {"task_id": "other"}, "recorded-1")], task_id=task_id)
+        replay(engine.store.agent, [Write("start_trajectory", {"task_id": "other"}, "recorded-1")], task_id=task_id)
     with pytest.raises(ReplayError, match="never started"):
         replay(
-            engine.store,
+            engine.store.agent,
             [Write("add_step", {"trajectory_id": "traj_elsewhere", "role": "assistant", "content": "x"})],
             task_id=task_id,
         )

@@ -147,7 +147,7 @@ def test_litellm_reaches_the_server_without_a_key(engine):
         [{"role": "user", "content": "Say hello in one word."}], purpose="task", max_tokens=16
     )
     assert reply.content.strip() and reply.tokens_out > 0
-    tokens, _ = engine.store.spent(purpose="task")
+    tokens, _ = engine.store.ledger.spent(purpose="task")
     assert tokens > 0  # the ledger has the call
 
 
@@ -298,7 +298,7 @@ def test_the_real_models_failures_without_an_answer_are_distilled_by_the_real_mo
     distillation, not past it: the round reads them and ends in operations or a clean refusal."""
     from tests.test_distill import real_failures
 
-    ids = engine.store.ingest(real_failures())
+    ids = engine.store.attempts.ingest(real_failures())
     try:
         summary = distill_round(engine.store, engine.model, engine.config)
     except InsightOpError as exc:
@@ -306,7 +306,7 @@ def test_the_real_models_failures_without_an_answer_are_distilled_by_the_real_mo
         print("the real model's distill answer was refused:", exc)
         return
     assert summary.endswith(f"from {len(ids)} trajectories"), summary  # none skipped
-    print("distilled from the real model's failures:", summary, [i.text for i in engine.store.list_insights()])
+    print("distilled from the real model's failures:", summary, [i.text for i in engine.store.insights.list_insights()])
 
 
 def test_a_chat_through_the_daemon_answers(llama):

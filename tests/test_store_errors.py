@@ -92,14 +92,14 @@ def test_locked_database_gives_store_locked(open_store, data_dir):
             store.inbox.add_task("during the lock")
         assert str(data_dir / "evolver.db") in str(caught.value)
         with pytest.raises(StoreLocked):
-            store.add_insight("also refused")
+            store.insights.add_insight("also refused")
     finally:
         holder.execute("ROLLBACK")
         holder.close()
     # The lock is gone: writing works again, and the refused writes left nothing behind.
     store.inbox.add_task("after the lock")
     assert task_prompts(store) == ["after the lock", "before the lock"]
-    assert store.list_insights() == []
+    assert store.insights.list_insights() == []
     assert store.database.writer.execute("SELECT count(*) FROM meta WHERE key = 'holder'").fetchone()[0] == 0
     assert store.check() == ["ok"]
 
@@ -268,7 +268,7 @@ def test_full_database_gives_store_full_and_keeps_earlier_rows(store):
     """SQLite's page cap stands in for the disk's end."""
     for i in range(5):
         store.inbox.add_task(f"earlier task {i}")
-    insight = store.add_insight("an earlier insight")
+    insight = store.insights.add_insight("an earlier insight")
     pages = store.database.writer.execute("PRAGMA page_count").fetchone()[0]
     store.database.writer.execute(f"PRAGMA max_page_count = {pages}")
 
@@ -276,10 +276,10 @@ def test_full_database_gives_store_full_and_keeps_earlier_rows(store):
         store.inbox.add_task("a huge task " + "x" * 200_000)
     assert str(store.db_path) in str(caught.value)
     with pytest.raises(StoreFull):
-        store.add_insight("a huge insight " + "y" * 200_000)
+        store.insights.add_insight("a huge insight " + "y" * 200_000)
 
     assert task_prompts(store) == [f"earlier task {i}" for i in range(5)]
-    assert [i.id for i in store.list_insights()] == [insight.id]
+    assert [i.id for i in store.insights.list_insights()] == [insight.id]
     assert store.check() == ["ok"]
     store.database.writer.execute("PRAGMA max_page_count = 1073741823")  # space again
     task, _ = store.inbox.add_task("a huge task " + "x" * 200_000)
@@ -305,7 +305,7 @@ FILL_THE_DISK = textwrap.dedent("""
 
     errors = []
     for write in (lambda: store.inbox.add_task("a task on a full disk " + "x" * 300_000),
-                  lambda: store.ingest([NewTrajectory(prompt="a trajectory on a full disk " + "y" * 300_000)],
+                  lambda: store.attempts.ingest([NewTrajectory(prompt="a trajectory on a full disk " + "y" * 300_000)],
                                        sync=False)):
         try:
             write()
@@ -420,7 +420,7 @@ def test_a_failed_open_lets_go_of_the_index(open_store, data_dir, embedder):
     from memory import NewTrajectory
 
     store = open_store()
-    store.ingest([NewTrajectory(prompt="queued for the index")], sync=False)
+    store.attempts.ingest([NewTrajectory(prompt="queued for the index")], sync=False)
     store.close()
     holder = sqlite3.connect(data_dir / "evolver.db", isolation_level=None)
     try:

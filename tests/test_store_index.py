@@ -25,7 +25,7 @@ PROMPTS = [
 
 
 def sqlite_ids(store: Store, collection: str) -> set[str]:
-    return {r[0] for r in store.database.writer.execute(store._indexable_ids_sql(collection)).fetchall()}
+    return {r[0] for r in store.database.writer.execute(store._indexing._indexable_ids_sql(collection)).fetchall()}
 
 
 def outbox(store: Store) -> list[tuple]:
@@ -44,8 +44,8 @@ def assert_in_sync(store: Store) -> None:
 def assert_findable(store: Store, trajectory_ids: list[str]) -> None:
     """Each trajectory is the best vector match for its own prompt."""
     for trajectory_id in trajectory_ids:
-        prompt = store.get_trajectory(trajectory_id).prompt
-        hits = store.search_trajectories(prompt, k=3, vector=store.embedder.embed_documents([prompt])[0])
+        prompt = store.attempts.get_trajectory(trajectory_id).prompt
+        hits = store.retrieval.search_trajectories(prompt, k=3, vector=store.embedder.embed_documents([prompt])[0])
         assert hits[0].trajectory_id == trajectory_id
         assert hits[0].similarity == pytest.approx(1.0, abs=1e-3)
 
@@ -54,14 +54,14 @@ def assert_findable(store: Store, trajectory_ids: list[str]) -> None:
 
 
 def test_writes_reach_the_index_through_the_outbox(store):
-    ids = store.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:2]], sync=False)
+    ids = store.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:2]], sync=False)
     assert outbox(store) == sorted(("trajectories", i) for i in ids)
     assert store.index.count("trajectories") == 0
     assert store.sync_index() == 2
     assert outbox(store) == []
     assert store.index.all_ids("trajectories") == set(ids)
     # A new outcome changes only metadata; the trajectory is queued and synced again.
-    store.record_outcome(ids[0], success=True)
+    store.attempts.record_outcome(ids[0], success=True)
     assert outbox(store) == []
     assert store.index.metadata_of("trajectories", [ids[0]])[ids[0]]["success"] == 1
     assert store.index.metadata_of("trajectories", [ids[1]])[ids[1]]["success"] == -1
@@ -73,14 +73,14 @@ def test_a_trajectory_enters_the_index_once_when_its_attempt_ends(store, monkeyp
     writes, each of which holds the daemon's GIL, instead of an upsert and then an update."""
     writes = index_writes(store.index, monkeypatch)
     task, _ = store.inbox.add_task(PROMPTS[0])
-    trajectory = store.start_trajectory(task.id)
-    store.add_step(trajectory.id, role="assistant", content="resizing")
+    trajectory = store.attempts.start_trajectory(task.id)
+    store.attempts.add_step(trajectory.id, role="assistant", content="resizing")
     assert store.sync_index() == 0
     assert outbox(store) == [("trajectories", trajectory.id)]
     assert writes == [] and store.index.count("trajectories") == 0
-    store.record_outcome(trajectory.id, success=True)
+    store.attempts.record_outcome(trajectory.id, success=True)
     assert writes == []  # still running
-    store.finish_trajectory(trajectory.id, status="finished", final_answer="done")
+    store.attempts.finish_trajectory(trajectory.id, status="finished", final_answer="done")
     assert writes == [("upsert", "trajectories", [trajectory.id])]
     assert store.index.metadata_of("trajectories", [trajectory.id])[trajectory.id]["success"] == 1
     assert_in_sync(store)
@@ -90,9 +90,9 @@ def test_a_trajectory_enters_the_index_once_when_its_attempt_ends(store, monkeyp
 def test_reconcile_after_a_crash_before_the_index_write(open_store, data_dir):
     """Rows committed with the sync skipped (as if the process died right after the commit)."""
     store = open_store()
-    synced = store.ingest([NewTrajectory(prompt=PROMPTS[0], success=True)])
-    insight = store.add_insight("always quote shell variables")
-    unsynced = store.ingest([NewTrajectory(prompt=p, success=False) for p in PROMPTS[1:]], sync=False)
+    synced = store.attempts.ingest([NewTrajectory(prompt=PROMPTS[0], success=True)])
+    insight = store.insights.add_insight("always quote shell variables")
+    unsynced = store.attempts.ingest([NewTrajectory(prompt=p, success=False) for p in PROMPTS[1:]], sync=False)
     assert store.index.count("trajectories") == 1
     store.close()
 
@@ -116,7 +116,7 @@ def test_reconcile_after_the_index_write_fails_midway(open_store, monkeypatch):
 
     monkeypatch.setattr(VectorIndex, "upsert", flaky_upsert)
     with pytest.raises(StoreError):
-        store.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
+        store.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
     # SQLite has every row; the index has fewer; the rest waits in the outbox.
     assert store.database.writer.execute("SELECT count(*) FROM trajectories").fetchone()[0] == len(PROMPTS)
     assert store.index.count("trajectories") < len(PROMPTS)
@@ -136,10 +136,10 @@ def test_the_next_write_retries_a_failed_sync(store, monkeypatch):
 
     monkeypatch.setattr(VectorIndex, "upsert", broken)
     with pytest.raises(StoreError):
-        store.ingest([NewTrajectory(prompt=PROMPTS[0])])
+        store.attempts.ingest([NewTrajectory(prompt=PROMPTS[0])])
     assert store.index.count("trajectories") == 0
     monkeypatch.undo()
-    store.add_insight("a later write")
+    store.insights.add_insight("a later write")
     assert_in_sync(store)
     assert store.index.count("trajectories") == 1
 
@@ -155,7 +155,7 @@ CRASH_SCRIPT = textwrap.dedent("""
 
     Embedder.embed_documents = die
     store = Store.open(pathlib.Path(sys.argv[1]))
-    store.ingest([NewTrajectory(prompt=p, success=True) for p in sys.argv[2:]])
+    store.attempts.ingest([NewTrajectory(prompt=p, success=True) for p in sys.argv[2:]])
     print("ingest returned: the process should have died", flush=True)
 """)
 
@@ -169,7 +169,7 @@ def test_reconcile_after_the_process_is_killed_between_commit_and_index(open_sto
     assert_in_sync(store)
     assert store.index.count("trajectories") == 3
     assert_findable(store, sorted(sqlite_ids(store, "trajectories")))
-    hits = store.search_trajectories("shrink png images", k=1)
+    hits = store.retrieval.search_trajectories("shrink png images", k=1)
     assert hits[0].prompt == PROMPTS[0] and hits[0].success is True
 
 
@@ -178,9 +178,9 @@ def test_reconcile_after_the_process_is_killed_between_commit_and_index(open_sto
 
 def test_reconcile_removes_ids_sqlite_does_not_have(open_store, embedder):
     store = open_store()
-    kept = store.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:2]])
-    retired = store.add_insight("retired insight")
-    store.update_insight(retired.id, status="retired")
+    kept = store.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:2]])
+    retired = store.insights.add_insight("retired insight")
+    store.insights.update_insight(retired.id, status="retired")
     ghost = embedder.embed_documents(["a ghost trajectory"])
     store.index.upsert(
         "trajectories", ["traj_ghost"], ghost, [{"success": -1, "started_at": 0.0, "node_id": "", "text_hash": "x"}]
@@ -204,12 +204,12 @@ def test_reconcile_removes_ids_sqlite_does_not_have(open_store, embedder):
     store.close()
     reopened = open_store()
     assert reopened.index.all_ids("trajectories") == set(kept)
-    assert all(h.trajectory_id in kept for h in reopened.search_trajectories("a ghost trajectory", k=5))
+    assert all(h.trajectory_id in kept for h in reopened.retrieval.search_trajectories("a ghost trajectory", k=5))
 
 
 def test_reconcile_restores_ids_missing_from_the_index(store):
-    ids = store.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
-    tool = store.add_tool("png_resize", description="resize png images", code_hash="h", origin="builtin")
+    ids = store.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS])
+    tool = store.tools.add_tool("png_resize", description="resize png images", code_hash="h", origin="builtin")
     store.index.delete("trajectories", ids[:2])
     store.index.delete("tools", [str(tool.id)])
     fixed = store.reconcile()
@@ -219,15 +219,15 @@ def test_reconcile_restores_ids_missing_from_the_index(store):
 
 
 def test_reconcile_of_an_index_in_sync_changes_nothing(store):
-    store.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:2]])
+    store.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:2]])
     assert store.reconcile() == {"outbox": 0}
 
 
 def test_reindex_rebuilds_everything(store):
-    ids = store.ingest([NewTrajectory(prompt=p, success=i % 2 == 0) for i, p in enumerate(PROMPTS)])
-    insights = [store.add_insight(t) for t in ("check exit codes", "prefer pathlib")]
-    store.update_insight(insights[1].id, status="retired")
-    tool = store.add_tool("wc", description="count words", code_hash="h", origin="builtin")
+    ids = store.attempts.ingest([NewTrajectory(prompt=p, success=i % 2 == 0) for i, p in enumerate(PROMPTS)])
+    insights = [store.insights.add_insight(t) for t in ("check exit codes", "prefer pathlib")]
+    store.insights.update_insight(insights[1].id, status="retired")
+    tool = store.tools.add_tool("wc", description="count words", code_hash="h", origin="builtin")
     store.index.delete("trajectories", ids[:3])
     store.index.upsert("tools", ["4242"], store.embedder.embed_documents(["stray"]), [{"text_hash": "z"}])
 
@@ -250,7 +250,7 @@ def test_reindex_rebuilds_everything(store):
 
 def test_another_embedding_model_is_refused(open_store, data_dir, embedder):
     store = open_store()
-    ids = store.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:3]])
+    ids = store.attempts.ingest([NewTrajectory(prompt=p) for p in PROMPTS[:3]])
     store.close()
 
     other = OtherModel(embedder, "some-other-model/384")
@@ -262,7 +262,7 @@ def test_another_embedding_model_is_refused(open_store, data_dir, embedder):
     assert embedder.model_id in message and "some-other-model/384" in message
     # The failed open let go of the index, and SQLite lost nothing.
     again = open_store()
-    assert {t.id for t in map(again.get_trajectory, ids)} == set(ids)
+    assert {t.id for t in map(again.attempts.get_trajectory, ids)} == set(ids)
     assert again.index.count("trajectories") == 3
     again.close()
 
@@ -278,7 +278,7 @@ def test_another_embedding_model_is_refused(open_store, data_dir, embedder):
         rebuilt.database.writer.execute("SELECT value FROM meta WHERE key = 'embedding_model'").fetchone()[0]
         == other.model_id
     )
-    assert rebuilt.search_trajectories(PROMPTS[1], k=1)[0].trajectory_id == ids[1]
+    assert rebuilt.retrieval.search_trajectories(PROMPTS[1], k=1)[0].trajectory_id == ids[1]
     rebuilt.close()
     # Now the index is the other model's, and the first model is the stranger.
     with pytest.raises(EmbeddingMismatch):
@@ -288,7 +288,7 @@ def test_another_embedding_model_is_refused(open_store, data_dir, embedder):
 
 def test_collection_metadata_naming_another_model_is_refused(open_store, data_dir):
     store = open_store()
-    store.add_insight("keep answers short")
+    store.insights.add_insight("keep answers short")
     store.index._client.get_collection("insights").modify(metadata={"embedding_model": "tampered/768"})
     store.close()
     with pytest.raises(EmbeddingMismatch, match="evolver memory reindex"):
@@ -296,7 +296,7 @@ def test_collection_metadata_naming_another_model_is_refused(open_store, data_di
     recovered = open_store(rebuild_index=True)
     recovered.reindex()
     assert recovered.index.count("insights") == 1
-    assert recovered.search_insights("short answers", k=1)[0].text == "keep answers short"
+    assert recovered.retrieval.search_insights("short answers", k=1)[0].text == "keep answers short"
 
 
 # --- one owner of the index ------------------------------------------------------
@@ -305,7 +305,7 @@ HOLDER_SCRIPT = textwrap.dedent("""
     import sys, pathlib
     from memory import Store, NewTrajectory
     store = Store.open(pathlib.Path(sys.argv[1]))
-    store.ingest([NewTrajectory(prompt=p, success=True) for p in sys.argv[2:]], sync=False)
+    store.attempts.ingest([NewTrajectory(prompt=p, success=True) for p in sys.argv[2:]], sync=False)
     print("ready", flush=True)
     sys.stdin.readline()
     store.close()
@@ -359,11 +359,11 @@ def test_a_second_process_gets_index_busy(open_store, data_dir, embedder, monkey
         # A reader still gets keyword search, without the index.
         reader = open_store(readonly=True)
         assert reader.index is None
-        assert reader.search_trajectories("nginx logs rotation", k=3) == []  # not among the holder's rows
-        hits = reader.search_trajectories("resize png", k=3)
+        assert reader.retrieval.search_trajectories("nginx logs rotation", k=3) == []  # not among the holder's rows
+        hits = reader.retrieval.search_trajectories("resize png", k=3)
         assert [h.prompt for h in hits] == [PROMPTS[0]]
         assert hits[0].similarity is None and hits[0].keyword_rank == 1
-        assert reader.context("png resize").vector_search is False
+        assert reader.retrieval.context("png resize").vector_search is False
         with pytest.raises(StoreError, match="read-only"):
             reader.inbox.add_task("no writes here")
         reader.close()

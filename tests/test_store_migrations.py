@@ -175,14 +175,14 @@ def test_an_older_store_gets_its_task_checks_and_keeps_every_task_and_reference(
         "t2": ("inbox", "queued"),
         "t3": ("chat", "failed"),
     }
-    assert store.get_trajectory("j").task_id == "t1"
+    assert store.attempts.get_trajectory("j").task_id == "t1"
     assert store.check() == ["ok"]
     for column, value in (("status", "lost"), ("source", "eval")):
         with pytest.raises(StoreError, match=f"CHECK constraint failed: {column} IN"):
             with store.transaction() as tx:
                 tx.execute(f"UPDATE tasks SET {column} = ? WHERE id = 't0'", [value])
     with pytest.raises(ValueError, match="a task's status is one of queued, running, done, failed, cancelled, dead"):
-        store.set_task_status("t0", "lost")
+        store.inbox.set_task_status("t0", "lost")
 
 
 def test_a_failing_migration_leaves_nothing_half_applied(open_store, data_dir, monkeypatch):
@@ -229,7 +229,7 @@ def test_connection_pragmas(open_store):
 def test_foreign_keys_are_enforced(store):
     task, _ = store.inbox.add_task("needs a real node")
     with pytest.raises(StoreError, match="FOREIGN KEY"):
-        store.start_trajectory(task.id, node_id="node_that_does_not_exist")
+        store.attempts.start_trajectory(task.id, node_id="node_that_does_not_exist")
     assert store.reports.trajectories_of(task.id) == []
 
 

@@ -102,9 +102,9 @@ def test_task_needs_a_prompt(store):
 def test_task_status_and_listing(store):
     a, _ = store.inbox.add_task("first")
     b, _ = store.inbox.add_task("second")
-    running = store.set_task_status(a.id, "running")
+    running = store.inbox.set_task_status(a.id, "running")
     assert (running.status, running.finished_at) == ("running", None)
-    failed = store.set_task_status(a.id, "failed", error="boom")
+    failed = store.inbox.set_task_status(a.id, "failed", error="boom")
     assert (failed.status, failed.error) == ("failed", "boom")
     assert failed.finished_at is not None and failed.updated_at >= a.updated_at
     assert [t.id for t in store.inbox.list_tasks(status="failed")] == [a.id]
@@ -112,7 +112,7 @@ def test_task_status_and_listing(store):
     assert {t.id for t in store.inbox.list_tasks()} == {a.id, b.id}
     assert len(store.inbox.list_tasks(limit=1)) == 1
     with pytest.raises(NotFound, match="task_nope"):
-        store.set_task_status("task_nope", "done")
+        store.inbox.set_task_status("task_nope", "done")
     with pytest.raises(NotFound):
         store.inbox.get_task("task_nope")
     with pytest.raises(KeyError):  # NotFound is a KeyError too
@@ -125,7 +125,7 @@ def test_task_status_and_listing(store):
 def test_trajectory_and_steps_round_trip(store):
     node = store.tree.add_node("hash-root", status="promoted")
     task, _ = store.inbox.add_task("list the files")
-    trajectory = store.start_trajectory(task.id, node_id=node.id, attempt=2)
+    trajectory = store.attempts.start_trajectory(task.id, node_id=node.id, attempt=2)
     assert isinstance(trajectory, Trajectory)
     assert (trajectory.task_id, trajectory.node_id, trajectory.prompt, trajectory.status, trajectory.attempt) == (
         task.id,
@@ -136,7 +136,7 @@ def test_trajectory_and_steps_round_trip(store):
     )
     calls = [{"id": "call_1", "name": "shell", "arguments": {"cmd": "ls -la", "timeout": 5}}]
     results = [{"call_id": "call_1", "ok": True, "output": "a.txt\nb.txt", "exit": 0}]
-    s1 = store.add_step(
+    s1 = store.attempts.add_step(
         trajectory.id,
         role="assistant",
         content="I'll look.",
@@ -146,8 +146,8 @@ def test_trajectory_and_steps_round_trip(store):
         cost_usd=0.0015,
         duration_ms=812.5,
     )
-    s2 = store.add_step(trajectory.id, role="tool", content="", tool_results=results, duration_ms=40.0)
-    s3 = store.add_step(
+    s2 = store.attempts.add_step(trajectory.id, role="tool", content="", tool_results=results, duration_ms=40.0)
+    s3 = store.attempts.add_step(
         trajectory.id, role="assistant", content="Two files.", tokens_in=200, tokens_out=8, cost_usd=0.002
     )
     assert [s.seq for s in (s1, s2, s3)] == [1, 2, 3]
@@ -165,34 +165,34 @@ def test_trajectory_and_steps_round_trip(store):
     assert store.reports.steps(trajectory.id, after_seq=1) == [s2, s3]
     assert store.reports.steps(trajectory.id, after_seq=1, limit=1) == [s2]
 
-    finished = store.finish_trajectory(trajectory.id, status="finished", final_answer="a.txt, b.txt")
+    finished = store.attempts.finish_trajectory(trajectory.id, status="finished", final_answer="a.txt, b.txt")
     assert (finished.status, finished.final_answer) == ("finished", "a.txt, b.txt")
     assert finished.finished_at is not None and finished.finished_at >= finished.started_at
     # The trajectory keeps running totals of its steps.
     assert (finished.tokens_in, finished.tokens_out) == (320, 38)
     assert finished.cost_usd == pytest.approx(0.0035)
-    assert store.get_trajectory(trajectory.id) == finished
+    assert store.attempts.get_trajectory(trajectory.id) == finished
     assert store.reports.trajectories_of(task.id) == [finished]
 
 
 def test_step_of_unknown_trajectory_is_refused(store):
     with pytest.raises(NotFound, match="traj_missing"):
-        store.add_step("traj_missing", role="assistant", content="orphan")
+        store.attempts.add_step("traj_missing", role="assistant", content="orphan")
     task, _ = store.inbox.add_task("t")
-    trajectory = store.start_trajectory(task.id)
+    trajectory = store.attempts.start_trajectory(task.id)
     with pytest.raises(StoreError, match="NOT NULL") as caught:  # a bad step, not a missing trajectory
-        store.add_step(trajectory.id, role="assistant", content=None)
+        store.attempts.add_step(trajectory.id, role="assistant", content=None)
     assert not isinstance(caught.value, NotFound)
     assert store.database.writer.execute("SELECT count(*) FROM steps").fetchone()[0] == 0
     with pytest.raises(NotFound):
-        store.finish_trajectory("traj_missing", status="finished")
+        store.attempts.finish_trajectory("traj_missing", status="finished")
     with pytest.raises(NotFound):
-        store.start_trajectory("task_missing")
+        store.attempts.start_trajectory("task_missing")
 
 
 def test_ingest_round_trip(store):
     node = store.tree.add_node("hash-n")
-    [trajectory_id] = store.ingest(
+    [trajectory_id] = store.attempts.ingest(
         [
             NewTrajectory(
                 prompt="convert celsius to fahrenheit",
@@ -216,7 +216,7 @@ def test_ingest_round_trip(store):
             )
         ]
     )
-    trajectory = store.get_trajectory(trajectory_id)
+    trajectory = store.attempts.get_trajectory(trajectory_id)
     assert (trajectory.prompt, trajectory.final_answer, trajectory.node_id, trajectory.started_at) == (
         "convert celsius to fahrenheit",
         "F = C * 9/5 + 32",
@@ -237,16 +237,16 @@ def test_ingest_round_trip(store):
 
 def test_ingest_is_one_transaction(store):
     with pytest.raises(ValueError):
-        store.ingest([NewTrajectory(prompt="fine"), NewTrajectory(prompt="  ")])
+        store.attempts.ingest([NewTrajectory(prompt="fine"), NewTrajectory(prompt="  ")])
     assert store.database.writer.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 0
     assert store.database.writer.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
 
 
 def test_outcome_round_trip(store):
     task, _ = store.inbox.add_task("add 2 and 2")
-    trajectory = store.start_trajectory(task.id)
+    trajectory = store.attempts.start_trajectory(task.id)
     assert store.reports.outcome(trajectory.id) is None
-    outcome = store.record_outcome(
+    outcome = store.attempts.record_outcome(
         trajectory.id, success=False, score=0.25, verifier="expected_answer", verifier_output="expected '4', got '5'"
     )
     assert isinstance(outcome, Outcome)
@@ -262,7 +262,7 @@ def test_outcome_round_trip(store):
     assert (after.success, after.feedback, after.verifier) == (False, "close enough for me", "expected_answer")
     assert after.person_good is True  # and the person's word is kept as they gave it, beside the verdict
     # A re-verification replaces the verdict and keeps the feedback.
-    again = store.record_outcome(
+    again = store.attempts.record_outcome(
         trajectory.id, success=True, score=1.0, verifier="expected_answer", verifier_output="ok"
     )
     assert (again.success, again.score, again.verifier_output, again.feedback) == (
@@ -273,13 +273,13 @@ def test_outcome_round_trip(store):
     )
     assert store.reports.outcome(trajectory.id) == again
     with pytest.raises(NotFound):
-        store.record_outcome("traj_missing", success=True)
+        store.attempts.record_outcome("traj_missing", success=True)
 
 
 def test_feedback_decides_where_no_verifier_did(store):
     task, _ = store.inbox.add_task("write a haiku")
-    trajectory = store.start_trajectory(task.id)
-    unknown = store.record_outcome(trajectory.id, success=None)
+    trajectory = store.attempts.start_trajectory(task.id)
+    unknown = store.attempts.record_outcome(trajectory.id, success=None)
     assert unknown.success is None
     liked = store.reports.add_feedback(trajectory.id, good=True)
     assert (liked.success, liked.feedback) == (True, "good")
@@ -287,7 +287,7 @@ def test_feedback_decides_where_no_verifier_did(store):
     changed = store.reports.add_feedback(trajectory.id, good=False, note="not a haiku")
     assert (changed.success, changed.feedback) == (False, "not a haiku")
 
-    other = store.start_trajectory(task.id, attempt=2)
+    other = store.attempts.start_trajectory(task.id, attempt=2)
     fresh = store.reports.add_feedback(other.id, good=False)
     assert (fresh.success, fresh.feedback, fresh.verifier) == (False, "bad", None)
 
@@ -297,7 +297,7 @@ def test_feedback_decides_where_no_verifier_did(store):
 
 def test_insight_round_trip_and_update(store):
     provenance = [{"trajectory": "traj_a", "op": "ADD"}, {"trajectory": "traj_b", "op": "UPVOTE"}]
-    insight = store.add_insight("Run the tests before answering.", importance=3, provenance=provenance)
+    insight = store.insights.add_insight("Run the tests before answering.", importance=3, provenance=provenance)
     assert isinstance(insight, Insight)
     assert (insight.text, insight.importance, insight.status, insight.provenance, insight.node_id) == (
         "Run the tests before answering.",
@@ -306,10 +306,10 @@ def test_insight_round_trip_and_update(store):
         provenance,
         None,
     )
-    assert store.get_insight(insight.id) == insight
+    assert store.insights.get_insight(insight.id) == insight
     assert store.index.all_ids("insights") == {str(insight.id)}
 
-    edited = store.update_insight(insight.id, text="Run the whole test suite before answering.", importance=5)
+    edited = store.insights.update_insight(insight.id, text="Run the whole test suite before answering.", importance=5)
     assert (edited.text, edited.importance, edited.status, edited.provenance) == (
         "Run the whole test suite before answering.",
         5,
@@ -318,30 +318,32 @@ def test_insight_round_trip_and_update(store):
     )
     assert edited.updated_at >= insight.updated_at and edited.created_at == insight.created_at
     more = provenance + [{"trajectory": "traj_c", "op": "EDIT"}]
-    assert store.update_insight(insight.id, provenance=more).provenance == more
+    assert store.insights.update_insight(insight.id, provenance=more).provenance == more
 
-    low = store.add_insight("Prefer tabs.", importance=1)
-    assert [i.id for i in store.list_insights()] == [insight.id, low.id]  # most important first
-    retired = store.update_insight(low.id, importance=0, status="retired")
+    low = store.insights.add_insight("Prefer tabs.", importance=1)
+    assert [i.id for i in store.insights.list_insights()] == [insight.id, low.id]  # most important first
+    retired = store.insights.update_insight(low.id, importance=0, status="retired")
     assert retired.status == "retired"
-    assert [i.id for i in store.list_insights()] == [insight.id]
-    assert {i.id for i in store.list_insights(status=None)} == {insight.id, low.id}
+    assert [i.id for i in store.insights.list_insights()] == [insight.id]
+    assert {i.id for i in store.insights.list_insights(status=None)} == {insight.id, low.id}
     assert store.index.all_ids("insights") == {str(insight.id)}  # a retired insight leaves the index
     with pytest.raises(NotFound):
-        store.update_insight(999, text="nothing")
+        store.insights.update_insight(999, text="nothing")
     with pytest.raises(ValueError):
-        store.add_insight("  ")
+        store.insights.add_insight("  ")
 
 
 # --- tools -----------------------------------------------------------------
 
 
 def test_tool_versions_status_and_usage(store):
-    v1 = store.add_tool("csv_sum", description="Sum a column of a CSV file", code_hash="h1", origin="synthesized")
-    v2 = store.add_tool(
+    v1 = store.tools.add_tool("csv_sum", description="Sum a column of a CSV file", code_hash="h1", origin="synthesized")
+    v2 = store.tools.add_tool(
         "csv_sum", description="Sum a column of a CSV file, skipping blanks", code_hash="h2", origin="synthesized"
     )
-    other = store.add_tool("word_count", description="Count the words in a text", code_hash="h3", origin="builtin")
+    other = store.tools.add_tool(
+        "word_count", description="Count the words in a text", code_hash="h3", origin="builtin"
+    )
     assert all(isinstance(t, ToolRecord) for t in (v1, v2, other))
     assert [(t.name, t.version) for t in (v1, v2, other)] == [("csv_sum", 1), ("csv_sum", 2), ("word_count", 1)]
     assert (v2.description, v2.code_hash, v2.origin, v2.status) == (
@@ -351,29 +353,29 @@ def test_tool_versions_status_and_usage(store):
         "active",
     )
     assert (v2.uses, v2.successes, v2.failures) == (0, 0, 0)
-    assert store.get_tool(v2.id) == v2
+    assert store.tools.get_tool(v2.id) == v2
     with pytest.raises(StoreError, match="UNIQUE"):
-        store.add_tool("csv_sum", description="dup", code_hash="h4", origin="synthesized", version=2)
-    explicit = store.add_tool("csv_sum", description="jump", code_hash="h5", origin="synthesized", version=10)
+        store.tools.add_tool("csv_sum", description="dup", code_hash="h4", origin="synthesized", version=2)
+    explicit = store.tools.add_tool("csv_sum", description="jump", code_hash="h5", origin="synthesized", version=10)
     assert explicit.version == 10
-    assert store.add_tool("csv_sum", description="next", code_hash="h6", origin="synthesized").version == 11
+    assert store.tools.add_tool("csv_sum", description="next", code_hash="h6", origin="synthesized").version == 11
 
-    store.record_tool_use(v2.id, ok=True)
-    store.record_tool_use(v2.id, ok=True)
-    used = store.record_tool_use(v2.id, ok=False)
+    store.tools.record_tool_use(v2.id, ok=True)
+    store.tools.record_tool_use(v2.id, ok=True)
+    used = store.tools.record_tool_use(v2.id, ok=False)
     assert (used.uses, used.successes, used.failures) == (3, 2, 1)
 
-    retired = store.set_tool_status(v1.id, "retired")
+    retired = store.tools.set_tool_status(v1.id, "retired")
     assert retired.status == "retired"
-    assert v1.id not in {t.id for t in store.list_tools()}
-    assert v1.id in {t.id for t in store.list_tools(status=None)}
-    assert [t.id for t in store.list_tools(status="retired")] == [v1.id]
+    assert v1.id not in {t.id for t in store.tools.list_tools()}
+    assert v1.id in {t.id for t in store.tools.list_tools(status=None)}
+    assert [t.id for t in store.tools.list_tools(status="retired")] == [v1.id]
     assert str(v1.id) not in store.index.all_ids("tools")
     assert str(v2.id) in store.index.all_ids("tools")
     with pytest.raises(NotFound):
-        store.set_tool_status(12345, "retired")
+        store.tools.set_tool_status(12345, "retired")
     with pytest.raises(NotFound):
-        store.record_tool_use(12345, ok=True)
+        store.tools.record_tool_use(12345, ok=True)
 
 
 # --- nodes and evaluations -------------------------------------------------------
@@ -404,7 +406,7 @@ def test_nodes_and_evaluations(store):
         store.tree.add_node("h", parent_id="node_missing")
 
     task, _ = store.inbox.add_task("eval task")
-    trajectory = store.start_trajectory(task.id, node_id=child.id)
+    trajectory = store.attempts.start_trajectory(task.id, node_id=child.id)
     e1 = store.tree.start_evaluation(child.id, "pack/arith#3", split="heldout")
     e2 = store.tree.start_evaluation(child.id, "pack/arith#4")
     assert isinstance(e1, Evaluation)
@@ -433,13 +435,13 @@ def test_nodes_and_evaluations(store):
 def test_ledger_and_spent(store):
     start = time.time()
     task, _ = store.inbox.add_task("t")
-    e1 = store.record_call(
+    e1 = store.ledger.record_call(
         model="gpt-x", purpose="task", tokens_in=100, tokens_out=20, cost_usd=0.01, latency_ms=350.0, task_id=task.id
     )
-    store.record_call(
+    store.ledger.record_call(
         model="gpt-x", purpose="task", tokens_in=50, tokens_out=5, cost_usd=0.005, latency_ms=100.0, task_id=task.id
     )
-    store.record_call(
+    store.ledger.record_call(
         model="claude-y",
         purpose="distill",
         tokens_in=1000,
@@ -460,13 +462,13 @@ def test_ledger_and_spent(store):
         None,
     )
     assert e1.at >= start
-    tokens, usd = store.spent()
+    tokens, usd = store.ledger.spent()
     assert tokens == 1375 and usd == pytest.approx(0.215)
-    assert store.spent(purpose="distill") == (1200, pytest.approx(0.2))
-    tokens, usd = store.spent(task_id=task.id)
+    assert store.ledger.spent(purpose="distill") == (1200, pytest.approx(0.2))
+    tokens, usd = store.ledger.spent(task_id=task.id)
     assert tokens == 175 and usd == pytest.approx(0.015)
-    assert store.spent(since=time.time() + 60) == (0, 0.0)
-    assert store.spent(purpose="nothing") == (0, 0.0)
+    assert store.ledger.spent(since=time.time() + 60) == (0, 0.0)
+    assert store.ledger.spent(purpose="nothing") == (0, 0.0)
 
 
 def test_events_round_trip_and_append_only(store):
@@ -518,42 +520,42 @@ def test_everything_survives_reopening(open_store):
     store = open_store()
     node = store.tree.add_node("h")
     task, _ = store.inbox.add_task("persist me", metadata={"k": 1})
-    trajectory = store.start_trajectory(task.id, node_id=node.id)
-    step = store.add_step(trajectory.id, role="assistant", content="hi", tool_calls=[{"name": "x"}])
-    outcome = store.record_outcome(trajectory.id, success=True, verifier="v")
-    insight = store.add_insight("an insight", provenance=[trajectory.id])
-    tool = store.add_tool("t", description="d", code_hash="c", origin="builtin")
+    trajectory = store.attempts.start_trajectory(task.id, node_id=node.id)
+    step = store.attempts.add_step(trajectory.id, role="assistant", content="hi", tool_calls=[{"name": "x"}])
+    outcome = store.attempts.record_outcome(trajectory.id, success=True, verifier="v")
+    insight = store.insights.add_insight("an insight", provenance=[trajectory.id])
+    tool = store.tools.add_tool("t", description="d", code_hash="c", origin="builtin")
     evaluation = store.tree.start_evaluation(node.id, "ref")
-    entry = store.record_call(model="m", purpose="p", tokens_in=1, tokens_out=2, cost_usd=0.5, latency_ms=1.0)
+    entry = store.ledger.record_call(model="m", purpose="p", tokens_in=1, tokens_out=2, cost_usd=0.5, latency_ms=1.0)
     event = store.reports.append_event("k", "w", evidence=[1, 2])
     store.close()
 
     again = open_store()
     assert again.tree.get_node(node.id) == node
     assert again.inbox.get_task(task.id) == task
-    assert again.get_trajectory(trajectory.id).node_id == node.id
+    assert again.attempts.get_trajectory(trajectory.id).node_id == node.id
     assert again.reports.steps(trajectory.id) == [step]
     assert again.reports.outcome(trajectory.id) == outcome
-    assert again.get_insight(insight.id) == insight
-    assert again.get_tool(tool.id) == tool
+    assert again.insights.get_insight(insight.id) == insight
+    assert again.tools.get_tool(tool.id) == tool
     assert again.tree.get_evaluation(evaluation.id) == evaluation
     assert again.reports.list_events() == [event]
-    assert again.spent() == (3, 0.5)
+    assert again.ledger.spent() == (3, 0.5)
     assert entry.id == 1
 
 
 def test_a_transaction_indexes_its_rows_once_committed_and_none_of_a_rolled_back_one(store):
     with pytest.raises(RuntimeError):
         with store.transaction():
-            store.add_insight("Rolled back: never indexed.")
+            store.insights.add_insight("Rolled back: never indexed.")
             raise RuntimeError("the caller fails after the write")
     assert store.index.count("insights") == 0
     assert store.database.writer.execute("SELECT count(*) FROM index_outbox").fetchone()[0] == 0
     with store.transaction():
-        store.add_insight("Committed with the rest of the transaction.")
+        store.insights.add_insight("Committed with the rest of the transaction.")
         assert store.index.count("insights") == 0, "indexed before its transaction committed"
     assert store.index.count("insights") == 1
-    assert [h.text for h in store.search_insights("committed transaction", k=1)] == [
+    assert [h.text for h in store.retrieval.search_insights("committed transaction", k=1)] == [
         "Committed with the rest of the transaction."
     ]
 
@@ -564,14 +566,14 @@ def test_the_last_attempt_is_the_newest_even_when_a_restart_numbers_attempts_aga
     task, _ = store.inbox.add_task("What is 2 + 2?")
     before_restart = []
     for attempt in (1, 2):
-        trajectory = store.start_trajectory(task.id, attempt=attempt)
-        store.finish_trajectory(trajectory.id, status="finished", final_answer="5")
-        store.record_outcome(trajectory.id, success=False, verifier="answer")
+        trajectory = store.attempts.start_trajectory(task.id, attempt=attempt)
+        store.attempts.finish_trajectory(trajectory.id, status="finished", final_answer="5")
+        store.attempts.record_outcome(trajectory.id, success=False, verifier="answer")
         before_restart.append(trajectory.id)
     time.sleep(0.01)
-    after = store.start_trajectory(task.id, attempt=1)
-    store.finish_trajectory(after.id, status="finished", final_answer="4")
-    store.record_outcome(after.id, success=True, verifier="answer")
+    after = store.attempts.start_trajectory(task.id, attempt=1)
+    store.attempts.finish_trajectory(after.id, status="finished", final_answer="4")
+    store.attempts.record_outcome(after.id, success=True, verifier="answer")
 
     assert store.reports.last_trajectory(task.id).id == after.id
     assert store.reports.last_verdict(task.id) == (after.id, True)

@@ -62,7 +62,7 @@ RRF_K = 60
 def corpus(tmp_path_factory, embedder):
     """A read-only corpus larger than the candidate lists, shared by this module's tests."""
     store = Store.open(tmp_path_factory.mktemp("corpus") / "data", embedder=embedder)
-    ids = store.ingest([NewTrajectory(prompt=p) for p in [*FILLERS, KEYWORD_ONLY, VECTOR_ONLY, BOTH]])
+    ids = store.attempts.ingest([NewTrajectory(prompt=p) for p in [*FILLERS, KEYWORD_ONLY, VECTOR_ONLY, BOTH]])
     named = dict(zip([KEYWORD_ONLY, VECTOR_ONLY, BOTH], ids[-3:]))
     yield store, named
     store.close()
@@ -115,7 +115,7 @@ def test_keyword_only_match_is_found(corpus, embedder):
     vector = embedder.embed_query("how do I bake bread at home")
     ranking = vector_ranking(store, vector)
     assert ranking.index(named[KEYWORD_ONLY]) >= 20  # far outside the vector candidates
-    hits = store.search_trajectories("zanzibar", k=5, vector=vector)
+    hits = store.retrieval.search_trajectories("zanzibar", k=5, vector=vector)
     found = {h.trajectory_id: h for h in hits}
     assert named[KEYWORD_ONLY] in found
     hit = found[named[KEYWORD_ONLY]]
@@ -126,7 +126,7 @@ def test_keyword_only_match_is_found(corpus, embedder):
 
 def test_vector_only_match_is_found(corpus):
     store, named = corpus
-    hits = store.search_trajectories("car motor repair", k=5)
+    hits = store.retrieval.search_trajectories("car motor repair", k=5)
     found = {h.trajectory_id: h for h in hits}
     hit = found[named[VECTOR_ONLY]]
     assert hit.keyword_rank is None  # no word in common
@@ -137,7 +137,7 @@ def test_vector_only_match_is_found(corpus):
 def test_an_item_in_both_lists_ranks_above_items_in_one(corpus, embedder):
     store, named = corpus
     query = "car motor repair"
-    hits = store.search_trajectories(query, k=5)
+    hits = store.retrieval.search_trajectories(query, k=5)
     assert hits[0].trajectory_id == named[BOTH]
     assert hits[0].keyword_rank == 1 and hits[0].similarity is not None
     assert all(h.score < hits[0].score for h in hits[1:])
@@ -157,8 +157,8 @@ def test_an_item_in_both_lists_ranks_above_items_in_one(corpus, embedder):
 
 def test_search_result_fields(corpus):
     store, named = corpus
-    [hit] = store.search_trajectories("zanzibar expense report", k=1)
-    trajectory = store.get_trajectory(named[KEYWORD_ONLY])
+    [hit] = store.retrieval.search_trajectories("zanzibar expense report", k=1)
+    trajectory = store.attempts.get_trajectory(named[KEYWORD_ONLY])
     assert (hit.trajectory_id, hit.task_id, hit.prompt, hit.final_answer, hit.success) == (
         trajectory.id,
         trajectory.task_id,
@@ -166,7 +166,7 @@ def test_search_result_fields(corpus):
         None,
         None,
     )
-    assert len(store.search_trajectories("bread", k=3)) == 3
+    assert len(store.retrieval.search_trajectories("bread", k=3)) == 3
 
 
 @pytest.mark.parametrize(
@@ -205,10 +205,10 @@ def test_search_result_fields(corpus):
 )
 def test_fts_syntax_in_a_query_is_searched_not_interpreted(corpus, query):
     store, named = corpus
-    hits = store.search_trajectories(query, k=5)
+    hits = store.retrieval.search_trajectories(query, k=5)
     assert isinstance(hits, list)
-    store.search_insights(query, k=3)
-    store.search_tools(query, k=3)
+    store.retrieval.search_insights(query, k=3)
+    store.retrieval.search_tools(query, k=3)
     assert store.database.writer.execute("SELECT count(*) FROM trajectories").fetchone()[0] == len(FILLERS) + 3
     if re.search(r"\bcar\b", query):  # the word survives as a plain search term
         assert named[BOTH] in keyword_search(store.database.writer, "trajectories", query, 50)
@@ -229,7 +229,7 @@ def filtered(tmp_path_factory, embedder):
         ("t3", node_b.id, True, 3000.0),
         ("t4", node_b.id, None, 4000.0),
     ]
-    ids = store.ingest(
+    ids = store.attempts.ingest(
         [
             NewTrajectory(
                 prompt=f"calibrate the widget sensor, batch {name}", success=success, node_id=node, started_at=started
@@ -260,18 +260,18 @@ def test_filters_on_fused_vector_and_keyword_paths(filtered, embedder, filters, 
     by_id = {v: k for k, v in named.items()}
     query = "widget sensor calibration"
 
-    fused = store.search_trajectories(query, k=10, filters=filters)
+    fused = store.retrieval.search_trajectories(query, k=10, filters=filters)
     assert {by_id[h.trajectory_id] for h in fused} == expected
 
     # The vector path alone: a query with no searchable words and an explicit vector.
-    vector_only = store.search_trajectories("", k=10, filters=filters, vector=embedder.embed_query(query))
+    vector_only = store.retrieval.search_trajectories("", k=10, filters=filters, vector=embedder.embed_query(query))
     assert all(h.keyword_rank is None and h.similarity is not None for h in vector_only)
     assert {by_id[h.trajectory_id] for h in vector_only} == expected
 
     # The keyword path alone: a reader while this store owns the index searches without it.
     with Store.open(data_dir, embedder=embedder, readonly=True) as reader:
         assert reader.index is None
-        keyword_only = reader.search_trajectories(query, k=10, filters=filters)
+        keyword_only = reader.retrieval.search_trajectories(query, k=10, filters=filters)
     assert all(h.similarity is None and h.keyword_rank is not None for h in keyword_only)
     assert {by_id[h.trajectory_id] for h in keyword_only} == expected
 
@@ -283,17 +283,17 @@ def test_filters_on_fused_vector_and_keyword_paths(filtered, embedder, filters, 
 def test_vector_filters_reach_beyond_the_unfiltered_candidates(store, embedder):
     """Matches that the unfiltered nearest neighbours miss are still found, from index metadata."""
     store.tree.add_node("hx", node_id="node_x")
-    near = store.ingest(
+    near = store.attempts.ingest(
         [NewTrajectory(prompt=f"calibrate the widget sensor number {i}", started_at=1000.0) for i in range(30)]
     )
-    far = store.ingest(
+    far = store.attempts.ingest(
         [
             NewTrajectory(prompt=p, node_id="node_x", started_at=5000.0)
             for p in ("water the tomato plants", "repot the basil seedlings")
         ]
     )
     for trajectory_id in far:  # outcomes arrive later, as metadata-only index updates
-        store.record_outcome(trajectory_id, success=True)
+        store.attempts.record_outcome(trajectory_id, success=True)
     vector = embedder.embed_query("calibrate widget sensor")
     assert set(far).isdisjoint(vector_ranking(store, vector)[:25])
     for filters in (
@@ -302,86 +302,92 @@ def test_vector_filters_reach_beyond_the_unfiltered_candidates(store, embedder):
         Filters(since=4000.0),
         Filters(success=True, since=4000.0, node_id="node_x"),
     ):
-        hits = store.search_trajectories("", k=2, filters=filters, vector=vector)
+        hits = store.retrieval.search_trajectories("", k=2, filters=filters, vector=vector)
         assert {h.trajectory_id for h in hits} == set(far), filters
-    assert store.search_trajectories("", k=2, filters=Filters(success=False), vector=vector) == []
+    assert store.retrieval.search_trajectories("", k=2, filters=Filters(success=False), vector=vector) == []
     assert len(near) == 30
 
 
 def test_outcome_changes_are_seen_by_the_vector_filter(store, embedder):
-    [trajectory_id] = store.ingest([NewTrajectory(prompt="defragment the disk")])
+    [trajectory_id] = store.attempts.ingest([NewTrajectory(prompt="defragment the disk")])
     vector = embedder.embed_query("defragment disk")
     success = Filters(success=True)
-    assert store.search_trajectories("", k=3, filters=success, vector=vector) == []
-    store.record_outcome(trajectory_id, success=True)
-    assert [h.trajectory_id for h in store.search_trajectories("", k=3, filters=success, vector=vector)] == [
+    assert store.retrieval.search_trajectories("", k=3, filters=success, vector=vector) == []
+    store.attempts.record_outcome(trajectory_id, success=True)
+    assert [h.trajectory_id for h in store.retrieval.search_trajectories("", k=3, filters=success, vector=vector)] == [
         trajectory_id
     ]
-    store.record_outcome(trajectory_id, success=False)
-    assert store.search_trajectories("", k=3, filters=success, vector=vector) == []
+    store.attempts.record_outcome(trajectory_id, success=False)
+    assert store.retrieval.search_trajectories("", k=3, filters=success, vector=vector) == []
 
 
 # --- insights, tools, context ----------------------------------------------------------
 
 
 def test_insight_and_tool_search(store):
-    keep = store.add_insight("Quote shell variables to survive spaces in file names", importance=4)
-    store.add_insight("Prefer ISO 8601 dates in reports")
-    gone = store.add_insight("Quote everything twice", importance=1)
-    store.update_insight(gone.id, status="retired")
+    keep = store.insights.add_insight("Quote shell variables to survive spaces in file names", importance=4)
+    store.insights.add_insight("Prefer ISO 8601 dates in reports")
+    gone = store.insights.add_insight("Quote everything twice", importance=1)
+    store.insights.update_insight(gone.id, status="retired")
 
-    hits = store.search_insights("bash quoting of variables", k=5)
+    hits = store.retrieval.search_insights("bash quoting of variables", k=5)
     assert hits[0].insight_id == keep.id and hits[0].importance == 4
     assert gone.id not in {h.insight_id for h in hits}
     assert hits[0].similarity is not None and hits[0].keyword_rank == 1
 
-    wc = store.add_tool("word_count", description="Count the words in a text", code_hash="h1", origin="builtin")
-    old = store.add_tool("csv_sum", description="Sum a column of a CSV file", code_hash="h2", origin="synthesized")
-    store.set_tool_status(old.id, "retired")
-    new = store.add_tool("csv_sum", description="Sum one column of a CSV file", code_hash="h3", origin="synthesized")
-    tools = store.search_tools("add up the numbers in a spreadsheet column", k=5)
+    wc = store.tools.add_tool("word_count", description="Count the words in a text", code_hash="h1", origin="builtin")
+    old = store.tools.add_tool(
+        "csv_sum", description="Sum a column of a CSV file", code_hash="h2", origin="synthesized"
+    )
+    store.tools.set_tool_status(old.id, "retired")
+    new = store.tools.add_tool(
+        "csv_sum", description="Sum one column of a CSV file", code_hash="h3", origin="synthesized"
+    )
+    tools = store.retrieval.search_tools("add up the numbers in a spreadsheet column", k=5)
     assert tools[0].tool_id == new.id and (tools[0].name, tools[0].version) == ("csv_sum", 2)
     assert old.id not in {t.tool_id for t in tools}
-    assert store.search_tools("word_count", k=1)[0].tool_id == wc.id
+    assert store.retrieval.search_tools("word_count", k=1)[0].tool_id == wc.id
 
 
 def test_items_measured_to_help_come_first_among_the_relevant_but_not_from_beyond_them(store):
     from memory import Effect
 
     helps, unsure = (Effect("x", 6, 0, 0, 6), "helps"), (Effect("x", 1, 1, 1, 1), None)
-    exact = store.add_insight("Quote shell variables to survive spaces in file names")
-    near = store.add_insight("Quote shell arguments so that a glob is not expanded")
-    far = store.add_insight("Prefer ISO 8601 dates in weekly reports")
+    exact = store.insights.add_insight("Quote shell variables to survive spaces in file names")
+    near = store.insights.add_insight("Quote shell arguments so that a glob is not expanded")
+    far = store.insights.add_insight("Prefer ISO 8601 dates in weekly reports")
     query = "bash quoting of shell variables with spaces"
-    assert [h.insight_id for h in store.search_insights(query, k=3)] == [exact.id, near.id, far.id]
-    store.record_measurements("insight", {str(near.id): helps, str(exact.id): unsure})
-    assert [(h.insight_id, h.measured) for h in store.search_insights(query, k=1)] == [(near.id, "helps")]
-    assert [h.insight_id for h in store.search_insights(query, k=2)] == [near.id, exact.id]
+    assert [h.insight_id for h in store.retrieval.search_insights(query, k=3)] == [exact.id, near.id, far.id]
+    store.exposures.record_measurements("insight", {str(near.id): helps, str(exact.id): unsure})
+    assert [(h.insight_id, h.measured) for h in store.retrieval.search_insights(query, k=1)] == [(near.id, "helps")]
+    assert [h.insight_id for h in store.retrieval.search_insights(query, k=2)] == [near.id, exact.id]
     # the third most relevant is beyond the reach of a search for one (two candidates): relevance first
-    store.record_measurements("insight", {str(far.id): helps, str(near.id): unsure})
-    assert [h.insight_id for h in store.search_insights(query, k=1)] == [exact.id]
+    store.exposures.record_measurements("insight", {str(far.id): helps, str(near.id): unsure})
+    assert [h.insight_id for h in store.retrieval.search_insights(query, k=1)] == [exact.id]
 
-    store.add_tool("csv_sum", description="Sum one column of a CSV file", code_hash="h1", origin="synthesized")
-    store.add_tool("csv_mean", description="Average of a column in a CSV table", code_hash="h2", origin="synthesized")
-    assert store.search_tools("sum a column of a CSV file", k=1)[0].name == "csv_sum"
-    store.record_measurements("tool", {"csv_mean": helps})
-    (tool,) = store.search_tools("sum a column of a CSV file", k=1)
+    store.tools.add_tool("csv_sum", description="Sum one column of a CSV file", code_hash="h1", origin="synthesized")
+    store.tools.add_tool(
+        "csv_mean", description="Average of a column in a CSV table", code_hash="h2", origin="synthesized"
+    )
+    assert store.retrieval.search_tools("sum a column of a CSV file", k=1)[0].name == "csv_sum"
+    store.exposures.record_measurements("tool", {"csv_mean": helps})
+    (tool,) = store.retrieval.search_tools("sum a column of a CSV file", k=1)
     assert (tool.name, tool.measured) == ("csv_mean", "helps")
 
 
 def test_context_gathers_successful_examples_insights_and_tools(store):
-    good, bad = store.ingest(
+    good, bad = store.attempts.ingest(
         [
             NewTrajectory(prompt="resize images to thumbnails", final_answer="used PIL", success=True),
             NewTrajectory(prompt="resize images to thumbnails quickly", final_answer="gave up", success=False),
         ]
     )
-    insight = store.add_insight("Use Pillow's thumbnail() to keep the aspect ratio")
-    tool = store.add_tool("image_resize", description="Resize an image file", code_hash="h", origin="builtin")
-    context = store.context("make thumbnails of these images", trajectories=3, insights=2, tools=2)
+    insight = store.insights.add_insight("Use Pillow's thumbnail() to keep the aspect ratio")
+    tool = store.tools.add_tool("image_resize", description="Resize an image file", code_hash="h", origin="builtin")
+    context = store.retrieval.context("make thumbnails of these images", trajectories=3, insights=2, tools=2)
     assert context.vector_search is True
     assert [h.trajectory_id for h in context.trajectories] == [good]
     assert [h.insight_id for h in context.insights] == [insight.id]
     assert [h.tool_id for h in context.tools] == [tool.id]
-    everything = store.context("make thumbnails of these images", successful_only=False)
+    everything = store.retrieval.context("make thumbnails of these images", successful_only=False)
     assert {h.trajectory_id for h in everything.trajectories} == {good, bad}

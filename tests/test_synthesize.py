@@ -86,7 +86,7 @@ def _python_call(code: str, output: str, n: int) -> list[dict]:
 def reversals(store) -> list[str]:
     """Two tasks, one after the other, that each reversed a word with the same code, on other data."""
     return [
-        *store.ingest(
+        *store.attempts.ingest(
             [
                 NewTrajectory(
                     prompt="Reverse the word hello",
@@ -96,7 +96,7 @@ def reversals(store) -> list[str]:
                 )
             ]
         ),
-        *store.ingest(
+        *store.attempts.ingest(
             [
                 NewTrajectory(
                     prompt="Reverse the word abc",
@@ -112,7 +112,7 @@ def reversals(store) -> list[str]:
 def shouts(store) -> list[str]:
     """Two tasks, one after the other (so their calls are shown in that order), that shouted a word."""
     return [
-        *store.ingest(
+        *store.attempts.ingest(
             [
                 NewTrajectory(
                     prompt="Shout hi",
@@ -122,7 +122,7 @@ def shouts(store) -> list[str]:
                 )
             ]
         ),
-        *store.ingest(
+        *store.attempts.ingest(
             [
                 NewTrajectory(
                     prompt="Shout yes",
@@ -169,7 +169,7 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
     evidence = reversals(e.store)
     summary = synthesize_round(e)
     assert summary.startswith("registered reverse_text v1")
-    (tool,) = e.store.list_tools()
+    (tool,) = e.store.tools.list_tools()
     assert (tool.name, tool.version, tool.origin, tool.status) == ("reverse_text", 1, "synthesized", "active")
     (event,) = e.store.reports.list_events(kind="tool_registered")
     assert tool.event_id == event.id and sorted(event.evidence) == sorted(evidence)
@@ -182,7 +182,7 @@ def test_a_round_registers_a_tool_that_passes_quarantine(engine):
     e.agent()
     spec = e.registry.get("reverse_text")
     assert spec is not None and spec.tool_id == tool.id and spec.parameters["required"] == ["text"]
-    assert e.store.search_tools("reverse a string", k=1)[0].name == "reverse_text"
+    assert e.store.retrieval.search_tools("reverse a string", k=1)[0].name == "reverse_text"
     assert synthesize_round(e) == "no new trajectories since the last round"
     assert len(e.store.reports.list_events(kind="tool_registered")) == 1
     # `evolver tools show reverse_text` and `evolver history show EVENT` (no command showed either before)
@@ -211,7 +211,7 @@ def test_the_registered_tool_runs_for_a_task_and_its_use_is_counted(engine):
     task, _ = e.store.inbox.add_task("Reverse the word stressed", check={"type": "answer", "expected": "desserts"})
     result = e.agent().run_task(task)
     assert result.status == "done" and result.answer == "desserts"
-    (tool,) = e.store.list_tools()
+    (tool,) = e.store.tools.list_tools()
     assert (tool.uses, tool.successes, tool.failures) == (1, 1, 0)
 
 
@@ -262,7 +262,7 @@ def test_a_tool_that_fails_quarantine_is_rejected_with_the_reason(engine, reply,
     e = engine(_only(reply), f"synth-reject-{abs(hash(reason))}")
     reversals(e.store)
     assert synthesize_round(e).startswith("rejected")
-    assert e.store.list_tools(status=None) == []
+    assert e.store.tools.list_tools(status=None) == []
     assert not (e.data_dir / "tools" / "reverse_text").exists()
     (event,) = e.store.reports.list_events(kind="tool_rejected")
     assert reason in event.payload["reason"], event.payload["reason"]
@@ -285,7 +285,7 @@ def test_a_malformed_answer_fails_the_round_and_changes_nothing(engine, reply, p
     reversals(e.store)
     with pytest.raises(SynthesisError, match=problem):
         synthesize_round(e)
-    assert e.store.list_tools(status=None) == [] and _tool_events(e.store) == []
+    assert e.store.tools.list_tools(status=None) == [] and _tool_events(e.store) == []
     assert e.store.get_meta(WATERMARK_KEY) is None  # the same window is seen again
 
 
@@ -294,12 +294,12 @@ def test_the_model_may_decline(engine):
     reversals(e.store)
     assert synthesize_round(e).startswith("skipped")
     (event,) = e.store.reports.list_events(kind="tool_skipped")
-    assert event.why == "too trivial to be a tool" and e.store.list_tools(status=None) == []
+    assert event.why == "too trivial to be a tool" and e.store.tools.list_tools(status=None) == []
 
 
 def test_code_seen_in_one_task_only_is_no_opportunity(engine):
     e = engine(_only(proposal()), "synth-once")
-    e.store.ingest(
+    e.store.attempts.ingest(
         [
             NewTrajectory(
                 prompt="Reverse hello",
@@ -317,7 +317,7 @@ def test_code_seen_in_one_task_only_is_no_opportunity(engine):
 def test_a_failure_that_lacked_a_capability_is_an_opportunity(engine):
     tool = proposal(replays=[])
     e = engine([{"match": "failed for want of a capability", "reply": tool}], "synth-gap")
-    e.store.ingest(
+    e.store.attempts.ingest(
         [
             NewTrajectory(
                 prompt="Reverse the letters of 'stressed'",
@@ -355,7 +355,7 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     shouts(e.store)
     with pytest.raises(BudgetExceeded):
         synthesize_round(e)
-    (first,) = e.store.list_tools()
+    (first,) = e.store.tools.list_tools()
     state = json.loads(e.store.get_meta(WATERMARK_KEY))
     assert state["until"] is not None and len(state["done"]) == 1  # the window stays open, one opportunity done
     assert len(e.store.reports.list_events(kind="tool_registered")) == 1
@@ -370,7 +370,7 @@ def test_budget_exhaustion_stops_mid_round_and_the_next_round_resumes(engine, tm
     )
     summary = synthesize_round(e2)
     assert summary.startswith("registered") and first.name not in summary
-    assert sorted(t.name for t in e2.store.list_tools()) == ["reverse_text", "shout"]
+    assert sorted(t.name for t in e2.store.tools.list_tools()) == ["reverse_text", "shout"]
     assert json.loads(e2.store.get_meta(WATERMARK_KEY))["until"] is None
 
 
@@ -388,7 +388,7 @@ def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_p
     assert synthesize_round(e2).startswith("registered reverse_text v2"), e2.store.reports.list_events(
         kind="tool_rejected"
     )[0].why
-    rows = {t.version: t.status for t in e2.store.list_tools(status=None)}
+    rows = {t.version: t.status for t in e2.store.tools.list_tools(status=None)}
     assert rows == {1: "replaced", 2: "active"}
     e2.agent()
     assert e2.registry.get("reverse_text").version == 2
@@ -407,7 +407,7 @@ def test_a_better_version_replaces_the_old_and_must_pass_its_tests(engine, tmp_p
     reversals(e3.store)
     assert synthesize_round(e3).startswith("rejected")
     assert "test_empty" in e3.store.reports.list_events(kind="tool_rejected")[0].payload["reason"]
-    assert {t.version: t.status for t in e3.store.list_tools(status=None)} == {1: "replaced", 2: "active"}
+    assert {t.version: t.status for t in e3.store.tools.list_tools(status=None)} == {1: "replaced", 2: "active"}
 
 
 def test_a_near_duplicate_under_another_name_is_refused(engine):
@@ -447,14 +447,14 @@ def test_revert_of_a_registration_and_of_a_replacement(engine):
     with pytest.raises(RevertError, match="changed again after event"):
         revert_event(e2.store, first.id)
     revert = revert_event(e2.store, second.id)
-    assert {t.version: t.status for t in e2.store.list_tools(status=None)} == {1: "active", 2: "reverted"}
+    assert {t.version: t.status for t in e2.store.tools.list_tools(status=None)} == {1: "active", 2: "reverted"}
     e2.agent()
     assert e2.registry.get("reverse_text").version == 1
     with pytest.raises(RevertError, match="already reverted"):
         revert_event(e2.store, second.id)
     assert revert.payload["tool_changes"] and revert.reverts == second.id
     revert_event(e2.store, first.id)
-    assert [t.status for t in e2.store.list_tools(status=None)] == ["reverted", "reverted"]
+    assert [t.status for t in e2.store.tools.list_tools(status=None)] == ["reverted", "reverted"]
     e2.agent()
     assert e2.registry.get("reverse_text") is None
 
@@ -469,7 +469,7 @@ def test_recording_a_use_only_counts_it(engine):
     for ok in (True, False, False, False):
         e.toolbox.record_use(spec, ok)
     e.agent()
-    (tool,) = e.store.list_tools(status=None)
+    (tool,) = e.store.tools.list_tools(status=None)
     assert tool.status == "active" and (tool.uses, tool.successes) == (4, 1)
     assert e.registry.get("reverse_text") is not None and not e.store.reports.list_events(kind="tool_retired")
 

@@ -46,24 +46,26 @@ def hostile(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("hostile")
     with Store.open(root / "data") as store:
         task, _ = store.inbox.add_task(f"prompt {HOSTILE}", check={"type": "answer", "expected": f"expected {HOSTILE}"})
-        trajectory = store.start_trajectory(task.id)
-        store.add_step(trajectory.id, role="user", content=f"user {HOSTILE}")
-        store.add_step(
+        trajectory = store.attempts.start_trajectory(task.id)
+        store.attempts.add_step(trajectory.id, role="user", content=f"user {HOSTILE}")
+        store.attempts.add_step(
             trajectory.id,
             role="assistant",
             content=f"thinking {HOSTILE}",
             tool_calls=[{"id": "c1", "name": "run_python", "arguments": {"code": f"print({HOSTILE!r})"}}],
         )
-        store.add_step(
+        store.attempts.add_step(
             trajectory.id,
             role="tool",
             content=f"observation {HOSTILE}",
             tool_results=[{"id": "c1", "name": "run_python", "ok": True}],
         )
-        store.finish_trajectory(trajectory.id, status="done", final_answer=f"answer {HOSTILE}")
-        store.record_outcome(trajectory.id, success=False, verifier="answer", verifier_output=f"verdict {HOSTILE}")
-        store.set_task_status(task.id, "failed", error=f"error {HOSTILE}")
-        store.record_insight_changes(
+        store.attempts.finish_trajectory(trajectory.id, status="done", final_answer=f"answer {HOSTILE}")
+        store.attempts.record_outcome(
+            trajectory.id, success=False, verifier="answer", verifier_output=f"verdict {HOSTILE}"
+        )
+        store.inbox.set_task_status(task.id, "failed", error=f"error {HOSTILE}")
+        store.insights.record_insight_changes(
             "distill",
             f"what {HOSTILE}",
             [{"op": "ADD", "text": f"insight {HOSTILE}", "importance": 2, "provenance": [trajectory.id]}],
@@ -71,7 +73,7 @@ def hostile(tmp_path_factory) -> dict:
             evidence=[trajectory.id],
         )
         digest = ToolFiles(root / "data" / "tools").write("shout", 1, CODE, f"def test_shout():\n    '{HOSTILE!r}'\n")
-        tool_event = store.apply_tool_changes(
+        tool_event = store.tools.apply_tool_changes(
             "synthesize",
             f"registered {HOSTILE}",
             why=f"why {HOSTILE}",

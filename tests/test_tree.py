@@ -293,7 +293,7 @@ def test_a_spent_background_share_stops_evaluations_but_never_a_persons_task(eng
     search = _search(e)
     assert search.step().startswith("queued 1 evaluations")
     mine, _ = e.store.inbox.add_task("What is 9 + 9?", check={"type": "answer", "expected": "18"})
-    e.store.record_call(model="x", purpose="distill", tokens_in=10_000, tokens_out=0, cost_usd=0, latency_ms=1)
+    e.store.ledger.record_call(model="x", purpose="distill", tokens_in=10_000, tokens_out=0, cost_usd=0, latency_ms=1)
     assert _run_queued(e, search) == 2
     assert e.store.inbox.get_task(mine.id).status == "done"
     (evaluation,) = e.store.inbox.list_tasks(source="evaluation")
@@ -725,10 +725,10 @@ def test_nothing_is_learned_from_the_held_out_split(engine):
     _evaluate_on(e, root, "pack:x:h1", "train", "What is 1 + 6?", "7")  # h1's text, held out in the pack
     search = _search(e, slots=3)
     assert _run_queued(e, search) == 3
-    learnable = e.store.finished_since(None, limit=100)
+    learnable = e.store.attempts.finished_since(None, limit=100)
     assert [e.store.inbox.get_task(t.task_id).prompt for t, _ in learnable] == ["What is 2 + 5?"]
     mark = (learnable[-1][0].finished_at + 1, "")
-    assert len(e.store.finished_until(mark, limit=100)) == 1
+    assert len(e.store.attempts.finished_until(mark, limit=100)) == 1
 
 
 def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
@@ -747,13 +747,13 @@ def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
     assert all(e.store.reports.last_verdict(t)[1] for t in held_out | trained)  # both were solved
 
     for prompt in ("What is 1 + 6?", "What is 1 + 7?", "What is 2 + 3?"):  # the same task, another, a trained one
-        shown = {hit.task_id for hit in e.store.context(prompt, trajectories=5).trajectories}
+        shown = {hit.task_id for hit in e.store.retrieval.context(prompt, trajectories=5).trajectories}
         assert not shown & held_out, prompt
-    assert {hit.task_id for hit in e.store.context("What is 2 + 3?", trajectories=5).trajectories} & trained
+    assert {hit.task_id for hit in e.store.retrieval.context("What is 2 + 3?", trajectories=5).trajectories} & trained
 
     # Distillation contrasts a failure with a similar success: never the held-out one.
-    failed = e.store.ingest([NewTrajectory(prompt="What is 1 + 6 ?", final_answer="8", success=False)])[0]
-    batch = [(e.store.get_trajectory(failed), False)]
+    failed = e.store.attempts.ingest([NewTrajectory(prompt="What is 1 + 6 ?", final_answer="8", success=False)])[0]
+    batch = [(e.store.attempts.get_trajectory(failed), False)]
     assert "-> 7" not in _prompt(e.store, batch, [])
     assert "1 + 6?" not in _attempts(e.store, e.store.tree.get_node(root))
 
@@ -826,7 +826,7 @@ def test_the_proposer_sees_failure_modes_and_the_edits_already_tried_with_their_
             "tool_calls": [{"id": "c", "name": "run_python", "arguments": {"code": "print(x)"}}],
         }
     ] * 3
-    (stuck,) = e.store.ingest(
+    (stuck,) = e.store.attempts.ingest(
         [NewTrajectory(prompt="What is 2 + 3?", success=False, status="step_limit", steps=steps, node_id=root.id)]
     )
     for trajectory in (stuck, None, None):

@@ -44,7 +44,7 @@ def engine(open_store, sandbox, tmp_path):
 def test_a_claimed_task_is_solved_and_recorded_through_its_lease(engine):
     e = engine(LOOP, "w-solve")
     task, _ = e.store.inbox.add_task("What is 6 * 7?", check={"type": "answer", "expected": "42"})
-    worker = Worker(e.agent(), owner="w1", lease_s=30, max_attempts=3)
+    worker = Worker(e.agent(), owner="w1", lease_s=30, max_attempts=3, store=e.store)
     outcome = worker.run_once()
     assert outcome.recorded and not outcome.lease_lost and outcome.result.success
     stored = e.store.inbox.get_task(task.id)
@@ -55,7 +55,7 @@ def test_a_claimed_task_is_solved_and_recorded_through_its_lease(engine):
 def test_a_cancel_request_stops_the_run_at_a_step_boundary(engine):
     e = engine(SLOW, "w-cancel")
     task, _ = e.store.inbox.add_task("Work until told to stop")
-    worker = Worker(e.agent(), owner="w1", lease_s=30, max_attempts=3)
+    worker = Worker(e.agent(), owner="w1", lease_s=30, max_attempts=3, store=e.store)
     threading.Timer(0.3, e.store.inbox.request_cancel, args=[task.id]).start()
     outcome = worker.run_once()
     assert outcome.result.status == "cancelled" and outcome.recorded
@@ -65,7 +65,7 @@ def test_a_cancel_request_stops_the_run_at_a_step_boundary(engine):
 def test_a_worker_that_loses_its_lease_stops_and_its_result_is_refused(engine):
     e = engine(SLOW, "w-lost")
     task, _ = e.store.inbox.add_task("Slow work")
-    worker = Worker(e.agent(), owner="stalled", lease_s=0.6, max_attempts=3)
+    worker = Worker(e.agent(), owner="stalled", lease_s=0.6, max_attempts=3, store=e.store)
     taken: list = []
 
     def take_over():

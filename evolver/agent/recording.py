@@ -265,9 +265,6 @@ class RecordingStore:
         ended (the node runs it with ``record_status=False``)."""
         raise ReplayError("a Ray node never records a task's status; its lease holder does")
 
-    def close(self) -> None:
-        """Nothing to close: the recording is handed back with the result."""
-
 
 def replay(
     store: AgentStore, writes: list[Write], *, task_id: str, tool_use: Callable[[int, bool], object] | None = None

@@ -94,7 +94,7 @@ def reply_text(store, result) -> str:
         return result.answer
     why = result.error or result.status
     if result.ending is Ending.NO_ANSWER and result.trajectory_ids:
-        last = store.get_trajectory(result.trajectory_ids[-1])
+        last = store.attempts.get_trajectory(result.trajectory_ids[-1])
         if last.status == "step_limit":
             steps = sum(1 for s in store.reports.steps(last.id) if s.role == "assistant")
             why = (

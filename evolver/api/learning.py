@@ -39,8 +39,8 @@ def learning(store: ExperienceStore, config: Config, *, now: float | None = None
     for name, seconds in WINDOWS.items():
         since = now - seconds
         by_source = store.reports.task_results(since=since)
-        mine_tokens, mine_usd = store.spent(since=since, purpose=PERSON_PURPOSES)
-        all_tokens, all_usd = store.spent(since=since)
+        mine_tokens, mine_usd = store.ledger.spent(since=since, purpose=PERSON_PURPOSES)
+        all_tokens, all_usd = store.ledger.spent(since=since)
         windows[name] = {
             "person": _results(by_source, evaluations=False),
             "evaluations": _results(by_source, evaluations=True),

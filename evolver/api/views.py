@@ -48,11 +48,11 @@ def task_list(
 def memories_of(store: ExperienceStore, trajectory_id: str) -> dict:
     """What an attempt was given from memory: past trajectories as examples, insights (with their
     text), synthesized tools offered."""
-    shown = store.exposures_of(trajectory_id)
+    shown = store.exposures.exposures_of(trajectory_id)
     insights = []
     for insight_id in shown.get("insight", []):
         try:
-            insights.append({"id": int(insight_id), "text": store.get_insight(int(insight_id)).text})
+            insights.append({"id": int(insight_id), "text": store.insights.get_insight(int(insight_id)).text})
         except NotFound:
             insights.append({"id": int(insight_id), "text": None})
     return {"examples": shown.get("example", []), "insights": insights, "tools": shown.get("tool", [])}
@@ -86,11 +86,13 @@ def search(
 ) -> dict:
     if kind == "trajectories":
         since = time.time() - since_hours * 3600 if since_hours is not None else None
-        hits = store.search_trajectories(text, k=k, filters=Filters(success=success, node_id=node, since=since))
+        hits = store.retrieval.search_trajectories(
+            text, k=k, filters=Filters(success=success, node_id=node, since=since)
+        )
     elif kind == "insights":
-        hits = store.search_insights(text, k=k)
+        hits = store.retrieval.search_insights(text, k=k)
     else:
-        hits = store.search_tools(text, k=k)
+        hits = store.retrieval.search_tools(text, k=k)
     return {"kind": kind, "vector_search": store.index is not None, "hits": [asdict(h) for h in hits]}
 
 
@@ -105,7 +107,7 @@ INSIGHT_STATUSES = {
 
 
 def insights(store: ExperienceStore, *, status: str = "active", limit: int = 100) -> dict:
-    rows = store.list_insights(status=INSIGHT_STATUSES[status], limit=limit)
+    rows = store.insights.list_insights(status=INSIGHT_STATUSES[status], limit=limit)
     effects = insight_effects(store, rows)
     return {"insights": [{**asdict(i), "effect": effects[i.id].as_dict()} for i in rows]}
 
@@ -114,7 +116,7 @@ def tools(store: ExperienceStore, *, status: str = "active", mcp: list[dict] | N
     """Built-in and synthesized tools; with ``mcp`` (the daemon's list of its MCP servers' tools), those
     too, with their calls and measured effect."""
     builtin = [{"name": spec.name, "description": spec.description, "origin": "builtin"} for spec in builtin_specs()]
-    synthesized = store.list_tools(status=None if status == "all" else status)
+    synthesized = store.tools.list_tools(status=None if status == "all" else status)
     effects = tool_effects(store, synthesized)
     shown = {
         "builtin": builtin,
@@ -124,7 +126,7 @@ def tools(store: ExperienceStore, *, status: str = "active", mcp: list[dict] | N
     }
     if mcp is not None:
         names = [t["name"] for t in mcp if t["name"]]  # a server left out has none
-        calls, measured = store.reports.tool_calls(names), store.effects("tool", dict.fromkeys(names, 0.0))
+        calls, measured = store.reports.tool_calls(names), store.exposures.effects("tool", dict.fromkeys(names, 0.0))
         shown["mcp"] = [
             {
                 **t,
@@ -175,7 +177,7 @@ def resolve_id(store: ExperienceStore, short: str) -> dict:
     kind, full = store.reports.resolve_id(short)
     found = {"kind": kind, "id": full}
     if kind == "trajectory":
-        found["task_id"] = store.get_trajectory(full).task_id
+        found["task_id"] = store.attempts.get_trajectory(full).task_id
     return found
 
 
@@ -186,7 +188,7 @@ def event_detail(store: ExperienceStore, event_id: int) -> dict:
     reverted_by = [e.id for e in store.reports.list_events(kind="revert", limit=1000) if e.reverts == event_id]
     return {
         **asdict(event),
-        "insight_changes": store.insight_changes_of(event_id),
+        "insight_changes": store.insights.insight_changes_of(event_id),
         "tool_changes": (event.payload or {}).get("tool_changes", []),
         "reverted_by": reverted_by,
     }
@@ -197,7 +199,7 @@ def tool_detail(store: ExperienceStore, name: str) -> dict:
     that changed it, its code and its tests."""
     from tools import ToolFileError, ToolFiles
 
-    versions = [t for t in store.list_tools(status=None) if t.name == name]
+    versions = [t for t in store.tools.list_tools(status=None) if t.name == name]
     if not versions:
         raise NotFound(f"No synthesized tool named {name!r}; `evolver tools --status all` lists them")
     files = ToolFiles(Path(store.data_dir) / "tools")
@@ -214,7 +216,7 @@ def tool_detail(store: ExperienceStore, name: str) -> dict:
                 "code": code,
                 "tests": tests,
                 "events": [
-                    {"id": e.id, "at": e.at, "kind": e.kind, "what": e.what} for e in store.tool_events(tool.id)
+                    {"id": e.id, "at": e.at, "kind": e.kind, "what": e.what} for e in store.tools.tool_events(tool.id)
                 ],
             }
         )

@@ -40,21 +40,21 @@ def _seed_memory(state: State, data_dir: Path) -> None:
         store = open_store(state.config, data_dir=data_dir)
     with store:
         started = time.perf_counter()
-        store.ingest(
+        store.attempts.ingest(
             [
                 NewTrajectory(prompt=t["prompt"], final_answer=t["final_answer"], success=t["success"])
                 for t in _sample("sample_trajectories.jsonl")
             ]
         )
         for insight in _sample("sample_insights.jsonl"):
-            store.add_insight(insight["text"])
+            store.insights.add_insight(insight["text"])
         out.print(
             f"seeded memory with {len(_sample('sample_trajectories.jsonl'))} past trajectories and "
             f"{len(_sample('sample_insights.jsonl'))} insights in {time.perf_counter() - started:.2f} s"
         )
         query = "Add up the price column of invoices.csv; values look like '$1,024.00'."
         started = time.perf_counter()
-        context = store.context(query)
+        context = store.retrieval.context(query)
         ms = (time.perf_counter() - started) * 1000
         out.print(f"\n[bold]memory, for a new task:[/bold] {query}  [dim](context in {ms:.1f} ms)[/dim]")
         out.print(

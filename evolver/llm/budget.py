@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from memory.roles import AgentStore
+from memory.roles import CallLedger
 
 from ..config import BudgetSettings
 
@@ -31,21 +31,21 @@ def start_of_day(now: float | None = None) -> float:
 @dataclass
 class BudgetGuard:
     settings: BudgetSettings
-    store: AgentStore
+    ledger: CallLedger
 
     def check(self, *, purpose: str, tokens: int, task_id: str | None = None) -> None:
         """Raise ``BudgetExceeded`` if spending ``tokens`` more would pass a cap."""
         s = self.settings
         day = start_of_day()
-        day_tokens, day_usd = self.store.spent(since=day)
+        day_tokens, day_usd = self.ledger.spent(since=day)
         self._against("daily token cap", s.tokens_per_day, day_tokens, tokens)
         self._against("daily dollar cap", s.usd_per_day, day_usd, 0, usd=True)
         if purpose in BACKGROUND_PURPOSES:
-            bg_tokens, bg_usd = self.store.spent(since=day, purpose=BACKGROUND_PURPOSES)
+            bg_tokens, bg_usd = self.ledger.spent(since=day, purpose=BACKGROUND_PURPOSES)
             self._against("background token share", int(s.tokens_per_day * s.background_share), bg_tokens, tokens)
             self._against("background dollar share", s.usd_per_day * s.background_share, bg_usd, 0, usd=True)
         if task_id is not None:
-            task_tokens, task_usd = self.store.spent(task_id=task_id)
+            task_tokens, task_usd = self.ledger.spent(task_id=task_id)
             self._against("per-task token cap", s.tokens_per_task, task_tokens, tokens)
             self._against("per-task dollar cap", s.usd_per_task, task_usd, 0, usd=True)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import memory._offline  # noqa: F401  (before litellm)
-from memory.roles import AgentStore
+from memory.roles import CallLedger
 
 from ..config import ModelSettings
 from . import jsonfix, scripted
@@ -289,7 +289,7 @@ class ModelClient:
         self,
         settings: ModelSettings,
         *,
-        store: AgentStore,
+        ledger: CallLedger,
         budget: BudgetGuard,
         sleep: Callable[[float], None] = time.sleep,
         backoff_s: float = 0.5,
@@ -301,7 +301,7 @@ class ModelClient:
         litellm.suppress_debug_info = True
         self.settings = settings
         self.section = section  # where its settings came from, for messages: [model], or [meta]
-        self.store = store
+        self.ledger = ledger  # where each call is charged
         self.budget = budget
         self._sleep = sleep
         self._backoff_s = backoff_s
@@ -542,7 +542,7 @@ class ModelClient:
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments}}
                 for c in calls
             ]
-        self.store.record_call(
+        self.ledger.record_call(
             model=model,
             purpose=purpose,
             tokens_in=tokens_in,

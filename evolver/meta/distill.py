@@ -130,7 +130,7 @@ def _prompt(store: ExperienceStore, batch, shown) -> str:
             if outcome is not None and outcome.verifier_output:
                 lines.append(f"   The verifier said: {clip(outcome.verifier_output, 200, one_line=True)}")
         if success is not None:
-            other = store.search_trajectories(
+            other = store.retrieval.search_trajectories(
                 trajectory.prompt, k=1, filters=Filters(success=not success, learnable=True)
             )
             if other:
@@ -186,7 +186,7 @@ class _Unusable(Exception):
 
 def _distill(store: ExperienceStore, model: Model, config: Config, *, max_ops: int) -> str:
     mark = watermark(store)
-    recent = store.finished_since(mark, limit=BATCH)
+    recent = store.attempts.finished_since(mark, limit=BATCH)
     if not recent:
         return NOTHING_NEW
     batch = [(t, s) for t, s in recent if t.status in LEARNED_FROM]

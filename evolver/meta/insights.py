@@ -54,7 +54,7 @@ class InsightOp:
 
 def numbered(store: ExperienceStore, *, limit: int) -> list[Insight]:
     """The active insights in the order the prompt numbers them (most important first)."""
-    return store.list_insights(status="active", limit=limit)
+    return store.insights.list_insights(status="active", limit=limit)
 
 
 def render(shown: list[Insight]) -> str:
@@ -176,7 +176,7 @@ def plan_changes(
 
     Raises ``InsightOpError`` for an operation on an insight an earlier operation retired."""
     state = {i.id: {"importance": i.importance, "text": i.text, "provenance": list(i.provenance)} for i in shown}
-    active = store.list_insights(status="active", limit=cap * 4 + len(ops))
+    active = store.insights.list_insights(status="active", limit=cap * 4 + len(ops))
     over_cap = len(active) > cap
     changes: list[dict] = []
     added: list[dict] = []
@@ -236,10 +236,10 @@ def apply_changes(
 ) -> list[Insight]:
     """Apply changes ``plan_changes`` made in one transaction; then retire the lowest-ranked insights over
     the cap. (Planning embeds texts: a caller that plans outside its transaction keeps that short.)"""
-    result = store.apply_insight_changes(changes, event_id=event_id) if changes else []
-    surplus = store.list_insights(status="active", limit=10_000)[cap:]
+    result = store.insights.apply_insight_changes(changes, event_id=event_id) if changes else []
+    surplus = store.insights.list_insights(status="active", limit=10_000)[cap:]
     if surplus:
-        store.apply_insight_changes(
+        store.insights.apply_insight_changes(
             [{"op": "CAP", "id": i.id, "status": "retired"} for i in surplus], event_id=event_id
         )
     return result

@@ -167,7 +167,7 @@ def _new_trajectories(limit: int) -> Callable[[JobHost], int]:
     def count(host: JobHost) -> int:
         from .distill import watermark
 
-        return len(host.store.finished_since(watermark(host.store), limit=limit))
+        return len(host.store.attempts.finished_since(watermark(host.store), limit=limit))
 
     return count
 

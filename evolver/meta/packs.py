@@ -68,9 +68,9 @@ def _prompts(store: ExperienceStore, ids: list) -> tuple[int, list[str]]:
     prompt never leaves in a pack)."""
     trajectories = [i for i in ids if isinstance(i, str) and i.startswith("traj_")]
     shown = []
-    for trajectory_id in sorted(store.learnable(trajectories))[:PROMPTS]:
+    for trajectory_id in sorted(store.attempts.learnable(trajectories))[:PROMPTS]:
         try:
-            shown.append(clip(store.get_trajectory(trajectory_id).prompt, PROMPT_CHARS, one_line=True))
+            shown.append(clip(store.attempts.get_trajectory(trajectory_id).prompt, PROMPT_CHARS, one_line=True))
         except NotFound:
             continue
     return len(trajectories), shown
@@ -108,12 +108,12 @@ def _event_provenance(store: ExperienceStore, event_id: int | None) -> dict:
 
 
 def _insight_items(store: ExperienceStore, model: str | None) -> list[tuple[dict, bytes]]:
-    rows = store.list_insights(status="active", limit=MAX_INSIGHTS)
+    rows = store.insights.list_insights(status="active", limit=MAX_INSIGHTS)
     effects = insight_effects(store, rows)
     items = []
     for n, insight in enumerate(rows, start=1):
         count, prompts = _prompts(store, list(insight.provenance))
-        history = store.insight_history(insight.id)
+        history = store.insights.insight_history(insight.id)
         made = _event_provenance(store, history[0]["event_id"] if history else None)
         made.pop("test_results", None)
         packs = sorted(
@@ -140,7 +140,9 @@ def _tool_items(
     store: ExperienceStore, model: str | None, names: set[str] | None, left_out: list[dict]
 ) -> list[tuple[dict, bytes, bytes]]:
     rows = [
-        t for t in store.list_tools(status="active") if t.origin == "synthesized" and (names is None or t.name in names)
+        t
+        for t in store.tools.list_tools(status="active")
+        if t.origin == "synthesized" and (names is None or t.name in names)
     ]
     effects = tool_effects(store, rows)
     files = ToolFiles(Path(store.data_dir) / "tools")
@@ -293,7 +295,7 @@ def _vet_tools(engine: Engine, files: ToolFiles, pack: Pack, node_id: str | None
     """Each tool of the pack through quarantine, as tool synthesis checks its own; returns those that pass."""
     store = engine.store
     passed = []
-    local = store.list_tools(status=None)
+    local = store.tools.list_tools(status=None)
     for tool in pack.tools:
         same = [t for t in local if t.name == tool.name and t.code_hash == tool.code_hash]
         if same:
@@ -335,7 +337,7 @@ def _plan_insights(engine: Engine, pack: Pack, outcomes: list[_Outcome]) -> list
     """The changes distillation's ADD would make of the pack's insights, less those its similarity dedup
     would merge into an active insight here (skipped: a pack never upvotes or edits a local insight)."""
     store, e = engine.store, engine.config.evolution
-    known = {" ".join(i.text.split()): i for i in store.list_insights(status=None, limit=100_000)}
+    known = {" ".join(i.text.split()): i for i in store.insights.list_insights(status=None, limit=100_000)}
     ops: list[tuple[InsightOp, str, dict]] = []
     seen: dict[str, int] = {}
     for insight in pack.insights:
@@ -382,7 +384,7 @@ def _plan_insights(engine: Engine, pack: Pack, outcomes: list[_Outcome]) -> list
                     "skipped",
                     f"too similar to insight {change['id']} here (at or over "
                     f"insight_merge_threshold {e.insight_merge_threshold}): "
-                    f"{clip(store.get_insight(change['id']).text, 80, one_line=True)!r}",
+                    f"{clip(store.insights.get_insight(change['id']).text, 80, one_line=True)!r}",
                 )
             )
             continue
@@ -444,7 +446,7 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
     planned_node = _plan_node(engine, pack, outcomes)
     new_tools, replaced_ids, tool_payload = [], {}, []
     for tool, spec, replaced, report in tools:
-        version = store.next_tool_version(spec.name)
+        version = store.tools.next_tool_version(spec.name)
         digest = files.write(spec.name, version, spec.code, spec.tests)  # durable before the row names it
         new_tools.append(
             NewTool(
@@ -496,7 +498,7 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
     }
     with store.transaction():  # the event, its tools, its insights and its node: all or nothing
         for tool in new_tools:
-            if store.next_tool_version(tool.name) != tool.version:
+            if store.tools.next_tool_version(tool.name) != tool.version:
                 raise PackError(f"tool {tool.name} changed here while the pack was checked; import it again")
         node = None
         if planned_node is not None:
@@ -522,7 +524,7 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
                 )
             )
         served = incumbent(store)
-        event = store.apply_tool_changes(
+        event = store.tools.apply_tool_changes(
             "import",
             what,
             why=f"a learned pack from evolver {pack.evolver}{f' ({pack.model})' if pack.model else ''}",
@@ -532,9 +534,9 @@ def import_pack(engine: Engine, data: bytes, *, expect: str | None = None) -> di
             status=replaced_ids,
         )
         if insight_changes:  # planned outside the transaction: embedding is slow, and the store waits
-            store.apply_insight_changes(insight_changes, event_id=event.id)  # on probation: outside the cap
+            store.insights.apply_insight_changes(insight_changes, event_id=event.id)  # on probation: outside the cap
     engine.toolbox.refresh()
-    changes = store.insight_changes_of(event.id)
+    changes = store.insights.insight_changes_of(event.id)
     ids = iter(c["insight_id"] for c in changes if c["op"] == "ADD")
     for outcome in outcomes:
         if outcome.kind == "insight" and outcome.status == "added":

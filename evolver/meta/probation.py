@@ -40,7 +40,7 @@ class ApprovalError(ValueError):
 
 def approve_insight(store: ExperienceStore, insight_id: int, *, cap: int, why: str = "approved by hand") -> Event:
     """Make an insight on probation active, as one event that a revert undoes."""
-    insight = store.get_insight(insight_id)  # NotFound names the id
+    insight = store.insights.get_insight(insight_id)  # NotFound names the id
     if insight.status != PROBATION:
         raise ApprovalError(
             f"insight {insight_id} is {insight.status}, not on probation; only an insight on probation can be approved"
@@ -59,10 +59,10 @@ def approve_insight(store: ExperienceStore, insight_id: int, *, cap: int, why: s
 def probation_round(store: ExperienceStore, config: Config) -> list[str]:
     """Measure every insight on probation on the promotion split: activate those that help, retire
     those that hurt or never help. Returns what it did, a note each."""
-    waiting = store.list_insights(status=PROBATION, limit=10_000)
+    waiting = store.insights.list_insights(status=PROBATION, limit=10_000)
     if not waiting:
         return []
-    found = store.effects("insight", {str(i.id): i.created_at for i in waiting}, promotion=True)
+    found = store.exposures.effects("insight", {str(i.id): i.created_at for i in waiting}, promotion=True)
     notes = []
     for insight in waiting:
         effect = found[str(insight.id)]

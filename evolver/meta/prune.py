@@ -26,8 +26,8 @@ __all__ = ["insight_effects", "prune_round", "retire_insight", "tool_effects", "
 
 def insight_effects(store: ExperienceStore, insights: list[Insight] | None = None) -> dict[int, Effect]:
     """By insight id, for ``insights`` (default: the active ones), each since it was created."""
-    insights = store.list_insights() if insights is None else insights
-    found = store.effects("insight", {str(i.id): i.created_at for i in insights})
+    insights = store.insights.list_insights() if insights is None else insights
+    found = store.exposures.effects("insight", {str(i.id): i.created_at for i in insights})
     return {i.id: found[str(i.id)] for i in insights}
 
 
@@ -35,9 +35,9 @@ def tool_effects(store: ExperienceStore, tools: list[ToolRecord] | None = None) 
     """By tool name (an attempt is offered a name, whichever version), for ``tools`` (default: the active
     ones), each since the first of its versions among them was registered."""
     since: dict[str, float] = {}
-    for tool in store.list_tools(status="active") if tools is None else tools:
+    for tool in store.tools.list_tools(status="active") if tools is None else tools:
         since[tool.name] = min(since.get(tool.name, tool.created_at), tool.created_at)
-    return store.effects("tool", since)
+    return store.exposures.effects("tool", since)
 
 
 def verdict(effect: Effect, min_exposures: int) -> str | None:
@@ -67,7 +67,7 @@ def why_measured(effect: Effect, said: str) -> str:
 def retire_insight(store: ExperienceStore, insight: Insight, effect: Effect, said: str) -> str:
     """Retire an insight measured to hurt or never help, as an event a revert undoes; returns the note."""
     state = " on probation" if insight.status == "probation" else ""
-    store.record_insight_changes(
+    store.insights.record_insight_changes(
         "insight_retired",
         f"retired insight {insight.id}{state} ({said}): {insight.text[:120]}",
         [{"op": "RETIRE", "id": insight.id, "status": "retired"}],
@@ -83,17 +83,17 @@ def prune_round(store: ExperienceStore, config: Config) -> str:
     notes = []
     insights = {str(i): (e, verdict(e, need)) for i, e in insight_effects(store).items()}
     tools = {name: (e, verdict(e, need)) for name, e in tool_effects(store).items()}
-    store.record_measurements("insight", insights)
-    store.record_measurements("tool", tools)
+    store.exposures.record_measurements("insight", insights)
+    store.exposures.record_measurements("tool", tools)
     for insight_id, (effect, said) in insights.items():
         if said in ("hurts", "never helps"):
-            notes.append(retire_insight(store, store.get_insight(int(insight_id)), effect, said))
+            notes.append(retire_insight(store, store.insights.get_insight(int(insight_id)), effect, said))
         elif said == "helps":
             notes.append(f"insight {insight_id} helps")
     for name, (effect, said) in tools.items():
         if said in ("hurts", "never helps"):
-            tool = store.active_tool(name)
-            store.apply_tool_changes(
+            tool = store.tools.active_tool(name)
+            store.tools.apply_tool_changes(
                 "tool_retired",
                 f"retired tool {name} v{tool.version} ({said})",
                 why=why_measured(effect, said),

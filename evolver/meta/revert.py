@@ -30,7 +30,7 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
     event = store.reports.get_event(event_id)  # NotFound names the id
     if event.kind in ("promote", "rollback", "seed"):
         raise RevertError(f"event {event_id} changed the served node; use `evolver rollback` to serve another")
-    rows = store.insight_changes_of(event_id)
+    rows = store.insights.insight_changes_of(event_id)
     tool_changes = event.payload.get("tool_changes") or []
     node_changes = event.payload.get("node_changes") or []
     if not rows and not tool_changes and not node_changes:
@@ -52,11 +52,11 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
     what = f"reverted event {event.id} ({event.kind}): {'; '.join(parts)}"
     if not status and not nodes:
         # The event and its changes commit together: an event left alone would refuse every retry.
-        return store.record_insight_changes(
+        return store.insights.record_insight_changes(
             "revert", what, insights, why=why, evidence=event.evidence, reverts=event_id
         )
     with store.transaction():
-        revert = store.apply_tool_changes(
+        revert = store.tools.apply_tool_changes(
             "revert",
             what,
             why=why,
@@ -66,7 +66,7 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
             payload={"node_changes": nodes} if nodes else None,
         )
         if insights:
-            store.apply_insight_changes(insights, event_id=revert.id)
+            store.insights.apply_insight_changes(insights, event_id=revert.id)
         for node in nodes:
             store.tree.set_node_status(node["id"], node["after"], reason=f"{why} (event {event.id} reverted)")
     return revert
@@ -75,7 +75,7 @@ def revert_event(store: ExperienceStore, event_id: int, *, why: str = "reverted 
 def _insights_before(store: ExperienceStore, event_id: int, rows: list[dict]) -> list[dict]:
     """The REVERT changes that put each insight the event changed back as it was before the event."""
     for insight_id in {r["insight_id"] for r in rows}:
-        history = store.insight_history(insight_id)
+        history = store.insights.insight_history(insight_id)
         left = [h for h in history if h["event_id"] == event_id][-1]["after"]
         last = history[-1]
         # Later changes that came back to what the event left (an approval, then its revert) are not in
@@ -100,7 +100,7 @@ def _tools_before(store: ExperienceStore, event: Event, changes: list[dict]) -> 
     """Each tool the event changed, mapped to the status it goes back to."""
     status: dict[int, str] = {}
     for change in changes:
-        tool = store.get_tool(change["id"])
+        tool = store.tools.get_tool(change["id"])
         if tool.status != change["after"]:
             raise RevertError(
                 f"tool {tool.name} v{tool.version} changed again after event {event.id} (it is "
@@ -109,8 +109,8 @@ def _tools_before(store: ExperienceStore, event: Event, changes: list[dict]) -> 
         status[tool.id] = "reverted" if change["before"] is None else change["before"]
     for tool_id, after in status.items():
         if after == "active":
-            tool = store.get_tool(tool_id)
-            other = store.active_tool(tool.name)
+            tool = store.tools.get_tool(tool_id)
+            other = store.tools.active_tool(tool.name)
             if other is not None and other.id not in status:
                 raise RevertError(
                     f"tool {tool.name} v{tool.version} cannot be active again: v{other.version} "

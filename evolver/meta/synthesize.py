@@ -145,7 +145,7 @@ def _key(trajectory) -> list:
 def pending_trajectories(store: ExperienceStore, limit: int) -> int:
     """Trajectories finished since the last complete window (what the job's trigger counts)."""
     after = _state(store)["after"]
-    return len(store.finished_since(None if after is None else tuple(after), limit=limit))
+    return len(store.attempts.finished_since(None if after is None else tuple(after), limit=limit))
 
 
 # --- finding opportunities ------------------------------------------------------------
@@ -170,7 +170,7 @@ def _code_opportunities(
     e = config.evolution
     in_window = set(window)
     groups: dict[str, list[RecordedCall]] = {}
-    for call in store.recorded_calls(window + lookback, tool="run_python"):
+    for call in store.tools.recorded_calls(window + lookback, tool="run_python"):
         code = call.arguments.get("code")
         if not call.ok or call.success is False or not isinstance(code, str):
             continue
@@ -230,7 +230,7 @@ def _code_opportunities(
 
 def _gap_opportunities(store: ExperienceStore, failed: dict[str, object]) -> list[Opportunity]:
     found = []
-    for trajectory_id, reflection in sorted(store.reflections(list(failed)).items()):
+    for trajectory_id, reflection in sorted(store.attempts.reflections(list(failed)).items()):
         if not _GAP.search(reflection):
             continue
         trajectory = failed[trajectory_id]
@@ -305,7 +305,7 @@ def _parse(content: str, opportunity: Opportunity) -> _Candidate | str:
 
 
 def _existing(store: ExperienceStore) -> str:
-    rows = [t for t in store.list_tools(status="active") if t.origin == "synthesized"]
+    rows = [t for t in store.tools.list_tools(status="active") if t.origin == "synthesized"]
     if not rows:
         return "There are no synthesized tools yet."
     return "Synthesized tools now:\n" + "\n".join(
@@ -359,7 +359,7 @@ def vet_tool(
     held = engine.registry.get(spec.name)
     if held is not None and held.origin != "synthesized":  # a built-in, or a tool of the user's MCP server
         raise ToolRejected(f"{spec.name!r} is the name of a {held.origin} tool")
-    replaced = store.active_tool(spec.name)
+    replaced = store.tools.active_tool(spec.name)
     earlier_tests = ""
     if replaced is not None:
         try:
@@ -367,7 +367,7 @@ def vet_tool(
         except ToolFileError:
             earlier_tests = ""  # the old version is unusable anyway; the new one stands on its own tests
     else:
-        for hit in store.search_tools(f"{spec.name}: {spec.description}", k=3):
+        for hit in store.retrieval.search_tools(f"{spec.name}: {spec.description}", k=3):
             if hit.name != spec.name and (hit.similarity or 0.0) >= e.tool_dedup_threshold:
                 raise ToolRejected(
                     f"it duplicates tool {hit.name!r} (description similarity "
@@ -421,7 +421,7 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
     meta = {WATERMARK_KEY: json.dumps({**state, "done": [*state["done"], opportunity.key]})}
     common = {"evidence": list(opportunity.evidence), "cost_usd": reply.cost_usd, "node_id": node_id, "meta": meta}
     if isinstance(candidate, str):
-        store.apply_tool_changes(
+        store.tools.apply_tool_changes(
             "tool_skipped",
             f"no tool for {opportunity.kind} opportunity: {clip(candidate, 200)}",
             why=candidate,
@@ -433,7 +433,7 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
         spec, replaced, report = _check(engine, files, candidate, opportunity, node_id)
     except ToolRejected as exc:
         reason = str(exc)
-        store.apply_tool_changes(
+        store.tools.apply_tool_changes(
             "tool_rejected",
             f"rejected tool {candidate.name}: {clip(reason, 300)}",
             why=reason,
@@ -447,10 +447,10 @@ def _take(engine: Engine, files: ToolFiles, opportunity: Opportunity, state: dic
             **common,
         )
         return f"rejected {candidate.name}"
-    version = store.next_tool_version(spec.name)
+    version = store.tools.next_tool_version(spec.name)
     digest = files.write(spec.name, version, spec.code, spec.tests)  # durable before the row names it
     what = f"registered tool {spec.name} v{version}" + (f" (replaces v{replaced.version})" if replaced else "")
-    store.apply_tool_changes(
+    store.tools.apply_tool_changes(
         "tool_registered",
         f"{what}: {clip(spec.description, 200)}",
         why=candidate.rationale or opportunity.kind,
@@ -477,14 +477,14 @@ def synthesize_round(engine: Engine) -> str:
     files = ToolFiles(engine.data_dir / "tools")
     state = _state(store)
     after = None if state["after"] is None else tuple(state["after"])
-    window = store.finished_since(after, limit=WINDOW)
+    window = store.attempts.finished_since(after, limit=WINDOW)
     if state["until"] is None:
         if not window:
             return NOTHING_NEW
         state = {"after": state["after"], "until": _key(window[-1][0]), "done": []}
     until = tuple(state["until"])
     window = [(t, s) for t, s in window if (t.finished_at, t.id) <= until]
-    lookback = store.finished_until(after, limit=LOOKBACK) if after else []
+    lookback = store.attempts.finished_until(after, limit=LOOKBACK) if after else []
     todo = [o for o in find_opportunities(store, config, window, lookback) if o.key not in state["done"]]
     outcomes = []
     for opportunity in todo[: config.evolution.tools_per_round]:

@@ -333,7 +333,7 @@ class Daemon:
 
     def status(self) -> dict:
         day = start_of_day()
-        tokens, usd = self.store.spent(since=day)
+        tokens, usd = self.store.ledger.spent(since=day)
         node = incumbent(self.store)
         b = self.config.budget
         return {

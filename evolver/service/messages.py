@@ -114,7 +114,7 @@ class Answered:
 
 @dataclass(frozen=True)
 class ContextAsked:
-    """The retrieval context of a task (the index is the daemon's): ``store.context(query, **options)``."""
+    """The retrieval context of a task (the index is the daemon's): ``store.retrieval.context(query, **options)``."""
 
     request: int
     query: str

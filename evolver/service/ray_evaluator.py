@@ -156,7 +156,7 @@ def evaluate(shipment: Shipment, *, sandbox_factory: Callable[..., Sandbox] = ma
         files = ToolFiles(data_dir / "tools")
         for name, version, code, tests in shipment.tool_files:
             files.write(name, version, code, tests)
-        engine = Engine.open(config, data_dir=data_dir, store=recording, sandbox=sandbox)  # type: ignore[arg-type]
+        engine = Engine.open(config, data_dir=data_dir, store=_NodeStore(recording), sandbox=sandbox)  # type: ignore[arg-type]
         try:
             agent = engine.agent(shipment.scaffold, node_id=shipment.node_id)
             result = agent.run_task(task, record_status=False)
@@ -177,22 +177,33 @@ def evaluate(shipment: Shipment, *, sandbox_factory: Callable[..., Sandbox] = ma
 # --- in the daemon ----------------------------------------------------------------------------------------
 
 
+class _NodeStore:
+    """The store a node's engine holds: only the agent's role, and the ledger it extends, both the
+    recording. Nothing to close: the recording is handed back with the result."""
+
+    def __init__(self, recording: RecordingStore) -> None:
+        self.agent = self.ledger = recording
+
+    def close(self) -> None:
+        pass
+
+
 def ship(engine: Engine, task: Task) -> Shipment:
     """The shipment for a claimed search task: what its agent will read, taken now from the daemon's store."""
     store = engine.store
     # The node it tests; the incumbent for one that names none (as the daemon's workers choose).
     node = store.tree.get_node(task.metadata["node"]) if task.metadata.get("node") else incumbent(store)
     scaffold = scaffold_of(store, node)
-    context = task_context(store, task, scaffold.parameters)  # exactly the agent's query (Agent.run_task)
+    context = task_context(store.agent, task, scaffold.parameters)  # exactly the agent's query (Agent.run_task)
     day = start_of_day()
     spent = {
-        spent_key(None, None): store.spent(since=day),
-        spent_key(BACKGROUND_PURPOSES, None): store.spent(since=day, purpose=BACKGROUND_PURPOSES),
-        spent_key(None, task.id): store.spent(task_id=task.id),
+        spent_key(None, None): store.ledger.spent(since=day),
+        spent_key(BACKGROUND_PURPOSES, None): store.ledger.spent(since=day, purpose=BACKGROUND_PURPOSES),
+        spent_key(None, task.id): store.ledger.spent(task_id=task.id),
     }
     engine.toolbox.refresh()
     offered = {s.tool_id for s in engine.registry.specs() if s.origin == "synthesized"}
-    tools = [t for t in store.list_tools(status="active") if t.origin == "synthesized" and t.id in offered]
+    tools = [t for t in store.tools.list_tools(status="active") if t.origin == "synthesized" and t.id in offered]
     files = ToolFiles(engine.data_dir / "tools")
     tool_files = [(t.name, t.version, *files.read(t.name, t.version, t.code_hash)) for t in tools]
     return Shipment(
@@ -226,7 +237,7 @@ def settle(
     with store.transaction():
         if store.inbox.renew_lease(lease, lease_s=lease_s) is None:
             return f"the lease was lost; the result ({result.status}) was not recorded"
-        replay(store, returned.writes, task_id=lease.task.id, tool_use=tool_use)
+        replay(store.agent, returned.writes, task_id=lease.task.id, tool_use=tool_use)
         store.inbox.complete_task(lease, result.status, error=result.error, ending=result.ending)
     return f"{result.status} in {returned.took_s:.3f} s on {returned.node}"
 
@@ -442,7 +453,7 @@ class RayEvaluator:
         if spec is not None:
             engine.toolbox.record_use(spec, ok)  # counts it, and marks a tool that keeps failing for retirement
         else:  # retired or replaced since it was shipped: its record still counts the call
-            self.daemon.store.record_tool_use(tool_id, ok=ok)
+            self.daemon.store.tools.record_tool_use(tool_id, ok=ok)
 
     def _forget(self, ref) -> None:
         with self._lock:

@@ -49,19 +49,15 @@ class Worker:
         drain: threading.Event | None = None,
         on_step: Callable[[str, Step], None] | None = None,
         on_end: Callable[[str], None] | None = None,
-        store: ExperienceStore | None = None,
+        store: ExperienceStore,
         exclude_sources: tuple[str, ...] = (),
         on_claim: Callable[[Lease], None] | None = None,
         on_answer: Callable[[Task, str], None] | None = None,
     ) -> None:
         # A callable is asked for an agent for each claimed task, so a newly promoted scaffold serves
         # the next task, and an evaluation task runs on the scaffold of the node it evaluates.
-        if isinstance(agent, Agent):
-            self.agent_for, self.store = (lambda task: agent), agent.store
-        else:
-            if store is None:
-                raise ValueError("a Worker given an agent factory needs the store")
-            self.agent_for, self.store = agent, store
+        self.agent_for = (lambda task: agent) if isinstance(agent, Agent) else agent
+        self.store = store  # the inbox it claims from; the agent writes its attempt through ``store.agent``
         self.owner = owner
         self.lease_s = lease_s
         self.max_attempts = max_attempts

@@ -413,7 +413,7 @@ class WorkerProcess:
                 case ContextAsked(request, query, options):
                     try:
                         d.store.sync_index()  # what the workers wrote so far is found (one SELECT when none is due)
-                        self.send(ContextReply(request, context=d.store.context(query, **options)))
+                        self.send(ContextReply(request, context=d.store.retrieval.context(query, **options)))
                     except Exception as exc:  # noqa: BLE001  (the worker's task gets the message)
                         self.send(ContextReply(request, error=str(exc)))
                 case McpCalled(request, name, arguments):  # a call may take its server's whole timeout

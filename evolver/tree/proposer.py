@@ -135,12 +135,12 @@ def _attempts(store: ExperienceStore, node: Node) -> str:
     done = [
         e for e in store.tree.evaluations_of(node.id) if e.split == "train" and e.status == "done" and e.trajectory_id
     ]
-    shown = store.learnable([e.trajectory_id for e in done])
+    shown = store.attempts.learnable([e.trajectory_id for e in done])
     done = [e for e in done if e.trajectory_id in shown]
     done.sort(key=lambda e: (bool(e.success), -e.id))
     lines, left, seen = [], SAMPLE_CHARS, []
     for evaluation in done[:SAMPLE]:
-        trajectory = store.get_trajectory(evaluation.trajectory_id)
+        trajectory = store.attempts.get_trajectory(evaluation.trajectory_id)
         steps = store.reports.steps(trajectory.id, limit=200)
         did = behaviour(trajectory.status, evaluation.success, steps)
         trace = " | ".join(f"{s.role}: {clip(s.content, 160, one_line=True)}" for s in steps[:12] if s.content)
@@ -185,7 +185,7 @@ def _tried(store: ExperienceStore, parent: Node) -> str:
 def propose(engine: Engine, parent: Node, parent_scaffold: Scaffold) -> Proposal:
     """Ask the model for one edit of ``parent``; raises ProposalError when the answer is not one."""
     store = engine.store
-    insights = store.list_insights(limit=10)
+    insights = store.insights.list_insights(limit=10)
     names = engine.registry.names()
     user = (
         f"The scaffold (JSON):\n{json.dumps(parent_scaffold.model_dump(mode='json'), indent=1)}\n\n"

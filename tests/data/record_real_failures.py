@@ -93,7 +93,7 @@ def main() -> None:
                 )
                 result = engine.agent(scaffold).run_task(task)
                 for trajectory_id in result.trajectory_ids:
-                    trajectory = engine.store.get_trajectory(trajectory_id)
+                    trajectory = engine.store.attempts.get_trajectory(trajectory_id)
                     outcome = engine.store.reports.outcome(trajectory_id)
                     print(f"{item.id}: {trajectory.status}", file=sys.stderr)
                     if trajectory.status == "finished":
