@@ -183,16 +183,10 @@ class Attempts:
 
     def learnable(self, trajectory_ids: list[str]) -> set[str]:
         """Those of ``trajectory_ids`` a learner may see (``memory.search.learnable_sql``)."""
-        found: set[str] = set()
-        for start in range(0, len(trajectory_ids), 500):  # SQLite's variable limit
-            chunk = trajectory_ids[start : start + 500]
-            rows = self.database.all(
-                f"SELECT t.id FROM trajectories t WHERE t.id IN ({','.join('?' * len(chunk))}) "
-                f"AND {learnable_sql('t')}",
-                chunk,
-            )
-            found.update(r["id"] for r in rows)
-        return found
+        rows = self.database.all_in(
+            f"SELECT t.id FROM trajectories t WHERE t.id IN ({{marks}}) AND {learnable_sql('t')}", trajectory_ids
+        )
+        return {r["id"] for r in rows}
 
     def record_outcome(
         self,

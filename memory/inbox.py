@@ -25,8 +25,7 @@ __all__ = ["Inbox", "Lease", "TERMINAL"]
 
 TERMINAL = (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.DEAD)
 
-# How many tasks one statement of ``add_tasks`` carries: well inside SQLite's 32,766 parameters.
-_KEYS_PER_QUERY = 500
+# How many tasks one INSERT of ``add_tasks`` carries (each row binds several parameters).
 _TASKS_PER_INSERT = 200
 
 
@@ -118,12 +117,10 @@ class Inbox:
         keys = [task.idempotency_key for task, _ in made if task.idempotency_key is not None]
         results: list[tuple[Task, bool]] = []
         with self.database.write() as db:
-            known: dict[str, Task] = {}
-            for start in range(0, len(keys), _KEYS_PER_QUERY):
-                chunk = keys[start : start + _KEYS_PER_QUERY]
-                marks = ",".join("?" * len(chunk))
-                for found in self.database.all(f"SELECT * FROM tasks WHERE idempotency_key IN ({marks})", chunk):
-                    known[found["idempotency_key"]] = Task.from_row(found)
+            known = {
+                found["idempotency_key"]: Task.from_row(found)
+                for found in self.database.all_in("SELECT * FROM tasks WHERE idempotency_key IN ({marks})", keys)
+            }
             rows = []
             for task, row in made:
                 key = task.idempotency_key

@@ -72,14 +72,10 @@ class ReportRecords:
     def trajectory_counts(self, task_ids: list[str]) -> dict[str, int]:
         """How many attempts (trajectories) each of ``task_ids`` has had; 0 for one that never ran."""
         counts = dict.fromkeys(task_ids, 0)
-        for start in range(0, len(task_ids), 500):  # SQLite's variable limit
-            chunk = task_ids[start : start + 500]
-            rows = self.database.all(
-                f"SELECT task_id, count(*) AS n FROM trajectories WHERE task_id IN "
-                f"({','.join('?' * len(chunk))}) GROUP BY task_id",
-                chunk,
-            )
-            counts.update((r["task_id"], r["n"]) for r in rows)
+        rows = self.database.all_in(
+            "SELECT task_id, count(*) AS n FROM trajectories WHERE task_id IN ({marks}) GROUP BY task_id", task_ids
+        )
+        counts.update((r["task_id"], r["n"]) for r in rows)
         return counts
 
     def last_trajectory(self, task_id: str) -> Trajectory | None:

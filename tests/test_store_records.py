@@ -608,3 +608,63 @@ def test_the_tree_records_write_through_the_stores_database_and_join_its_transac
     queued = store.inbox.get_task(evaluation.task_id)
     assert queued.prompt == f"evaluation {evaluation.id}"
     assert store.tree.running_evaluations() == [evaluation]
+
+
+def test_every_part_writes_through_the_stores_database_and_joins_its_transactions(store):
+    """Each role is a part composed over the store's one database object: the agent's writes (through
+    ``store.agent``, the parts that answer it) and what is learned, made in one transaction, commit
+    together or not at all."""
+    parts = [store.inbox, store.tree, store.reports, store.attempts, store.insights, store.tools]
+    parts += [store.exposures, store.retrieval, store.ledger]
+    assert all(part.database is store.database for part in parts)
+    task, _ = store.inbox.add_task("a task its attempt and what it learned are written beside")
+
+    def write_everything():
+        trajectory = store.agent.start_trajectory(task.id)
+        store.agent.add_step(trajectory.id, role="assistant", content="a step")
+        insight = store.insights.add_insight("an insight learned beside the attempt")
+        store.tools.add_tool("a_tool", description="a tool", code_hash="h", origin="synthesized")
+        store.agent.record_exposures(trajectory.id, {"insight": [str(insight.id)], "tool": ["a_tool"]})
+        store.agent.record_call(
+            model="m", purpose="task", tokens_in=1, tokens_out=2, cost_usd=0.0, latency_ms=1.0, task_id=task.id
+        )
+        store.agent.record_outcome(trajectory.id, success=True)
+        return trajectory, insight
+
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            write_everything()
+            raise RuntimeError("the caller fails after every write")
+    assert store.reports.trajectories_of(task.id) == []
+    assert store.insights.list_insights() == [] and store.tools.list_tools() == []
+    assert store.ledger.spent(task_id=task.id) == (0, 0.0)
+
+    with store.transaction():
+        trajectory, insight = write_everything()
+    assert [t.id for t in store.reports.trajectories_of(task.id)] == [trajectory.id]
+    assert [s.content for s in store.reports.steps(trajectory.id)] == ["a step"]
+    assert store.exposures.exposures_of(trajectory.id) == {"insight": [str(insight.id)], "tool": ["a_tool"]}
+    assert [t.name for t in store.agent.list_tools()] == ["a_tool"]
+    assert store.agent.spent(task_id=task.id) == (3, 0.0)
+    assert store.reports.outcome(trajectory.id).success is True
+
+
+def test_reads_of_more_ids_than_sqlite_binds_at_once_still_answer_for_each(store):
+    """A list of ids past what SQLite binds in one statement is read in chunks (``Database.all_in``), not
+    refused with "too many SQL variables": a person's batch of keyed tasks, and the counts a view asks of
+    them. Debian's SQLite binds 250,000; SQLite's own default (since 3.32), which other builds keep, 32,766."""
+    for connection in (store.database.writer.conn, store.database.reader().conn):
+        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32_766)
+    many = 33_000
+    keyed = [{"prompt": f"task {n}", "idempotency_key": f"k{n}"} for n in range(many)]
+    made = store.inbox.add_tasks(keyed)
+    assert all(new for _, new in made)
+    again = store.inbox.add_tasks(keyed)  # each key is found again: the same tasks, none made twice
+    assert [task.id for task, _ in again] == [task.id for task, _ in made] and not any(new for _, new in again)
+    first = made[0][0]
+    trajectory = store.attempts.start_trajectory(first.id)
+    store.attempts.finish_trajectory(trajectory.id, status="finished", final_answer="done")
+    counts = store.reports.trajectory_counts([task.id for task, _ in made])
+    assert len(counts) == many and counts[first.id] == 1 and sum(counts.values()) == 1
+    unknown = [f"traj_{n}" for n in range(many)]
+    assert store.attempts.learnable([*unknown, trajectory.id]) == {trajectory.id}
