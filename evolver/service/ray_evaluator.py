@@ -124,6 +124,17 @@ def _sandbox(config: Config, factory: Callable[..., Sandbox]) -> Sandbox:
     return _sandboxes[key]
 
 
+class _NodeStore:
+    """The store a node's engine holds: only the agent's role, and the ledger it extends, both the
+    recording. Nothing to close: the recording is handed back with the result."""
+
+    def __init__(self, recording: RecordingStore) -> None:
+        self.agent = self.ledger = recording
+
+    def close(self) -> None:
+        pass
+
+
 def evaluate(shipment: Shipment, *, sandbox_factory: Callable[..., Sandbox] = make_sandbox) -> Returned:
     """Run one shipped evaluation here, as the daemon's workers would, recording what it writes.
     The Ray task's body; ``sandbox_factory`` is ``make_sandbox`` (a test hands in one that finds no
@@ -175,17 +186,6 @@ def evaluate(shipment: Shipment, *, sandbox_factory: Callable[..., Sandbox] = ma
 
 
 # --- in the daemon ----------------------------------------------------------------------------------------
-
-
-class _NodeStore:
-    """The store a node's engine holds: only the agent's role, and the ledger it extends, both the
-    recording. Nothing to close: the recording is handed back with the result."""
-
-    def __init__(self, recording: RecordingStore) -> None:
-        self.agent = self.ledger = recording
-
-    def close(self) -> None:
-        pass
 
 
 def ship(engine: Engine, task: Task) -> Shipment:
