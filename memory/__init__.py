@@ -53,7 +53,7 @@ from .records import (
     Trajectory,
     TrajectoryHit,
 )
-from .roles import AgentStore, CallLedger
+from .roles import AgentStore, AttemptRecords, CallLedger
 from .search import Filters
 from .store import Store, StoreOptions, new_id
 from .tool_log import NewTool, RecordedCall
@@ -61,6 +61,7 @@ from .tool_log import NewTool, RecordedCall
 __all__ = [
     "ExperienceStore",
     "AgentStore",
+    "AttemptRecords",
     "CallLedger",
     "InboxStore",
     "TreeStore",

@@ -40,7 +40,7 @@ from .records import (
     Trajectory,
     TrajectoryHit,
 )
-from .roles import AgentStore, CallLedger
+from .roles import AgentStore, AttemptRecords, CallLedger
 from .search import Filters
 from .tool_log import NewTool, RecordedCall
 
@@ -143,40 +143,15 @@ class TreeStore(Protocol):
     def hook_effects(self, node_id: str) -> dict[str, dict[str, int]]: ...
 
 
-class AttemptStore(Protocol):
-    """An attempt's records, and the finished attempts the learners read (``store.attempts``,
-    ``memory.attempts``)."""
+class AttemptStore(AttemptRecords, Protocol):
+    """An attempt's records as the agent writes them (``AttemptRecords``), whole trajectories imported,
+    and the finished attempts the learners read (``store.attempts``, ``memory.attempts``)."""
 
-    def start_trajectory(self, task_id: str, *, node_id: str | None = None, attempt: int = 1) -> Trajectory: ...
-    def add_step(
-        self,
-        trajectory_id: str,
-        *,
-        role: str,
-        content: str,
-        tool_calls: list | None = None,
-        tool_results: list | None = None,
-        tokens_in: int = 0,
-        tokens_out: int = 0,
-        cost_usd: float = 0.0,
-        duration_ms: float = 0.0,
-    ) -> Step: ...
-    def finish_trajectory(self, trajectory_id: str, *, status: str, final_answer: str | None = None) -> Trajectory: ...
-    def get_trajectory(self, trajectory_id: str) -> Trajectory: ...
     def finished_since(
         self, mark: tuple[float, str] | None, *, limit: int = 100
     ) -> list[tuple[Trajectory, bool | None]]: ...
     def finished_until(self, mark: tuple[float, str], *, limit: int = 100) -> list[str]: ...
     def learnable(self, trajectory_ids: list[str]) -> set[str]: ...
-    def record_outcome(
-        self,
-        trajectory_id: str,
-        *,
-        success: bool | None,
-        score: float | None = None,
-        verifier: str | None = None,
-        verifier_output: str | None = None,
-    ) -> Outcome: ...
     def ingest(self, items: list[NewTrajectory], *, sync: bool = True) -> list[str]: ...
     def reflections(self, trajectory_ids: list[str]) -> dict[str, str]: ...
 

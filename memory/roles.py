@@ -15,7 +15,7 @@ from typing import Protocol
 
 from .records import Context, Ending, LedgerEntry, Outcome, Step, Task, ToolRecord, Trajectory
 
-__all__ = ["AgentStore", "CallLedger"]
+__all__ = ["AgentStore", "AttemptRecords", "CallLedger"]
 
 
 class CallLedger(Protocol):
@@ -39,25 +39,12 @@ class CallLedger(Protocol):
     ) -> LedgerEntry: ...
 
 
-class AgentStore(CallLedger, Protocol):
-    """What an agent's run of a task asks (see the module), as ``store.agent``; its model calls go to the
-    ledger it extends."""
+class AttemptRecords(Protocol):
+    """An attempt as the agent writes it (started, its steps, ended, judged) and reads it back: part of the
+    agent's role, and of ``store.attempts`` (``AttemptStore``), which keeps it."""
 
-    def context(
-        self,
-        query: str,
-        *,
-        trajectories: int = 3,
-        insights: int = 5,
-        tools: int = 5,
-        successful_only: bool = True,
-        probation: bool = False,
-    ) -> Context: ...
     def get_trajectory(self, trajectory_id: str) -> Trajectory: ...
-    def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]: ...
-    def get_tool(self, tool_id: int) -> ToolRecord: ...
     def start_trajectory(self, task_id: str, *, node_id: str | None = None, attempt: int = 1) -> Trajectory: ...
-    def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None: ...
     def add_step(
         self,
         trajectory_id: str,
@@ -81,6 +68,25 @@ class AgentStore(CallLedger, Protocol):
         verifier: str | None = None,
         verifier_output: str | None = None,
     ) -> Outcome: ...
+
+
+class AgentStore(CallLedger, AttemptRecords, Protocol):
+    """What an agent's run of a task asks (see the module), as ``store.agent``; its model calls go to the
+    ledger it extends, and its attempt to the attempt's records."""
+
+    def context(
+        self,
+        query: str,
+        *,
+        trajectories: int = 3,
+        insights: int = 5,
+        tools: int = 5,
+        successful_only: bool = True,
+        probation: bool = False,
+    ) -> Context: ...
+    def list_tools(self, *, status: str | None = "active") -> list[ToolRecord]: ...
+    def get_tool(self, tool_id: int) -> ToolRecord: ...
+    def record_exposures(self, trajectory_id: str, items: Mapping[str, Iterable[str]]) -> None: ...
     def record_tool_use(self, tool_id: int, *, ok: bool) -> ToolRecord: ...
     def set_task_status(
         self, task_id: str, status: str, *, error: str | None = None, ending: Ending | None = None
