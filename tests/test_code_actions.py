@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from evolver.agent.failures import behaviour, count_modes
 from evolver.agent.loop import draft_seed
 from evolver.agent.scaffold import default_scaffold, unused_parts
 from evolver.config import load_config
@@ -452,6 +453,49 @@ def test_when_no_draft_passes_the_attempt_goes_on_from_the_one_that_passed_the_m
     # the session goes on from the first draft (1 of 2 examples), not from the second (0 of 2), run last
     assert [s.role for s in steps][:5] == ["assistant", "tool", "assistant", "tool", "assistant"]
     assert observations(engine, result)[2].startswith("4 6")
+
+
+def test_a_learner_reads_whether_every_draft_failed_the_examples_apart_from_the_models_own_calls(engine_for):
+    """The drafts are the loop's samples, not calls the model chose: counted among its calls, an attempt whose
+    drafts all failed the examples read as "run_python x3" to the proposer, which then never reached the
+    ``drafts`` parameter that acts on exactly that."""
+    draft = r"\AComplete the following Python function"
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"Your draft is not handed in yet", "on": "all", "role": "user", "reply": block("print(1)")},
+                {"match": draft, "role": "user", "reply": "```python\n    return n + 3\n```"},
+            ],
+        },
+        "c-drafts-fail",
+    )
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold(drafts=2, max_steps=2, max_attempts=1)).run_task(task)
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
+    failed = behaviour(trajectory.status, result.success, engine.store.reports.steps(trajectory.id))
+    assert (failed.drafts, failed.draft_handed_in, dict(failed.calls)) == (2, False, {"run_python": 1})
+    assert failed.modes == ["no finish", "every draft failed the examples"]
+    assert "3 model turns; 2 drafts, none passing the task's own examples; calls: run_python x1" in failed.describe()
+    assert count_modes([failed]) == {"no finish": 1, "every draft failed the examples": 1}
+
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": draft, "role": "user", "times": 2, "reply": "```python\n    return n + 2\n```"},
+                {"match": draft, "role": "user", "reply": "```python\n    return 2 * n\n```"},
+            ],
+        },
+        "c-drafts-third",
+    )
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold(drafts=4)).run_task(task)
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
+    passed = behaviour(trajectory.status, result.success, engine.store.reports.steps(trajectory.id))
+    assert (passed.drafts, passed.draft_handed_in, passed.modes) == (3, True, [])
+    assert "3 drafts, the last handed in (it passed the task's own examples); calls: no tool calls" in passed.describe()
+    # handed in by a draft that passed the examples and then failed the check: a wrong answer, not a draft failure
+    wrong = behaviour(trajectory.status, False, engine.store.reports.steps(trajectory.id))
+    assert wrong.modes == ["wrong answer"]
 
 
 def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_needs(engine_for):

@@ -42,7 +42,7 @@ from .delivery import (
     task_stub,
     try_examples,
 )
-from .failures import call_key
+from .failures import DRAFT_CALL, call_key
 from .hooks import HookCalls, Hooks
 from .mcp_tools import ORIGIN as MCP_ORIGIN
 from .scaffold import Scaffold
@@ -901,7 +901,7 @@ class Agent:
             temperature = 0.0 if n == 0 else params.draft_temperature
             reply = self._ask(asked, None, task, purpose, temperature=temperature, seed=draft_seed(asked, n))
             code = draft_code(reply.content, turn.stub, turn.deliverable.functions)
-            call = {"id": "draft", "name": "run_python", "arguments": {"code": code}}
+            call = {"id": DRAFT_CALL, "name": "run_python", "arguments": {"code": code}}
             record("assistant", reply.content, reply=reply, tool_calls=[call])
             observation = tools.run_code(code)
             turn.blocks.append(code)
@@ -912,7 +912,7 @@ class Agent:
             record(
                 "tool",
                 text,
-                tool_results=[{"id": "draft", "name": "run_python", "ok": observation.ok}],
+                tool_results=[{"id": DRAFT_CALL, "name": "run_python", "ok": observation.ok}],
                 duration_ms=observation.duration_ms,
             )
             if isinstance(decided, Submitted):
