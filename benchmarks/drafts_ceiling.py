@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from learning_curve import LocalServer, log, split_tasks  # noqa: E402
-from seed_vs_seed import run  # noqa: E402
+from seed_vs_seed import local_settings, run  # noqa: E402
 
 
 def failed_after_every_draft(report: dict) -> list[str]:
@@ -59,17 +59,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="drafts-ceiling-") as tmp:
         server = LocalServer(Path(tmp), args.local)
         try:
-            env = {
-                "EVOLVER_MODEL_NAME": f"openai/{server.alias}",
-                "EVOLVER_MODEL_API_BASE": server.start(),
-                "EVOLVER_MODEL_TIMEOUT_S": "300",
-                "EVOLVER_MODEL_MAX_RETRIES": "1",
-                "EVOLVER_MODEL_TOOL_MODE": "text",
-                "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-                "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
-                "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
-                "EVOLVER_BUDGET_USD_PER_DAY": "0",
-            }
+            env = local_settings(server.alias, server.start())
             log(f"{len(tasks)} problems, up to {args.drafts} drafts each")
             with Engine.open(load_config(env=env), data_dir=Path(tmp) / "data") as engine:
                 out["measured"] = run(engine, scaffold, tasks)

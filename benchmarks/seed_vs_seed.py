@@ -62,6 +62,22 @@ def setting(text: str) -> tuple[str, object]:
         return name, value
 
 
+def local_settings(alias: str, base: str) -> dict[str, str]:
+    """The engine's settings for the local server: text tool calls under its grammar, as the README configures
+    it, and no budget cap (a long run must not stop halfway)."""
+    return {
+        "EVOLVER_MODEL_NAME": f"openai/{alias}",
+        "EVOLVER_MODEL_API_BASE": base,
+        "EVOLVER_MODEL_TIMEOUT_S": "300",
+        "EVOLVER_MODEL_MAX_RETRIES": "1",
+        "EVOLVER_MODEL_TOOL_MODE": "text",
+        "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
+        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+        "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
+        "EVOLVER_BUDGET_USD_PER_DAY": "0",
+    }
+
+
 def run(engine, scaffold, tasks) -> dict:
     per_task, work = {}, {}
     for pack_task in tasks:
@@ -116,17 +132,7 @@ def main() -> int:
         server = LocalServer(Path(tmp), args.local)
         try:
             base = server.start()
-            env = {
-                "EVOLVER_MODEL_NAME": f"openai/{server.alias}",
-                "EVOLVER_MODEL_API_BASE": base,
-                "EVOLVER_MODEL_TIMEOUT_S": "300",
-                "EVOLVER_MODEL_MAX_RETRIES": "1",
-                "EVOLVER_MODEL_TOOL_MODE": "text",
-                "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-                "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
-                "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
-                "EVOLVER_BUDGET_USD_PER_DAY": "0",
-            }
+            env = local_settings(server.alias, base)
             report: dict = {
                 "model": server.alias,
                 "tasks_from": f"the learning curve's {args.held_out} held-out problems"
