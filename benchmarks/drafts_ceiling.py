@@ -4,11 +4,12 @@ learning curve's seed failed after every draft; prints JSON.
     python benchmarks/drafts_ceiling.py --from REPORT.json [--drafts 10] [--local 0.5b|1.5b] [--out FILE]
 
 The problems are those of REPORT's generation 0 (the seed, measured through the daemon) that failed at the
-step limit: each of its drafts failed the task's own examples and so did its repair turns. Only ``drafts``
-acts there (the parameter the tree may raise to 10), so this is the most that raising it could add to the
-seed's held-out successes, measured on the tasks where it can act: each problem is asked again with the
-seed's scaffold, ``drafts`` N and ``max_steps`` 1 (the drafts alone), through the agent loop in process on the
-local llama.cpp server, as ``seed_vs_seed.py`` runs a scaffold. Drafts are seeded by what they ask, so the
+step limit: each of its drafts failed the task's own examples and so did its repair turns. ``drafts`` acts
+there directly (the tree may raise it to 10; every other parameter only through the repair turns), so this
+is the most that raising it could add to the seed's held-out successes, measured on the tasks where it can
+act: each problem is asked again with the seed's scaffold, ``drafts`` N and ``max_steps`` 1 (the drafts
+alone), through the agent loop in process on the local llama.cpp server, as ``seed_vs_seed.py`` runs a
+scaffold. Drafts are seeded by what they ask, so the
 first four draw as the seed's did, alike though not bit for bit; a problem solved within them is the
 sampler's noise, not the extra drafts' gain, and ``turns`` (one per draft) tells which. Nothing is asserted.
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from learning_curve import LocalServer, log, split_tasks  # noqa: E402
-from seed_vs_seed import local_settings, run  # noqa: E402
+from seed_vs_seed import local_settings, run, seeds  # noqa: E402
 
 
 def failed_after_every_draft(report: dict) -> list[str]:
@@ -44,7 +45,6 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from evolver.agent.scaffold import default_scaffold
     from evolver.config import load_config
     from evolver.engine import Engine
 
@@ -52,9 +52,7 @@ def main() -> int:
     ids = failed_after_every_draft(report)
     held = {t.id: t for t in split_tasks(report["settings"].get("seed", 0), len(report["tasks"]["held_out"]), 0, 0)[0]}
     tasks = [held[i] for i in ids]
-    seed = default_scaffold()
-    parameters = {**seed.parameters.model_dump(), "drafts": args.drafts, "max_steps": 1, "max_attempts": 1}
-    scaffold = seed.model_copy(update={"parameters": seed.parameters.model_validate(parameters)})
+    scaffold = seeds(1, 1, {"drafts": args.drafts})["now"]  # the drafts alone, one attempt
     out: dict = {"from": str(args.report), "drafts": args.drafts, "tasks": ids}
     with tempfile.TemporaryDirectory(prefix="drafts-ceiling-") as tmp:
         server = LocalServer(Path(tmp), args.local)
