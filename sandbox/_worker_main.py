@@ -111,18 +111,48 @@ def _run_cell(code, number, namespace, cap):
     filename = f"<cell {number}>"
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     tree = ast.parse(code, filename)
+    kept = _keep_finish(tree)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, filename, "exec"), namespace)
-    if last is None:
-        return None
-    value = eval(compile(last, filename, "eval"), namespace)
+    try:
+        exec(compile(tree, filename, "exec"), namespace)
+        if last is None:
+            return None
+        value = eval(compile(last, filename, "eval"), namespace)
+    finally:
+        namespace.update(finish=finish, final_answer=finish)  # whatever the cell bound to them
+        if kept:
+            print(f"note: {', '.join(kept)} is the session's own and was not redefined", file=sys.stderr)
     if value is None:
         return None
     namespace["_"] = value
     text = repr(value)
     return text if len(text) <= cap else text[:cap] + " …[truncated]"
+
+
+_OWN = ("finish", "final_answer")
+
+
+def _keep_finish(tree):
+    """Drop a cell's top-level definitions of ``finish`` (a small model redefines it as a print, then calls
+    its own, and the attempt never ends): the session's ``finish`` is the loop's. Returns the names kept."""
+    kept, body = [], []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in _OWN:
+            kept.append(node.name)
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id in _OWN for t in node.targets):
+            kept.extend(t.id for t in node.targets)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) in _OWN for a in node.names):
+            kept.extend(a.asname or a.name for a in node.names if (a.asname or a.name) in _OWN)
+            node.names = [a for a in node.names if (a.asname or a.name) not in _OWN]
+            if not node.names:
+                continue
+        body.append(node)
+    tree.body = body
+    return list(dict.fromkeys(kept))
 
 
 def _call(namespace, name, kwargs):

@@ -255,7 +255,7 @@ def test_retrieved_experience_reaches_the_prompt(engine_for):
     script = {
         "rules": [
             {
-                "match": "Similar tasks solved before:.*Sum the amount column of sales.csv.*Lessons from experience:"
+                "match": "Other tasks of this kind, solved before.*Sum the amount column of sales.csv.*Lessons from experience:"
                 ".*Strip currency symbols",
                 "on": "all",
                 "role": "user",

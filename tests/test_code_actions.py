@@ -224,7 +224,7 @@ def test_a_function_defined_in_the_session_is_delivered_and_judged_from_the_file
         "c-deliver",
     )
     task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
-    result = engine.agent(code_scaffold()).run_task(task)
+    result = engine.agent(code_scaffold(draft_first=False)).run_task(task)
     assert (result.status, result.success) == ("done", True), result.verdict
     steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert any(s.content.startswith("[delivered]") for s in steps)
@@ -274,7 +274,7 @@ def test_the_tasks_own_examples_refuse_a_wrong_finish_and_the_model_repairs_it(e
         "c-examples",
     )
     task, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
-    result = engine.agent(code_scaffold()).run_task(task)
+    result = engine.agent(code_scaffold(draft_first=False)).run_task(task)
     assert (result.status, result.success, result.attempts) == ("done", True, 1), observations(engine, result)
     refused = observations(engine, result)[0]
     assert refused.startswith("finish was refused: the task's own examples fail")
@@ -520,29 +520,35 @@ def test_a_draft_is_handed_in_as_it_was_written_with_the_state_its_function_need
     assert work == [STUB + "\n\nFACTOR = int('2')\n\ndef double(n):\n    return FACTOR * n\n"]
 
 
-def test_without_a_stub_or_with_draft_first_off_there_is_no_draft(engine_for, tmp_path):
+def test_a_function_task_in_words_opens_with_its_own_words_as_the_draft_and_draft_first_off_has_none(
+    engine_for, tmp_path
+):
+    """With no stub, the draft is the task's text sent alone, as a person would ask the model alone: the
+    agent's first draft is the model alone's answer, and it is handed in when it passes the examples."""
     record = tmp_path / "sent.jsonl"
     engine = engine_for(
         {
             "record": str(record),
             "rules": [
+                {"match": r"\AWrite solution.py", "role": "user", "reply": block("def double(n):\n    return 2 * n")},
                 {"match": r"", "role": "user", "reply": block("def double(n):\n    return 2 * n\nfinish('done')")},
             ],
         },
         "c-no-draft",
     )
     for text, scaffold in ((DOUBLE_TASK, code_scaffold()), (STUB_TASK, code_scaffold(draft_first=False))):
-        task, _ = engine.store.inbox.add_task(text, check=DOUBLE_CHECK, metadata=DELIVER)
+        task, _ = engine.store.inbox.add_task(text, check=DOUBLE_CHECK)  # no deliver field: read from the words
         assert engine.agent(scaffold).run_task(task).success is True
     sent = [json.loads(line)["messages"] for line in record.read_text().splitlines()]
-    assert len(sent) == 2 and all(m[0]["role"] == "system" for m in sent)
+    assert sent[0] == [{"role": "user", "content": DOUBLE_TASK.strip()}]  # the draft: the words alone
+    assert len(sent) == 2 and sent[1][0]["role"] == "system"  # draft_first off: the attempt's own turn
 
 
 def test_an_attempt_out_of_steps_is_asked_for_its_answer_once_and_says_so(engine_for):
     engine = engine_for(
         {
             "rules": [
-                {"match": r"Reply with your final answer alone", "role": "user", "reply": "42"},
+                {"match": r"taken word for word as your final answer", "role": "user", "reply": "42"},
                 {"match": "", "role": "user", "reply": block("print('still thinking')")},
             ]
         },
@@ -590,14 +596,14 @@ def test_a_worked_example_carries_the_code_that_passed_and_held_out_code_never_a
         metadata={"split": "test", "deliver": {"file": "solution.py", "functions": ["triple"]}},
     )
     taught, _ = engine.store.inbox.add_task(DOUBLE_TASK, check=DOUBLE_CHECK, metadata={**DELIVER, "split": "train"})
-    agent = engine.agent(code_scaffold())
+    agent = engine.agent(code_scaffold(draft_first=False))
     assert agent.run_task(held).success is True and agent.run_task(taught).success is True
     engine.store.sync_index()
     later, _ = engine.store.inbox.add_task(
         "Write solution.py defining quadruple(n) that returns four times n, like double and triple.",
         metadata={"split": "train"},
     )
-    engine.agent(code_scaffold(example_rounds=0)).run_task(later)
+    engine.agent(code_scaffold(example_rounds=0, draft_first=False)).run_task(later)
     sent = record.read_text().splitlines()[-1]
     prompt = json.loads(sent)["messages"][1]["content"]
     assert "Code that worked:\n```python\ndef double(n):\n    return n * 2\n```" in prompt

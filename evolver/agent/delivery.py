@@ -48,10 +48,6 @@ MAX_EXAMPLES = 12
 # A fenced block: its language, then its text (one left open at the end of a reply counts).
 FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 PYTHON = ("", "python", "py", "python3")  # the languages of a Python block
-_ARROW = re.compile(
-    r"^\s*(?P<call>(?P<name>[A-Za-z_]\w*)\(.*\))\s*(?:==>|➞|=>|->|==|should return|returns)\s*"
-    r"(?P<want>.+?)\s*$"
-)
 
 
 @dataclass(frozen=True)
@@ -84,7 +80,9 @@ def _literal(text: str) -> bool:
 
 
 def task_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
-    """The examples the task's text gives for the requested functions (at most ``MAX_EXAMPLES``)."""
+    """The examples the task's text gives for the requested functions (at most ``MAX_EXAMPLES``): doctest
+    lines, and calls with literal arguments followed by what they give, wherever they stand in a sentence
+    ("e.g. f('aaabcc') == 'a3b1c2'", "f(0) is []", "f(1) ➞ 2", "f(3) should return 6")."""
     found: list[Example] = []
     lines = prompt.splitlines()
     for n, line in enumerate(lines):  # doctest lines: ">>> f(1)" and its result on the next line(s)
@@ -100,13 +98,73 @@ def task_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
         expected = " ".join(want)
         if expected and _literal_call(call, functions):
             found.append(Example(call, expected))
-    for line in lines:
-        match = _ARROW.match(line.replace(">>>", " "))
-        if match and match["name"] in functions:
-            call, expected = match["call"], match["want"].rstrip(".")
-            if _literal_call(call, functions) and _literal(expected) and Example(call, expected) not in found:
-                found.append(Example(call, expected))
+    for example in _inline_examples(prompt, functions):
+        if example not in found and not any(e.call == example.call for e in found):
+            found.append(example)
     return found[:MAX_EXAMPLES]
+
+
+# What a call "gives" in the words of a task, between the call and its result.
+_GIVES = re.compile(
+    r"\s*(?:==>|➞|→|=>|->|==|=|should return|should give|should be|returns|return|gives|give|is|equals|"
+    r"yields|evaluates to|outputs|produces)\s*",
+    re.IGNORECASE,
+)
+_LONGEST = 300  # characters of a result literal
+
+
+def _call_end(text: str, start: int) -> int | None:
+    """The index just past the parenthesis that closes the one at ``start`` (strings respected)."""
+    depth, quote, n = 0, "", start
+    while n < len(text):
+        c = text[n]
+        if quote:
+            if c == "\\":
+                n += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return n + 1
+        n += 1
+    return None
+
+
+def _result_literal(text: str) -> str | None:
+    """The longest literal that ``text`` starts with (a bare tuple only in parentheses: in "f(2) == 4,
+    f(3) == 9" the result is 4)."""
+    for end in range(min(len(text), _LONGEST), 0, -1):
+        head = text[:end].strip()
+        if not head or not _literal(head):
+            continue
+        if isinstance(ast.parse(head, mode="eval").body, ast.Tuple) and not head.startswith("("):
+            continue
+        if head.endswith(".") and _literal(head[:-1]):  # the sentence's full stop, not "9."
+            head = head[:-1]
+        return head
+    return None
+
+
+def _inline_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
+    found: list[Example] = []
+    text = prompt.replace(">>>", " ")
+    for match in re.finditer(r"(?<![\w.])(" + "|".join(map(re.escape, functions)) + r")\(", text):
+        end = _call_end(text, match.end() - 1)
+        if end is None:
+            continue
+        call = text[match.start() : end]
+        gives = _GIVES.match(text, end)
+        if gives is None or not _literal_call(call, functions):
+            continue
+        expected = _result_literal(text[gives.end() :].lstrip("`"))
+        if expected is not None and Example(call, expected) not in found:
+            found.append(Example(call, expected))
+    return found
 
 
 def task_stub(prompt: str, functions: tuple[str, ...]) -> str | None:

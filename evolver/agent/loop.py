@@ -31,6 +31,7 @@ from ..llm.budget import BudgetExceeded
 from ..llm.client import Model, ModelError, ModelReply
 from ..text import clip
 from .answer_stream import AnswerStream
+from .asks import AnswerForm, answer_form, deliverable_in_words
 from .delivery import (
     FENCE,
     PYTHON,
@@ -63,6 +64,17 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WORK_CHARS = 1500  # of a worked example's code, in a prompt
+# A worked example is another task's: shown only when it is of the same kind, by the vector search's
+# cosine similarity (all-MiniLM-L6-v2), and headed as another task's. Shown unlike tasks, the 0.5B model
+# copied them (a Caesar cipher came out as an earlier task's run-length encoder, an answer as another task's
+# sentence). Measured: summing a column of sales.csv against adding up one of invoices.csv 0.64, two
+# change-from-a-bill problems 0.65, run-length against Caesar 0.39, a CSV sum against an ERROR count 0.20,
+# a date against a price 0.12; chunk against flatten 0.62 is above it, which the heading must carry.
+EXAMPLE_SIMILARITY = 0.6
+# How many times an attempt's answer may be refused for its form (the task asks for a number and the reply
+# holds none), or for being prose about the session's output rather than an answer, before it is taken.
+ANSWER_ROUNDS = 2
+SHORT_ANSWER_CHARS = 200  # a reply without code longer than this is read as talk, until ANSWER_ROUNDS run out
 
 
 _SHELL = ("bash", "sh", "shell", "console", "zsh")
@@ -132,6 +144,9 @@ class _Turn:
     stub: str | None = None  # the task's code of the requested function
     draft: str | None = None  # the draft's prompt, when this attempt opens with one
     tried: list[tuple[str, int]] = field(default_factory=list)  # sources tried on the examples: failures
+    form: AnswerForm | None = None  # the answer's form the task's words ask for
+    answer_rounds: int = ANSWER_ROUNDS  # refusals of an answer's form or of talk still allowed
+    said: list[str] = field(default_factory=list)  # the loop's own messages: never an answer
 
     def data(self, task: Task) -> dict:
         return {"task": task.prompt, "attempt": self.attempt, "step": self.step}
@@ -186,14 +201,20 @@ def task_context(store: AgentStore, task: Task, params) -> Context:
     )
 
 
+def worked_examples(context: Context) -> list:
+    """The trajectories found that may be shown as worked examples: those of the same kind as the task, by
+    the vector search's similarity (``EXAMPLE_SIMILARITY``); one found only by its keywords is not."""
+    return [h for h in context.trajectories if h.similarity is not None and h.similarity >= EXAMPLE_SIMILARITY]
+
+
 def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
     """The worked examples (as text) and the insights (hits) that fit a token budget (4 chars a token).
     Among the insights retrieved, those measured to help (``evolver.meta.prune``) come first, then the
     more important, so the ones measured to help are the last to be cut."""
     left = budget_tokens * 4
     examples, insights = [], []
-    for hit in context.trajectories:
-        block = f"- Task: {clip(hit.prompt, 400)}\n"
+    for hit in worked_examples(context):
+        block = f"- Another task: {clip(hit.prompt, 400)}\n"
         if hit.work:  # what made it pass: the code it delivered or ran last
             block += f"  Code that worked:\n```python\n{clip(hit.work.strip(), WORK_CHARS)}\n```\n"
         block += f"  Answer: {clip(hit.final_answer or '', 300)}"
@@ -210,8 +231,12 @@ def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
     return examples, insights
 
 
-def draft_prompt(scaffold: Scaffold, stub: str | None, prompt_context: tuple[str, str]) -> str | None:
-    """The draft's prompt (draft_first): the task's stub to complete, as the model alone is asked. The seed's
+def draft_prompt(
+    scaffold: Scaffold, stub: str | None, prompt_context: tuple[str, str], words: str | None = None
+) -> str | None:
+    """The draft's prompt (draft_first): the task's stub to complete, as the model alone is asked; for a task
+    that asks for a function in words and gives no stub, ``words``, the task's own text, exactly as a person
+    would ask the model alone (so the agent's first draft is the model alone's answer). The seed's
     shows nothing learned, so its draft is the model alone's whatever the store holds: shown three worked
     examples and an insight before the stub, the 0.5B model's drafts were worse than without them on the
     learning curve's held-out tasks (what was learned still reaches the turns after a draft that fails, in
@@ -219,8 +244,10 @@ def draft_prompt(scaffold: Scaffold, stub: str | None, prompt_context: tuple[str
     the tree measures, like any other; put them before the stub, since a small model completes the last code
     it is shown."""
     template = scaffold.prompts.draft
-    if stub is None or not template or not scaffold.parameters.draft_first:
+    if not template or not scaffold.parameters.draft_first:
         return None
+    if stub is None:
+        return words.strip() if words and words.strip() else None
     examples, insights = prompt_context
     return template.format(stub=stub, examples=examples, insights=insights).strip()
 
@@ -245,7 +272,14 @@ def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
 
 def _render(examples: list[str], hits: list) -> tuple[str, str]:
     insights = [f"- {hit.text}" for hit in hits]
-    examples_text = ("\nSimilar tasks solved before:\n" + "\n".join(examples) + "\n") if examples else ""
+    examples_text = (
+        (
+            "\nOther tasks of this kind, solved before (they are not this task: reuse a method that fits, "
+            "never their answers):\n" + "\n".join(examples) + "\n"
+        )
+        if examples
+        else ""
+    )
     insights_text = ("\nLessons from experience:\n" + "\n".join(insights) + "\n") if insights else ""
     return examples_text, insights_text
 
@@ -328,8 +362,8 @@ class Agent:
         exposed = {
             "insight": [str(hit.insight_id) for hit in shown],
             "tool": [n for n in tool_names if n not in BUILTIN_SOURCES],
-            # the examples are the first of the trajectories found (fit_context keeps them in order)
-            "example": [hit.trajectory_id for hit in context.trajectories[: len(examples)]],
+            # the examples are the first of the worked examples (fit_context keeps them in order)
+            "example": [hit.trajectory_id for hit in worked_examples(context)[: len(examples)]],
         }
         try:
             with TaskTools(
@@ -369,9 +403,10 @@ class Agent:
                         workspace=workspace,
                         example_rounds=params.example_rounds if deliverable else 0,
                         stub=stub,
+                        form=None if deliverable else answer_form(task.prompt),
                     )
-                    if code and attempt == 1:  # a retry is no draft: it would be the same completion again
-                        turn.draft = draft_prompt(self.scaffold, stub, prompt_context)
+                    if code and attempt == 1 and deliverable is not None:  # a retry would draft the same again
+                        turn.draft = draft_prompt(self.scaffold, stub, prompt_context, task.prompt)
                     answer, ended = self._attempt(
                         trajectory.id, task, messages, schemas, tools, cancel, on_step, purpose, turn
                     )
@@ -616,6 +651,7 @@ class Agent:
                 }
             )
         idle = 0
+        turn.said.extend(m["content"] for m in messages if m["role"] == "system")
         repeats = _Repeats(params.repeat_limit)
         turn.hooks.unusable(record)
         try:
@@ -636,19 +672,22 @@ class Agent:
             status = "step_limit" if isinstance(ended, StepLimit) else "repeating"
             if not params.last_answer_turn or cancel.is_set() or turn.deliverable is not None:
                 return None, status  # a code task's answer is what it delivers, asked for or not
-            answer = self._last_answer(messages, task, record, purpose, status)
+            answer = self._last_answer(messages, task, record, purpose, status, turn)
             return (answer, "asked") if answer else (None, status)
 
-    def _last_answer(self, messages: list[dict], task: Task, record, purpose: str, why: str) -> str | None:
+    def _last_answer(
+        self, messages: list[dict], task: Task, record, purpose: str, why: str, turn: _Turn
+    ) -> str | None:
         """One last turn that can only be an answer: no tools are offered, and the reply's text is the answer
-        (a code block in it is read as text). The trajectory ends 'asked', so this answer is told apart."""
+        (a code block in it is read as text), asked in the form the task's words ask for. The trajectory ends
+        'asked', so this answer is told apart. The loop's own words are never taken for it."""
         reason = "You have used all your steps" if why == "step_limit" else "You kept repeating one action"
-        messages.append(
-            {
-                "role": "user",
-                "content": f"{reason}; this attempt ends now. Reply with your final "
-                "answer alone: no code, no tool call, no explanation.",
-            }
+        wanted = turn.form.words if turn.form is not None else "the answer alone, as the task asks for it"
+        self._tell(
+            messages,
+            turn,
+            f"{reason}; this attempt ends now. Your next reply is taken word for word as your final answer to "
+            f"the task, so write only {wanted}.",
         )
         reply = self._ask(messages, None, task, purpose)
         record("answer", reply.content, reply=reply)  # not an "assistant" step: it could only answer
@@ -656,7 +695,17 @@ class Agent:
         text = reply.content.strip()
         blocks = [m[2] for m in FENCE.finditer(text)]
         answer = (blocks[-1] if blocks else text).strip()
-        return answer or None
+        if not answer or _own_words(answer, turn.said):
+            return None
+        if turn.form is not None:
+            answer = turn.form.shape(answer)[0] or answer
+        return answer
+
+    @staticmethod
+    def _tell(messages: list[dict], turn: _Turn, text: str) -> None:
+        """A message of the loop's own to the model: kept, so that it never comes back as an answer."""
+        turn.said.append(text)
+        messages.append({"role": "user", "content": text})
 
     def _ask(
         self,
@@ -745,16 +794,16 @@ class Agent:
         messages.append(reply.assistant_message)
         if not reply.tool_calls:
             if idle >= 1 and reply.content.strip():  # said twice without a tool: that is its answer
-                verdict = self._finishing(reply.content.strip(), task, turn, record)
+                verdict = self._reply_as_answer(reply.content.strip(), task, turn, record)
                 if isinstance(verdict, Submitted):
                     raise verdict
-                messages.append({"role": "user", "content": verdict})
+                self._tell(messages, turn, verdict)
                 return idle
             note = (
                 "You did not call a tool. If that is your final answer, call finish with it; "
                 "otherwise continue with a tool."
             )
-            messages.append({"role": "user", "content": note})
+            self._tell(messages, turn, note)
             return idle + 1
         finished: str | None = None
         stop = False
@@ -772,6 +821,7 @@ class Agent:
                 # that the note did not break.
                 stop = times >= 2 * repeats.limit
                 text, ok, took = self._repeat_note(call.name, times, repeats.result, stop), False, 0.0
+                turn.said.append(self._repeat_note(call.name, times, "", stop))
             else:
                 observation = tools.run(call.name, call.arguments)
                 text, ok, took = observation.text, observation.ok, observation.duration_ms
@@ -827,24 +877,21 @@ class Agent:
         messages.append({"role": "assistant", "content": reply.content})
         if not blocks and any(m[1].lower() in _SHELL for m in FENCE.finditer(reply.content)):
             # an action, not an answer, in the wrong language
-            messages.append(
-                {
-                    "role": "user",
-                    "content": "Only ```python blocks run here. Run a shell command from "
-                    "Python: print(run_shell('...')).",
-                }
+            self._tell(
+                messages, turn, "Only ```python blocks run here. Run a shell command from Python: print(run_shell('...'))."
             )
             return
         if not blocks:
-            decided = self._finishing(reply.content.strip(), task, turn, record)
+            decided = self._reply_as_answer(reply.content.strip(), task, turn, record)
             if isinstance(decided, Submitted):
                 raise decided
-            messages.append({"role": "user", "content": decided})
+            self._tell(messages, turn, decided)
             return
         times = repeats.see("run_python", arguments)
         if repeats.limit and times >= repeats.limit:
             stop = times >= 2 * repeats.limit
             text, ok, took = self._repeat_note("this code", times, repeats.result, stop), False, 0.0
+            turn.said.append(self._repeat_note("this code", times, "", stop))
             if stop:
                 record("tool", text, tool_results=[{"id": calls[0]["id"], "name": "run_python", "ok": ok}])
                 raise Repeating()
@@ -927,6 +974,12 @@ class Agent:
         messages.append({"role": "user", "content": f"Output of your code:\n{text}"})
 
     def _finishing(self, answer: str, task: Task, turn: _Turn, record, *, draft: str | None = None) -> Submitted | str:
+        decided = self._decide(answer, task, turn, record, draft=draft)
+        if isinstance(decided, str):
+            turn.said.append(decided)
+        return decided
+
+    def _decide(self, answer: str, task: Task, turn: _Turn, record, *, draft: str | None = None) -> Submitted | str:
         """The answer handed in (``before_finish`` may change it), or why the finish was refused: for a code
         task, first its deliverable must be defined and pass the task's own examples (a few rounds; a draft's
         refusal uses none of them). A draft (its code) is tried as it was written, as the model alone's
@@ -935,10 +988,50 @@ class Agent:
         refused = self._examples_refuse(turn, counted=draft is None, source=draft)
         if refused:
             return refusal + refused
+        if turn.deliverable is None:  # a code task's answer is what it delivers: its words are not read
+            answer, refused = self._answer_refuses(answer, turn)
+            if refused:
+                return refusal + refused
         change = turn.hooks("before_finish", {**turn.data(task), "answer": answer}, record)
         if change and "reject" in change:
             return refusal + change["reject"]
         return Submitted(change["answer"] if change else answer)
+
+    def _reply_as_answer(self, text: str, task: Task, turn: _Turn, record) -> Submitted | str:
+        """A reply without code or tool call, read as the answer (``_finishing``) unless it is talk: a long
+        reply on a task that asks for an answer (the 0.5B model described its session's output, "The output
+        of your code is an empty list, which means…", and that was taken as its answer), until the attempt's
+        answer rounds run out."""
+        shaped = turn.form.shape(text)[0] if turn.form is not None else None
+        if turn.deliverable is None and shaped is None and len(text) > SHORT_ANSWER_CHARS and turn.answer_rounds > 0:
+            turn.answer_rounds -= 1
+            wanted = turn.form.words if turn.form is not None else "the answer alone"
+            return (
+                "A reply without code is taken as your final answer, and this one reads as an explanation, not "
+                f"an answer. If you know the answer, call finish(answer) in a python block with {wanted}; "
+                "otherwise go on in code."
+            )
+        return self._finishing(text, task, turn, record)
+
+    @staticmethod
+    def _answer_refuses(answer: str, turn: _Turn) -> tuple[str, str | None]:
+        """The answer in the form the task asks for, or why it is refused: the loop's own words are never an
+        answer; one not in the task's form ("the number only") is refused while answer rounds are left, and
+        one that holds the form's answer among other words is shaped to it."""
+        if _own_words(answer, turn.said):
+            return answer, (
+                "that is this conversation's own instruction, not an answer to the task. "
+                "Work out the answer, then call finish(answer) with it."
+            )
+        if turn.form is None:
+            return answer, None
+        shaped, why = turn.form.shape(answer)
+        if shaped is not None:
+            return shaped, None
+        if turn.answer_rounds <= 0:
+            return answer, None
+        turn.answer_rounds -= 1
+        return answer, f"{why}. Call finish again with {turn.form.words}."
 
     def _examples_refuse(self, turn: _Turn, counted: bool = True, source: str | None = None) -> str | None:
         """Why a finish is refused now: the requested function is not defined, or the task's examples fail on
@@ -1005,11 +1098,28 @@ class Agent:
         return reply.content
 
 
+def _own_words(answer: str, said: list[str]) -> bool:
+    """Whether an answer is the loop's own words given back: it stands inside one of the loop's messages (the
+    repeat guard's, a refusal, the last-answer turn's), or holds a long run of one. Short answers never are:
+    "42" may well appear in an instruction."""
+    text = " ".join(answer.split()).casefold()
+    if len(text) < 16:
+        return False
+    for message in said:
+        words = " ".join(message.split()).casefold()
+        if text in words:
+            return True
+        if len(words) >= 40 and any(words[i : i + 40] in text for i in range(0, len(words) - 39, 10)):
+            return True
+    return False
+
+
 def _deliverable(task: Task) -> Deliverable | None:
-    """What the task asks to be handed in (its metadata's ``deliver``), if it names it well."""
+    """What the task asks to be handed in: its metadata's ``deliver`` if it has one (and names it well), else
+    the file and functions its words ask for (``asks.deliverable_in_words``)."""
     data = task.metadata.get("deliver")
     if data is None:
-        return None
+        return deliverable_in_words(task.prompt, set(task.metadata.get("files") or {}))
     try:
         return parse_deliverable(data)
     except ValueError as exc:  # the doors refuse a bad one; an old row is only not used
