@@ -1,7 +1,13 @@
 """The seed scaffold against the previous seed on a pack's split, paired by task; prints JSON.
 
     python benchmarks/seed_vs_seed.py [--local 0.5b|1.5b] [--pack basic] [--split test] [--max-steps N]
-        [--max-attempts N] [--held-out N] [--set NAME=VALUE ...] [--out FILE]
+        [--max-attempts N] [--held-out N] [--set NAME=VALUE ...] [--alone] [--out FILE]
+
+``--alone`` compares the seed ("now") with the model alone ("before"): one completion at temperature 0 of
+the task's own words (its files pasted after them, as a person would paste them into a chat), whose reply
+is the answer, and whose first code block that defines the functions the task asks for (read from its
+words, as the agent reads them) is written to that file; judged by the task's own check, as the agent is.
+It also counts the recorded answers that are the agent loop's own messages (there must be none).
 
 ``--held-out N`` runs the learning curve's N held-out HumanEval problems (its split, seed 0) in place of a
 pack's. ``--set NAME=VALUE`` (repeatable) compares another scaffold with the seed instead: "now" is the
@@ -78,6 +84,81 @@ def local_settings(alias: str, base: str) -> dict[str, str]:
     }
 
 
+LOOP_WORDS = (  # the loop's own messages: an answer holding one of these is the loop talking to itself
+    "this attempt ends",
+    "you have called",
+    "no code, no tool call",
+    "finish was refused",
+    "taken word for word",
+    "a reply without code is taken",
+    "you did not call a tool",
+)
+
+
+def alone_prompt(pack_task) -> str:
+    """The model alone's one message: the task's words, then its files, as a person pastes them."""
+    files = "".join(f"\n\n{path}:\n```\n{text}\n```" for path, text in sorted(pack_task.files.items()))
+    return pack_task.prompt + files
+
+
+def alone(engine, tasks) -> dict:
+    """The model alone: one completion per task, its reply the answer and its code the deliverable."""
+    import os
+
+    from evolver.agent.delivery import draft_code
+    from evolver.agent.loop import task_deliverable
+    from evolver.engine import sandbox_limits
+    from evolver.judge.checks import parse_check
+    from evolver.judge.verify import verify
+    from evolver.llm.client import ModelError
+    from sandbox import write_text
+
+    per_task, work = {}, {}
+    for pack_task in tasks:
+        task, _ = engine.store.inbox.add_task(
+            pack_task.prompt, check=pack_task.check_data(), source="bench", metadata=pack_task.metadata()
+        )
+        started = time.perf_counter()
+        workspace = engine.data_dir / "workspaces" / f"alone-{task.id}"
+        workspace.mkdir(parents=True)
+        os.chmod(workspace, 0o700)
+        engine.sandbox.workspace_dir(workspace)
+        for path, text in pack_task.files.items():
+            write_text(workspace, path, text)
+        try:
+            reply = engine.model.complete(
+                [{"role": "user", "content": alone_prompt(pack_task)}], temperature=0.0, purpose="evaluate"
+            )
+        except ModelError as exc:
+            per_task[pack_task.id] = False
+            work[pack_task.id] = {"turns": 1, "tokens": 0, "wall_s": 0.0, "ended": f"model error: {exc}"[:200]}
+            continue
+        deliverable = task_deliverable(task)
+        if deliverable is not None:
+            write_text(workspace, deliverable.file, draft_code(reply.content, None, deliverable.functions))
+        verdict = verify(
+            parse_check(task.check),
+            answer=reply.content.strip(),
+            sandbox=engine.sandbox,
+            workspace=workspace,
+            limits=sandbox_limits(engine.config),
+        )
+        per_task[pack_task.id] = verdict.success
+        work[pack_task.id] = {
+            "turns": 1,
+            "tokens": reply.tokens_in + reply.tokens_out,
+            "wall_s": round(time.perf_counter() - started, 1),
+            "ended": "answered",
+        }
+        log(f"alone {pack_task.id}: {'solved' if verdict.success else 'failed'} ({work[pack_task.id]})")
+    return summary(per_task, work, len(tasks))
+
+
+def summary(per_task: dict, work: dict, n: int) -> dict:
+    mean = {k: round(sum(w[k] for w in work.values()) / (n or 1), 1) for k in ("turns", "tokens", "wall_s")}
+    return {**rate(per_task), "per_task_mean": mean, "per_task": per_task, "work": work}
+
+
 def run(engine, scaffold, tasks) -> dict:
     per_task, work = {}, {}
     for pack_task in tasks:
@@ -98,11 +179,15 @@ def run(engine, scaffold, tasks) -> dict:
             "ended": engine.store.attempts.get_trajectory(result.trajectory_ids[-1]).status
             if result.trajectory_ids
             else None,
+            "loop_words_answers": sum(
+                any(w in (engine.store.attempts.get_trajectory(t).final_answer or "").casefold() for w in LOOP_WORDS)
+                for t in result.trajectory_ids
+            ),
         }
         log(f"{pack_task.id}: {'solved' if result.success else 'failed'} ({work[pack_task.id]})")
-    n = len(tasks) or 1
-    mean = {k: round(sum(w[k] for w in work.values()) / n, 1) for k in ("turns", "tokens", "wall_s")}
-    return {**rate(per_task), "per_task_mean": mean, "per_task": per_task, "work": work}
+    report = summary(per_task, work, len(tasks))
+    report["loop_words_answers"] = sum(w["loop_words_answers"] for w in work.values())
+    return report
 
 
 def main() -> int:
@@ -114,6 +199,7 @@ def main() -> int:
     parser.add_argument("--max-attempts", type=int, default=None)
     parser.add_argument("--held-out", type=int, default=None, help="the learning curve's N held-out problems")
     parser.add_argument("--set", type=setting, action="append", default=[], help="NAME=VALUE, against the seed")
+    parser.add_argument("--alone", action="store_true", help="the seed against the model alone")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -128,6 +214,8 @@ def main() -> int:
     else:
         tasks = [t for t in resolve_pack(args.pack) if args.split == "all" or t.split == args.split]
     compared = seeds(args.max_steps, args.max_attempts, dict(args.set))  # a bad --set fails before the server
+    if args.alone and args.set:
+        parser.error("--alone compares the seed with the model alone; --set compares the seed with an edit")
     with tempfile.TemporaryDirectory(prefix="seed-vs-seed-") as tmp:
         server = LocalServer(Path(tmp), args.local)
         try:
@@ -142,6 +230,10 @@ def main() -> int:
                 "settings": {k: str(v) for k, v in vars(args).items()},
             }
             with Engine.open(load_config(env=env), data_dir=Path(tmp) / "data") as engine:
+                if args.alone:
+                    log(f"the model alone: {len(tasks)} tasks")
+                    report["before"] = alone(engine, tasks)
+                    compared = {"now": compared["now"]}
                 for name, scaffold in compared.items():
                     log(f"{name}: {len(tasks)} tasks")
                     report[name] = run(engine, scaffold, tasks)

@@ -255,8 +255,8 @@ def test_retrieved_experience_reaches_the_prompt(engine_for):
     script = {
         "rules": [
             {
-                "match": "Other tasks of this kind, solved before.*Sum the amount column of sales.csv.*Lessons from experience:"
-                ".*Strip currency symbols",
+                "match": "Other tasks of this kind, solved before.*Sum the amount column of sales.csv"
+                ".*Lessons from experience:.*Strip currency symbols",
                 "on": "all",
                 "role": "user",
                 "tool": "finish",

@@ -682,3 +682,135 @@ def test_the_seeds_draft_is_the_model_alones_prompt_whatever_was_learned():
     shown = draft_prompt(showing, stub, learned)
     assert shown.endswith(f"```python\n{stub}```")
     assert shown.index("def find_max") < shown.index("def correct_bracketing")
+
+
+# --- a person's words are enough -------------------------------------------------------------------------
+
+RUN_LENGTH_TASK = (
+    "Write solution.py defining run_length(s) that compresses runs of the same character into the character "
+    "and its count, e.g. run_length('aaabcc') == 'a3b1c2'. run_length('') is ''."
+)
+RUN_LENGTH_CHECK = {
+    "type": "python",
+    "code": "def check(answer, workspace):\n"
+    "    f = solution('solution').run_length\n"
+    "    return f('aaabcc') == 'a3b1c2' and f('') == '' and f('zz') == 'z2'\n",
+}
+RUN_LENGTH = (
+    "def run_length(s):\n    out, n = '', 0\n    for i, c in enumerate(s):\n        n += 1\n"
+    "        if i + 1 == len(s) or s[i + 1] != c:\n            out, n = out + c + str(n), 0\n    return out"
+)
+
+
+def test_a_function_task_in_words_is_delivered_after_its_prose_examples_refuse_a_wrong_draft(engine_for):
+    """No deliver field, no stub, no docstring: the file, the function and the examples come from the words.
+    The draft (the model alone's answer) fails an example, the repair passes them, and the file is judged."""
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"\AWrite solution.py", "role": "user", "reply": block("def run_length(s):\n    return s")},
+                {"match": r"run_length\('aaabcc'\) returned 'aaabcc'", "role": "user", "reply": block(RUN_LENGTH)},
+                {"match": r"Output of your code", "role": "user", "reply": "It works: the output matches."},
+            ]
+        },
+        "c-words",
+    )
+    task, _ = engine.store.inbox.add_task(RUN_LENGTH_TASK, check=RUN_LENGTH_CHECK)
+    result = engine.agent(code_scaffold(drafts=1)).run_task(task)
+    assert (result.status, result.success) == ("done", True), result.verdict
+    said = observations(engine, result)
+    assert "run_length('aaabcc') returned 'aaabcc', but the task says 'a3b1c2'" in said[0]
+
+
+def test_the_loops_own_words_given_back_are_never_the_answer(engine_for):
+    """A model that echoes the repeat guard's message in its last turn has given no answer: the attempt ends
+    without one, rather than handing the guard's words to the judge."""
+    guard = "You have called this code with these same arguments 3 times in a row; it was not run again."
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"taken word for word as your final answer", "role": "user", "reply": guard},
+                {"match": "", "role": "user", "reply": block("print('thinking')")},
+            ]
+        },
+        "c-own-words",
+    )
+    task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(code_scaffold(max_attempts=1)).run_task(task)
+    assert result.answer is None and result.success is False
+    trajectory = engine.store.attempts.get_trajectory(result.trajectory_ids[0])
+    assert trajectory.status == "repeating" and trajectory.final_answer is None
+
+
+def test_an_echoed_instruction_is_refused_as_a_finish_too(engine_for):
+    """The code prompt's own instruction, handed back through finish, is no answer: refused, and the model
+    goes on to the answer."""
+    # the code prompt says "the final answer alone ... with no explanation": given back, it is refused
+    system = code_scaffold().prompts.code
+    quoted = system[system.index("When you are sure") : system.index("A reply without")].strip()
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"this conversation's own instruction", "role": "user", "reply": block("finish(6 * 7)")},
+                {"match": "", "role": "user", "reply": block(f"finish({quoted!r})")},
+            ]
+        },
+        "c-echo-system",
+    )
+    task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(code_scaffold(max_attempts=1)).run_task(task)
+    assert (result.answer, result.success) == ("42", True)
+    assert observations(engine, result)[0].startswith("finish was refused: that is this conversation's own")
+
+
+def test_an_answer_is_shaped_to_the_form_the_task_asks_for_and_one_without_it_is_refused(engine_for):
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"and this answer holds no number", "role": "user", "reply": "The product is 42."},
+                {"match": "", "role": "user", "reply": "It is the product of the two."},
+            ]
+        },
+        "c-form",
+    )
+    task, _ = engine.store.inbox.add_task(
+        "What is 6 times 7? Answer with the number only.", check={"type": "answer", "expected": "42"}
+    )
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.answer, result.success) == ("42", True)
+
+
+def test_a_long_reply_about_the_output_is_talk_and_the_model_is_asked_for_the_answer(engine_for):
+    talk = (
+        "The output of your code is an empty list, which means that the function did not find any matching "
+        "lines in the file. This could be because the pattern is wrong, or because the file does not have "
+        "any lines of that kind at all, so we should look at it again more carefully."
+    )
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"reads as an explanation, not an answer", "role": "user", "reply": block("finish('0')")},
+                {"match": "", "role": "user", "reply": talk},
+            ]
+        },
+        "c-talk",
+    )
+    task, _ = engine.store.inbox.add_task(
+        "Which lines of notes.txt mention rain?", check={"type": "answer", "expected": "0"}
+    )
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.answer, result.success) == ("0", True)
+
+
+def test_the_sessions_finish_cannot_be_redefined_by_the_models_code(engine_for):
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": "", "role": "user", "reply": block("def finish(answer):\n    print(answer)\n\nfinish(6 * 7)")}
+            ]
+        },
+        "c-own-finish",
+    )
+    task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert (result.status, result.answer, result.success) == ("done", "42", True)

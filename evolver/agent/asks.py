@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import warnings
 from dataclasses import dataclass
 
 from ..judge.deliverable import Deliverable, parse_deliverable
@@ -53,7 +54,9 @@ def _sentences(text: str) -> list[str]:
 def _parameters(text: str) -> bool:
     """Whether ``text`` reads as a parameter list (``x``, ``s: str``, ``xs, n=2``), not call arguments."""
     try:
-        ast.parse(f"def _({text}): pass")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            ast.parse(f"def _({text}): pass")
     except SyntaxError:
         return False
     return True

@@ -59,6 +59,7 @@ __all__ = [
     "draft_prompt",
     "shows_probation",
     "task_context",
+    "task_deliverable",
 ]
 
 log = logging.getLogger(__name__)
@@ -344,7 +345,7 @@ class Agent:
         schemas = self.registry.schemas(tool_names)
         check = parse_check(task.check) if task.check else None
         code = self.acts_in_code()
-        deliverable = _deliverable(task)
+        deliverable = task_deliverable(task)
         task_own = task_examples(task.prompt, deliverable.functions) if deliverable and params.example_rounds else []
         stub = task_stub(task.prompt, deliverable.functions) if deliverable else None
         if record_status:
@@ -675,9 +676,7 @@ class Agent:
             answer = self._last_answer(messages, task, record, purpose, status, turn)
             return (answer, "asked") if answer else (None, status)
 
-    def _last_answer(
-        self, messages: list[dict], task: Task, record, purpose: str, why: str, turn: _Turn
-    ) -> str | None:
+    def _last_answer(self, messages: list[dict], task: Task, record, purpose: str, why: str, turn: _Turn) -> str | None:
         """One last turn that can only be an answer: no tools are offered, and the reply's text is the answer
         (a code block in it is read as text), asked in the form the task's words ask for. The trajectory ends
         'asked', so this answer is told apart. The loop's own words are never taken for it."""
@@ -878,7 +877,9 @@ class Agent:
         if not blocks and any(m[1].lower() in _SHELL for m in FENCE.finditer(reply.content)):
             # an action, not an answer, in the wrong language
             self._tell(
-                messages, turn, "Only ```python blocks run here. Run a shell command from Python: print(run_shell('...'))."
+                messages,
+                turn,
+                "Only ```python blocks run here. Run a shell command from Python: print(run_shell('...')).",
             )
             return
         if not blocks:
@@ -1114,7 +1115,7 @@ def _own_words(answer: str, said: list[str]) -> bool:
     return False
 
 
-def _deliverable(task: Task) -> Deliverable | None:
+def task_deliverable(task: Task) -> Deliverable | None:
     """What the task asks to be handed in: its metadata's ``deliver`` if it has one (and names it well), else
     the file and functions its words ask for (``asks.deliverable_in_words``)."""
     data = task.metadata.get("deliver")
