@@ -1,9 +1,9 @@
-"""The bundled task pack is sound, and the loader refuses bad packs with file and line.
+"""The bundled task packs are sound, and the loader refuses bad packs with file and line.
 
-For every task of ``evolver/data/packs/basic.jsonl`` a reference solution
-(``tests/data/basic_solutions.json``) passes the task's own check in the real
-bubblewrap sandbox, and a wrong attempt (the task's files untouched, the answer
-"wrong") fails it: no check is vacuous, none is unsatisfiable.
+For every task of ``evolver/data/packs/basic.jsonl`` and ``prose.jsonl`` a reference
+solution (``tests/data/basic_solutions.json``, ``prose_solutions.json``) passes the task's
+own check in the real bubblewrap sandbox, and a wrong attempt (the task's files untouched,
+the answer "wrong") fails it: no check is vacuous, none is unsatisfiable.
 
 A reference solution is ``{"answer": ..., "files": {path: text}, "run": "sh command"}``,
 every key optional: the files the agent would write, and a shell command it would
@@ -14,12 +14,15 @@ Its ``near_misses`` are attempts of the same shape that make a classic mistake
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from evolver.judge.catalog import resolve_pack
 from evolver.judge.checks import AnswerCheck, PythonCheck
 from evolver.judge.taskpack import (
     SPLITS,
@@ -32,12 +35,24 @@ from evolver.judge.taskpack import (
 from evolver.judge.verify import verify
 from sandbox import Limits, write_text
 
+
+def _solutions(name: str) -> dict[str, dict]:
+    return json.loads((Path(__file__).parent / "data" / f"{name}_solutions.json").read_text(encoding="utf-8"))
+
+
 PACK = bundled_pack("basic")
-SOLUTIONS: dict[str, dict] = json.loads(
-    (Path(__file__).parent / "data" / "basic_solutions.json").read_text(encoding="utf-8")
-)
+SOLUTIONS: dict[str, dict] = _solutions("basic")
+PROSE = bundled_pack("prose")
+PROSE_SOLUTIONS: dict[str, dict] = _solutions("prose")
+PACKS = {"basic": (PACK, SOLUTIONS), "prose": (PROSE, PROSE_SOLUTIONS)}
+"""Every bundled pack with reference solutions: its tasks and their solutions."""
+TASKS = [task for pack, _ in PACKS.values() for task in pack]
+REFERENCE = {task_id: s for _, solutions in PACKS.values() for task_id, s in solutions.items()}
 LIMITS = Limits(timeout_s=30)
 KINDS = ("arith", "text", "files", "func")
+PROSE_KINDS = {"fn": 20, "data": 8, "file": 6, "math": 10}
+"""The prose pack's kinds of task (the id's prefix), and how many of each it has at least."""
+CODE_PREFIXES = ("func-", "fn-")
 
 
 def _kind(task: PackTask) -> str:
@@ -48,13 +63,24 @@ def _kind(task: PackTask) -> str:
 # -- the pack as a whole ---------------------------------------------------------------------------
 
 
-def test_pack_size_ids_and_splits():
-    assert len(PACK) >= 40
-    ids = [t.id for t in PACK]
+def test_the_packs_ids_are_unique_across_packs():
+    assert len({t.id for t in TASKS}) == len(TASKS) == len(REFERENCE)
+
+
+@pytest.mark.parametrize("name", PACKS)
+def test_bundled_packs_load_by_name(name):
+    assert [t.id for t in resolve_pack(name)] == [t.id for t in PACKS[name][0]]
+
+
+@pytest.mark.parametrize("name", PACKS)
+def test_pack_size_ids_and_splits(name):
+    pack = PACKS[name][0]
+    assert len(pack) >= 40
+    ids = [t.id for t in pack]
     assert len(ids) == len(set(ids))
-    splits = Counter(t.split for t in PACK)
+    splits = Counter(t.split for t in pack)
     assert set(splits) == set(SPLITS)
-    assert 0.2 <= splits["test"] / len(PACK) <= 0.35, splits
+    assert 0.2 <= splits["test"] / len(pack) <= 0.35, splits
 
 
 def test_pack_covers_every_kind_of_check_and_task():
@@ -66,21 +92,72 @@ def test_pack_covers_every_kind_of_check_and_task():
         assert {t.split for t in PACK if t.id.startswith(prefix + "-")} == set(SPLITS), prefix
 
 
-def test_tasks_are_tagged_small_and_solved():
-    assert set(SOLUTIONS) == {t.id for t in PACK}
-    for task in PACK:
+@pytest.mark.parametrize("name", PACKS)
+def test_tasks_are_tagged_small_and_solved(name):
+    pack, solutions = PACKS[name]
+    assert set(solutions) == {t.id for t in pack}
+    for task in pack:
         assert task.tags, task.id
         size = sum(len(text.encode()) for text in task.files.values())
         size += sum(len(text.encode()) for text in getattr(task.check, "files", {}).values())
         assert size <= 4096, (task.id, size)
-        assert set(SOLUTIONS[task.id]) <= {"answer", "files", "run", "near_misses"}, task.id
+        assert set(solutions[task.id]) <= {"answer", "files", "run", "near_misses"}, task.id
 
 
-def test_check_files_do_not_clobber_task_files():
+@pytest.mark.parametrize("name", PACKS)
+def test_check_files_do_not_clobber_task_files(name):
     """A check's files are written over the workspace; they must not replace what the task gives."""
-    for task in PACK:
+    for task in PACKS[name][0]:
         overlap = set(getattr(task.check, "files", {})) & set(task.files)
         assert not overlap, (task.id, overlap)
+
+
+# -- the prose pack: tasks as people write them -----------------------------------------------------
+
+
+def _module_and_functions(task: PackTask) -> tuple[str, list[str]]:
+    """The module a prose code task's check loads, and the functions it takes from it."""
+    code = task.check.code
+    (module,) = re.findall(r"solution\('(\w+)'\)", code)
+    return module, re.findall(r"= attempt\.(\w+)", code)
+
+
+def test_prose_pack_covers_its_kinds():
+    by_prefix = Counter(t.id.split("-")[0] for t in PROSE)
+    assert set(by_prefix) == set(PROSE_KINDS)
+    for prefix, least in PROSE_KINDS.items():
+        assert by_prefix[prefix] >= least, by_prefix
+        assert {t.split for t in PROSE if t.id.startswith(prefix + "-")} == set(SPLITS), prefix  # held out too
+    for task in PROSE:
+        if task.id.startswith(("data-", "math-")):
+            assert isinstance(task.check, AnswerCheck), task.id
+        else:
+            assert isinstance(task.check, PythonCheck), task.id
+    assert {_kind(t) for t in PROSE} >= {"answer:exact", "answer:numeric", "answer:regex", "python"}
+    # files to read, not to write: the task names a file it gives, which the check wants left as it was
+    reads = [t for t in PROSE if t.id.startswith("file-") and "read" in t.tags]
+    assert len(reads) >= 2 and all(t.files for t in reads)
+    for task in reads:
+        given = set(task.files)
+        assert any(given & set(m.get("files", {})) for m in PROSE_SOLUTIONS[task.id]["near_misses"]), task.id
+
+
+def test_prose_tasks_say_what_they_want_in_words_only():
+    """No deliverable, no stub to fill in, no doctest: the file and function are named in the prose."""
+    for task in PROSE:
+        assert task.deliver is None, task.id
+        assert ">>>" not in task.prompt and '"""' not in task.prompt, task.id
+        assert PROSE_SOLUTIONS[task.id].get("near_misses"), task.id  # a classic mistake for every task
+        if task.id.startswith("fn-"):
+            assert not task.files, task.id  # nothing to start from
+            module, functions = _module_and_functions(task)
+            assert f"{module}.py" in task.prompt, task.id
+            assert functions and all(f"{name}(" in task.prompt for name in functions), task.id
+            assert set(REFERENCE[task.id]["files"]) == {f"{module}.py"}, task.id
+    code_prompts = [t.prompt for t in PROSE if t.id.startswith("fn-")]
+    assert len({p.split()[0] for p in code_prompts}) >= 8, "the code tasks' phrasings should vary"
+    basic_prompts = {t.prompt for t in PACK}
+    assert not basic_prompts & {t.prompt for t in PROSE}
 
 
 # -- every task, in the real sandbox ------------------------------------------------------------
@@ -110,14 +187,14 @@ def _attempt(box, root: Path, task: PackTask, attempt: dict):
     return verify(task.check, answer=attempt.get("answer"), sandbox=box, workspace=workspace, limits=LIMITS)
 
 
-@pytest.mark.parametrize("task", PACK, ids=_ids(PACK))
+@pytest.mark.parametrize("task", TASKS, ids=_ids(TASKS))
 def test_reference_solution_passes(task: PackTask, box, tmp_path):
-    verdict = _attempt(box, tmp_path, task, SOLUTIONS[task.id])
+    verdict = _attempt(box, tmp_path, task, REFERENCE[task.id])
     assert verdict.success, verdict.output
     assert verdict.score == 1.0
 
 
-NEAR_MISSES = [(task, miss) for task in PACK for miss in SOLUTIONS[task.id].get("near_misses", [])]
+NEAR_MISSES = [(task, miss) for task in TASKS for miss in REFERENCE[task.id].get("near_misses", [])]
 
 
 @pytest.mark.parametrize("task, miss", NEAR_MISSES, ids=[f"{t.id}: {m['why']}" for t, m in NEAR_MISSES])
@@ -127,7 +204,7 @@ def test_a_classic_mistake_fails(task: PackTask, miss: dict, box, tmp_path):
     assert not verdict.success, f"{task.id}: {miss['why']} passes: {verdict.output}"
 
 
-@pytest.mark.parametrize("task", PACK, ids=_ids(PACK))
+@pytest.mark.parametrize("task", TASKS, ids=_ids(TASKS))
 def test_wrong_attempt_fails(task: PackTask, box, tmp_path):
     workspace = _workspace(box, tmp_path, task.files)
     verdict = verify(task.check, answer="wrong", sandbox=box, workspace=workspace, limits=LIMITS)
@@ -135,10 +212,30 @@ def test_wrong_attempt_fails(task: PackTask, box, tmp_path):
     assert verdict.output
 
 
+def _stubs(files: dict[str, str]) -> dict[str, str]:
+    """The reference's Python files with every top-level function's body replaced by ``return None``."""
+    stubbed = {}
+    for path, text in files.items():
+        if path.endswith(".py"):
+            names = [n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)]
+            stubbed[path] = "".join(f"def {name}(*args, **kwargs):\n    return None\n\n\n" for name in names)
+    return stubbed
+
+
+STUBBED = [t for t in TASKS if t.id.startswith(CODE_PREFIXES) and _stubs(REFERENCE[t.id].get("files", {}))]
+
+
+@pytest.mark.parametrize("task", STUBBED, ids=_ids(STUBBED))
+def test_a_stub_returning_none_fails(task: PackTask, box, tmp_path):
+    """A code task's check refuses its functions defined to return None: it tests what they return."""
+    verdict = _attempt(box, tmp_path, task, {"files": _stubs(REFERENCE[task.id]["files"])})
+    assert not verdict.success, f"{task.id}: a stub passes: {verdict.output}"
+
+
 @pytest.mark.parametrize(
     "task",
-    [t for t in PACK if isinstance(t.check, AnswerCheck)],
-    ids=_ids(t for t in PACK if isinstance(t.check, AnswerCheck)),
+    [t for t in TASKS if isinstance(t.check, AnswerCheck)],
+    ids=_ids(t for t in TASKS if isinstance(t.check, AnswerCheck)),
 )
 def test_answer_tasks_refuse_no_answer_and_near_misses(task: PackTask):
     """No answer fails; nor does the right one with its last digit changed (tolerances are tight)."""
@@ -146,7 +243,7 @@ def test_answer_tasks_refuse_no_answer_and_near_misses(task: PackTask):
     def passes(answer):
         return verify(task.check, answer=answer, sandbox=None, workspace=".").success  # type: ignore[arg-type]
 
-    right = SOLUTIONS[task.id]["answer"]
+    right = REFERENCE[task.id]["answer"]
     assert passes(right)
     assert not passes(None) and not passes("")
     digits = [i for i, c in enumerate(right) if c.isdigit()]
@@ -178,8 +275,8 @@ def test_answer_tasks_accept_the_answer_in_natural_forms():
 def test_code_tasks_run_the_attempt_outside_the_checker():
     """Code tasks are Python checks whose tests live in the check's code (out of the attempt's reach),
     and which reach the attempt only through solution() or run(): never by importing it."""
-    for task in PACK:
-        if task.id.startswith("func-"):
+    for task in TASKS:
+        if task.id.startswith(CODE_PREFIXES):
             assert isinstance(task.check, PythonCheck), task.id
             assert "solution(" in task.check.code or "run(" in task.check.code, task.id
             assert not any(p.endswith(".py") for p in task.check.files), task.id
