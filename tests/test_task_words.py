@@ -22,6 +22,9 @@ ASKED = [
     ("Read numbers.txt and write total.py defining total(xs) that sums a list.", "total.py", ("total",)),
     ("Please implement is_leap(year) and save it in calendar_tools.py", "calendar_tools.py", ("is_leap",)),
     ("Make a module text/clean.py containing strip_tags(html).", "text/clean.py", ("strip_tags",)),
+    ("temps.py should have to_f(celsius) and to_c(fahrenheit).", "temps.py", ("to_f", "to_c")),
+    ("`ordinal(n)` should go in ordinals.py and turn 1 into '1st'.", "ordinals.py", ("ordinal",)),
+    ("matrix.py: transpose(rows) -> the transpose of a list of lists", "matrix.py", ("transpose",)),
 ]
 
 NOT_ASKED = [
@@ -33,6 +36,7 @@ NOT_ASKED = [
     "What is 17.5% of 2,340?",
     "Write solution.py defining print(x).",  # a builtin is no function of the task's
     "Write ../evil.py defining f(x).",  # outside the workspace
+    "There's a helpers.py in the workspace with a discount(price) function. What is discount(80)?",
 ]
 
 

@@ -62,8 +62,13 @@ def _parameters(text: str) -> bool:
     return True
 
 
+def _signatures(sentence: str) -> list[str]:
+    """The functions a sentence writes with a parameter list (``f(x)``; not ``f(2)``, which calls it)."""
+    return [m[1] for m in _SIGNATURE.finditer(sentence) if _parameters(m[2]) and m[1] not in _NOT_FUNCTIONS]
+
+
 def _functions(sentence: str) -> list[str]:
-    found = [m[1] for m in _SIGNATURE.finditer(sentence) if _parameters(m[2])]
+    found = _signatures(sentence)
     for m in _NAMED.finditer(sentence):
         name = m[1] or m[2]
         if name.lower() not in {"that", "which", "to", "in", "for", "of", "and", "or", "the", "a", "an", "called"}:
@@ -94,8 +99,8 @@ def _asked_file(sentence: str, given: set[str]) -> str | None:
         reading = [m.end() for m in _READ.finditer(before)]
         if writing and (not reading or writing[-1] > reading[-1]):
             return path
-        if not reading and _WRITE.search(after) and not _READ.search(after):  # "In solution.py, write …"
-            return path
+        if not reading and not _READ.search(after) and (_WRITE.search(after) or _signatures(sentence)):
+            return path  # "In solution.py, write …", "temps.py should have f(c)", "`f(n)` should go in f.py"
     return None
 
 
