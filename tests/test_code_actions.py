@@ -790,7 +790,8 @@ def test_a_long_reply_about_the_output_is_talk_and_the_model_is_asked_for_the_an
         {
             "rules": [
                 {"match": r"reads as an explanation, not an answer", "role": "user", "reply": block("finish('0')")},
-                {"match": "", "role": "user", "reply": talk},
+                {"match": r"Output of your code", "role": "user", "reply": talk},
+                {"match": "", "role": "user", "reply": block("print([])")},
             ]
         },
         "c-talk",
@@ -800,6 +801,14 @@ def test_a_long_reply_about_the_output_is_talk_and_the_model_is_asked_for_the_an
     )
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.answer, result.success) == ("0", True)
+
+
+def test_a_long_reply_is_the_answer_of_a_task_that_asks_for_no_form_and_no_checked_answer(engine_for):
+    """A chat turn, or "explain this", may be answered at length: nothing is refused there."""
+    essay = "Rain forms when water vapour condenses into droplets heavy enough to fall. " * 4
+    engine = engine_for({"rules": [{"match": "", "role": "user", "reply": essay}]}, "c-essay")
+    task, _ = engine.store.inbox.add_task("Explain how rain forms.")
+    assert engine.agent(code_scaffold()).run_task(task).answer == essay.strip()
 
 
 def test_the_sessions_finish_cannot_be_redefined_by_the_models_code(engine_for):

@@ -1002,9 +1002,12 @@ class Agent:
         """A reply without code or tool call, read as the answer (``_finishing``) unless it is talk: a long
         reply on a task that asks for an answer (the 0.5B model described its session's output, "The output
         of your code is an empty list, which means…", and that was taken as its answer), until the attempt's
-        answer rounds run out."""
+        answer rounds run out. A task that asks for no form of answer and is checked by no answer (a chat
+        turn, "explain this") may well be answered at length."""
         shaped = turn.form.shape(text)[0] if turn.form is not None else None
-        if turn.deliverable is None and shaped is None and len(text) > SHORT_ANSWER_CHARS and turn.answer_rounds > 0:
+        answer_checked = isinstance(task.check, dict) and task.check.get("type") == "answer" and bool(turn.blocks)
+        talk = shaped is None and len(text) > SHORT_ANSWER_CHARS and (turn.form is not None or answer_checked)
+        if turn.deliverable is None and talk and turn.answer_rounds > 0:
             turn.answer_rounds -= 1
             wanted = turn.form.words if turn.form is not None else "the answer alone"
             return (

@@ -1,7 +1,8 @@
 """What a code task asks to be handed in: a file, and the functions its check loads from it.
 
 A task names it in its metadata (``{"deliver": {"file": "solution.py", "functions": ["fizzbuzz"]}}``;
-a pack line in its ``deliver`` key). The agent uses it to deliver what its session defined and to try
+a pack line in its ``deliver`` key), or the agent reads it from the task's words
+(``evolver.agent.asks``), which the field overrides. The agent uses it to deliver what its session defined and to try
 the task's own examples before finishing; the judge does not read it: the check loads the file as
 before, in its own process.
 """
