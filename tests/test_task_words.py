@@ -103,3 +103,34 @@ def test_an_answer_with_none_or_several_of_the_asked_form_is_refused_with_a_reas
         shaped, why = form.shape(reply)
         assert shaped is None and why and "the number only" in why
     assert answer_form("Write a haiku about autumn.") is None
+
+
+def test_every_bundled_function_task_in_words_is_read_right_and_its_examples_pass_its_reference(sandbox, tmp_path):
+    """Over the bundled packs written in words: the agent reads the file and functions a reference solution
+    defines (basic's deliver field agrees), and every example it reads from the words passes that reference
+    in the sandbox: a misread example would refuse a right answer."""
+    import json
+    from pathlib import Path
+
+    from evolver.agent.delivery import try_examples
+    from evolver.judge.taskpack import bundled_pack
+
+    data = Path(__file__).parent / "data"
+    read = 0
+    for pack in ("basic", "prose"):
+        solutions = json.loads((data / f"{pack}_solutions.json").read_text(encoding="utf-8"))
+        for task in bundled_pack(pack):
+            asked = deliverable_in_words(task.prompt, set(task.files))
+            if task.deliver is not None:
+                assert asked == task.deliver, task.id
+            if asked is None:
+                continue
+            source = solutions[task.id]["files"][asked.file]
+            assert all(f"def {f}(" in source for f in asked.functions), task.id
+            examples = task_examples(task.prompt, asked.functions)
+            workspace = tmp_path / task.id
+            workspace.mkdir(mode=0o700)
+            sandbox.workspace_dir(workspace)
+            assert try_examples(sandbox, workspace, asked.file, source, examples, None) == [], task.id
+            read += len(examples)
+    assert read >= 20  # the packs' words do give examples, and they were read

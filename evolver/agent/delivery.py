@@ -109,7 +109,7 @@ def task_examples(prompt: str, functions: tuple[str, ...]) -> list[Example]:
 
 # What a call "gives" in the words of a task, between the call and its result.
 _GIVES = re.compile(
-    r"\s*(?:==>|➞|→|=>|->|==|=|should return|should give|should be|returns|return|gives|give|is|equals|"
+    r"\s*(?:==>|➞|→|=>|->|==|should return|should give|should be|returns|return|gives|give|is|equals|"
     r"yields|evaluates to|outputs|produces)\s*",
     re.IGNORECASE,
 )
@@ -138,15 +138,22 @@ def _call_end(text: str, start: int) -> int | None:
     return None
 
 
+# What may not follow a result: an operator (the text goes on computing, "-> 19 - 5 - 6 = 8"), or a letter,
+# digit or quote right against it (`== ""aaaaaaa"` is a typo, not the empty string).
+_GOES_ON = re.compile(r"[ \t]*(?:[-+*/%<>]|==?)[ \t]*[\w(\[{'\"]|[\w'\"]")
+
+
 def _result_literal(text: str) -> str | None:
-    """The longest literal that ``text`` starts with (a bare tuple only in parentheses: in "f(2) == 4,
-    f(3) == 9" the result is 4)."""
+    """The longest literal that ``text`` starts with and that ends there (a bare tuple only in parentheses:
+    in "f(2) == 4, f(3) == 9" the result is 4)."""
     for end in range(min(len(text), _LONGEST), 0, -1):
         head = text[:end].strip()
-        if not head or not _literal(head):
+        if text[end - 1].isspace() or not head or not _literal(head):
             continue
         if isinstance(ast.parse(head, mode="eval").body, ast.Tuple) and not head.startswith("("):
             continue
+        if _GOES_ON.match(text, end):
+            return None  # the longest literal here is part of something longer: no result to read
         if head.endswith(".") and _literal(head[:-1]):  # the sentence's full stop, not "9."
             head = head[:-1]
         return head
