@@ -823,3 +823,45 @@ def test_the_sessions_finish_cannot_be_redefined_by_the_models_code(engine_for):
     task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
     result = engine.agent(code_scaffold()).run_task(task)
     assert (result.status, result.answer, result.success) == ("done", "42", True)
+
+
+def test_a_definition_that_passes_the_tasks_examples_in_a_later_turn_is_handed_in_at_once(engine_for):
+    """As a passing draft is: the model need not call finish (the 0.5B model printed the right results again
+    and again, never finishing, until its conversation outgrew the context)."""
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"\AWrite solution.py", "role": "user", "reply": block("def run_length(s):\n    return s")},
+                {
+                    "match": r"returned 'aaabcc'",
+                    "role": "user",
+                    "reply": block(RUN_LENGTH + "\nprint(run_length('aaabcc'))"),
+                },
+                {"match": "", "role": "user", "reply": block("print('never reached')")},
+            ]
+        },
+        "c-pass-later",
+    )
+    task, _ = engine.store.inbox.add_task(RUN_LENGTH_TASK, check=RUN_LENGTH_CHECK)
+    result = engine.agent(code_scaffold(drafts=1)).run_task(task)
+    assert (result.status, result.success) == ("done", True), result.verdict
+    said = observations(engine, result)
+    assert said[1].endswith("[the task's examples pass: handed in]"), said
+    assert not any("never reached" in text for text in said)  # no turn after the one that passed
+
+
+def test_an_attempt_whose_conversation_outgrows_the_context_still_hands_in_what_it_defined(engine_for):
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"Output of your code", "role": "user", "error": "context_full"},
+                {"match": "", "role": "user", "reply": block(RUN_LENGTH + "\nprint(run_length('zz'))")},
+            ]
+        },
+        "c-context-full",
+    )
+    words = RUN_LENGTH_TASK.split(", e.g.")[0] + "."  # no examples: nothing is handed in unasked
+    task, _ = engine.store.inbox.add_task(words, check=RUN_LENGTH_CHECK)
+    result = engine.agent(code_scaffold(draft_first=False)).run_task(task)
+    assert (result.status, result.success) == ("done", True), (result.error, result.verdict)
+    assert engine.store.attempts.get_trajectory(result.trajectory_ids[0]).status == "context_full"

@@ -37,6 +37,7 @@ ENDINGS = {
     "repeating": "was stopped for repeating one call",
     "finished": "handed in an answer",
     "asked": "was asked for its answer on a last turn",
+    "context_full": "outgrew the model's context window",
 }
 
 

@@ -28,7 +28,7 @@ from ..judge.checks import parse_check
 from ..judge.deliverable import Deliverable, parse_deliverable
 from ..judge.verify import Verdict, verify
 from ..llm.budget import BudgetExceeded
-from ..llm.client import Model, ModelError, ModelReply
+from ..llm.client import ContextFull, Model, ModelError, ModelReply
 from ..text import clip
 from .answer_stream import AnswerStream
 from .asks import AnswerForm, answer_form, deliverable_in_words
@@ -669,6 +669,10 @@ class Agent:
             raise StepLimit(f"no answer after {params.max_steps} steps")
         except Submitted as done:
             return done.answer, "finished"
+        except ContextFull:
+            # The conversation outgrew the model's context: the attempt ends there, and what its session
+            # defined is still handed in (a last turn would not fit either).
+            return None, "context_full"
         except (StepLimit, Repeating) as ended:
             status = "step_limit" if isinstance(ended, StepLimit) else "repeating"
             if not params.last_answer_turn or cancel.is_set() or turn.deliverable is not None:
@@ -908,6 +912,15 @@ class Agent:
                 finished = decided.answer
             else:
                 text, ok = decided, False
+        elif observation is not None and observation.ok and self._passes_examples(turn, code):
+            # A definition that passes the task's examples is handed in, in any turn as after a draft: the
+            # 0.5B model, its function right, printed the examples' results again and again and never
+            # called finish, until the conversation outgrew its context and the attempt failed.
+            assert turn.deliverable is not None  # as _passes_examples checked
+            decided = self._finishing(f"{turn.deliverable.file} defines the functions", task, turn, record)
+            if isinstance(decided, Submitted):
+                finished = decided.answer
+                text += "\n\n[the task's examples pass: handed in]"
         if observation is not None:
             repeats.result = text  # what a repeat is told it already has: the refusal, if it was refused
         record("tool", text, tool_results=[{"id": calls[0]["id"], "name": "run_python", "ok": ok}], duration_ms=took)
@@ -997,6 +1010,21 @@ class Agent:
         if change and "reject" in change:
             return refusal + change["reject"]
         return Submitted(change["answer"] if change else answer)
+
+    def _passes_examples(self, turn: _Turn, code: str) -> bool:
+        """Whether ``code`` defined a requested function and what would be delivered now passes every one of
+        the task's examples (a task whose words give none is never handed in unasked)."""
+        if turn.deliverable is None or turn.workspace is None or not turn.examples or turn.example_rounds <= 0:
+            return False
+        if module_source([code], turn.deliverable.functions) is None:
+            return False
+        source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
+        if source is None:
+            return False
+        failures = try_examples(self.sandbox, turn.workspace, turn.deliverable.file, source, turn.examples, self.limits)
+        if not own:
+            turn.tried.append((source, len(failures)))
+        return not failures
 
     def _reply_as_answer(self, text: str, task: Task, turn: _Turn, record) -> Submitted | str:
         """A reply without code or tool call, read as the answer (``_finishing``) unless it is talk: a long

@@ -35,6 +35,7 @@ __all__ = [
     "ModelReply",
     "ToolCall",
     "ModelError",
+    "ContextFull",
     "StreamTap",
     "parse_text_tool_calls",
     "credentials_problem",
@@ -49,6 +50,11 @@ PURPOSES = ("task", "distill", "synthesize", "propose", "evaluate", "reflect")  
 
 class ModelError(Exception):
     """The model could not answer (after retries and fallbacks); the message says why."""
+
+
+class ContextFull(ModelError):
+    """The conversation no longer fits the model's context window: no retry or fallback of the same model can
+    answer it, but an agent can end the attempt there and keep what it did."""
 
 
 @dataclass(frozen=True)
@@ -373,7 +379,7 @@ class ModelClient:
         if purpose not in PURPOSES:
             raise ValueError(f"unknown purpose {purpose!r}; one of {PURPOSES}")
         models = [self.settings.name, *self.settings.fallbacks]
-        failures = []
+        failures, full = [], []
         for model in models:
             try:
                 return self._complete_with(
@@ -391,12 +397,13 @@ class ModelClient:
                 )
             except ModelError as exc:
                 failures.append(f"{model}: {exc}")
+                full.append(isinstance(exc, ContextFull))
                 log.warning(
                     "model %s failed, %s",
                     model,
                     "trying the next fallback" if model != models[-1] else "no fallback left",
                 )
-        raise ModelError("; ".join(failures))
+        raise (ContextFull if all(full) else ModelError)("; ".join(failures))
 
     def _complete_with(
         self,
@@ -469,6 +476,8 @@ class ModelClient:
                     raise ModelError(
                         credentials_problem(alone, self.section) or f"the API key was refused: {exc}"
                     ) from exc
+                if isinstance(exc, self._litellm.ContextWindowExceededError):
+                    raise ContextFull(f"{type(exc).__name__}: {exc}") from exc
                 if not isinstance(exc, transient):  # bad request, unknown model: retrying will not help
                     raise ModelError(f"{type(exc).__name__}: {exc}") from exc
                 attempt += 1

@@ -72,7 +72,7 @@ class Rule:
         actions = [self.reply is not None, self.tool is not None, self.calls is not None, self.error is not None]
         if sum(actions) != 1:
             raise ScriptError(f"rule {self.match!r}: give exactly one of reply, tool, calls or error")
-        if self.error not in (None, "rate_limit", "timeout", "server", "bad_request"):
+        if self.error not in (None, "rate_limit", "timeout", "server", "bad_request", "context_full"):
             raise ScriptError(f"rule {self.match!r}: unknown error kind {self.error!r}")
         try:
             self._pattern = re.compile(self.match, re.DOTALL | re.MULTILINE)
@@ -293,6 +293,8 @@ def _raise_simulated(kind: str, model: str) -> None:
         raise litellm.Timeout(text, llm_provider=PROVIDER, model=model)
     if kind == "server":
         raise litellm.InternalServerError(text, llm_provider=PROVIDER, model=model)
+    if kind == "context_full":
+        raise litellm.ContextWindowExceededError(text, llm_provider=PROVIDER, model=model)
     raise litellm.BadRequestError(text, llm_provider=PROVIDER, model=model)
 
 

@@ -41,7 +41,13 @@ __all__ = ["distill_round", "WATERMARK_KEY", "watermark", "DistillError"]
 
 WATERMARK_KEY = "watermark.distill"
 BATCH = 20
-LEARNED_FROM = ("finished", "asked", "step_limit", "repeating")  # how an attempt of the agent's own ended
+LEARNED_FROM = (
+    "finished",
+    "asked",
+    "step_limit",
+    "repeating",
+    "context_full",
+)  # how an attempt of the agent's own ended
 
 # The operations are described, not shown as an example: with an example whose texts were "...", the 0.5B and
 # the 1.5B model both answered with the example itself (its "..." texts, its ids, its votes). With an empty
