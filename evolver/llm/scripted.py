@@ -20,7 +20,7 @@ latest message, default), ``"task"`` (the first user message) or ``"all"`` (the
 whole conversation). ``role`` restricts which role the latest message must
 have. Replies and string arguments are expanded with the match's groups
 (``\\1``, ``\\g<name>``). ``error`` simulates a provider failure
-("rate_limit", "timeout", "server", "bad_request") for at most ``times`` calls
+("rate_limit", "timeout", "server", "bad_request", "context_full") for at most ``times`` calls
 of that rule per script, so retries and fallbacks can be tested.
 ``native_tools: false`` makes the script answer tool calls as JSON in text, as
 a model without native tool calling does. ``record`` names a file to which
