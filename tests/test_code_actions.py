@@ -763,20 +763,19 @@ def test_an_echoed_instruction_is_refused_as_a_finish_too(engine_for):
     assert observations(engine, result)[0].startswith("finish was refused: that is this conversation's own")
 
 
+def answered(engine_for, name: str, rules: list[dict], prompt: str, expected: str):
+    """The seed's result, in code, on an answer task whose model follows ``rules``."""
+    engine = engine_for({"rules": rules}, name)
+    task, _ = engine.store.inbox.add_task(prompt, check={"type": "answer", "expected": expected})
+    return engine.agent(code_scaffold()).run_task(task)
+
+
 def test_an_answer_is_shaped_to_the_form_the_task_asks_for_and_one_without_it_is_refused(engine_for):
-    engine = engine_for(
-        {
-            "rules": [
-                {"match": r"and this answer holds no number", "role": "user", "reply": "The product is 42."},
-                {"match": "", "role": "user", "reply": "It is the product of the two."},
-            ]
-        },
-        "c-form",
-    )
-    task, _ = engine.store.inbox.add_task(
-        "What is 6 times 7? Answer with the number only.", check={"type": "answer", "expected": "42"}
-    )
-    result = engine.agent(code_scaffold()).run_task(task)
+    rules = [
+        {"match": r"and this answer holds no number", "role": "user", "reply": "The product is 42."},
+        {"match": "", "role": "user", "reply": "It is the product of the two."},
+    ]
+    result = answered(engine_for, "c-form", rules, "What is 6 times 7? Answer with the number only.", "42")
     assert (result.answer, result.success) == ("42", True)
 
 
@@ -786,20 +785,12 @@ def test_a_long_reply_about_the_output_is_talk_and_the_model_is_asked_for_the_an
         "lines in the file. This could be because the pattern is wrong, or because the file does not have "
         "any lines of that kind at all, so we should look at it again more carefully."
     )
-    engine = engine_for(
-        {
-            "rules": [
-                {"match": r"reads as an explanation, not an answer", "role": "user", "reply": block("finish('0')")},
-                {"match": r"Output of your code", "role": "user", "reply": talk},
-                {"match": "", "role": "user", "reply": block("print([])")},
-            ]
-        },
-        "c-talk",
-    )
-    task, _ = engine.store.inbox.add_task(
-        "Which lines of notes.txt mention rain?", check={"type": "answer", "expected": "0"}
-    )
-    result = engine.agent(code_scaffold()).run_task(task)
+    rules = [
+        {"match": r"reads as an explanation, not an answer", "role": "user", "reply": block("finish('0')")},
+        {"match": r"Output of your code", "role": "user", "reply": talk},
+        {"match": "", "role": "user", "reply": block("print([])")},
+    ]
+    result = answered(engine_for, "c-talk", rules, "Which lines of notes.txt mention rain?", "0")
     assert (result.answer, result.success) == ("0", True)
 
 
