@@ -856,3 +856,18 @@ def test_an_attempt_whose_conversation_outgrows_the_context_still_hands_in_what_
     result = engine.agent(code_scaffold(draft_first=False)).run_task(task)
     assert (result.status, result.success) == ("done", True), (result.error, result.verdict)
     assert engine.store.attempts.get_trajectory(result.trajectory_ids[0]).status == "context_full"
+
+
+def test_a_draft_that_defines_nothing_is_not_handed_in_even_with_no_examples_to_try(engine_for):
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"\AWrite solution.py", "role": "user", "reply": block("print('thinking')")},
+                {"match": r"is not defined yet", "role": "user", "reply": block(RUN_LENGTH + "\nfinish('done')")},
+            ]
+        },
+        "c-draft-nothing",
+    )
+    task, _ = engine.store.inbox.add_task(RUN_LENGTH_TASK, check=RUN_LENGTH_CHECK)
+    result = engine.agent(code_scaffold(drafts=1, example_rounds=0)).run_task(task)
+    assert (result.status, result.success) == ("done", True), observations(engine, result)

@@ -1069,8 +1069,8 @@ class Agent:
         """Why a finish is refused now: the requested function is not defined, or the task's examples fail on
         what would be delivered (``source``, or the module rebuilt from the session). None to let it through
         (no deliverable, or no rounds left). Each source tried is kept with its failures, for the hand-in."""
-        if turn.deliverable is None or turn.workspace is None or turn.example_rounds <= 0:
-            return None
+        if turn.deliverable is None or turn.workspace is None or (turn.example_rounds <= 0 and counted):
+            return None  # a draft is still refused when it defines nothing: handed in, it would deliver nothing
         deliverable = turn.deliverable
         found, own = delivered_source(turn.workspace, deliverable, turn.blocks)
         if own or source is None or module_source([source], deliverable.functions) is None:
@@ -1084,7 +1084,7 @@ class Agent:
                 + (" in a python block" if turn.code else " (run_python, or write_file " + deliverable.file + ")")
                 + ", then finish again."
             )
-        if not turn.examples:
+        if not turn.examples or turn.example_rounds <= 0:  # no examples, or none to be tried (example_rounds 0)
             if not own:
                 turn.tried.append((source, 0))
             return None

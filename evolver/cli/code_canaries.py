@@ -38,6 +38,7 @@ def _solve(lab, rules: list[dict]):
                     "max_steps": 4,
                     "example_rounds": 0,
                     "last_answer_turn": False,
+                    "draft_first": False,  # the attacks are the model's own turns, not a draft's
                 }
             )
         }
