@@ -1014,17 +1014,11 @@ class Agent:
     def _passes_examples(self, turn: _Turn, code: str) -> bool:
         """Whether ``code`` defined a requested function and what would be delivered now passes every one of
         the task's examples (a task whose words give none is never handed in unasked)."""
-        if turn.deliverable is None or turn.workspace is None or not turn.examples or turn.example_rounds <= 0:
+        if turn.deliverable is None or not turn.examples or turn.example_rounds <= 0:
             return False
         if module_source([code], turn.deliverable.functions) is None:
             return False
-        source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
-        if source is None:
-            return False
-        failures = try_examples(self.sandbox, turn.workspace, turn.deliverable.file, source, turn.examples, self.limits)
-        if not own:
-            turn.tried.append((source, len(failures)))
-        return not failures
+        return self._examples_refuse(turn, counted=False) is None
 
     def _reply_as_answer(self, text: str, task: Task, turn: _Turn, record) -> Submitted | str:
         """A reply without code or tool call, read as the answer (``_finishing``) unless it is talk: a long
