@@ -142,9 +142,11 @@ def _keep_finish(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in _OWN:
             kept.append(node.name)
             continue
-        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id in _OWN for t in node.targets):
-            kept.extend(t.id for t in node.targets)
-            continue
+        if isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if len(names) == len(node.targets) and all(n in _OWN for n in names):
+                kept.extend(names)
+                continue
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) in _OWN for a in node.names):
             kept.extend(a.asname or a.name for a in node.names if (a.asname or a.name) in _OWN)
             node.names = [a for a in node.names if (a.asname or a.name) not in _OWN]
