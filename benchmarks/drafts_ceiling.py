@@ -57,7 +57,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="drafts-ceiling-") as tmp:
         server = LocalServer(Path(tmp), args.local)
         try:
-            env = local_settings(server.alias, server.start())
+            server.start()
+            env = local_settings(server)
             log(f"{len(tasks)} problems, up to {args.drafts} drafts each")
             with Engine.open(load_config(env=env), data_dir=Path(tmp) / "data") as engine:
                 out["measured"] = run(engine, scaffold, tasks)

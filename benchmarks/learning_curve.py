@@ -97,9 +97,9 @@ import math
 import os
 import platform
 import random
+import re
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -109,10 +109,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checkout's evolver, not an installed copy
 
+from evolver.llm.local_server import LlamaServer, ServerSpec, find_binary  # noqa: E402
 from evolver.testing.daemon import (  # noqa: E402
     DaemonProcess,
     demo_rules,
-    free_port,
     make_root,
     remove_root,
     run_rounds,
@@ -322,76 +322,58 @@ def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> P
 
 
 class LocalServer:
-    """llama.cpp's OpenAI-compatible server with the 0.5B model, as tests/test_real_model.py starts it."""
+    """The local model as the daemon serves it for [model] local: llama.cpp's llama-server, with parallel
+    slots, on loopback behind a key of its own (``evolver.llm.local_server``)."""
 
-    def __init__(self, root: Path, size: str = "0.5b", log_name: str = "llama-server.log") -> None:
+    def __init__(self, root: Path, size: str = "0.5b", log_name: str = "llama-server.log", slots: int = 4) -> None:
         self.alias, variable = LOCAL_MODELS[size]
-        self.python = os.environ.get("REAL_MODEL_PYTHON", "")
         self.gguf = os.environ.get(variable, "")
         self.variable = variable
+        self.root = root
         self.log_path = root / log_name
-        self.proc: subprocess.Popen | None = None
-        self.base = ""
+        self.slots = slots
+        self.server: LlamaServer | None = None
 
     def start(self, timeout_s: float = 300.0) -> str:
-        import httpx
-
-        if not (self.python and self.gguf and Path(self.python).exists() and Path(self.gguf).exists()):
+        """Start it; its base URL. Its key is in this process's environment, and in ``settings``."""
+        if not (self.gguf and Path(self.gguf).exists()):
             raise RuntimeError(
-                f"the local model needs llama-cpp-python's server and the GGUF ({self.variable}): run "
+                f"the local model needs the GGUF ({self.variable}) and llama-server: run "
                 'eval "$(scripts/real-model-setup 1.5b)" first, or name a model with --model'
             )
-        port = free_port()
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    self.python,
-                    "-m",
-                    "llama_cpp.server",
-                    "--model",
-                    self.gguf,
-                    "--model_alias",
-                    self.alias,
-                    "--n_ctx",
-                    "8192",
-                    "--n_threads",
-                    "2",
-                    "--n_threads_batch",
-                    "2",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.base = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited {self.proc.returncode}:\n{self._tail()}")
-            try:
-                if httpx.get(f"{self.base}/models", timeout=5).status_code == 200:
-                    return self.base
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"llama_cpp.server did not answer within {timeout_s:g} s:\n{self._tail()}")
+        spec = ServerSpec(
+            binary=find_binary(os.environ.get("REAL_MODEL_SERVER", "")),
+            model=Path(self.gguf),
+            alias=self.alias,
+            slots=self.slots,
+            context=8192,
+            threads=os.cpu_count() or 1,
+        )
+        self.server = LlamaServer(spec, self.root / "run", self.log_path, name=self.alias)
+        self.server.start(wait=False)
+        self.server.wait_ready(timeout_s)
+        os.environ[self.key_env] = self.server.key
+        return self.server.base_url
 
-    def _tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
+    @property
+    def key_env(self) -> str:
+        return "BENCH_KEY_" + re.sub(r"\W", "_", self.alias).upper()
+
+    def settings(self, section: str = "model") -> dict[str, str]:
+        """The EVOLVER_* settings that reach it from ``section``, the key's variable included (a daemon
+        started with them gets the key too)."""
+        assert self.server is not None, "start the server first"
+        prefix = f"EVOLVER_{section.upper()}_"
+        return {
+            f"{prefix}NAME": f"openai/{self.alias}",
+            f"{prefix}API_BASE": self.server.base_url,
+            f"{prefix}API_KEY_ENV": self.key_env,
+            self.key_env: self.server.key,
+        }
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.server is not None:
+            self.server.stop()
 
 
 # --- the direct reference -----------------------------------------------------------------------
@@ -1036,8 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.model == "local":
             log("starting the local llama.cpp server")
             model = f"openai/{server.alias}"
+            server.start()
+            settings |= server.settings("model")
             settings |= {
-                "EVOLVER_MODEL_API_BASE": server.start(),
                 "EVOLVER_MODEL_TIMEOUT_S": "300",
                 "EVOLVER_MODEL_MAX_RETRIES": "1",
             }
@@ -1046,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings |= {
                     "EVOLVER_MODEL_TOOL_MODE": "text",
                     "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-                    "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+                    "EVOLVER_MODEL_SCHEMA_FORMAT": "json_schema",
                 }
         else:
             model = args.model
@@ -1054,11 +1037,8 @@ def main(argv: list[str] | None = None) -> int:
                 settings["EVOLVER_MODEL_API_BASE"] = args.api_base
         if meta_server is not None:
             log(f"starting the meta model's llama.cpp server ({meta_server.alias})")
-            settings |= {
-                "EVOLVER_META_NAME": f"openai/{meta_server.alias}",
-                "EVOLVER_META_API_BASE": meta_server.start(),
-                "EVOLVER_META_TIMEOUT_S": "900",
-            }
+            meta_server.start()
+            settings |= meta_server.settings("meta") | {"EVOLVER_META_TIMEOUT_S": "900"}
         daemon = DaemonProcess(root, model=model, settings=settings, name="daemon")
         report: dict = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

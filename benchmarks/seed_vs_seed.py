@@ -68,17 +68,15 @@ def setting(text: str) -> tuple[str, object]:
         return name, value
 
 
-def local_settings(alias: str, base: str) -> dict[str, str]:
-    """The engine's settings for the local server: text tool calls under its grammar, as the README configures
-    it, and no budget cap (a long run must not stop halfway)."""
-    return {
-        "EVOLVER_MODEL_NAME": f"openai/{alias}",
-        "EVOLVER_MODEL_API_BASE": base,
+def local_settings(server: LocalServer) -> dict[str, str]:
+    """The engine's settings for the started local server: text tool calls under its grammar, as [model] local
+    configures it, and no budget cap (a long run must not stop halfway)."""
+    return server.settings("model") | {
         "EVOLVER_MODEL_TIMEOUT_S": "300",
         "EVOLVER_MODEL_MAX_RETRIES": "1",
         "EVOLVER_MODEL_TOOL_MODE": "text",
         "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_schema",
         "EVOLVER_BUDGET_TOKENS_PER_DAY": "0",
         "EVOLVER_BUDGET_USD_PER_DAY": "0",
     }
@@ -219,8 +217,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="seed-vs-seed-") as tmp:
         server = LocalServer(Path(tmp), args.local)
         try:
-            base = server.start()
-            env = local_settings(server.alias, base)
+            server.start()
+            env = local_settings(server)
             report: dict = {
                 "model": server.alias,
                 "tasks_from": f"the learning curve's {args.held_out} held-out problems"

@@ -117,8 +117,28 @@ class ModelSettings(_Section):
 
     schema_format: Literal["json_schema", "json_object"] = "json_schema"
     """How a JSON schema is sent with structured_output: "json_schema" as OpenAI and vLLM take
-    it, or "json_object" (``{"type": "json_object", "schema": ...}``) as llama-cpp-python's
-    server does."""
+    it (llama.cpp's server too), or "json_object" (``{"type": "json_object", "schema": ...}``)
+    for servers that take only that spelling."""
+
+    local: str = ""
+    """A model evolver serves itself with llama.cpp's llama-server: a path to a GGUF file, or
+    "qwen2.5-coder-0.5b" / "qwen2.5-coder-1.5b" as scripts/real-model-setup fetches them. The
+    daemon starts the server on loopback behind a key of its own, restarts it if it dies and
+    stops it with the daemon; name and api_base are then set for you (leave them unset)."""
+
+    local_server: str = ""
+    """The llama-server binary for local. Empty: llama-server on PATH, else the build that
+    scripts/real-model-setup caches."""
+
+    local_slots: int = Field(default=4, ge=1, le=64)
+    """Requests the local server answers at once (its parallel slots, batched together): the
+    workers, chat turns and evaluations share them; more wait their turn."""
+
+    local_context: int = Field(default=8192, ge=512, le=1_048_576)
+    """Tokens of context per slot of the local server (one KV cache of slots x this is shared)."""
+
+    local_threads: int = Field(default=0, ge=0, le=1024)
+    """CPU threads of the local server. 0: one per core."""
 
     max_tokens_step: int = Field(default=1024, ge=1)
     """Most tokens one reply of an agent step may have (tasks and evaluations), so a model
@@ -135,6 +155,15 @@ class ModelSettings(_Section):
 
     max_tokens_synthesize: int = Field(default=2048, ge=1)
     """Most tokens of a tool proposal (its code and tests)."""
+
+    @model_validator(mode="after")
+    def _local_or_server(self) -> ModelSettings:
+        if self.local and (self.api_base or "name" in self.model_fields_set):
+            raise ValueError(
+                "local serves a model of its own: leave name and api_base unset with it "
+                f"(local is {self.local!r}, name {self.name!r}, api_base {self.api_base!r})"
+            )
+        return self
 
     def max_tokens_for(self, purpose: str) -> int:
         """The output cap of a call made for ``purpose``."""
@@ -168,6 +197,23 @@ class MetaSettings(_Section):
 
     timeout_s: float = Field(default=300.0, gt=0)
     """Seconds one of its replies may take (a meta-agent's answers are long)."""
+
+    local: str = ""
+    """A meta model evolver serves itself, as [model] local takes it (a GGUF path, or
+    "qwen2.5-coder-1.5b"); name and api_base are then set for you (leave them unset). It runs
+    with [model]'s local_server, local_context and local_threads."""
+
+    local_slots: int = Field(default=2, ge=1, le=64)
+    """Requests the meta model's local server answers at once."""
+
+    @model_validator(mode="after")
+    def _local_or_server(self) -> MetaSettings:
+        if self.local and (self.api_base or self.name):
+            raise ValueError(
+                "local serves a meta model of its own: leave name and api_base unset with it "
+                f"(local is {self.local!r}, name {self.name!r}, api_base {self.api_base!r})"
+            )
+        return self
 
     def settings(self, model: ModelSettings) -> ModelSettings:
         """The settings the meta model's calls are made with: [model]'s, with this model, server, key and
@@ -550,8 +596,8 @@ SECTIONS: dict[str, type[_Section]] = {
 # The settings a person sets, by section: the top of config.toml. Every other key is advanced: a tuning knob
 # that lives under [advanced.<section>] in the file (its default is right unless a measurement says not).
 SURFACE: dict[str, tuple[str, ...]] = {
-    "model": ("name", "api_base", "api_key_env", "timeout_s", "structured_output", "schema_format"),
-    "meta": ("name", "api_base", "api_key_env", "timeout_s"),
+    "model": ("name", "local", "api_base", "api_key_env", "timeout_s", "structured_output", "schema_format"),
+    "meta": ("name", "local", "api_base", "api_key_env", "timeout_s"),
     "daemon": ("data_dir", "workers"),
     "sandbox": ("require_isolation",),
     "evolution": ("enabled", "packs", "require_approval"),

@@ -20,6 +20,7 @@ from .agent.toolbox import Toolbox
 from .config import Config
 from .llm.budget import BudgetGuard
 from .llm.client import Model, ModelClient
+from .llm.local_server import LocalModels
 from .storage import open_store
 
 __all__ = ["Engine", "sandbox_limits", "hook_limits"]
@@ -58,6 +59,9 @@ class Engine:
     mcp: McpServers | McpThrough | None = None  # the user's MCP servers, whose tools are the agent's too
     meta_model: Model | None = None
     """The meta-agent's model ([meta]): distillation, tool synthesis, scaffold proposals; None: ``model``."""
+    local_models: LocalModels | None = None
+    """The llama-server children of [model] local / [meta] local, when this engine started them; ``config``
+    then points at them (a worker process given that config starts none)."""
 
     @property
     def meta(self) -> Model:
@@ -78,7 +82,12 @@ class Engine:
         without it the engine starts the configured servers itself."""
         data_dir = Path(data_dir or config.data_dir)
         store = store or open_store(config, data_dir=data_dir)
+        local = None
         try:
+            if config.model.local or config.meta.local:  # before any model client: they call these servers
+                local = LocalModels(config, data_dir / "logs")
+                local.start()  # LocalModelError names what is missing
+                config = local.served(config)
             limits = sandbox_limits(config)
             sandbox = sandbox or make_sandbox(
                 require_isolation=config.sandbox.require_isolation,
@@ -100,6 +109,8 @@ class Engine:
                 else None
             )
         except BaseException:
+            if local is not None:
+                local.stop()
             store.close()
             raise
         registry = ToolRegistry(builtin_specs())
@@ -109,6 +120,8 @@ class Engine:
                 registry.register(spec)
         except BaseException:
             servers.close()
+            if local is not None:
+                local.stop()
             store.close()
             raise
         return cls(
@@ -121,11 +134,14 @@ class Engine:
             toolbox=Toolbox(store.agent, registry, data_dir),
             mcp=servers,
             meta_model=meta,
+            local_models=local,
         )
 
     def close(self) -> None:
         if self.mcp is not None:
             self.mcp.close()
+        if self.local_models is not None:
+            self.local_models.stop()
         self.store.close()
 
     def __enter__(self) -> Engine:

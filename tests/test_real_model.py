@@ -1,24 +1,24 @@
 """The real-model tier: a real small model drives the real paths.
 
-Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) behind llama.cpp's OpenAI-compatible server, started
-here on 127.0.0.1 for these tests, reached through litellm exactly as a user's local server
-is. The tier asserts that each path works end to end, never a success rate: litellm reaches
-the server, the model's tool calls are parsed and run in the sandbox, a task ends without an
-internal error, a chat through the daemon answers, and a distill and a propose round end in
-a valid result or a recorded, clean refusal.
+Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) behind llama.cpp's llama-server, started here on 127.0.0.1 for these
+tests, reached through litellm exactly as a user's local server is. The tier asserts that each path works
+end to end, never a success rate: litellm reaches the server, the model's tool calls are parsed and run
+in the sandbox, a task ends without an internal error, a daemon that serves the model itself answers a
+chat and restarts a killed server, and a distill and a propose round end in a valid result or a recorded,
+clean refusal.
 
-It needs llama-cpp-python's server and the GGUFs: ``eval "$(scripts/real-model-setup 1.5b)"`` builds
-and fetches them (cached) and sets REAL_MODEL_PYTHON, REAL_MODEL_GGUF and REAL_MODEL_GGUF_1_5B (the
-1.5B model, the meta model of the pair's test). Without them the tier skips, saying so; under CI
-(CI=true) it fails instead.
+It needs llama-server and the GGUFs: ``eval "$(scripts/real-model-setup 1.5b)"`` builds and fetches them
+(cached) and sets REAL_MODEL_SERVER, REAL_MODEL_GGUF and REAL_MODEL_GGUF_1_5B (the 1.5B model, the meta
+model of the pair's test). The servers run as [model] local runs them (``LlamaServer``): loopback, a key
+of their own, parallel slots; the daemon's test sets [model] local itself. Without them the tier skips,
+saying so; under CI (CI=true) it fails instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
+import signal
 from pathlib import Path
 
 import httpx
@@ -29,9 +29,10 @@ from evolver.agent.answer_stream import AnswerStream
 from evolver.agent.scaffold import load_scaffold
 from evolver.config import load_config
 from evolver.engine import Engine
+from evolver.llm.local_server import LlamaServer, LocalModelError, ServerSpec, find_binary
 from evolver.meta.distill import distill_round
 from evolver.meta.insights import InsightOpError
-from evolver.testing.daemon import DaemonProcess, free_port, make_root, remove_root
+from evolver.testing.daemon import DaemonProcess, make_root, remove_root
 from evolver.tree.incumbent import ensure_root, incumbent
 from evolver.tree.search import TreeSearch
 from memory import Ending
@@ -41,67 +42,48 @@ META_ALIAS = "qwen2.5-coder-1.5b"
 SETUP = 'eval "$(scripts/real-model-setup 1.5b)"'
 
 
-def _serve(tmp_path_factory, variable: str, alias: str):
-    """llama.cpp's server for the GGUF that ``variable`` names, on a free port; yields its base URL."""
-    python, model = os.environ.get("REAL_MODEL_PYTHON", ""), os.environ.get(variable, "")
-    if not (python and model and Path(python).exists() and Path(model).exists()):
+def _need(variable: str) -> str:
+    """The path ``variable`` names, with llama-server found; skips (fails under CI) without them."""
+    model = os.environ.get(variable, "")
+    try:
+        find_binary(os.environ.get("REAL_MODEL_SERVER", ""))
+        ok = bool(model) and Path(model).exists()
+    except LocalModelError:
+        ok = False
+    if not ok:
         message = (
-            f"the real-model tier needs llama-cpp-python's server and the model ({variable}): run "
+            f"the real-model tier needs llama-server and the model ({variable}): run "
             f"{SETUP} (builds and fetches both, cached; about 5 min the first time)"
         )
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("llama") / "server.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [
-                python,
-                "-m",
-                "llama_cpp.server",
-                "--model",
-                model,
-                "--model_alias",
-                alias,
-                "--n_ctx",
-                "8192",
-                "--n_threads",
-                "2",
-                "--n_threads_batch",
-                "2",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}/v1"
+    return model
+
+
+def _serve(tmp_path_factory, variable: str, alias: str, slots: int = 4):
+    """llama-server for the GGUF that ``variable`` names, as [model] local serves it; yields the server."""
+    model = _need(variable)
+    spec = ServerSpec(
+        binary=find_binary(os.environ.get("REAL_MODEL_SERVER", "")),
+        model=Path(model),
+        alias=alias,
+        slots=slots,
+        context=8192,
+        threads=os.cpu_count() or 1,
+    )
+    where = tmp_path_factory.mktemp("llama")
+    server = LlamaServer(spec, where / "run", where / "server.log", name=alias)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited {server.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/models", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server did not answer within 180 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield base
+        server.start()
+        os.environ[_key_env(alias)] = server.key
+        yield server
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        server.stop()
+
+
+def _key_env(alias: str) -> str:
+    return "REAL_TIER_KEY_" + alias.replace(".", "_").replace("-", "_").upper()
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +98,16 @@ def llama_meta(tmp_path_factory):
     yield from _serve(tmp_path_factory, "REAL_MODEL_GGUF_1_5B", META_ALIAS)
 
 
-def _settings(base: str) -> dict[str, str]:
-    # No API key: a local server needs none, and evolver must not ask for one.
+def _settings(server: LlamaServer, section: str = "model") -> dict[str, str]:
+    """What reaches ``server`` from ``section``: its key by the variable that holds it (in this process's
+    environment, and in the settings, for a daemon started with them)."""
     return {
-        "EVOLVER_MODEL_NAME": f"openai/{ALIAS}",
-        "EVOLVER_MODEL_API_BASE": base,
-        "EVOLVER_MODEL_TIMEOUT_S": "300",
-        "EVOLVER_MODEL_MAX_RETRIES": "1",
-    }
+        f"EVOLVER_{section.upper()}_NAME": f"openai/{server.spec.alias}",
+        f"EVOLVER_{section.upper()}_API_BASE": server.base_url,
+        f"EVOLVER_{section.upper()}_API_KEY_ENV": _key_env(server.spec.alias),
+        _key_env(server.spec.alias): server.key,
+        f"EVOLVER_{section.upper()}_TIMEOUT_S": "600" if section == "meta" else "300",
+    } | ({"EVOLVER_MODEL_MAX_RETRIES": "1"} if section == "model" else {})
 
 
 @pytest.fixture
@@ -142,7 +126,9 @@ def _short(e: Engine, **parameters):
     return load_scaffold(data)
 
 
-def test_litellm_reaches_the_server_without_a_key(engine):
+def test_litellm_reaches_the_server_with_its_key_and_nothing_does_without(engine, llama):
+    refused = httpx.post(f"{llama.base_url}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert refused.status_code == 401, refused.text  # another user of the machine reaches the port, not the model
     reply = engine.model.complete(
         [{"role": "user", "content": "Say hello in one word."}], purpose="task", max_tokens=16
     )
@@ -188,7 +174,7 @@ def test_with_structured_output_every_step_is_a_well_formed_call(llama, open_sto
         **_settings(llama),
         "EVOLVER_MODEL_TOOL_MODE": "text",
         "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_schema",
     }
     e = Engine.open(
         load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
@@ -211,7 +197,7 @@ def test_a_chat_answer_streams_from_the_real_server_as_it_does_from_the_script(l
         **_settings(llama),
         "EVOLVER_MODEL_TOOL_MODE": "text",
         "EVOLVER_MODEL_STRUCTURED_OUTPUT": "true",
-        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_object",
+        "EVOLVER_MODEL_SCHEMA_FORMAT": "json_schema",
     }
     e = Engine.open(
         load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
@@ -272,12 +258,7 @@ def test_with_the_1_5b_as_meta_model_a_distill_round_and_a_tree_step_are_its_cal
 ):
     """The local pair: the 0.5B answers the task, the 1.5B ([meta]) the distill round and the proposer, each
     call on its own model's line of the ledger. Paths, not skill: a result or a clean refusal."""
-    settings = {
-        **_settings(llama),
-        "EVOLVER_META_NAME": f"openai/{META_ALIAS}",
-        "EVOLVER_META_API_BASE": llama_meta,
-        "EVOLVER_META_TIMEOUT_S": "600",
-    }
+    settings = {**_settings(llama), **_settings(llama_meta, "meta")}
     with Engine.open(
         load_config(env=settings), data_dir=tmp_path / "d", store=open_store(tmp_path / "d"), sandbox=sandbox
     ) as engine:
@@ -309,13 +290,22 @@ def test_the_real_models_failures_without_an_answer_are_distilled_by_the_real_mo
     print("distilled from the real model's failures:", summary, [i.text for i in engine.store.insights.list_insights()])
 
 
-def test_a_chat_through_the_daemon_answers(llama):
+def test_a_daemon_with_model_local_serves_the_model_itself_and_restarts_it_after_a_kill():
+    """[model] local: set one line and the daemon serves the model (llama-server, its own child); a chat
+    answers, streamed too; a killed server comes back and a task submitted meanwhile still ends."""
+    model = _need("REAL_MODEL_GGUF")
     root = make_root()
-    daemon = DaemonProcess(
-        root, model=f"openai/{ALIAS}", settings={k: v for k, v in _settings(llama).items() if k != "EVOLVER_MODEL_NAME"}
-    ).start()
+    settings = {
+        "EVOLVER_MODEL_LOCAL": model,
+        "EVOLVER_MODEL_LOCAL_SERVER": os.environ.get("REAL_MODEL_SERVER", ""),
+        "EVOLVER_MODEL_LOCAL_SLOTS": "2",
+        "EVOLVER_MODEL_TIMEOUT_S": "300",
+    }
+    daemon = DaemonProcess(root, model=None, settings=settings).start(timeout_s=300)
     try:
         with daemon.client(timeout_s=600.0) as http:
+            (served,) = http.get("/v1/status").json()["local_models"]
+            assert served["ready"] and served["pid"] and served["slots"] == 2, served
             answer = http.post(
                 "/v1/chat/completions",
                 json={"model": "evolver", "messages": [{"role": "user", "content": "Reply with the word ready."}]},
@@ -335,6 +325,12 @@ def test_a_chat_through_the_daemon_answers(llama):
                 chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
             assert len({c["id"] for c in chunks}) == 1 and chunks[-1]["choices"][0]["finish_reason"] == "stop"
             assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks).strip()
+            os.kill(served["pid"], signal.SIGKILL)
+            task = http.post("/v1/tasks", json={"prompt": "What is 2 + 3? Answer with the number only."}).json()
+            ended = daemon.wait_task(http, task["id"], ("done", "failed", "dead"), timeout_s=600)
+            assert ended["status"] in ("done", "failed"), ended  # it ended: answered, or failed cleanly
+            (back,) = http.get("/v1/status").json()["local_models"]
+            assert back["restarts"] >= 1 and back["pid"] not in (None, served["pid"]), back
     finally:
         daemon.close()
         remove_root(root)

@@ -353,6 +353,15 @@ def status(state: State, as_json: bool) -> None:
         f"{_queue_line(info['queue'])}; workers: {workers}, running: "
         f"{', '.join(r['task_id'] for r in info['running']) or 'nothing'}"
     )
+    for served in info.get("local_models") or []:
+        health = "ready" if served["ready"] else ("loading" if served["alive"] else "down, restarting")
+        out.print(
+            f"local [{served['section']}] {served['model']}: {health}, pid {served['pid'] or '-'}, "
+            f"{served['slots']} slots x {served['context_per_slot']} tokens, restarts {served['restarts']}; "
+            f"log {served['log']}",
+            markup=False,
+            highlight=False,
+        )
     by_model = budget.get("by_model") or {}
     shares = (
         "; " + ", ".join(f"{m} {s['tokens']} tokens, ${s['usd']:.4f}" for m, s in by_model.items())

@@ -445,7 +445,7 @@ class ModelClient:
         if response_format is not None:
             schema = (response_format.get("json_schema") or {}).get("schema")
             if self.settings.schema_format == "json_object" and schema is not None:
-                response_format = {"type": "json_object", "schema": schema}  # llama-cpp-python's spelling
+                response_format = {"type": "json_object", "schema": schema}  # the spelling some servers take instead
             kwargs["response_format"] = response_format
         if self.settings.api_base:
             kwargs["api_base"] = self.settings.api_base

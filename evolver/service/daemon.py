@@ -80,6 +80,7 @@ class Daemon:
         self.intake: Intake | None = None
         self.evaluator: Evaluator | None = None
         self.chats = ChatTurns(self, self.drain)
+
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
         # Its processes start once the store is open; a chat turn that comes sooner waits in the inbox.
         # Two chat turns at once, or one per worker when there are more: chat lanes beside the task lanes.
@@ -107,7 +108,8 @@ class Daemon:
         try:
             self._install_signals()  # a SIGTERM while starting stops the daemon once it has started
             tcp = self._tcp_listener()
-            self.engine = self._open_engine()
+            self.engine = self._open_engine()  # with [model] local, it starts the model's server first
+            self.config = self.engine.config  # what the workers get: pointed at that server
             self._recover()
             # Load the embedding model now, not inside the first task (seconds of imports).
             self.store.embedder.embed_documents(["warm up"])
@@ -150,6 +152,8 @@ class Daemon:
                 self._wake.wait(1.0)
                 self._wake.clear()
                 self.workers.supervise()
+                if self.engine.local_models is not None:
+                    self.engine.local_models.supervise()
                 if server.error is not None:
                     self.request_stop(f"the API server failed: {server.error}")
             log.info("stopping: %s", self.stop_reason)
@@ -344,6 +348,7 @@ class Daemon:
             "socket": str(self.socket_path),
             "model": self.config.model.name,
             "meta_model": self.config.meta.name or self.config.model.name,
+            "local_models": self.engine.local_models.health() if self.engine and self.engine.local_models else [],
             "queue": self.store.inbox.queue_depth(),
             "workers": len(self.workers),
             "worker_pids": self.workers.pids(),

@@ -76,16 +76,17 @@ class DaemonProcess:
     """One ``evolver up --foreground`` child on ``root/data`` with its socket under ``root/run``."""
 
     def __init__(
-        self, root: Path, *, model: str = "scripted/demo", settings: dict | None = None, name: str = "daemon"
+        self, root: Path, *, model: str | None = "scripted/demo", settings: dict | None = None, name: str = "daemon"
     ) -> None:
+        """``model``: [model] name; None leaves it unset (as [model] local needs)."""
         self.root = Path(root)
         self.data_dir = self.root / "data"
         self.runtime_dir = self.root / "run"
         self.log_path = self.root / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVER_")}
+        env.update({"EVOLVER_MODEL_NAME": model} if model is not None else {})
         env.update(
             {
-                "EVOLVER_MODEL_NAME": model,
                 "EVOLVER_DAEMON_DATA_DIR": str(self.data_dir),
                 "EVOLVER_DAEMON_RUNTIME_DIR": str(self.runtime_dir),
                 "PYTHONUNBUFFERED": "1",

@@ -3,8 +3,8 @@
     eval "$(scripts/real-model-setup)"
     python tests/data/record_real_failures.py [--tasks func-01,func-02,...] [--max-steps 6]
 
-Starts llama.cpp's server on the cached Qwen2.5-Coder-0.5B-Instruct GGUF (as
-tests/test_real_model.py does), runs each task of the ``basic`` pack through the
+Serves the cached Qwen2.5-Coder-0.5B-Instruct GGUF with [model] local (the engine starts
+llama-server), runs each task of the ``basic`` pack through the
 agent loop with the seed scaffold, and writes every attempt that ended without
 an answer, with its steps as recorded, so the distillation test can replay the
 real model's behaviour without the server.
@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -39,87 +35,52 @@ def main() -> None:
     from evolver.config import load_config
     from evolver.engine import Engine
     from evolver.judge.catalog import resolve_pack
-    from evolver.testing.daemon import free_port
 
-    python, model = os.environ["REAL_MODEL_PYTHON"], os.environ["REAL_MODEL_GGUF"]
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            python,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            model,
-            "--model_alias",
-            ALIAS,
-            "--n_ctx",
-            "8192",
-            "--n_threads",
-            "2",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    # [model] local: the engine serves the GGUF itself, with llama-server, as the daemon does.
+    config = load_config(
+        env={
+            "EVOLVER_MODEL_LOCAL": os.environ["REAL_MODEL_GGUF"],
+            "EVOLVER_MODEL_LOCAL_SERVER": os.environ.get("REAL_MODEL_SERVER", ""),
+            "EVOLVER_MODEL_TIMEOUT_S": "300",
+        }
     )
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        for _ in range(360):
-            try:
-                if httpx.get(f"{base}/models", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        config = load_config(
-            env={
-                "EVOLVER_MODEL_NAME": f"openai/{ALIAS}",
-                "EVOLVER_MODEL_API_BASE": base,
-                "EVOLVER_MODEL_TIMEOUT_S": "300",
-            }
-        )
-        wanted = args.tasks.split(",")
-        tasks = [t for t in resolve_pack("basic") if t.id in wanted]
-        recorded = []
-        with tempfile.TemporaryDirectory() as tmp, Engine.open(config, data_dir=Path(tmp)) as engine:
-            data = json.loads(engine.seed_scaffold().model_dump_json())
-            data["parameters"].update({"max_steps": args.max_steps, "max_attempts": 1, "temperature": 0.0})
-            scaffold = load_scaffold(data)
-            for item in tasks:
-                task, _ = engine.store.inbox.add_task(
-                    item.prompt, check=item.check_data(), metadata={"files": dict(item.files)} if item.files else None
+    wanted = args.tasks.split(",")
+    tasks = [t for t in resolve_pack("basic") if t.id in wanted]
+    recorded = []
+    with tempfile.TemporaryDirectory() as tmp, Engine.open(config, data_dir=Path(tmp)) as engine:
+        data = json.loads(engine.seed_scaffold().model_dump_json())
+        data["parameters"].update({"max_steps": args.max_steps, "max_attempts": 1, "temperature": 0.0})
+        scaffold = load_scaffold(data)
+        for item in tasks:
+            task, _ = engine.store.inbox.add_task(
+                item.prompt, check=item.check_data(), metadata={"files": dict(item.files)} if item.files else None
+            )
+            result = engine.agent(scaffold).run_task(task)
+            for trajectory_id in result.trajectory_ids:
+                trajectory = engine.store.attempts.get_trajectory(trajectory_id)
+                outcome = engine.store.reports.outcome(trajectory_id)
+                print(f"{item.id}: {trajectory.status}", file=sys.stderr)
+                if trajectory.status == "finished":
+                    continue
+                recorded.append(
+                    {
+                        "task": item.id,
+                        "prompt": item.prompt,
+                        "status": trajectory.status,
+                        "verifier_output": outcome.verifier_output if outcome else None,
+                        "steps": [
+                            {
+                                "role": s.role,
+                                "content": s.content,
+                                "tool_calls": s.tool_calls,
+                                "tool_results": s.tool_results,
+                            }
+                            for s in engine.store.reports.steps(trajectory_id)
+                        ],
+                    }
                 )
-                result = engine.agent(scaffold).run_task(task)
-                for trajectory_id in result.trajectory_ids:
-                    trajectory = engine.store.attempts.get_trajectory(trajectory_id)
-                    outcome = engine.store.reports.outcome(trajectory_id)
-                    print(f"{item.id}: {trajectory.status}", file=sys.stderr)
-                    if trajectory.status == "finished":
-                        continue
-                    recorded.append(
-                        {
-                            "task": item.id,
-                            "prompt": item.prompt,
-                            "status": trajectory.status,
-                            "verifier_output": outcome.verifier_output if outcome else None,
-                            "steps": [
-                                {
-                                    "role": s.role,
-                                    "content": s.content,
-                                    "tool_calls": s.tool_calls,
-                                    "tool_results": s.tool_results,
-                                }
-                                for s in engine.store.reports.steps(trajectory_id)
-                            ],
-                        }
-                    )
-        OUT.write_text(json.dumps({"model": ALIAS, "recorded": recorded}, indent=1) + "\n")
-        print(f"wrote {len(recorded)} attempts without an answer to {OUT}", file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    OUT.write_text(json.dumps({"model": ALIAS, "recorded": recorded}, indent=1) + "\n")
+    print(f"wrote {len(recorded)} attempts without an answer to {OUT}", file=sys.stderr)
 
 
 if __name__ == "__main__":
