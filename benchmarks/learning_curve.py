@@ -10,9 +10,9 @@
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
 ``evolver/testing/daemon.py`` starts it) on a fresh data dir, its inbox, its workers and its background
 jobs, asked for over its socket, with any litellm model. Without ``--model`` it is the local
-llama.cpp server with Qwen2.5-Coder-0.5B-Instruct, or with ``--local 1.5b`` Qwen2.5-Coder-1.5B-Instruct
-(``eval "$(scripts/real-model-setup 1.5b)"`` sets REAL_MODEL_PYTHON, REAL_MODEL_GGUF and
-REAL_MODEL_GGUF_1_5B; this script starts the server and stops it), and with
+llama-server with Qwen2.5-Coder-0.5B-Instruct, or with ``--local 1.5b`` Qwen2.5-Coder-1.5B-Instruct
+(``eval "$(scripts/real-model-setup 1.5b)"`` sets REAL_MODEL_SERVER, REAL_MODEL_GGUF and
+REAL_MODEL_GGUF_1_5B; this script starts the server, as [model] local serves one, and stops it), and with
 ``--quick`` a scripted model written here (it solves a fixed half of the HumanEval problems, fails
 the rest, and answers the meta-agent as the demo does: it makes the path work, it measures nothing).
 
@@ -747,13 +747,13 @@ def parse(argv: list[str] | None):
         "--slots",
         type=int,
         default=None,
-        help="[advanced.evolution] evaluation_slots of the daemon (default: 1 with the local server, else 2)",
+        help="[advanced.evolution] evaluation_slots of the daemon (default: 2)",
     )
     parser.add_argument(
         "--workers",
         type=int,
         default=None,
-        help="[daemon] workers of the daemon (default: 1 with the local server, else 2)",
+        help="[daemon] workers of the daemon (default: 2)",
     )
     parser.add_argument("--max-steps", type=int, default=None, help="the seed scaffold's step limit (default: its own)")
     parser.add_argument(
@@ -819,12 +819,10 @@ def parse(argv: list[str] | None):
             setattr(args, name, value)
     if args.model is None:
         args.model = "scripted" if args.quick else "local"
-    # llama.cpp's server answers one request at a time and keeps the last prompt's cache: one task at a time
-    # extends its own previous prompt every turn (only the new tokens are read), while two tasks interleaved
-    # make it read every prompt whole.
+    # llama-server's slots answer the two workers at once, each slot keeping its own conversation's cache.
     for name in ("slots", "workers"):
         if getattr(args, name) is None:
-            setattr(args, name, 1 if args.model == "local" else 2)
+            setattr(args, name, 2)
     return args
 
 

@@ -596,7 +596,7 @@ SECTIONS: dict[str, type[_Section]] = {
 # The settings a person sets, by section: the top of config.toml. Every other key is advanced: a tuning knob
 # that lives under [advanced.<section>] in the file (its default is right unless a measurement says not).
 SURFACE: dict[str, tuple[str, ...]] = {
-    "model": ("name", "local", "api_base", "api_key_env", "timeout_s", "structured_output", "schema_format"),
+    "model": ("name", "local", "api_base", "api_key_env", "timeout_s"),
     "meta": ("name", "local", "api_base", "api_key_env", "timeout_s"),
     "daemon": ("data_dir", "workers"),
     "sandbox": ("require_isolation",),

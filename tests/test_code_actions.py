@@ -4,6 +4,7 @@ task's own examples first. Scripted model through litellm, real store, real sand
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -428,6 +429,43 @@ def test_further_drafts_are_sampled_while_none_passes_the_examples_and_the_first
     # with one draft, its temperature is no part a proposal may change to any effect
     assert unused_parts(code_scaffold(drafts=1))["parameters.draft_temperature"] == "drafts is 1"
     assert "parameters.draft_temperature" not in unused_parts(code_scaffold(drafts=2))
+
+
+def test_further_drafts_are_one_request_of_n_completions_where_the_model_gives_them(engine_for):
+    """A server with parallel slots (llama-server) writes the further drafts at once: after the first, alone at
+    temperature 0, the rest are one request of n completions, tried in turn until one passes."""
+    draft = r"\AComplete the following Python function"
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": draft, "role": "user", "times": 1, "reply": "```python\n    return n + 2\n```"},
+                {"match": draft, "role": "user", "reply": "```python\n    return n + 3\n```"},
+            ]
+        },
+        "c-drafts-n",
+    )
+    asked: list[int] = []
+    more = ["```python\n    return n + 5\n```", "```python\n    return 2 * n\n```"]
+
+    class Slots:  # the scripted model, with the completions a server of slots adds for n > 1
+        def __init__(self, model):
+            self.model = model
+
+        def native_tools(self) -> bool:
+            return self.model.native_tools()
+
+        def complete(self, messages, n: int = 1, **kwargs):
+            asked.append(n)
+            return dataclasses.replace(self.model.complete(messages, **kwargs), others=tuple(more[: n - 1]))
+
+    engine.model = Slots(engine.model)
+    task, _ = engine.store.inbox.add_task(STUB_TASK, check=DOUBLE_CHECK, metadata=DELIVER)
+    result = engine.agent(code_scaffold(drafts=4, draft_temperature=0.7)).run_task(task)
+    assert (result.status, result.success) == ("done", True), result.verdict
+    assert asked == [1, 3]  # the first alone; the other three in one request
+    steps = engine.store.reports.steps(result.trajectory_ids[0])
+    assert [s.role for s in steps] == ["assistant", "tool"] * 4 + ["tool", "work"]
+    assert steps[-1].content == STUB + "    return 2 * n\n"  # the request's third completion passed
 
 
 def test_when_no_draft_passes_the_attempt_goes_on_from_the_one_that_passed_the_most(engine_for):

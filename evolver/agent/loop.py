@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memory.records import Context, Ending, Step, Task
@@ -254,8 +254,8 @@ def draft_prompt(
 
 
 def draft_seed(messages: list[dict], n: int) -> int | None:
-    """The sampling seed of draft ``n`` of these messages: None for the first (temperature 0), then one fixed
-    by what is asked and the draft's number. Two agents that ask the same draft prompt then draw alike, so a
+    """The sampling seed of the request for draft ``n`` of these messages (and the drafts asked with it): None
+    for the first (temperature 0), then one fixed by what is asked and the draft's number. Two agents that ask the same draft prompt then draw alike, so a
     paired comparison of them is less of a lottery: without it, 9 of the 10 tasks a learning run gained over
     the seed were handed in by a draft, which nothing learned reaches. Alike, not identical, on llama.cpp's
     server: its arithmetic is not bit-for-bit repeatable, so 4 of 12 seeded draws came back whole and the
@@ -264,6 +264,20 @@ def draft_seed(messages: list[dict], n: int) -> int | None:
         return None
     asked = json.dumps(messages, sort_keys=True).encode("utf-8")
     return int.from_bytes(hashlib.sha256(asked + b"\0%d" % n).digest()[:4], "big")
+
+
+def _another(reply: ModelReply, text: str) -> ModelReply:
+    """Another completion of the same request, as a reply of its own (its tokens were counted with the first's)."""
+    return replace(
+        reply,
+        content=text,
+        tokens_in=0,
+        tokens_out=0,
+        cost_usd=0.0,
+        latency_ms=0.0,
+        others=(),
+        assistant_message={"role": "assistant", "content": text},
+    )
 
 
 def render_context(context: Context, budget_tokens: int) -> tuple[str, str]:
@@ -720,6 +734,7 @@ class Agent:
         answers: AnswerStream | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        n: int = 1,
     ) -> ModelReply:
         tap = answers.tap() if answers is not None else None
         temperature = self.scaffold.parameters.temperature if temperature is None else temperature
@@ -733,6 +748,7 @@ class Agent:
             max_tokens=max_tokens,
             stream=tap,
             seed=seed,
+            n=n,
         )
 
     def _recorder(self, trajectory_id: str, on_step):
@@ -949,7 +965,7 @@ class Agent:
         """The first turn of a code task with a stub: the model completes the stub as it would alone (the draft
         prompt, no system message, temperature 0). Its code runs in the session; a definition that passes the
         task's examples is handed in at once. Otherwise, up to ``drafts`` in all, the stub is completed again
-        at ``draft_temperature``, each tried alike; if none passes, the attempt goes on from the draft that
+        at ``draft_temperature`` (all of them in one request of n completions), each tried alike; if none passes, the attempt goes on from the draft that
         passed the most examples (the first of equals), told what failed."""
         assert turn.deliverable is not None  # a draft completes the stub of a deliverable (``task_stub``)
         params = self.scaffold.parameters
@@ -958,9 +974,18 @@ class Agent:
         asked = change.get("messages", draft) if change else draft
         names = ", ".join(turn.deliverable.functions)
         drafted: list[tuple[int, str, str, str]] = []  # examples failed, reply, code, observation
+        waiting: list[ModelReply] = []  # drafts asked for together, not tried yet
         for n in range(params.drafts):
-            temperature = 0.0 if n == 0 else params.draft_temperature
-            reply = self._ask(asked, None, task, purpose, temperature=temperature, seed=draft_seed(asked, n))
+            if not waiting:
+                # The first alone, at temperature 0 (it is handed in if it passes); the rest in one request of
+                # n completions at draft_temperature, which llama-server's slots write at once.
+                temperature = 0.0 if n == 0 else params.draft_temperature
+                more = 1 if n == 0 else params.drafts - n
+                first = self._ask(
+                    asked, None, task, purpose, temperature=temperature, seed=draft_seed(asked, n), n=more
+                )
+                waiting = [first] + [_another(first, text) for text in first.others[: more - 1]]
+            reply = waiting.pop(0)
             code = draft_code(reply.content, turn.stub, turn.deliverable.functions)
             call = {"id": DRAFT_CALL, "name": "run_python", "arguments": {"code": code}}
             record("assistant", reply.content, reply=reply, tool_calls=[call])

@@ -73,9 +73,45 @@ def config_check(state: State) -> None:
         problems += [
             f"[meta] {problem}" for problem in [credentials_problem(cfg.meta.settings(cfg.model), "meta")] if problem
         ]
+    problems += _local_problems(cfg)
     if problems:  # valid settings still, but the first model call would fail
         raise ConfigError(f"{cfg.source}: {'; '.join(problems)}")
     echo(f"ok: {cfg.source}; data dir {state.data_dir or cfg.data_dir}")
+    for note in _slot_notes(cfg):
+        echo(f"note: {note}")
+
+
+def _local_problems(cfg) -> list[str]:
+    """What keeps [model] local / [meta] local from being served: a missing llama-server or GGUF."""
+    from ..llm.local_server import LocalModelError, specs
+
+    try:
+        specs(cfg)
+    except LocalModelError as exc:
+        return [str(exc)]
+    return []
+
+
+def _slot_notes(cfg) -> list[str]:
+    """Whether the local server's slots fit the daemon's requests: its task lanes (tasks and evaluations) and
+    chat lanes each send one at a time; llama-server serves its slots first come, first served, so a slot more
+    than the task lanes keeps a person's chat turn from waiting behind background work."""
+    m, workers = cfg.model, cfg.daemon.workers
+    if not m.local:
+        return []
+    chats = max(2, workers)
+    notes = []
+    if m.local_slots <= workers:
+        notes.append(
+            f"[model] local_slots is {m.local_slots} for {workers} workers: a chat turn may wait behind "
+            f"background work; {workers + 1} or more keeps a slot for it"
+        )
+    elif m.local_slots < workers + chats:
+        notes.append(
+            f"[model] local_slots {m.local_slots}: {workers} task lanes and {chats} chat lanes may ask at once; "
+            "the rest wait their turn"
+        )
+    return notes
 
 
 # --- memory ------------------------------------------------------------------------

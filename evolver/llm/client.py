@@ -77,6 +77,7 @@ class ModelReply:
     cost_usd: float
     latency_ms: float
     assistant_message: dict = field(default_factory=dict)  # to append to the conversation
+    others: tuple[str, ...] = ()  # with n > 1: the other completions' texts (their tokens are in this reply's)
 
 
 # The one shape a call takes in text (what _tools_as_text teaches, and what a refusal shows again).
@@ -283,6 +284,7 @@ class Model(Protocol):
         response_format: dict | None = None,
         stream: StreamTap | None = None,
         seed: int | None = None,
+        n: int = 1,
     ) -> ModelReply: ...
 
     def native_tools(self) -> bool:
@@ -335,13 +337,15 @@ class ModelClient:
     def _takes_seed(self, model: str) -> bool:
         """Whether the provider takes OpenAI's ``seed`` (llama.cpp's and vLLM's servers, OpenAI, Gemini, Ollama
         do): litellm refuses a parameter a provider lacks (Anthropic's), and a draw unseeded is still a draw."""
+        return model.startswith(f"{scripted.PROVIDER}/") or self._takes(model, "seed")
+
+    def _takes(self, model: str, parameter: str) -> bool:
         provider, _, name = model.partition("/")
-        if provider == scripted.PROVIDER:
-            return True
         try:
-            return "seed" in (self._litellm.get_supported_openai_params(model=name, custom_llm_provider=provider) or [])
+            supported = self._litellm.get_supported_openai_params(model=name, custom_llm_provider=provider) or []
         except Exception:
             return False
+        return parameter in supported
 
     def _key_in_environment(self, model: str) -> bool:
         """Whether litellm finds the provider's usual key variable set (a gateway at api_base may need it)."""
@@ -372,10 +376,14 @@ class ModelClient:
         response_format: dict | None = None,
         stream: StreamTap | None = None,
         seed: int | None = None,
+        n: int = 1,
     ) -> ModelReply:
         """One reply. With ``stream``, the reply is streamed from the model and ``stream`` sees it as it
         comes (the reply returned is the same, put together at the end). ``seed`` asks the server to sample
-        with it (OpenAI's parameter, which llama.cpp's server takes), where the provider has one."""
+        with it (OpenAI's parameter, which llama.cpp's server takes), where the provider has one. ``n`` > 1
+        asks for that many completions of one prompt pass (llama-server's slots write them at once); the
+        reply is the first, and ``others`` holds the texts of the rest that came (a server may send fewer,
+        or one: the caller asks again for what is missing)."""
         if purpose not in PURPOSES:
             raise ValueError(f"unknown purpose {purpose!r}; one of {PURPOSES}")
         models = [self.settings.name, *self.settings.fallbacks]
@@ -394,6 +402,7 @@ class ModelClient:
                     response_format,
                     stream,
                     seed,
+                    n,
                 )
             except ModelError as exc:
                 failures.append(f"{model}: {exc}")
@@ -418,6 +427,7 @@ class ModelClient:
         response_format,
         stream=None,
         seed=None,
+        n=1,
     ) -> ModelReply:
         native = self._native_tools(model) if tools else True
         call_messages = list(messages)
@@ -438,6 +448,8 @@ class ModelClient:
         }
         if seed is not None and self._takes_seed(model):
             kwargs["seed"] = seed
+        if n > 1 and stream is None and self._takes(model, "n"):  # else one; the caller asks again
+            kwargs["n"] = n
         if tools and native:
             kwargs["tools"] = tools
         if tools and not native and response_format is None and self.settings.structured_output:
@@ -522,6 +534,10 @@ class ModelClient:
             except Exception:
                 cost = 0.0  # a model litellm has no price for (a local server) costs nothing
         content = message.content or ""
+        others = tuple((c.message.content or "") for c in response.choices[1:])
+        if others and content:  # llama-server's usage counts the first completion alone (256 of 4 x 256
+            # measured): the others' tokens are estimated at the first's tokens per character, for the budget
+            tokens_out += round(tokens_out * sum(len(o) for o in others) / len(content))
         if native:
             calls = []
             for raw in message.tool_calls or []:
@@ -571,4 +587,5 @@ class ModelClient:
             cost_usd=cost,
             latency_ms=latency_ms,
             assistant_message=assistant,
+            others=others,
         )

@@ -12,10 +12,12 @@ The binary comes from ``[model] local_server``, else ``llama-server`` on PATH, e
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -42,6 +44,20 @@ SETUP = "scripts/real-model-setup 1.5b"
 READY_TIMEOUT_S = 180.0  # loading a GGUF takes seconds; a busy machine, more
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 60.0)
 KEY_ENV = {"model": "EVOLVER_LOCAL_MODEL_KEY", "meta": "EVOLVER_LOCAL_META_KEY"}
+
+
+try:  # loaded here, not between fork and exec, where loading a library may deadlock
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: end when the process that started it dies, even by SIGKILL, so a
+    killed daemon leaves no model server behind (PR_SET_PDEATHSIG; it fires when the starting thread ends,
+    so servers are started from threads that live as long as their owner: the main thread, in the daemon)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)
 
 
 class LocalModelError(ModelError):
@@ -173,6 +189,7 @@ class LlamaServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C to the daemon's terminal is the daemon's to handle
+                preexec_fn=_die_with_parent,
             )
         self.started_at = time.time()
         log.info("llama-server for [%s] %s: pid %d on %s", self.name, self.spec.alias, self.proc.pid, self.base_url)
