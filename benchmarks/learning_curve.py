@@ -100,6 +100,7 @@ import random
 import re
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,6 +114,7 @@ from evolver.llm.local_server import LlamaServer, ServerSpec, find_binary  # noq
 from evolver.testing.daemon import (  # noqa: E402
     DaemonProcess,
     demo_rules,
+    free_port,
     make_root,
     remove_root,
     run_rounds,
@@ -325,14 +327,26 @@ class LocalServer:
     """The local model as the daemon serves it for [model] local: llama.cpp's llama-server, with parallel
     slots, on loopback behind a key of its own (``evolver.llm.local_server``)."""
 
-    def __init__(self, root: Path, size: str = "0.5b", log_name: str = "llama-server.log", slots: int = 4) -> None:
+    def __init__(
+        self,
+        root: Path,
+        size: str = "0.5b",
+        log_name: str = "llama-server.log",
+        slots: int = 4,
+        baseline_python: str = "",
+    ) -> None:
+        """``baseline_python``: a python with llama-cpp-python[server], to serve as evolver did before
+        llama-server (one request at a time, no key): the floor of a serving measurement, never the product."""
         self.alias, variable = LOCAL_MODELS[size]
         self.gguf = os.environ.get(variable, "")
         self.variable = variable
         self.root = root
         self.log_path = root / log_name
         self.slots = slots
+        self.baseline_python = baseline_python
         self.server: LlamaServer | None = None
+        self.baseline: subprocess.Popen | None = None
+        self.base_url = ""
 
     def start(self, timeout_s: float = 300.0) -> str:
         """Start it; its base URL. Its key is in this process's environment, and in ``settings``."""
@@ -341,6 +355,8 @@ class LocalServer:
                 f"the local model needs the GGUF ({self.variable}) and llama-server: run "
                 'eval "$(scripts/real-model-setup 1.5b)" first, or name a model with --model'
             )
+        if self.baseline_python:
+            return self._start_baseline(timeout_s)
         spec = ServerSpec(
             binary=find_binary(os.environ.get("REAL_MODEL_SERVER", "")),
             model=Path(self.gguf),
@@ -353,7 +369,41 @@ class LocalServer:
         self.server.start(wait=False)
         self.server.wait_ready(timeout_s)
         os.environ[self.key_env] = self.server.key
-        return self.server.base_url
+        self.base_url = self.server.base_url
+        return self.base_url
+
+    def _start_baseline(self, timeout_s: float) -> str:
+        import httpx
+
+        port = free_port()
+        threads = str(os.cpu_count() or 1)
+        with open(self.log_path, "wb") as sink:
+            self.baseline = subprocess.Popen(
+                [self.baseline_python, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", self.alias]
+                + ["--n_ctx", "8192", "--n_threads", threads, "--n_threads_batch", threads]
+                + ["--host", "127.0.0.1", "--port", str(port)],
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.baseline.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited {self.baseline.returncode}: {self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=5).status_code == 200:
+                    return self.base_url
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"llama_cpp.server did not answer in {timeout_s:g} s")
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.baseline or (self.server.proc if self.server else None)
+        return proc.pid if proc is not None else None
 
     @property
     def key_env(self) -> str:
@@ -362,8 +412,10 @@ class LocalServer:
     def settings(self, section: str = "model") -> dict[str, str]:
         """The EVOLVER_* settings that reach it from ``section``, the key's variable included (a daemon
         started with them gets the key too)."""
-        assert self.server is not None, "start the server first"
+        assert self.base_url, "start the server first"
         prefix = f"EVOLVER_{section.upper()}_"
+        if self.server is None:  # the baseline takes no key
+            return {f"{prefix}NAME": f"openai/{self.alias}", f"{prefix}API_BASE": self.base_url}
         return {
             f"{prefix}NAME": f"openai/{self.alias}",
             f"{prefix}API_BASE": self.server.base_url,
@@ -374,6 +426,13 @@ class LocalServer:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+        if self.baseline is not None and self.baseline.poll() is None:
+            self.baseline.terminate()
+            try:
+                self.baseline.wait(30)
+            except subprocess.TimeoutExpired:
+                self.baseline.kill()
+                self.baseline.wait()
 
 
 # --- the direct reference -----------------------------------------------------------------------
@@ -719,6 +778,12 @@ def parse(argv: list[str] | None):
         help="which local model the llama.cpp server runs (without --model)",
     )
     parser.add_argument(
+        "--baseline-python",
+        default="",
+        help="serve the local model with llama-cpp-python's server from this python, as evolver did before "
+        "llama-server (one request at a time): the floor of the serving's gain, on the same tasks and settings",
+    )
+    parser.add_argument(
         "--meta",
         choices=sorted(LOCAL_MODELS),
         default=None,
@@ -747,13 +812,13 @@ def parse(argv: list[str] | None):
         "--slots",
         type=int,
         default=None,
-        help="[advanced.evolution] evaluation_slots of the daemon (default: 2)",
+        help="[advanced.evolution] evaluation_slots of the daemon (default: 2; 1 with --baseline-python)",
     )
     parser.add_argument(
         "--workers",
         type=int,
         default=None,
-        help="[daemon] workers of the daemon (default: 2)",
+        help="[daemon] workers of the daemon (default: 2; 1 with --baseline-python)",
     )
     parser.add_argument("--max-steps", type=int, default=None, help="the seed scaffold's step limit (default: its own)")
     parser.add_argument(
@@ -819,10 +884,12 @@ def parse(argv: list[str] | None):
             setattr(args, name, value)
     if args.model is None:
         args.model = "scripted" if args.quick else "local"
-    # llama-server's slots answer the two workers at once, each slot keeping its own conversation's cache.
+    # llama-server's slots answer the two workers at once, each slot keeping its own conversation's cache;
+    # llama-cpp-python's server (--baseline-python) answered one request at a time and kept only the last
+    # prompt's cache, so evolver ran one task at a time on it.
     for name in ("slots", "workers"):
         if getattr(args, name) is None:
-            setattr(args, name, 2)
+            setattr(args, name, 1 if args.baseline_python else 2)
     return args
 
 
@@ -987,8 +1054,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     root = make_root()
     started = time.perf_counter()
-    server = LocalServer(root, args.local)
-    meta_server = LocalServer(root, args.meta, log_name="llama-meta-server.log") if args.meta else None
+    server = LocalServer(root, args.local, baseline_python=args.baseline_python)
+    meta_server = (
+        LocalServer(root, args.meta, log_name="llama-meta-server.log", baseline_python=args.baseline_python)
+        if args.meta
+        else None
+    )
     daemon: DaemonProcess | None = None
     log(f"output in {out}; the daemon's root is {root}")
     try:

@@ -29,7 +29,6 @@ import concurrent.futures
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,8 +42,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from learning_curve import LOCAL_MODELS, LocalServer, log  # noqa: E402
-
-from evolver.testing.daemon import free_port  # noqa: E402
 
 
 def prompts(count: int) -> list[list[dict]]:
@@ -172,34 +169,6 @@ def person_waits(endpoint: Endpoint, conversations: list[list[dict]], slots: int
     return out
 
 
-def _baseline(python: str, gguf: str, alias: str, log_path: Path) -> tuple[subprocess.Popen, Endpoint]:
-    """llama-cpp-python's server, as evolver ran it before llama-server: one request at a time."""
-    port = free_port()
-    with open(log_path, "wb") as sink:
-        proc = subprocess.Popen(
-            [python, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", alias, "--n_ctx", "8192"]
-            + ["--n_threads", str(os.cpu_count()), "--n_threads_batch", str(os.cpu_count())]
-            + ["--host", "127.0.0.1", "--port", str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama_cpp.server exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/models", timeout=5).status_code == 200:
-                return proc, Endpoint("llama-cpp-python", base, "none", proc.pid)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("llama_cpp.server did not answer in 300 s")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--local", choices=sorted(LOCAL_MODELS), default="0.5b")
@@ -217,17 +186,18 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as tmp:
         if args.baseline_python:
-            alias, variable = LOCAL_MODELS[args.local]
-            proc, base = _baseline(args.baseline_python, os.environ[variable], alias, Path(tmp) / "baseline.log")
+            floor = LocalServer(Path(tmp), args.local, log_name="baseline.log", baseline_python=args.baseline_python)
+            floor.start()
             try:
+                assert floor.pid is not None
+                base = Endpoint("llama-cpp-python", floor.base_url, "none", floor.pid)
                 report["llama_cpp_python"] = {"rss_mb_start": base.rss_mb(), "levels": []}
                 for level in (1, 4):
                     log(f"llama-cpp-python, {level} at once")
                     report["llama_cpp_python"]["levels"].append(at_level(base, conversations, level, args.max_tokens))
                 report["llama_cpp_python"]["rss_mb_end"] = base.rss_mb()
             finally:
-                proc.terminate()
-                proc.wait(30)
+                floor.stop()
         server = LocalServer(Path(tmp), args.local, slots=max(levels))
         server.start()
         try:

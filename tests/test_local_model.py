@@ -181,3 +181,21 @@ def test_an_engine_opened_with_model_local_serves_it_until_closed(tmp_path, fake
     finally:
         engine.close()
     assert proc.poll() is not None
+
+
+def test_the_local_pair_is_two_servers_each_behind_its_own_key(tmp_path, fake_server, gguf, store):
+    meta_gguf = tmp_path / "bigger-model.gguf"
+    meta_gguf.write_bytes(b"GGUF" + bytes(60))
+    config = load_config(env=_local(tmp_path, fake_server, gguf, EVOLVER_META_LOCAL=str(meta_gguf)))
+    models = LocalModels(config, tmp_path / "logs")
+    models.start()
+    try:
+        served = models.served(config)
+        meta = served.meta.settings(served.model)
+        assert (served.model.name, meta.name) == ("openai/tiny-model", "openai/bigger-model")
+        assert meta.api_base != served.model.api_base and meta.api_key_env != served.model.api_key_env
+        assert [h["slots"] for h in models.health()] == [4, 2]  # the meta model's server: [meta] local_slots
+        client = ModelClient(meta, ledger=store.ledger, budget=BudgetGuard(served.budget, store.ledger))
+        assert client.complete([{"role": "user", "content": "lesson"}], purpose="distill").content == "ok: lesson"
+    finally:
+        models.stop()

@@ -254,12 +254,12 @@ def draft_prompt(
 
 
 def draft_seed(messages: list[dict], n: int) -> int | None:
-    """The sampling seed of the request for draft ``n`` of these messages (and the drafts asked with it): None
-    for the first (temperature 0), then one fixed by what is asked and the draft's number. Two agents that ask the same draft prompt then draw alike, so a
-    paired comparison of them is less of a lottery: without it, 9 of the 10 tasks a learning run gained over
-    the seed were handed in by a draft, which nothing learned reaches. Alike, not identical, on llama.cpp's
-    server: its arithmetic is not bit-for-bit repeatable, so 4 of 12 seeded draws came back whole and the
-    rest diverged after a median of about 250 characters, where unseeded ones diverged within 91."""
+    """The sampling seed of the request for draft ``n`` of these messages (and the drafts asked with it): None for
+    the first (temperature 0), then one fixed by what is asked and the draft's number. Two agents that ask the same
+    draft prompt then draw alike, so a paired comparison of them is less of a lottery: without it, 9 of the 10 tasks
+    a learning run gained over the seed were handed in by a draft, which nothing learned reaches. Alike, not
+    identical, on llama.cpp's server: its arithmetic is not bit-for-bit repeatable, so 4 of 12 seeded draws came
+    back whole and the rest diverged after a median of about 250 characters, where unseeded ones diverged within 91."""
     if n == 0:
         return None
     asked = json.dumps(messages, sort_keys=True).encode("utf-8")
@@ -963,10 +963,10 @@ class Agent:
         self, messages: list[dict], tools: TaskTools, task: Task, record, purpose: str, turn: _Turn
     ) -> None:
         """The first turn of a code task with a stub: the model completes the stub as it would alone (the draft
-        prompt, no system message, temperature 0). Its code runs in the session; a definition that passes the
-        task's examples is handed in at once. Otherwise, up to ``drafts`` in all, the stub is completed again
-        at ``draft_temperature`` (all of them in one request of n completions), each tried alike; if none passes, the attempt goes on from the draft that
-        passed the most examples (the first of equals), told what failed."""
+        prompt, no system message, temperature 0). Its code runs in the session; a definition that passes the task's
+        examples is handed in at once. Otherwise, up to ``drafts`` in all, the stub is completed again at
+        ``draft_temperature`` (all of them in one request of n completions), each tried alike; if none passes, the
+        attempt goes on from the draft that passed the most examples (the first of equals), told what failed."""
         assert turn.deliverable is not None  # a draft completes the stub of a deliverable (``task_stub``)
         params = self.scaffold.parameters
         draft = [{"role": "user", "content": turn.draft}]
