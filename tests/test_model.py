@@ -199,7 +199,7 @@ class _FakeServer:
     """A local OpenAI-compatible chat endpoint: it records each request (headers and body) and answers
     at once, or only after ``delay_s`` (a slow generation)."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, slots: int = 1) -> None:
         import http.server
         import threading
 
@@ -214,6 +214,13 @@ class _FakeServer:
                 import time
 
                 time.sleep(server.delay_s)
+                n = body.get("n", 1)
+                if n > slots:  # llama-server: at most as many completions as slots
+                    self.send_response(400)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"error": {"message": "n_cmpl is larger than the number of slots"}}')
+                    return
                 reply = json.dumps(
                     {
                         "id": "x",
@@ -221,8 +228,13 @@ class _FakeServer:
                         "created": 0,
                         "model": "qwen",
                         "choices": [
-                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}
-                        ],
+                            {
+                                "index": i,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": "hello" + (f" {i}" if i else "")},
+                            }
+                            for i in range(n)
+                        ],  # the usage of the first alone, as llama-server counts it
                         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
                     }
                 )
@@ -251,8 +263,8 @@ class _FakeServer:
 def local_server():
     servers = []
 
-    def start(delay_s: float = 0.0) -> _FakeServer:
-        servers.append(_FakeServer(delay_s))
+    def start(delay_s: float = 0.0, slots: int = 1) -> _FakeServer:
+        servers.append(_FakeServer(delay_s, slots))
         return servers[-1]
 
     yield start
@@ -266,6 +278,22 @@ def test_a_local_server_needs_no_api_key(client_for, local_server, monkeypatch):
     reply = client_for("openai/qwen", api_base=server.url).complete([{"role": "user", "content": "hi"}])
     assert reply.content == "hello"
     assert len(server.requests) == 1 and server.requests[0]["authorization"]  # a dummy key was sent
+
+
+def test_n_completions_come_from_one_request_and_a_server_with_fewer_slots_is_asked_for_one(
+    client_for, local_server, store, monkeypatch
+):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    slots = local_server(slots=4)
+    reply = client_for("openai/qwen", api_base=slots.url).complete([{"role": "user", "content": "hi"}], n=3)
+    assert (reply.content, reply.others) == ("hello", ("hello 1", "hello 2"))
+    assert [r["body"].get("n") for r in slots.requests] == [3]
+    # the others' tokens, which the server's usage leaves out, estimated from their length for the budget
+    assert reply.tokens_out == 1 + round(14 / 5) and store.ledger.spent()[0] == 3 + reply.tokens_out
+    fewer = local_server(slots=2)
+    reply = client_for("openai/qwen", api_base=fewer.url).complete([{"role": "user", "content": "hi"}], n=3)
+    assert (reply.content, reply.others) == ("hello", ())  # the caller asks again for what is missing
+    assert [r["body"].get("n") for r in fewer.requests] == [3, None]
 
 
 def test_a_hosted_model_without_its_key_is_a_clear_error_never_retried(client_for, monkeypatch):

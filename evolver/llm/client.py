@@ -490,6 +490,11 @@ class ModelClient:
                     ) from exc
                 if isinstance(exc, self._litellm.ContextWindowExceededError):
                     raise ContextFull(f"{type(exc).__name__}: {exc}") from exc
+                if kwargs.get("n") and isinstance(exc, self._litellm.BadRequestError):
+                    # llama-server takes at most as many completions as it has slots: ask for one, and the
+                    # caller asks again for the rest
+                    log.info("model %s refused n=%s (%s); asking for one completion", model, kwargs.pop("n"), exc)
+                    continue
                 if not isinstance(exc, transient):  # bad request, unknown model: retrying will not help
                     raise ModelError(f"{type(exc).__name__}: {exc}") from exc
                 attempt += 1
