@@ -446,8 +446,11 @@ def solution_code(reply: str, problem: dict) -> str:
     return draft_code(reply, problem["prompt"], (problem["entry_point"],))
 
 
-def direct_reference(env: dict, root: Path, held, problems) -> dict:
-    """One completion per held-out problem through the model client, judged by the task's own check."""
+def direct_reference(env: dict, root: Path, held, problems, at_once: int = 1) -> dict:
+    """One completion per held-out problem through the model client, judged by the task's own check;
+    ``at_once`` asked together (llama-server's slots answer them at once), then judged one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from evolver.config import load_config
     from evolver.engine import Engine, sandbox_limits
     from evolver.judge.verify import verify
@@ -458,13 +461,21 @@ def direct_reference(env: dict, root: Path, held, problems) -> dict:
     started = time.perf_counter()
     per_task, notes, tokens_in, tokens_out, calls = {}, {}, 0, 0, 0
     with Engine.open(config, data_dir=root / "direct") as engine:
-        for task in held:
+
+        def ask(task):
             problem = problems[task.id]
             messages = [{"role": "user", "content": DIRECT_PROMPT.format(prompt=problem["prompt"])}]
             try:
-                reply = engine.model.complete(messages, temperature=0.0, purpose="evaluate")
+                return engine.model.complete(messages, temperature=0.0, purpose="evaluate")
             except ModelError as exc:
-                per_task[task.id], notes[task.id] = False, f"model error: {exc}"[:300]
+                return exc
+
+        with ThreadPoolExecutor(max(1, at_once)) as pool:
+            replies = list(pool.map(ask, held))
+        for task, reply in zip(held, replies, strict=True):
+            problem = problems[task.id]
+            if isinstance(reply, ModelError):
+                per_task[task.id], notes[task.id] = False, f"model error: {reply}"[:300]
                 continue
             calls += 1
             tokens_in, tokens_out = tokens_in + reply.tokens_in, tokens_out + reply.tokens_out
@@ -1138,7 +1149,8 @@ def main(argv: list[str] | None = None) -> int:
             report["direct"] = direct_of(args.direct_from, args, held)
         else:
             log(f"direct completions of the {len(held)} held-out problems")
-            report["direct"] = direct_reference(daemon.env, root, held, problems)
+            at_once = server.slots if server.server is not None else 1  # llama-server's slots, else one at a time
+            report["direct"] = direct_reference(daemon.env, root, held, problems, at_once)
         log(f"direct: {report['direct']['successes']}/{report['direct']['total']}")
         try:
             daemon.start(timeout_s=300.0)
