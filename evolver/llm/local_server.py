@@ -42,7 +42,8 @@ KNOWN = {
 }
 SETUP = "scripts/real-model-setup 1.5b"
 READY_TIMEOUT_S = 180.0  # loading a GGUF takes seconds; a busy machine, more
-RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 60.0)
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 60.0)  # between tries, after the first restart (at once)
+STEADY_S = 300.0  # a server up this long that dies is restarted at once again
 KEY_ENV = {"model": "EVOLVER_LOCAL_MODEL_KEY", "meta": "EVOLVER_LOCAL_META_KEY"}
 
 
@@ -166,6 +167,7 @@ class LlamaServer:
         self.restarts = 0
         self.started_at = 0.0
         self._next_try = 0.0
+        self._quick_deaths = 0  # deaths in a row of a server up less than STEADY_S: what the backoff counts
 
     @property
     def _key_file(self) -> Path:  # one per server: two engines may share a runtime dir
@@ -223,7 +225,8 @@ class LlamaServer:
         if self.alive() or time.monotonic() < self._next_try:
             return False
         code = self.proc.returncode if self.proc else None
-        delay = RESTART_BACKOFF_S[min(self.restarts, len(RESTART_BACKOFF_S) - 1)]
+        self._quick_deaths = self._quick_deaths + 1 if time.time() - self.started_at < STEADY_S else 0
+        delay = RESTART_BACKOFF_S[min(max(self._quick_deaths - 1, 0), len(RESTART_BACKOFF_S) - 1)]
         self._next_try = time.monotonic() + delay
         self.restarts += 1
         log.warning(
@@ -311,30 +314,17 @@ class LocalModels:
         """``config`` with each local section pointed at its server: an OpenAI-compatible model, its key in
         this process's environment (where worker processes inherit it), and llama-server's JSON schemas."""
         update: dict[str, object] = {}
-        if "model" in self.servers:
-            s = self.servers["model"]
-            os.environ[KEY_ENV["model"]] = s.key
-            update["model"] = config.model.model_copy(
-                update={
-                    "name": f"openai/{s.spec.alias}",
-                    "api_base": s.base_url,
-                    "api_key_env": KEY_ENV["model"],
-                    "local": "",  # served: what reads these settings next (a worker process) starts nothing
-                    "structured_output": True,
-                    "schema_format": "json_schema",
-                }
-            )
-        if "meta" in self.servers:
-            s = self.servers["meta"]
-            os.environ[KEY_ENV["meta"]] = s.key
-            update["meta"] = config.meta.model_copy(
-                update={
-                    "name": f"openai/{s.spec.alias}",
-                    "api_base": s.base_url,
-                    "api_key_env": KEY_ENV["meta"],
-                    "local": "",
-                }
-            )
+        for section, server in self.servers.items():
+            os.environ[KEY_ENV[section]] = server.key
+            reached: dict[str, object] = {
+                "name": f"openai/{server.spec.alias}",
+                "api_base": server.base_url,
+                "api_key_env": KEY_ENV[section],
+                "local": "",  # served: what reads these settings next (a worker process) starts nothing
+            }
+            if section == "model":  # [meta] takes these from [model]
+                reached |= {"structured_output": True, "schema_format": "json_schema"}
+            update[section] = getattr(config, section).model_copy(update=reached)
         return config.model_copy(update=update) if update else config
 
     def supervise(self) -> None:
