@@ -96,10 +96,12 @@ def _slot_notes(cfg) -> list[str]:
     """Whether the local server's slots fit the daemon's requests: its task lanes (tasks and evaluations) and
     chat lanes each send one at a time; llama-server serves its slots first come, first served, so a slot more
     than the task lanes keeps a person's chat turn from waiting behind background work."""
+    from ..service.workers import chat_lanes
+
     m, workers = cfg.model, cfg.daemon.workers
     if not m.local:
         return []
-    chats = max(2, workers)
+    chats = chat_lanes(workers)
     notes = []
     if m.local_slots <= workers:
         notes.append(

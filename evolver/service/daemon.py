@@ -38,7 +38,7 @@ from .evaluator import Evaluator, local_exclusions, open_evaluator
 from .feed import Feed
 from .intake import Intake
 from .sockets import SocketError, bind
-from .workers import WorkerPool
+from .workers import WorkerPool, chat_lanes
 
 __all__ = ["Daemon", "Mood", "socket_path"]
 
@@ -80,12 +80,11 @@ class Daemon:
         self.intake: Intake | None = None
         self.evaluator: Evaluator | None = None
         self.chats = ChatTurns(self, self.drain)
-
         self.owner_prefix = f"{os.getpid()}-{int(self.started_at)}-"  # unique to this run, even if pids repeat
         # Its processes start once the store is open; a chat turn that comes sooner waits in the inbox.
         # Two chat turns at once, or one per worker when there are more: chat lanes beside the task lanes.
         workers = config.daemon.workers
-        self.workers = WorkerPool(self, workers, local_exclusions(self), chats=max(2, workers))
+        self.workers = WorkerPool(self, workers, local_exclusions(self), chats=chat_lanes(workers))
 
     @property
     def store(self) -> ExperienceStore:

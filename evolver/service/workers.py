@@ -13,9 +13,15 @@ import time
 from .messages import WorkArrived
 from .worker_process import WorkerHost, WorkerProcess
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "chat_lanes"]
 
 log = logging.getLogger(__name__)
+
+
+def chat_lanes(workers: int) -> int:
+    """Chat turns the daemon answers at once, beside its ``workers`` task lanes: two, or one per worker when
+    there are more."""
+    return max(2, workers)
 
 
 class WorkerPool:
