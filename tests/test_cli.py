@@ -216,6 +216,20 @@ def test_bench_runs_a_pack_file_and_refuses_a_bad_one(tmp_path):
     assert refused.returncode == 2 and "pack.jsonl:1: task a has no check" in refused.stderr
 
 
+def test_bench_runs_a_family_of_the_generated_pack_and_counts_by_family(tmp_path):
+    """`evolver bench families --family NAME` runs that family's instances and sums them by family; an unknown
+    family is refused with the pack's families named."""
+    result = run(
+        "--data-dir", str(tmp_path / "d"), "bench", "families", "--family", "weekday", "--limit", "2", "--json"
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert [r["family"] for r in summary["results"]] == ["weekday", "weekday"]
+    assert summary["families"] == {"weekday": {"tasks": 2, "solved": summary["solved"]}}
+    refused = run("--data-dir", str(tmp_path / "d"), "bench", "families", "--family", "nope")
+    assert refused.returncode == 2 and "no family 'nope'" in refused.stderr and "loan-payment" in refused.stderr
+
+
 def test_a_daemon_that_dies_while_starting_is_one_line_with_its_own_reason(tmp_path):
     root = Path(tempfile.mkdtemp(prefix="evf-", dir="/tmp"))  # short: socket paths are limited to 107 bytes
     try:

@@ -225,11 +225,19 @@ def run(state: State, text: str, check: dict | None, quiet: bool, as_json: bool)
 @cli.command()
 @click.argument("pack")
 @click.option("--split", type=click.Choice(["train", "test", "all"]), default="all", show_default=True)
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    metavar="NAME",
+    help="Run only the tasks of this family (repeatable); a pack's families are its tasks' `family` field.",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Run at most this many tasks.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_obj
-def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool) -> None:
-    """Run a task pack (a JSONL file, "basic", or "humaneval") and report the success rate.
+def bench(state: State, pack: str, split: str, families: tuple[str, ...], limit: int | None, as_json: bool) -> None:
+    """Run a task pack (a JSONL file, "basic", "prose", "families" or "humaneval") and report the success rate,
+    by family where its tasks name one.
 
     With the daemon running, its workers solve the pack (as low-priority tasks);
     otherwise it runs here, in the foreground."""
@@ -240,7 +248,14 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
         tasks = resolve_pack(pack)
     except TaskPackError as exc:
         raise click.UsageError(str(exc)) from None
-    tasks = [t for t in tasks if split == "all" or t.split == split][:limit]
+    known = sorted({t.family for t in tasks if t.family})
+    unknown = [f for f in families if f not in known]
+    if unknown:
+        raise click.UsageError(
+            f"the pack {pack} has no family {', '.join(map(repr, unknown))}; its families: {', '.join(known) or 'none'}"
+        )
+    tasks = [t for t in tasks if (split == "all" or t.split == split) and (not families or t.family in families)]
+    tasks = tasks[:limit]
     if state.daemon_answers():
         results = _bench_through_daemon(state, tasks)
     else:
@@ -252,6 +267,7 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
         "tasks": len(results),
         "solved": solved,
         "success_rate": round(solved / len(results), 4) if results else 0.0,
+        **({"families": _by_family(results)} if any(r.get("family") for r in results) else {}),
         "results": results,
     }
     if as_json:
@@ -266,11 +282,24 @@ def bench(state: State, pack: str, split: str, limit: int | None, as_json: bool)
             width={"answer": 60},
         )
     )
+    for family, counts in summary.get("families", {}).items():
+        echo(f"  {family}: {counts['solved']}/{counts['tasks']} solved")
+
+
+def _by_family(results: list[dict]) -> dict[str, dict]:
+    """Tasks and solved counts per family, in the order the families first come."""
+    counts: dict[str, dict] = {}
+    for r in results:
+        row = counts.setdefault(r.get("family") or "(none)", {"tasks": 0, "solved": 0})
+        row["tasks"] += 1
+        row["solved"] += bool(r["success"])
+    return counts
 
 
 def _result(pack_task, status: str, success, answer, attempts: int) -> dict:
     return {
         "id": pack_task.id,
+        **({"family": pack_task.family} if pack_task.family else {}),
         "split": pack_task.split,
         "success": bool(success),
         "status": status,

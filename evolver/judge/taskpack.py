@@ -6,10 +6,17 @@ One JSON object per line:
      "prompt": "A train leaves at ...",      the task text
      "check": {"type": "answer", ...},       required; see evolver/judge/checks.py
      "tags": ["arithmetic"],                 optional
+     "family": "loan-payment",               optional: the kind of recurring work it is one instance of
      "split": "train",                       "train" (default) or "test" (held out)
      "files": {"data.csv": "a,b\\n1,2\\n"},  optional: files put in the workspace first
      "deliver": {"file": "solution.py",      optional, for a code task: the file and the
                  "functions": ["f"]}}          functions its check loads (see deliverable.py)
+
+A family is one kind of work given again and again with new data (a count from a log, a total
+from a CSV): its instances share a family name and differ in their numbers, dates or files. The
+learning curve splits a pack by family (``benchmarks/learning_curve.py --pack``) and reports how the
+agent does on new instances of families it learned from and on families it never saw. Nothing the
+agent or a learner reads carries the name: it is the benchmark's label, not a hint.
 
 Blank lines and lines starting with ``#`` are skipped. A bad line is refused
 with its file and line number; a pack with any bad line is refused whole, so a
@@ -38,7 +45,7 @@ def hashed_split(task_id: str, test_share: float) -> str:
     return "test" if bucket < test_share else "train"
 
 
-_KEYS = {"id", "prompt", "check", "tags", "split", "files", "deliver"}
+_KEYS = {"id", "prompt", "check", "tags", "family", "split", "files", "deliver"}
 
 
 class TaskPackError(ValueError):
@@ -54,6 +61,7 @@ class PackTask:
     split: str = "train"
     files: dict[str, str] = field(default_factory=dict)
     deliver: Deliverable | None = None
+    family: str | None = None
 
     def check_data(self) -> dict:
         return self.check.model_dump()
@@ -73,6 +81,7 @@ class PackTask:
             "prompt": self.prompt,
             "check": self.check_data(),
             "tags": list(self.tags),
+            **({"family": self.family} if self.family else {}),
             "split": self.split,
             "files": self.files,
             **({"deliver": self.deliver.data()} if self.deliver else {}),
@@ -114,6 +123,9 @@ def _task(data: object, where: str) -> PackTask:
     tags = data.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise TaskPackError(f"{where}: task {task_id}: tags must be a list of strings")
+    family = data.get("family")
+    if family is not None and (not isinstance(family, str) or not family.strip()):
+        raise TaskPackError(f"{where}: task {task_id}: family must be a non-empty string (the kind of work)")
     split = data.get("split", "train")
     if split not in SPLITS:
         raise TaskPackError(f"{where}: task {task_id}: split must be one of {SPLITS}, not {split!r}")
@@ -130,12 +142,21 @@ def _task(data: object, where: str) -> PackTask:
         except ValueError as exc:
             raise TaskPackError(f"{where}: task {task_id}: {exc}") from None
     return PackTask(
-        id=task_id, prompt=prompt, check=check, tags=tuple(tags), split=split, files=dict(files), deliver=deliver
+        id=task_id,
+        prompt=prompt,
+        check=check,
+        tags=tuple(tags),
+        split=split,
+        files=dict(files),
+        deliver=deliver,
+        family=family,
     )
 
 
 def parse_pack(text: str, source: str = "pack") -> list[PackTask]:
-    tasks, problems, seen = [], [], {}
+    tasks: list[PackTask] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
