@@ -10,7 +10,7 @@ import json
 import pytest
 
 from evolver.agent.failures import behaviour, count_modes
-from evolver.agent.loop import draft_seed
+from evolver.agent.loop import WORK_CHARS, draft_seed, worked_code
 from evolver.agent.scaffold import default_scaffold, unused_parts
 from evolver.config import load_config
 from evolver.engine import Engine
@@ -60,7 +60,34 @@ def test_names_persist_between_blocks_and_finish_from_code_ends_the_attempt(engi
     steps = engine.store.reports.steps(result.trajectory_ids[0])
     assert [s.role for s in steps] == ["assistant", "tool", "assistant", "tool", "work"]
     assert steps[0].tool_calls[0]["arguments"] == {"code": "x = 6 * 7\nprint('set')"}
-    assert steps[-1].content == "finish(str(x))"  # the block that did it is the attempt's work
+    # The attempt's work is every block that ran, in order: the last alone, finish(str(x)), shows nothing of
+    # how x was found to the next task of the kind.
+    assert steps[-1].content == "x = 6 * 7\nprint('set')\n\nfinish(str(x))"
+
+
+def test_a_block_that_failed_is_not_part_of_the_attempts_work(engine_for):
+    engine = engine_for(
+        {
+            "rules": [
+                {"match": r"Output of your code:\nset", "role": "user", "reply": block("finish(str(x))")},
+                {"match": r"ZeroDivisionError", "role": "user", "reply": block("x = 6 * 7\nprint('set')")},
+                {"match": r"What is 6 times 7", "role": "user", "reply": block("x = 6 / 0")},
+            ]
+        },
+        "c-work-failed",
+    )
+    task, _ = engine.store.inbox.add_task("What is 6 times 7?", check={"type": "answer", "expected": "42"})
+    result = engine.agent(code_scaffold()).run_task(task)
+    assert result.success is True
+    (work,) = [s.content for s in engine.store.reports.steps(result.trajectory_ids[0]) if s.role == "work"]
+    assert work == "x = 6 * 7\nprint('set')\n\nfinish(str(x))"
+
+
+def test_the_work_shown_keeps_the_end_of_a_long_session():
+    assert worked_code([]) is None
+    assert worked_code(["a = 1\n", "b = a + 1"]) == "a = 1\n\nb = a + 1"
+    assert worked_code(["x = 1" * WORK_CHARS, "y = 2", "finish(y)"]) == "y = 2\n\nfinish(y)"
+    assert worked_code(["z = 3" * WORK_CHARS]) == "z = 3" * WORK_CHARS  # one long block is kept; the prompt clips it
 
 
 def test_the_seed_acts_in_code_for_a_model_without_native_tools_and_in_tool_calls_otherwise(engine_for):

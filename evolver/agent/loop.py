@@ -138,6 +138,7 @@ class _Turn:
     answers: AnswerStream | None = None  # a chat turn whose answer is passed on as it is written
     code: bool = False  # acting in code (action_format), not in tool calls
     blocks: list[str] = field(default_factory=list)  # the code the session ran, in order
+    ran: list[str] = field(default_factory=list)  # those of the blocks that ran without an error
     deliverable: Deliverable | None = None
     examples: list[Example] = field(default_factory=list)
     example_rounds: int = 0  # finishes that the task's examples may still refuse
@@ -206,6 +207,19 @@ def worked_examples(context: Context) -> list:
     """The trajectories found that may be shown as worked examples: those of the same kind as the task, by
     the vector search's similarity (``EXAMPLE_SIMILARITY``); one found only by its keywords is not."""
     return [h for h in context.trajectories if h.similarity is not None and h.similarity >= EXAMPLE_SIMILARITY]
+
+
+def worked_code(ran: list[str]) -> str | None:
+    """The code an attempt that answered by running code ran without an error, in order, as much of its end
+    as a worked example shows (``WORK_CHARS``). Not only its last block: an answer's computation spans
+    blocks that build on one another's variables, and the last is often only ``finish(total)``, which shows
+    the next instance of the same work nothing of how the total was found."""
+    kept: list[str] = []
+    for block in reversed(ran):
+        if kept and sum(map(len, kept)) + len(block) > WORK_CHARS:
+            break
+        kept.insert(0, block.strip())
+    return "\n\n".join(kept) or None
 
 
 def fit_context(context: Context, budget_tokens: int) -> tuple[list[str], list]:
@@ -597,9 +611,9 @@ class Agent:
 
     def _hand_in(self, trajectory_id: str, turn: _Turn, on_step) -> None:
         """Deliver what a code task asked for if the attempt defined it but did not write the file, and keep
-        the attempt's work as a step for worked examples: the delivered module, or in code the last block
-        it ran (in tool calls the steps already show the code)."""
-        work = turn.blocks[-1] if turn.blocks and turn.code else None
+        the attempt's work as a step for worked examples: the delivered module, or the code the session ran
+        without an error (``worked_code``)."""
+        work = worked_code(turn.ran or turn.blocks[-1:])
         if turn.deliverable is not None and turn.workspace is not None:
             source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
             if source is not None and not own:
@@ -848,6 +862,8 @@ class Agent:
                 code = (call.arguments or {}).get("code")
                 if call.name == "run_python" and isinstance(code, str):
                     turn.blocks.append(code)
+                    if observation.ok:
+                        turn.ran.append(code)
                 if observation.finished and observation.answer is not None and finished is None:
                     decided = self._finishing(observation.answer, task, turn, record)
                     if isinstance(decided, Submitted):
@@ -920,6 +936,8 @@ class Agent:
         else:
             observation = tools.run_code(code)
             turn.blocks.append(code)
+            if observation.ok:
+                turn.ran.append(code)
             text, ok, took = observation.text, observation.ok, observation.duration_ms
         finished: str | None = None
         if observation is not None and observation.finished and observation.answer is not None:
