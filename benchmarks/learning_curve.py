@@ -1,9 +1,9 @@
 """Held-out success of the whole product as it learns, generation by generation; prints JSON, draws a PNG.
 
     python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL]
-        [--meta 0.5b|1.5b] [--aa] [--seed 0]
-        [--held-out N] [--train N] [--basic N] [--generations G] [--evaluations K] [--evolve-rounds R]
-        [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N]
+        [--meta 0.5b|1.5b] [--aa] [--seed 0] [--pack NAME_OR_PATH [--held-out-families K]]
+        [--held-out N] [--train N] [--basic N] [--promotion N] [--generations G] [--evaluations K]
+        [--evolve-rounds R] [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N]
         [--baseline JSON | --direct-from JSON] [--out DIR] [--keep]
     python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
 
@@ -13,8 +13,9 @@ jobs, asked for over its socket, with any litellm model. Without ``--model`` it 
 llama-server with Qwen2.5-Coder-0.5B-Instruct, or with ``--local 1.5b`` Qwen2.5-Coder-1.5B-Instruct
 (``eval "$(scripts/real-model-setup 1.5b)"`` sets REAL_MODEL_SERVER, REAL_MODEL_GGUF and
 REAL_MODEL_GGUF_1_5B; this script starts the server, as [model] local serves one, and stops it), and with
-``--quick`` a scripted model written here (it solves a fixed half of the HumanEval problems, fails
-the rest, and answers the meta-agent as the demo does: it makes the path work, it measures nothing).
+``--quick`` a scripted model written here (it solves a fixed half of the HumanEval problems, or with
+``--pack`` of the pack's tasks checked by an exact or numeric answer, fails the rest, and answers the
+meta-agent as the demo does: it makes the path work, it measures nothing).
 
 Tasks: a seeded (``--seed``) split of the bundled HumanEval problems into three disjoint sets:
 ``--held-out`` measured tasks, ``--promotion`` tasks and ``--train`` training tasks, plus ``--basic``
@@ -24,6 +25,27 @@ on which promotion is decided. The measured tasks are in no pack the daemon has:
 submitted, as ``evolver bench`` submits them (``source: "bench"``, split "test" in the metadata), so
 they are never shown to any learner and never decide a promotion either.
 
+``--pack NAME_OR_PATH`` takes the tasks from a pack instead (``evolver.judge.catalog.resolve_pack``: a bundled
+pack's name, such as ``families``, or a JSONL file), split by ``--seed`` by family (a pack task's ``family``:
+one kind of recurring work whose instances differ in their data; tasks that name none are one family,
+"(none)"): each family's instances are shuffled and dealt out, so each family gives the measured, training and
+promotion tasks in proportion to its size (``--held-out``, ``--train`` and ``--promotion`` are totals over the
+families; a pack too small for them is refused). The pack's own ``split`` is ignored: the curve makes its own,
+with the measured and promotion tasks "test" and the training tasks "train", as on HumanEval. ``--basic`` is
+HumanEval's (0 with ``--pack``). ``--held-out-families K`` holds K whole families out, chosen by the seed: none of
+their instances is trained on or decides a promotion, and their instances (as many of each as a family learned
+from has measured, rounded up) are measured too, after the ``--held-out`` ones. So every measurement is also
+reported by kind of task: ``within``, the new instances of families learned from (does it learn the work it was
+given?), and ``across``, the instances of families it never saw (does what it learned carry over, or hurt?),
+each with its rate, its paired differences and its per-task means, and ``by_family``, each family's successes
+and how many of its tasks improved and worsened. The report's ``tasks`` name each task's family
+(``families``), the measured tasks of the held-out families (``across``) and those families
+(``held_out_families``). A family's name reaches no learner: it is left out of the daemon's pack, and no task's
+metadata carries it. The daemon holds out every task worded as one of its pack's held-out tasks, so a training
+task worded as a promotion task would never be learned from: a family's promotion tasks are instances worded
+as none of its training tasks (a family whose instances all share their words gives no promotion task), and
+``worded_as_promotion`` names any training task for which that could not be kept.
+
 Measured on the same held-out tasks, in one run:
 
 * ``direct``: the model alone. One completion per problem, temperature 0, through the project's
@@ -32,7 +54,10 @@ Measured on the same held-out tasks, in one run:
   block that defines the function (else its first block, else the whole reply); it is written as
   ``solution.py`` after the problem's prompt (its imports and helpers; a body continues the prompt's
   function, a whole definition replaces it) and judged by the task's own check, by ``verify`` in the
-  real sandbox, as the agent's attempts are.
+  real sandbox, as the agent's attempts are. A pack's task is asked in its own words with its files
+  pasted after them (``alone_prompt``, as ``seed_vs_seed.py --alone`` asks it); its files are put in the
+  workspace, the reply (stripped) is the answer, and where the task asks for a file of code (its
+  ``deliver``, else as the agent reads its words) the reply's code is written there.
 * generation 0: the seed scaffold through the agent loop, before anything is learned.
 * generation g >= 1: after a generation of learning, the incumbent through the agent loop. A
   generation: the training tasks are solved; distill rounds until one finds nothing new (a round reads
@@ -104,7 +129,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +155,11 @@ SIZES = {  # held_out, train, basic, generations, evaluations, evolve_rounds, pr
     "quick": (3, 4, 3, 1, 4, 6, 2),
     "default": (80, 40, 10, 3, 20, 30, 20),  # 80 held-out: about the fewest that show a 10-point difference
     "full": (84, 50, 20, 5, 40, 60, 30),  # all 164 HumanEval problems
+}
+PACK_SIZES = {  # with --pack: no basic tasks (they are HumanEval's companions), and a quick run on any small pack
+    "quick": (6, 6, 0, 1, 4, 6, 2),
+    "default": (80, 40, 0, 3, 20, 30, 20),
+    "full": (84, 50, 0, 5, 40, 60, 30),
 }
 FINISHED = ("done", "failed", "cancelled", "dead")
 Z95 = 1.959963984540054
@@ -193,6 +223,34 @@ def rate(per_task: dict[str, bool]) -> dict:
     return {"successes": k, "total": n, "rate": round(k / n, 4) if n else None, "ci95": wilson(k, n)}
 
 
+def breakdown(per_task: dict[str, bool], families: dict[str, str], across, pairs=None, work=None) -> dict:
+    """One measurement by kind of task: ``within`` (new instances of families seen in training) and ``across``
+    (the instances of held-out families, ``across``), each its rate, its paired differences against the earlier
+    measurements in ``pairs`` (name: their per_task) and, from ``work``, its per-task means; and ``by_family``:
+    each family's successes and rate, and per pair how many of its tasks improved and worsened. A task that
+    ``families`` does not name is of the family "(none)". The run and ``merge`` both compute them here."""
+    pairs, across = pairs or {}, set(across)
+    out: dict = {}
+    for kind, ids in (
+        ("within", [i for i in per_task if i not in across]),
+        ("across", [i for i in per_task if i in across]),
+    ):
+        sub = {i: per_task[i] for i in ids}
+        out[kind] = rate(sub) | {name: paired(sub, before) for name, before in pairs.items()}
+        if work is not None:
+            mine = {i: work[i] for i in ids if i in work}
+            out[kind]["per_task_mean"] = work_summary(mine) if mine else None
+    out["by_family"] = {}
+    for family in sorted({families.get(i, NO_FAMILY) for i in per_task}):
+        sub = {i: ok for i, ok in per_task.items() if families.get(i, NO_FAMILY) == family}
+        row = {k: v for k, v in rate(sub).items() if k != "ci95"}
+        for name, before in pairs.items():
+            pair = paired(sub, before)
+            row[name] = {"improved": pair["improved"], "worsened": pair["worsened"]}
+        out["by_family"][family] = row
+    return out
+
+
 # --- tasks --------------------------------------------------------------------------------------
 
 
@@ -226,6 +284,161 @@ def split_tasks(seed: int, held_out: int, train: int, basic: int, promotion: int
     return held, trained, promote, problems
 
 
+NO_FAMILY = "(none)"  # the family of a pack task that names none: all such tasks are one family
+
+
+def family_of(task) -> str:
+    return task.family or NO_FAMILY
+
+
+@dataclass(frozen=True)
+class PackSplit:
+    """A pack split by family: the measured tasks (``held``: the new instances of families seen in training,
+    then those of the held-out families), the training and the promotion tasks, each task's family, the
+    measured ids of the held-out families (``across``) and those families' names."""
+
+    held: list
+    train: list
+    promotion: list
+    families: dict[str, str]
+    across: list[str]
+    held_out_families: list[str]
+    worded_as_promotion: list[str] = field(default_factory=list)
+
+
+def _apportion(total: int, sizes: dict[str, int], room: dict[str, int], order: list[str], what: str) -> dict[str, int]:
+    """``total`` dealt over the families in proportion to their ``sizes`` (largest remainder: each gets the
+    floor or the ceiling of its share), none more than its ``room``; ties go in ``order``."""
+    whole = sum(sizes.values())
+    share = {f: total * n / whole for f, n in sizes.items()}
+    counts = {f: min(int(share[f]), room[f]) for f in sizes}
+    rank = {f: n for n, f in enumerate(order)}
+    while (left := total - sum(counts.values())) > 0:
+        open_ = sorted((f for f in sizes if counts[f] < room[f]), key=lambda f: (counts[f] - share[f], rank[f]))
+        if not open_:
+            raise SystemExit(f"the pack is too small: {what} takes {total} tasks, and too few instances are left")
+        for f in open_[:left]:
+            counts[f] += 1
+    return counts
+
+
+def _interleave(groups: dict[str, list]) -> list:
+    """The groups' items in turn: the first of each family (by name), then the second of each, and so on."""
+    out = []
+    for n in range(max((len(g) for g in groups.values()), default=0)):
+        out += [groups[f][n] for f in sorted(groups) if n < len(groups[f])]
+    return out
+
+
+def _by_words(tasks) -> list[list]:
+    """``tasks`` grouped by their words, the smallest group first (ties in the order the tasks come)."""
+    groups: dict[str, list] = {}
+    for task in tasks:
+        groups.setdefault(task.prompt.strip(), []).append(task)
+    return sorted(groups.values(), key=len)  # stable
+
+
+def _clean_room(rest: list, train: int) -> int:
+    """How many of ``rest`` can be promotion tasks worded as none of ``train`` others of them (whole groups of
+    alike-worded instances, the smallest first)."""
+    room = 0
+    for group in _by_words(rest):
+        if room + len(group) > len(rest) - train:
+            break
+        room += len(group)
+    return room
+
+
+def split_pack(tasks, seed: int, held_out: int, train: int, promotion: int, held_out_families: int = 0) -> PackSplit:
+    """A pack's tasks split by ``seed`` into measured, training and promotion tasks, stratified by family: each
+    family's instances are shuffled and dealt out, each family contributing to each set in proportion to its
+    size (``held_out``, ``train`` and ``promotion`` are totals over the families; each family gets the floor or
+    the ceiling of its share). ``held_out_families`` whole families, chosen by the seed, are neither trained on
+    nor used for promotion: their instances are measured as tasks of families never seen (``across``), as many
+    of each as the measured tasks of a seen family (rounded up). The pack's own ``split`` is ignored: the curve
+    makes its own (measured and promotion tasks "test", training tasks "train").
+
+    The daemon holds out every task worded as one of its pack's held-out tasks (``evolver.tree.split``), so a
+    training task worded as a promotion task would never be learned from: a family's promotion tasks are
+    instances whose words none of its training tasks has (where a family has one wording for all its
+    instances, the other families take its share of the promotion tasks; ``worded_as_promotion`` names the
+    training tasks that are held out where no family could)."""
+    groups: dict[str, list] = {}
+    for task in tasks:
+        groups.setdefault(family_of(task), []).append(task)
+    names = sorted(groups)
+    if not 0 <= held_out_families < len(names):
+        raise SystemExit(
+            f"--held-out-families {held_out_families}: the pack has {len(names)} families, and at least one "
+            "must be left to learn from"
+        )
+    rng = random.Random(seed)
+    unseen = sorted(rng.sample(names, held_out_families))
+    seen = [f for f in names if f not in unseen]
+    order = list(seen)
+    rng.shuffle(order)  # which family gets a task first where their shares tie
+    for name in names:
+        rng.shuffle(groups[name])
+    sizes = {f: len(groups[f]) for f in seen}
+    if held_out + train + promotion > sum(sizes.values()):
+        raise SystemExit(
+            f"the pack is too small: --held-out {held_out} + --train {train} + --promotion {promotion} is more than "
+            f"the {sum(sizes.values())} instances of its {len(seen)} families that may be learned from"
+        )
+    counts = _apportion(held_out, sizes, sizes, order, "--held-out")
+    within = {f: groups[f][: counts[f]] for f in seen}
+    rest = {f: groups[f][counts[f] :] for f in seen}
+    rooms = {f: len(rest[f]) for f in seen}
+    counts = _apportion(train, sizes, rooms, order, "--train")
+    room = {f: rooms[f] - counts[f] for f in seen}
+    clean = {f: _clean_room(rest[f], counts[f]) for f in seen}
+    if sum(clean.values()) >= promotion:
+        promotions = _apportion(promotion, sizes, clean, order, "--promotion")
+    else:  # all the clean room, and the rest where promotion tasks must share a training task's words
+        more = _apportion(promotion - sum(clean.values()), sizes, {f: room[f] - clean[f] for f in seen}, order, "x")
+        promotions = {f: clean[f] + more[f] for f in seen}
+    trained, promote = {}, {}
+    for f in seen:
+        worded: list = []  # whole groups of alike-worded instances, the smallest first, until there are enough
+        for group in _by_words(rest[f]):
+            if len(worded) >= promotions[f]:
+                break
+            worded += group
+        promote[f], taken = worded[: promotions[f]], {t.id for t in worded}
+        trained[f] = ([t for t in rest[f] if t.id not in taken] + worded[promotions[f] :])[: counts[f]]
+    per_family = math.ceil(held_out / len(seen))
+    across = {f: groups[f][:per_family] for f in unseen}
+    measured = _interleave(within) + _interleave(across)
+    train_tasks, promotion_tasks = _interleave(trained), _interleave(promote)
+    promotion_words = {t.prompt.strip() for t in promotion_tasks}
+    return PackSplit(
+        held=[replace(t, split="test") for t in measured],
+        train=[replace(t, split="train") for t in train_tasks],
+        promotion=[replace(t, split="test") for t in promotion_tasks],
+        families={t.id: family_of(t) for t in [*measured, *train_tasks, *promotion_tasks]},
+        across=[t.id for t in _interleave(across)],
+        held_out_families=unseen,
+        worded_as_promotion=[t.id for t in train_tasks if t.prompt.strip() in promotion_words],
+    )
+
+
+def tasks_of(args):
+    """The run's measured, training and promotion tasks, the HumanEval problems (none for a pack) and the split's
+    families (a ``PackSplit``; on HumanEval, no family and nothing held out by family)."""
+    if args.pack is None:
+        held, trained, promote, problems = split_tasks(args.seed, args.held_out, args.train, args.basic, args.promotion)
+        return held, trained, promote, problems, PackSplit(held, trained, promote, {}, [], [])
+    from evolver.judge.catalog import resolve_pack
+    from evolver.judge.taskpack import TaskPackError
+
+    try:
+        tasks = resolve_pack(args.pack)
+    except TaskPackError as exc:
+        raise SystemExit(f"--pack {args.pack}: {exc}") from None
+    split = split_pack(tasks, args.seed, args.held_out, args.train, args.promotion, args.held_out_families)
+    return split.held, split.train, split.promotion, {}, split
+
+
 def write_pack(path: Path, tasks) -> None:
     from evolver.judge.taskpack import load_pack
 
@@ -240,8 +453,22 @@ def _literal(text: str) -> str:
 
 
 def scripted_model(root: Path, held, trained, problems) -> str:
-    """The --quick model: solves the problems of even HumanEval number (directly and through the agent),
-    writes a wrong stub for the others, and answers the meta-agent as the offline demo does."""
+    """The --quick model. On HumanEval (the tasks in ``problems``): it solves the problems of even HumanEval
+    number (directly and through the agent), writes a wrong stub for the others. On a pack: it answers a fixed
+    half of the tasks checked by an exact or numeric answer (``pack_rules``). It answers the meta-agent as the
+    offline demo does."""
+    if problems:
+        direct, agent = humaneval_rules(held, trained, problems)
+    else:
+        direct, agent = pack_rules(held, trained)
+    rules = demo_rules()
+    # After the demo's reply to a reflection, whose conversation starts with the task too.
+    at = next(n for n, r in enumerate(rules) if "previous attempt" in r["match"]) + 1
+    return write_script(root, "model", [*direct, *rules[:at], *agent, *rules[at:]])
+
+
+def humaneval_rules(held, trained, problems) -> tuple[list[dict], list[dict]]:
+    """The scripted model's rules for the model alone and for the agent on HumanEval problems."""
     direct, agent = [], []
     for task in [*held, *trained]:
         problem = problems.get(task.id)
@@ -283,10 +510,55 @@ def scripted_model(root: Path, held, trained, problems) -> str:
             "arguments": {"answer": "done"},
         },
     ]
-    rules = demo_rules()
-    # After the demo's reply to a reflection, whose conversation starts with the task too.
-    at = next(n for n, r in enumerate(rules) if "previous attempt" in r["match"]) + 1
-    return write_script(root, "model", [*direct, *rules[:at], *agent, *rules[at:]])
+    return direct, agent
+
+
+WRONG = "I don't know."  # the scripted model's answer to a pack task it does not solve
+
+
+def scripted_answers(tasks) -> dict[str, str]:
+    """The pack tasks the scripted model solves, with their answers: of those checked by an exact or numeric
+    answer, about half, by the hash of their id (a fixed half, whatever set or shard each is in); it gets every
+    other task wrong. The agent's script sees the task's words, not its files, so where instances with other
+    answers share their words (a count from another log), it can tell none of them apart and gets them all
+    wrong."""
+    answers: dict[str, set] = {}
+    for t in tasks:
+        answers.setdefault(t.prompt, set()).add(str(getattr(t.check, "expected", None)))
+    return {
+        t.id: str(t.check.expected)
+        for t in tasks
+        if getattr(t.check, "type", None) == "answer"
+        and t.check.match in ("exact", "numeric")
+        and len(answers[t.prompt]) == 1
+        and hashlib.sha256(t.id.encode("utf-8")).digest()[0] % 2 == 0
+    }
+
+
+def pack_rules(held, trained) -> tuple[list[dict], list[dict]]:
+    """The scripted model's rules on a pack, for any pack: the model alone (asked the task's words and files,
+    ``alone_prompt``) replies with the expected answer of a task it solves and ``WRONG`` to the others; the agent,
+    whose first user message is the scaffold's "Task:" and the task's words, calls finish with the same answer
+    (a file or code task is finished wrongly: it writes nothing)."""
+    tasks = [*held, *trained]
+    answers = scripted_answers(tasks)
+    direct, agent = [], []
+    for task in sorted(tasks, key=lambda t: -len(t.prompt)):  # a prompt that starts another's matches after it
+        answer = _literal(answers.get(task.id, WRONG))
+        direct.append({"match": rf"\A{re.escape(alone_prompt(task))}\Z", "on": "task", "reply": answer})
+        agent.append(
+            {
+                "match": rf"\ATask:\n{re.escape(task.prompt)}\n",
+                "on": "task",
+                "role": "user",
+                "tool": "finish",
+                "arguments": {"answer": answer},
+            }
+        )
+    agent.append(  # a task of none of these (none is asked: the daemon's pack is the training and promotion tasks)
+        {"match": r"\ATask:\n", "on": "task", "role": "user", "tool": "finish", "arguments": {"answer": WRONG}}
+    )
+    return direct, agent
 
 
 def seed_scaffold(max_steps: int | None, max_attempts: int | None) -> dict:
@@ -446,16 +718,53 @@ def solution_code(reply: str, problem: dict) -> str:
     return draft_code(reply, problem["prompt"], (problem["entry_point"],))
 
 
+PACK_PROMPT = "the task's words, then its files (as a person pastes them into a chat)"
+
+
+def alone_prompt(pack_task) -> str:
+    """The model alone's one message: the task's words, then its files, as a person pastes them."""
+    files = "".join(f"\n\n{path}:\n```\n{text}\n```" for path, text in sorted(pack_task.files.items()))
+    return pack_task.prompt + files
+
+
+def direct_message(task, problems: dict) -> str:
+    """What the model alone is asked: a HumanEval problem's prompt to complete (``DIRECT_PROMPT``), else the
+    task's own words with its files (``alone_prompt``)."""
+    problem = problems.get(task.id)
+    return DIRECT_PROMPT.format(prompt=problem["prompt"]) if problem else alone_prompt(task)
+
+
+def direct_work(workspace: Path, task, reply: str, problems: dict) -> str | None:
+    """Write what the model alone's reply delivers into ``workspace``; the answer the check is given. A HumanEval
+    problem: ``solution.py`` (``solution_code``), no answer. A pack task: its files first, then where its
+    deliverable (its ``deliver``, else the file and functions its words ask for, as the agent reads them) the
+    reply's code; the reply, stripped, is the answer."""
+    from evolver.agent.asks import deliverable_in_words
+    from evolver.agent.delivery import draft_code
+    from sandbox import write_text
+
+    problem = problems.get(task.id)
+    if problem is not None:
+        write_text(workspace, "solution.py", solution_code(reply, problem))
+        return None
+    for path, text in task.files.items():
+        write_text(workspace, path, text)
+    deliverable = task.deliver or deliverable_in_words(task.prompt, set(task.files))
+    if deliverable is not None:
+        write_text(workspace, deliverable.file, draft_code(reply, None, deliverable.functions))
+    return reply.strip()
+
+
 def direct_reference(env: dict, root: Path, held, problems, at_once: int = 1) -> dict:
-    """One completion per held-out problem through the model client, judged by the task's own check;
-    ``at_once`` asked together (llama-server's slots answer them at once), then judged one by one."""
+    """One completion per held-out task through the model client, judged by the task's own check;
+    ``at_once`` asked together (llama-server's slots answer them at once), then judged one by one. A HumanEval
+    problem (in ``problems``) is asked to be completed; a pack task is asked in its own words."""
     from concurrent.futures import ThreadPoolExecutor
 
     from evolver.config import load_config
     from evolver.engine import Engine, sandbox_limits
     from evolver.judge.verify import verify
     from evolver.llm.client import ModelError
-    from sandbox import write_text
 
     config = load_config(env=env)
     started = time.perf_counter()
@@ -463,8 +772,7 @@ def direct_reference(env: dict, root: Path, held, problems, at_once: int = 1) ->
     with Engine.open(config, data_dir=root / "direct") as engine:
 
         def ask(task):
-            problem = problems[task.id]
-            messages = [{"role": "user", "content": DIRECT_PROMPT.format(prompt=problem["prompt"])}]
+            messages = [{"role": "user", "content": direct_message(task, problems)}]
             try:
                 return engine.model.complete(messages, temperature=0.0, purpose="evaluate")
             except ModelError as exc:
@@ -472,20 +780,19 @@ def direct_reference(env: dict, root: Path, held, problems, at_once: int = 1) ->
 
         with ThreadPoolExecutor(max(1, at_once)) as pool:
             replies = list(pool.map(ask, held))
-        for task, reply in zip(held, replies, strict=True):
-            problem = problems[task.id]
+        for n, (task, reply) in enumerate(zip(held, replies, strict=True)):
             if isinstance(reply, ModelError):
                 per_task[task.id], notes[task.id] = False, f"model error: {reply}"[:300]
                 continue
             calls += 1
             tokens_in, tokens_out = tokens_in + reply.tokens_in, tokens_out + reply.tokens_out
-            workspace = root / "direct" / "workspaces" / task.id
+            workspace = root / "direct" / "workspaces" / (f"{n}-" + re.sub(r"[^\w.-]", "_", task.id))
             workspace.mkdir(parents=True)
             os.chmod(workspace, 0o700)
             engine.sandbox.workspace_dir(workspace)
-            write_text(workspace, "solution.py", solution_code(reply.content, problem))
+            answer = direct_work(workspace, task, reply.content, problems)
             verdict = verify(
-                task.check, answer=None, sandbox=engine.sandbox, workspace=workspace, limits=sandbox_limits(config)
+                task.check, answer=answer, sandbox=engine.sandbox, workspace=workspace, limits=sandbox_limits(config)
             )
             per_task[task.id] = verdict.success
             if not verdict.success:
@@ -498,7 +805,7 @@ def direct_reference(env: dict, root: Path, held, problems, at_once: int = 1) ->
         "model_calls": calls,
         "wall_s": round(time.perf_counter() - started, 1),
         "sandbox_isolated": isolated,
-        "prompt": DIRECT_PROMPT,
+        "prompt": DIRECT_PROMPT if all(t.id in problems for t in held) else PACK_PROMPT,
         "temperature": 0.0,
         "per_task": per_task,
         "failures": notes,
@@ -746,6 +1053,15 @@ def plot(path: Path, report: dict) -> None:
         capsize=4,
         label="incumbent after each generation (95% Wilson)",
     )
+    if report.get("tasks", {}).get("across"):  # with held-out families: the two kinds of measured task apart
+        for kind, color, what in (
+            ("within", "tab:green", "new instances of families learned from"),
+            ("across", "tab:red", "families never learned from"),
+        ):
+            rates = [r for g in gens if (r := (g.get(kind) or {}).get("rate")) is not None]
+            if len(rates) == len(gens):
+                n = gens[0][kind]["total"]
+                ax.plot(xs, rates, "s--", color=color, alpha=0.8, label=f"{kind}: {what} ({n} tasks)")
     ax.set_xticks(xs, ["seed" if x == 0 else str(x) for x in xs])
     ax.set_xlim(-0.4, max(xs) + 0.4)
     ax.set_xlabel("generation of learning")
@@ -807,14 +1123,30 @@ def parse(argv: list[str] | None):
         help="measure the seed twice (an A/A check: the noise floor of the same agent, same tasks)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the seed of the task split")
-    parser.add_argument("--held-out", type=int, default=None, help="held-out HumanEval tasks")
-    parser.add_argument("--train", type=int, default=None, help="training HumanEval tasks")
-    parser.add_argument("--basic", type=int, default=None, help="training tasks from the basic pack")
+    parser.add_argument(
+        "--pack",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="take the tasks from this pack (a bundled pack's name or a JSONL file), split by family "
+        "(default: HumanEval)",
+    )
+    parser.add_argument(
+        "--held-out-families",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --pack: K whole families, chosen by the seed, never learned from, measured as families never seen",
+    )
+    parser.add_argument(
+        "--held-out", type=int, default=None, help="measured tasks (with --pack: of the families learned from)"
+    )
+    parser.add_argument("--train", type=int, default=None, help="training tasks")
+    parser.add_argument("--basic", type=int, default=None, help="training tasks from the basic pack (HumanEval only)")
     parser.add_argument(
         "--promotion",
         type=int,
         default=None,
-        help="HumanEval tasks, apart from the measured ones, on which promotion is decided",
+        help="tasks, apart from the measured ones, on which promotion is decided",
     )
     parser.add_argument("--generations", type=int, default=None)
     parser.add_argument("--evaluations", type=int, default=None, help="tree evaluations per generation")
@@ -884,10 +1216,16 @@ def parse(argv: list[str] | None):
         parser.error("--aa measures generation 0 twice, and --baseline measures it not at all")
     if args.baseline and args.direct_from:
         parser.error("--baseline takes the model alone already; --direct-from is for a run that measures the seed")
+    if args.pack is None and args.held_out_families:
+        parser.error("--held-out-families holds out families of a --pack; HumanEval has none")
+    if args.pack is not None and args.basic:
+        parser.error("--basic adds HumanEval's companions from the basic pack; with --pack, the pack is all")
+    if args.held_out_families < 0:
+        parser.error("--held-out-families is a number of families, 0 or more")
     sizes = dict(
         zip(
             ("held_out", "train", "basic", "generations", "evaluations", "evolve_rounds", "promotion"),
-            SIZES["quick" if args.quick else "full" if args.full else "default"],
+            (SIZES if args.pack is None else PACK_SIZES)["quick" if args.quick else "full" if args.full else "default"],
         )
     )
     for name, value in sizes.items():
@@ -918,12 +1256,18 @@ def merge(reports: list[dict]) -> dict:
         "max_attempts",
         "local",
         "model",
+        "pack",
+        "held_out_families",
     )
+
+    def setting(report: dict, key: str):
+        return report["settings"].get(key, LATER_SETTINGS.get(key))
+
     for report in reports[1:]:
-        if any(report["settings"].get(k) != first["settings"].get(k) for k in keep):
+        if any(setting(report, k) != setting(first, k) for k in keep):
             raise SystemExit(
                 "--merge: the parts were not run with the same settings: "
-                + ", ".join(k for k in keep if report["settings"].get(k) != first["settings"].get(k))
+                + ", ".join(k for k in keep if setting(report, k) != setting(first, k))
             )
     shards = sorted(tuple(r["settings"].get("shard") or ()) for r in reports)
     if len(set(shards)) != len(shards):
@@ -938,17 +1282,28 @@ def merge(reports: list[dict]) -> dict:
     def total(rows: list[dict], key: str) -> float:
         return round(sum(row[key] for row in rows), 1)
 
+    # Each part measured its own share of the held-out tasks (and of those, of the held-out families); every
+    # part had the same split, so the same training and promotion tasks.
+    tasks = {k: v for k, v in first["tasks"].items() if k != "families"}
+    tasks["held_out"] = [i for r in reports for i in r["tasks"]["held_out"]]
+    tasks["across"] = [i for r in reports for i in r["tasks"].get("across", [])]
+    tasks["families"] = union([r["tasks"] for r in reports if "families" in r["tasks"]], "families")
+
+    def kinds(per_task: dict, pairs: dict, work: dict | None = None) -> dict:
+        return breakdown(per_task, tasks["families"], tasks["across"], pairs, work)
+
     directs = [r["direct"] for r in reports]
     direct = union(directs, "per_task")
     merged = {
         **{k: v for k, v in first.items() if k in ("machine", "model", "selection_note")},
         "settings": {**first["settings"], "shard": None, "merged_shards": shards},
-        "tasks": {k: [i for r in reports for i in r["tasks"][k]] for k in first["tasks"]},
+        "tasks": tasks,
         "direct": {
             **rate(direct),
             **{k: total(directs, k) for k in ("tokens_in", "tokens_out", "model_calls", "wall_s")},
             "prompt": first["direct"]["prompt"],
             "temperature": first["direct"]["temperature"],
+            **kinds(direct, {}),
             "per_task": direct,
             "failures": union(directs, "failures"),
         },
@@ -957,12 +1312,14 @@ def merge(reports: list[dict]) -> dict:
     for g in range(min(len(r["generations"]) for r in reports)):
         rows = [r["generations"][g] for r in reports]
         per_task, work = union(rows, "per_task"), union([row["measurement"] for row in rows], "work")
+        seed = generations[0]["per_task"] if g else per_task
         generations.append(
             {
                 "generation": g,
                 "held_out": rate(per_task),
-                "paired_vs_seed": paired(per_task, generations[0]["per_task"] if g else per_task),
+                "paired_vs_seed": paired(per_task, seed),
                 "paired_vs_direct": paired(per_task, direct),
+                **kinds(per_task, {"paired_vs_seed": seed, "paired_vs_direct": direct}, work),
                 "measurement": {
                     **{
                         k: total([row["measurement"] for row in rows], k)
@@ -979,6 +1336,14 @@ def merge(reports: list[dict]) -> dict:
                 "failures": union(rows, "failures"),
             }
         )
+    if generations and all("aa" in r for r in reports):  # the A/A check, over all the parts' tasks too
+        again, first_seed = union([r["aa"] for r in reports], "per_task"), generations[0]["per_task"]
+        merged["aa"] = {
+            "held_out": rate(again),
+            "paired_again_minus_first": paired(again, first_seed),
+            **kinds(again, {"paired_again_minus_first": first_seed}),
+            "per_task": again,
+        }
     return merged | {
         "generations": generations,
         "finished": all(r.get("finished") for r in reports),
@@ -996,12 +1361,31 @@ def write_report(out: Path, report: dict) -> dict:
     return report
 
 
-BASELINE_SAME = ("model", "local", "meta", "seed", "max_steps", "max_attempts", "structured", "shard")
+BASELINE_SAME = (
+    "model",
+    "local",
+    "meta",
+    "seed",
+    "max_steps",
+    "max_attempts",
+    "structured",
+    "shard",
+    "pack",
+    "held_out_families",
+)
+
+
+# Settings added since reports were first written: a report without one ran with its value here.
+LATER_SETTINGS = {"pack": None, "held_out_families": 0}
 
 
 def _settings_differ(settings: dict, args, names) -> list[str]:
     """The names among ``names`` whose value in an earlier report's settings is not this run's (as JSON)."""
-    return [name for name in names if settings.get(name) != json.loads(json.dumps(getattr(args, name)))]
+    return [
+        name
+        for name in names
+        if settings.get(name, LATER_SETTINGS.get(name)) != json.loads(json.dumps(getattr(args, name)))
+    ]
 
 
 def baseline_of(path: Path, args, held, trained, promote) -> dict:
@@ -1042,7 +1426,7 @@ def direct_of(path: Path, args, held) -> dict:
         settings, tasks, direct = earlier["settings"], earlier["tasks"], earlier["direct"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(f"--direct-from {path}: not a learning-curve report ({exc})") from None
-    differ = _settings_differ(settings, args, ("model", "local", "seed", "shard"))
+    differ = _settings_differ(settings, args, ("model", "local", "seed", "shard", "pack"))
     if tasks.get("held_out") != [t.id for t in held]:
         differ.append("the held_out tasks")
     if differ:
@@ -1074,12 +1458,24 @@ def main(argv: list[str] | None = None) -> int:
     daemon: DaemonProcess | None = None
     log(f"output in {out}; the daemon's root is {root}")
     try:
-        held, trained, promote, problems = split_tasks(args.seed, args.held_out, args.train, args.basic, args.promotion)
+        held, trained, promote, problems, split = tasks_of(args)
         if args.shard:
             part, parts = args.shard
             held = held[part - 1 :: parts]
+        measured_ids = {t.id for t in held}
+        if split.worded_as_promotion:
+            log(
+                f"{len(split.worded_as_promotion)} training tasks are worded as a promotion task: the daemon holds "
+                f"them out, so they are never learned from ({', '.join(split.worded_as_promotion)})"
+            )
+        across = [i for i in split.across if i in measured_ids]
+
+        def kinds(per_task: dict, pairs: dict, work: dict | None = None) -> dict:
+            return breakdown(per_task, split.families, across, pairs, work)
+
         pack = root / "pack.jsonl"
-        write_pack(pack, [*trained, *promote])  # the measured tasks are in no pack of the daemon's
+        # The measured tasks are in no pack of the daemon's; nor is a family's name, the benchmark's label.
+        write_pack(pack, [replace(t, family=None) for t in [*trained, *promote]])
         settings = {
             "EVOLVER_EVOLUTION_ENABLED": "false",
             "EVOLVER_EVOLUTION_PACKS": json.dumps([str(pack)]),
@@ -1135,6 +1531,10 @@ def main(argv: list[str] | None = None) -> int:
                 "held_out": [t.id for t in held],
                 "train": [t.id for t in trained],
                 "promotion": [t.id for t in promote],
+                "families": {t.id: split.families[t.id] for t in [*held, *trained, *promote] if t.id in split.families},
+                "across": across,
+                "held_out_families": split.held_out_families,
+                "worded_as_promotion": split.worded_as_promotion,
             },
             "seed_scaffold": seed_identity(args.max_steps, args.max_attempts),
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
@@ -1151,6 +1551,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"direct completions of the {len(held)} held-out problems")
             at_once = server.slots if server.server is not None else 1  # llama-server's slots, else one at a time
             report["direct"] = direct_reference(daemon.env, root, held, problems, at_once)
+        report["direct"] |= kinds(report["direct"]["per_task"], {})
         log(f"direct: {report['direct']['successes']}/{report['direct']['total']}")
         try:
             daemon.start(timeout_s=300.0)
@@ -1161,7 +1562,9 @@ def main(argv: list[str] | None = None) -> int:
         generations = []
         with daemon.client(timeout_s=600.0) as http:
             if baseline:
-                generations.append(baseline["generation_0"])
+                seed = baseline["generation_0"]
+                pairs = {"paired_vs_seed": seed["per_task"], "paired_vs_direct": report["direct"]["per_task"]}
+                generations.append(seed | kinds(seed["per_task"], pairs, seed.get("measurement", {}).get("work")))
             for g in range(1 if baseline else 0, args.generations + 1):
                 began_at, began = time.time(), time.perf_counter()
                 row: dict = {"generation": g}
@@ -1177,6 +1580,14 @@ def main(argv: list[str] | None = None) -> int:
                     measured["per_task"], generations[0]["per_task"] if g else measured["per_task"]
                 )
                 row["paired_vs_direct"] = paired(measured["per_task"], report["direct"]["per_task"])
+                row |= kinds(
+                    measured["per_task"],
+                    {
+                        "paired_vs_seed": generations[0]["per_task"] if g else measured["per_task"],
+                        "paired_vs_direct": report["direct"]["per_task"],
+                    },
+                    measured["work"],
+                )
                 row["measurement"] = {
                     k: measured[k]
                     for k in ("wall_s", "model_calls", "tokens_in", "tokens_out", "by_purpose", "per_task_mean", "work")
@@ -1198,6 +1609,7 @@ def main(argv: list[str] | None = None) -> int:
                     report["aa"] = {
                         "held_out": {k: again[k] for k in ("successes", "total", "rate", "ci95")},
                         "paired_again_minus_first": paired(again["per_task"], measured["per_task"]),
+                        **kinds(again["per_task"], {"paired_again_minus_first": measured["per_task"]}),
                         "per_task": again["per_task"],
                     }
                     log(f"A/A: {again['successes']}/{again['total']} against {measured['successes']}")

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from learning_curve import LocalServer, log, paired, rate  # noqa: E402
+from learning_curve import LocalServer, alone_prompt, log, paired, rate  # noqa: E402
 
 
 def seeds(max_steps: int | None, max_attempts: int | None, changed: dict | None = None) -> dict:
@@ -91,12 +91,6 @@ LOOP_WORDS = (  # the loop's own messages: an answer holding one of these is the
     "a reply without code is taken",
     "you did not call a tool",
 )
-
-
-def alone_prompt(pack_task) -> str:
-    """The model alone's one message: the task's words, then its files, as a person pastes them."""
-    files = "".join(f"\n\n{path}:\n```\n{text}\n```" for path, text in sorted(pack_task.files.items()))
-    return pack_task.prompt + files
 
 
 def alone(engine, tasks) -> dict:
