@@ -5,8 +5,11 @@ and its plot. Nothing is asserted about success rates: the scripted model only m
 from __future__ import annotations
 
 import json
+import re
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _helpers import REPO
@@ -226,3 +229,345 @@ def test_the_model_alone_is_taken_from_a_run_that_asked_the_same_model_the_same_
     path.write_text("[]")
     with pytest.raises(RuntimeError, match="not a learning-curve report"):
         curve.direct_of(path, args, held)
+
+
+# --- a pack split by family ---------------------------------------------------------------------------------
+
+
+def _answer_task(task_id: str, prompt: str, expected, family: str | None, **extra) -> dict:
+    check = {"type": "answer", "expected": expected, "match": "numeric" if isinstance(expected, int) else "exact"}
+    return {"id": task_id, "prompt": prompt, "check": check, **({"family": family} if family else {}), **extra}
+
+
+def _write(path, lines: list[dict]):
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _synthetic_pack(tmp_path):
+    """4 families of 10 instances (some the pack itself holds out), one family of a single instance and 3 tasks
+    of no family: every task worded apart, checked by an answer."""
+    lines = []
+    for family in ("add", "double", "square", "negate"):
+        for n in range(10):
+            lines.append(_answer_task(f"{family}-{n}", f"{family} {n}?", n, family, split="test" if n < 3 else "train"))
+    lines.append(_answer_task("lonely-0", "the only one of its kind?", "yes", "lonely"))
+    lines += [_answer_task(f"loose-{n}", f"no family {n}?", n, None) for n in range(3)]
+    from evolver.judge.taskpack import load_pack
+
+    return load_pack(_write(tmp_path / "pack.jsonl", lines))
+
+
+def test_a_pack_splits_by_seed_into_disjoint_sets_in_proportion_to_each_family(tmp_path):
+    tasks = _synthetic_pack(tmp_path)
+    sizes = {"held": 8, "train": 12, "promotion": 4}
+
+    def ids(split):
+        return {name: [t.id for t in getattr(split, name)] for name in sizes}
+
+    one = curve.split_pack(tasks, 0, sizes["held"], sizes["train"], sizes["promotion"])
+    assert ids(one) == ids(curve.split_pack(tasks, 0, 8, 12, 4))  # the same seed, the same split
+    assert ids(one) != ids(curve.split_pack(tasks, 1, 8, 12, 4))  # another seed, another
+    every = [i for name in sizes for i in ids(one)[name]]
+    assert len(every) == len(set(every)) == sum(sizes.values())  # disjoint, and of the sizes asked
+    # The pack's own split is ignored: the curve makes its own.
+    assert {t.split for t in one.held} == {t.split for t in one.promotion} == {"test"}
+    assert {t.split for t in one.train} == {"train"}
+    families = {t.id: t.family or curve.NO_FAMILY for t in tasks}
+    assert {families[i] for i in every} <= set(families.values()) and one.families == {i: families[i] for i in every}
+    size = {f: list(families.values()).count(f) for f in set(families.values())}
+    for seed in range(5):  # each family gives each set the floor or the ceiling of its share
+        split = curve.split_pack(tasks, seed, sizes["held"], sizes["train"], sizes["promotion"])
+        for name, total in sizes.items():
+            for family, n in size.items():
+                share = total * n / len(tasks)
+                got = sum(families[i] == family for i in ids(split)[name])
+                assert abs(got - share) < 1, (seed, name, family, got, share)
+    assert one.across == [] and one.held_out_families == [] and one.worded_as_promotion == []
+
+
+def test_a_held_out_family_is_never_learned_from_and_is_measured_across(tmp_path):
+    tasks = _synthetic_pack(tmp_path)
+    held_out = set()
+    for seed in range(6):
+        split = curve.split_pack(tasks, seed, 8, 12, 4, held_out_families=1)
+        (unseen,) = split.held_out_families
+        held_out.add(unseen)
+        assert not [t for t in [*split.train, *split.promotion] if split.families[t.id] == unseen]
+        measured_unseen = [t.id for t in split.held if split.families[t.id] == unseen]
+        assert split.across == measured_unseen and measured_unseen  # all of it measured across, none within
+        assert [t.id for t in split.held][-len(split.across) :] == split.across  # after the within-family ones
+        within = [t for t in split.held if t.id not in split.across]
+        assert len(within) == 8
+        seen = {t.family or curve.NO_FAMILY for t in tasks} - {unseen}
+        size = sum(1 for t in tasks if (t.family or curve.NO_FAMILY) == unseen)
+        assert len(split.across) == min(size, -(-8 // len(seen)))  # as many as a seen family's, rounded up
+    assert len(held_out) > 1  # the seed chooses which
+
+
+def test_a_pack_too_small_for_the_split_is_refused_with_a_reason(tmp_path):
+    tasks = _synthetic_pack(tmp_path)
+    too_small = r"too small: --held-out 30 \+ --train 10 \+ --promotion 5 is more than the 44 instances"
+    with pytest.raises(SystemExit, match=too_small):
+        curve.split_pack(tasks, 0, 30, 10, 5)
+    with pytest.raises(SystemExit, match="has 6 families, and at least one must be left to learn from"):
+        curve.split_pack(tasks, 0, 2, 2, 1, held_out_families=6)
+    with pytest.raises(SystemExit, match=r"more than the \d+ instances of its 5 families"):
+        curve.split_pack(tasks, 0, 30, 14, 0, held_out_families=1)  # 44: all, and a family is held out
+
+
+def test_no_training_task_is_worded_as_a_promotion_task(tmp_path):
+    """The daemon holds out every task worded as a promotion task (``evolver.tree.split``): a family whose
+    instances share their words (a count from another log) gives the promotion tasks none, and one with two
+    wordings gives them instances of one wording only."""
+    lines = [
+        _answer_task(f"log-{n}", "How many errors are in app.log?", n, "log", files={"app.log": "E\n" * n})
+        for n in range(8)
+    ]
+    lines += [
+        _answer_task(f"two-{n}", f"Count the {'cats' if n % 2 else 'dogs'} in a.txt.", n, "two") for n in range(8)
+    ]
+    lines += [_answer_task(f"sum-{n}", f"What is {n} + {n}?", 2 * n, "sum") for n in range(8)]
+    from evolver.judge.taskpack import load_pack
+
+    tasks = load_pack(_write(tmp_path / "words.jsonl", lines))
+    for seed in range(5):
+        split = curve.split_pack(tasks, seed, 3, 9, 4)
+        promoted = {t.prompt for t in split.promotion}
+        assert len(split.promotion) == 4 and not [t for t in split.train if t.prompt in promoted]
+        assert "log" not in {split.families[t.id] for t in split.promotion} and split.worded_as_promotion == []
+
+
+def test_the_model_alone_on_a_pack_task_is_its_words_and_files_its_reply_the_answer_its_code_delivered(tmp_path):
+    from evolver.judge.taskpack import parse_pack
+
+    data, code = parse_pack(
+        json.dumps(_answer_task("d", "How many lines in a.txt?", 2, None, files={"a.txt": "x\ny\n"}))
+        + "\n"
+        + json.dumps(
+            {
+                "id": "c",
+                "prompt": "I need a function twice(x) in twice.py that returns 2 * x.",
+                "check": {"type": "python", "code": "def check(answer, workspace):\n    return True\n"},
+            }
+        )
+    )
+    assert curve.direct_message(data, {}) == "How many lines in a.txt?\n\na.txt:\n```\nx\ny\n\n```"
+    assert curve.direct_message(data, {}) == curve.alone_prompt(data)
+    workspace = tmp_path / "w"
+    workspace.mkdir()
+    assert curve.direct_work(workspace, data, "  2\n", {}) == "2"
+    assert (workspace / "a.txt").read_text() == "x\ny\n"
+    reply = "Here:\n```python\ndef twice(x):\n    return 2 * x\n```"
+    assert curve.direct_work(workspace, code, reply, {}) == reply.strip()
+    assert (workspace / "twice.py").read_text() == "def twice(x):\n    return 2 * x\n"  # what its words ask for
+
+
+def test_the_merge_recomputes_within_across_and_by_family_over_the_parts(tmp_path):
+    families = {"a": "f", "b": "f", "c": "g", "d": "h"}  # h is held out: d is measured across
+    one = _part([1, 2], {"a": True, "b": False}, {"a": True, "b": True})
+    two = _part([2, 2], {"c": True, "d": False}, {"c": False, "d": True})
+    for part, ids in ((one, ("a", "b")), (two, ("c", "d"))):
+        part["settings"] |= {"pack": "p.jsonl", "held_out_families": 1}
+        part["tasks"] |= {"families": {i: families[i] for i in ids}, "across": [i for i in ids if i == "d"]}
+    learned = [{**row, "generation": 1} for row in (one["generations"][0], two["generations"][0])]
+    learned[0]["per_task"], learned[1]["per_task"] = {"a": True, "b": False}, {"c": True, "d": True}
+    one["generations"].append(learned[0])
+    two["generations"].append(learned[1])
+    merged = curve.merge([one, two])
+    assert merged["tasks"]["across"] == ["d"] and merged["tasks"]["families"] == families
+    direct = merged["direct"]
+    assert (direct["within"]["successes"], direct["within"]["total"]) == (2, 3)
+    assert (direct["across"]["successes"], direct["across"]["total"]) == (0, 1)
+    assert direct["by_family"] == {
+        "f": {"successes": 1, "total": 2, "rate": 0.5},
+        "g": {"successes": 1, "total": 1, "rate": 1.0},
+        "h": {"successes": 0, "total": 1, "rate": 0.0},
+    }
+    seed, after = merged["generations"]
+    assert seed["within"]["successes"] == 2 and seed["across"]["successes"] == 1
+    assert seed["within"]["paired_vs_direct"]["worsened"] == 1 and seed["across"]["paired_vs_direct"]["improved"] == 1
+    assert seed["within"]["per_task_mean"]["turns"] == 2 and seed["across"]["per_task_mean"]["tokens"] == 10
+    # Generation 1 against the seed: b worsened in f (True -> False), c improved in g (False -> True).
+    assert after["by_family"]["f"]["paired_vs_seed"] == {"improved": 0, "worsened": 1}
+    assert after["by_family"]["g"]["paired_vs_seed"] == {"improved": 1, "worsened": 0}
+    assert after["within"]["paired_vs_seed"]["difference"] == 0.0 and after["across"]["rate"] == 1.0
+    # The same figures as the run computes from one part's tasks: one function makes both.
+    assert (
+        after["by_family"]
+        == curve.breakdown(
+            after["per_task"],
+            families,
+            ["d"],
+            {"paired_vs_seed": seed["per_task"], "paired_vs_direct": direct["per_task"]},
+        )["by_family"]
+    )
+    other = json.loads(json.dumps(two))
+    other["settings"]["held_out_families"] = 2
+    with pytest.raises(SystemExit, match="held_out_families"):
+        curve.merge([one, other])
+
+
+def _families_pack(path):
+    """A small pack of four families of six instances and two tasks of no family: sums and words reversed
+    (answers), counts from a log whose words every instance shares, and functions in a file (a Python check)."""
+    lines = []
+    for n in range(6):
+        lines.append(
+            _answer_task(f"add-{n}", f"Add {10 + 7 * n} and {3 + 5 * n}. Reply with the sum.", 13 + 12 * n, "add")
+        )
+        word = ("apple", "river", "stone", "cloud", "maple", "tiger")[n]
+        lines.append(_answer_task(f"reverse-{n}", f"Spell the word {word} backwards.", word[::-1], "reverse"))
+        log = "".join(f"{'ERROR' if k < n + 2 else 'INFO'} line {k}\n" for k in range(n + 5))
+        lines.append(
+            _answer_task(f"errors-{n}", "How many lines of app.log say ERROR?", n + 2, "errors", files={"app.log": log})
+        )
+        code = f"def check(answer, workspace):\n    return solution('times').times(3) == {3 * (n + 2)}\n"
+        lines.append(
+            {
+                "id": f"times-{n}",
+                "family": "times",
+                "prompt": f"I need a function times(x) in times.py that returns x times {n + 2}.",
+                "check": {"type": "python", "code": code},
+            }
+        )
+    lines += [_answer_task(f"loose-{n}", f"What is {n + 4} times {n + 6}?", (n + 4) * (n + 6), None) for n in range(2)]
+    return _write(path, lines)
+
+
+def test_quick_on_a_pack_with_a_held_out_family_never_lets_a_measured_task_reach_a_learner(tmp_path):
+    """--quick --pack: the model alone and the agent on a pack split by family, reported within and across
+    families and by family; and in the kept daemon's store, every attempt at a measured task is held out."""
+    from evolver.judge.taskpack import load_pack
+    from evolver.testing.daemon import remove_root
+    from memory.search import learnable_sql
+
+    pack, out = _families_pack(tmp_path / "families.jsonl"), tmp_path / "out"
+    command = [sys.executable, str(REPO / "benchmarks" / "learning_curve.py"), "--quick", "--aa", "--keep"]
+    run = subprocess.run(
+        [*command, "--pack", str(pack), "--held-out-families", "1", "--out", str(out)],
+        check=False,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    kept = re.search(r"\] kept (\S+)", run.stderr)
+    root = Path(kept[1]) if kept else None
+    try:
+        assert run.returncode == 0, run.stderr[-3000:]
+        report = json.loads(run.stdout)
+        assert report["settings"]["pack"] == str(pack) and report["settings"]["held_out_families"] == 1
+        tasks = report["tasks"]
+        held, train, promotion, across = tasks["held_out"], tasks["train"], tasks["promotion"], tasks["across"]
+        (unseen,) = tasks["held_out_families"]
+        assert len(train) == 6 and len(promotion) == 2 and 6 < len(held) == 6 + len(across)
+        assert across and {tasks["families"][i] for i in across} == {unseen}
+        assert unseen not in {tasks["families"][i] for i in held if i not in across}
+        assert unseen not in {tasks["families"][i] for i in [*train, *promotion]}
+        assert not set(held) & set(train) and not set(held) & set(promotion) and not set(train) & set(promotion)
+        assert report["direct"]["prompt"] == curve.PACK_PROMPT and set(report["direct"]["per_task"]) == set(held)
+        assert report["direct"]["total"] == len(held) == report["direct"]["model_calls"]
+
+        within = [i for i in held if i not in across]
+        for measured in [report["direct"], report["aa"], *report["generations"]]:
+            assert measured["within"]["total"] == len(within) and measured["across"]["total"] == len(across)
+            assert {f: row["total"] for f, row in measured["by_family"].items()} == {
+                f: sum(tasks["families"][i] == f for i in held) for f in set(tasks["families"][i] for i in held)
+            }
+        assert [g["generation"] for g in report["generations"]] == [0, 1]
+        for g in report["generations"]:
+            for kind in ("within", "across"):
+                part = g[kind]
+                assert part["paired_vs_seed"]["tasks"] == part["paired_vs_direct"]["tasks"] == part["total"]
+                assert set(part["per_task_mean"]) == {"turns", "tokens", "wall_s", "asked"}
+            assert all(set(row) >= {"paired_vs_seed", "paired_vs_direct"} for row in g["by_family"].values())
+        assert report["aa"]["across"]["paired_again_minus_first"]["tasks"] == len(across)
+        # The scripted model solved some and failed some: both kinds of ending were judged.
+        assert 0 < report["generations"][0]["held_out"]["successes"] < len(held)
+
+        # The measured tasks are in no pack of the daemon's, and were never trained on.
+        assert root is not None and root.is_dir()
+        daemon_pack = {t.id for t in load_pack(root / "pack.jsonl")}
+        assert daemon_pack == set(train) | set(promotion) and not daemon_pack & set(held)
+        assert all(t.family is None for t in load_pack(root / "pack.jsonl"))  # no family name reaches the daemon
+        # Held-out instances never reach a learner: every attempt at a measured task is held out ("test"), and the
+        # store's one rule of what a learner may see leaves every one of them out.
+        with sqlite3.connect(f"file:{root / 'data' / 'evolver.db'}?mode=ro", uri=True) as db:
+            rows = db.execute(
+                "SELECT t.id, json_extract(k.metadata, '$.pack_task'), json_extract(k.metadata, '$.split') "
+                "FROM trajectories t JOIN tasks k ON k.id = t.task_id"
+            ).fetchall()
+            measured_rows = [r for r in rows if r[1] in held]
+            assert {r[1] for r in measured_rows} == set(held)  # each measured, in each measurement
+            assert {r[2] for r in measured_rows} == {"test"}
+            ids = [r[0] for r in measured_rows]
+            learnable = db.execute(
+                f"SELECT count(*) FROM trajectories t WHERE t.id IN ({','.join('?' * len(ids))}) "
+                f"AND {learnable_sql('t')}",
+                ids,
+            ).fetchone()[0]
+            assert learnable == 0
+            # ... while the training tasks' attempts are learnable: the rule is not simply shutting everything out.
+            trained = [r[0] for r in rows if r[1] in train]
+            assert trained and db.execute(
+                f"SELECT count(*) FROM trajectories t WHERE t.id IN ({','.join('?' * len(trained))}) "
+                f"AND {learnable_sql('t')}",
+                trained,
+            ).fetchone()[0] == len(trained)
+    finally:
+        if root is not None:
+            remove_root(root)
+
+
+def test_a_baseline_on_a_pack_is_taken_only_from_a_run_of_the_same_pack_and_held_out_families(tmp_path):
+    """--pack and --held-out-families are part of what a --baseline must share; a report from before they
+    existed ran on HumanEval with no family held out, and still serves a HumanEval run."""
+    pack = _families_pack(tmp_path / "families.jsonl")
+    args = curve.parse(["--pack", str(pack), "--held-out", "6", "--train", "6", "--promotion", "2"])
+    assert args.basic == 0 and args.held_out_families == 0
+    held, trained, promote, problems, split = curve.tasks_of(args)
+    assert problems == {} and split.held_out_families == []
+    earlier = {
+        "settings": {name: json.loads(json.dumps(getattr(args, name))) for name in curve.BASELINE_SAME},
+        "tasks": {
+            "held_out": [t.id for t in held],
+            "train": [t.id for t in trained],
+            "promotion": [t.id for t in promote],
+        },
+        "seed_scaffold": curve.seed_identity(None, None),
+        "direct": {"per_task": dict.fromkeys((t.id for t in held), True)},
+        "generations": [{"generation": 0, "per_task": dict.fromkeys((t.id for t in held), False)}],
+    }
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    assert curve.baseline_of(path, args, held, trained, promote)["direct"] == earlier["direct"]
+    other = curve.parse(["--pack", str(pack), "--held-out", "6", "--train", "6", "--promotion", "2"])
+    other.held_out_families = 1
+    with pytest.raises(RuntimeError, match="its held_out_families differ"):
+        curve.baseline_of(path, other, held, trained, promote)
+    other = curve.parse(["--held-out", "6", "--train", "6", "--promotion", "2", "--basic", "0"])
+    with pytest.raises(RuntimeError, match="its pack"):
+        curve.baseline_of(path, other, held, trained, promote)
+    # A report from before --pack: the settings it lacks are those of a HumanEval run.
+    old = earlier | {
+        "settings": {k: v for k, v in earlier["settings"].items() if k not in ("pack", "held_out_families")}
+    }
+    held, trained, promote, _ = curve.split_tasks(0, 6, 6, 0, 2)
+    old["tasks"] = {
+        "held_out": [t.id for t in held],
+        "train": [t.id for t in trained],
+        "promotion": [t.id for t in promote],
+    }
+    path.write_text(json.dumps(old))
+    assert curve.baseline_of(path, other, held, trained, promote)["generation_0"]["reused_from"] == str(path)
+
+
+def test_the_pack_flags_are_refused_where_they_mean_nothing():
+    with pytest.raises(SystemExit):  # HumanEval has no families
+        curve.parse(["--held-out-families", "1"])
+    with pytest.raises(SystemExit):  # --basic adds HumanEval's companions
+        curve.parse(["--pack", "families", "--basic", "3"])
+    quick = curve.parse(["--quick", "--pack", "families"])
+    assert (quick.held_out, quick.train, quick.basic, quick.promotion, quick.generations) == (6, 6, 0, 2, 1)
+    assert curve.parse(["--quick"]).basic == 3  # HumanEval's quick run as before
