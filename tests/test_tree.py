@@ -731,6 +731,25 @@ def test_nothing_is_learned_from_the_held_out_split(engine):
     assert len(e.store.attempts.finished_until(mark, limit=100)) == 1
 
 
+def test_the_door_knows_a_held_out_task_by_its_words_and_files_not_by_its_words_alone():
+    """A pack's held-out task is held out however it comes in; the same words with other files (this week's
+    log after last week's) are another instance of the work, which may be learned from."""
+    from evolver.tree.split import Admission, task_identity
+
+    log = {"app.log": "ERROR payments: timeout\nINFO auth: ok\n"}
+    door = Admission(held_out=frozenset({task_identity("How many ERROR lines are in app.log?", log)}))
+    ask = "How many ERROR lines are in app.log? "  # as sent, with a stray space
+
+    def split(files):
+        item = door.admit("api", ask, check={"type": "answer", "expected": "1"}, metadata={"files": files})
+        return item["metadata"]["split"]
+
+    assert split(log) == "test"
+    assert split({"app.log": "ERROR auth: denied\n"}) == "train"
+    assert split({}) == "train" and split(None) == "train"
+    assert door.admit("bench", ask, metadata={"files": dict(log), "split": "train"})["metadata"]["split"] == "test"
+
+
 def test_a_held_out_task_solved_once_never_reaches_a_prompt(engine):
     """One rule decides what a learner may see: a solved held-out evaluation is not retrieved as an
     example for the same task or another one, nor contrasted by distillation, nor sampled for the proposer."""
