@@ -41,10 +41,9 @@ each with its rate, its paired differences and its per-task means, and ``by_fami
 and how many of its tasks improved and worsened. The report's ``tasks`` name each task's family
 (``families``), the measured tasks of the held-out families (``across``) and those families
 (``held_out_families``). A family's name reaches no learner: it is left out of the daemon's pack, and no task's
-metadata carries it. The daemon holds out every task worded as one of its pack's held-out tasks, so a training
-task worded as a promotion task would never be learned from: a family's promotion tasks are instances worded
-as none of its training tasks (a family whose instances all share their words gives no promotion task), and
-``worded_as_promotion`` names any training task for which that could not be kept.
+metadata carries it. Instances of a family may share their words and differ in their files: the daemon knows a
+held-out task by its words and its files (``evolver.tree.split.task_identity``), so a training instance worded as
+a promotion instance is still learned from.
 
 Measured on the same held-out tasks, in one run:
 
@@ -129,7 +128,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -303,7 +302,6 @@ class PackSplit:
     families: dict[str, str]
     across: list[str]
     held_out_families: list[str]
-    worded_as_promotion: list[str] = field(default_factory=list)
 
 
 def _apportion(total: int, sizes: dict[str, int], room: dict[str, int], order: list[str], what: str) -> dict[str, int]:
@@ -330,25 +328,6 @@ def _interleave(groups: dict[str, list]) -> list:
     return out
 
 
-def _by_words(tasks) -> list[list]:
-    """``tasks`` grouped by their words, the smallest group first (ties in the order the tasks come)."""
-    groups: dict[str, list] = {}
-    for task in tasks:
-        groups.setdefault(task.prompt.strip(), []).append(task)
-    return sorted(groups.values(), key=len)  # stable
-
-
-def _clean_room(rest: list, train: int) -> int:
-    """How many of ``rest`` can be promotion tasks worded as none of ``train`` others of them (whole groups of
-    alike-worded instances, the smallest first)."""
-    room = 0
-    for group in _by_words(rest):
-        if room + len(group) > len(rest) - train:
-            break
-        room += len(group)
-    return room
-
-
 def split_pack(tasks, seed: int, held_out: int, train: int, promotion: int, held_out_families: int = 0) -> PackSplit:
     """A pack's tasks split by ``seed`` into measured, training and promotion tasks, stratified by family: each
     family's instances are shuffled and dealt out, each family contributing to each set in proportion to its
@@ -356,13 +335,7 @@ def split_pack(tasks, seed: int, held_out: int, train: int, promotion: int, held
     the ceiling of its share). ``held_out_families`` whole families, chosen by the seed, are neither trained on
     nor used for promotion: their instances are measured as tasks of families never seen (``across``), as many
     of each as the measured tasks of a seen family (rounded up). The pack's own ``split`` is ignored: the curve
-    makes its own (measured and promotion tasks "test", training tasks "train").
-
-    The daemon holds out every task worded as one of its pack's held-out tasks (``evolver.tree.split``), so a
-    training task worded as a promotion task would never be learned from: a family's promotion tasks are
-    instances whose words none of its training tasks has (where a family has one wording for all its
-    instances, the other families take its share of the promotion tasks; ``worded_as_promotion`` names the
-    training tasks that are held out where no family could)."""
+    makes its own (measured and promotion tasks "test", training tasks "train")."""
     groups: dict[str, list] = {}
     for task in tasks:
         groups.setdefault(family_of(task), []).append(task)
@@ -390,27 +363,14 @@ def split_pack(tasks, seed: int, held_out: int, train: int, promotion: int, held
     rest = {f: groups[f][counts[f] :] for f in seen}
     rooms = {f: len(rest[f]) for f in seen}
     counts = _apportion(train, sizes, rooms, order, "--train")
+    trained = {f: rest[f][: counts[f]] for f in seen}
     room = {f: rooms[f] - counts[f] for f in seen}
-    clean = {f: _clean_room(rest[f], counts[f]) for f in seen}
-    if sum(clean.values()) >= promotion:
-        promotions = _apportion(promotion, sizes, clean, order, "--promotion")
-    else:  # all the clean room, and the rest where promotion tasks must share a training task's words
-        more = _apportion(promotion - sum(clean.values()), sizes, {f: room[f] - clean[f] for f in seen}, order, "x")
-        promotions = {f: clean[f] + more[f] for f in seen}
-    trained, promote = {}, {}
-    for f in seen:
-        worded: list = []  # whole groups of alike-worded instances, the smallest first, until there are enough
-        for group in _by_words(rest[f]):
-            if len(worded) >= promotions[f]:
-                break
-            worded += group
-        promote[f], taken = worded[: promotions[f]], {t.id for t in worded}
-        trained[f] = ([t for t in rest[f] if t.id not in taken] + worded[promotions[f] :])[: counts[f]]
+    promotions = _apportion(promotion, sizes, room, order, "--promotion")
+    promote = {f: rest[f][counts[f] : counts[f] + promotions[f]] for f in seen}
     per_family = math.ceil(held_out / len(seen))
     across = {f: groups[f][:per_family] for f in unseen}
     measured = _interleave(within) + _interleave(across)
     train_tasks, promotion_tasks = _interleave(trained), _interleave(promote)
-    promotion_words = {t.prompt.strip() for t in promotion_tasks}
     return PackSplit(
         held=[replace(t, split="test") for t in measured],
         train=[replace(t, split="train") for t in train_tasks],
@@ -418,7 +378,6 @@ def split_pack(tasks, seed: int, held_out: int, train: int, promotion: int, held
         families={t.id: family_of(t) for t in [*measured, *train_tasks, *promotion_tasks]},
         across=[t.id for t in _interleave(across)],
         held_out_families=unseen,
-        worded_as_promotion=[t.id for t in train_tasks if t.prompt.strip() in promotion_words],
     )
 
 
@@ -538,17 +497,17 @@ def scripted_answers(tasks) -> dict[str, str]:
 def pack_rules(held, trained) -> tuple[list[dict], list[dict]]:
     """The scripted model's rules on a pack, for any pack: the model alone (asked the task's words and files,
     ``alone_prompt``) replies with the expected answer of a task it solves and ``WRONG`` to the others; the agent,
-    whose first user message is the scaffold's "Task:" and the task's words, calls finish with the same answer
+    whose first user message is the scaffold's "Task:" and the same text, calls finish with the same answer
     (a file or code task is finished wrongly: it writes nothing)."""
     tasks = [*held, *trained]
     answers = scripted_answers(tasks)
     direct, agent = [], []
-    for task in sorted(tasks, key=lambda t: -len(t.prompt)):  # a prompt that starts another's matches after it
+    for task in sorted(tasks, key=lambda t: -len(alone_prompt(t))):  # a text that starts another's matches after it
         answer = _literal(answers.get(task.id, WRONG))
         direct.append({"match": rf"\A{re.escape(alone_prompt(task))}\Z", "on": "task", "reply": answer})
         agent.append(
             {
-                "match": rf"\ATask:\n{re.escape(task.prompt)}\n",
+                "match": rf"\ATask:\n{re.escape(alone_prompt(task))}\n",
                 "on": "task",
                 "role": "user",
                 "tool": "finish",
@@ -722,9 +681,11 @@ PACK_PROMPT = "the task's words, then its files (as a person pastes them into a 
 
 
 def alone_prompt(pack_task) -> str:
-    """The model alone's one message: the task's words, then its files, as a person pastes them."""
-    files = "".join(f"\n\n{path}:\n```\n{text}\n```" for path, text in sorted(pack_task.files.items()))
-    return pack_task.prompt + files
+    """The model alone's one message: the task's words, then its files, as a person pastes them (and as the
+    agent is shown the task: ``evolver.agent.given``)."""
+    from evolver.agent.given import task_text
+
+    return task_text(pack_task.prompt, pack_task.files)
 
 
 def direct_message(task, problems: dict) -> str:
@@ -1463,11 +1424,6 @@ def main(argv: list[str] | None = None) -> int:
             part, parts = args.shard
             held = held[part - 1 :: parts]
         measured_ids = {t.id for t in held}
-        if split.worded_as_promotion:
-            log(
-                f"{len(split.worded_as_promotion)} training tasks are worded as a promotion task: the daemon holds "
-                f"them out, so they are never learned from ({', '.join(split.worded_as_promotion)})"
-            )
         across = [i for i in split.across if i in measured_ids]
 
         def kinds(per_task: dict, pairs: dict, work: dict | None = None) -> dict:
@@ -1534,7 +1490,6 @@ def main(argv: list[str] | None = None) -> int:
                 "families": {t.id: split.families[t.id] for t in [*held, *trained, *promote] if t.id in split.families},
                 "across": across,
                 "held_out_families": split.held_out_families,
-                "worded_as_promotion": split.worded_as_promotion,
             },
             "seed_scaffold": seed_identity(args.max_steps, args.max_attempts),
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "

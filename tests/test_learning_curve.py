@@ -283,7 +283,7 @@ def test_a_pack_splits_by_seed_into_disjoint_sets_in_proportion_to_each_family(t
                 share = total * n / len(tasks)
                 got = sum(families[i] == family for i in ids(split)[name])
                 assert abs(got - share) < 1, (seed, name, family, got, share)
-    assert one.across == [] and one.held_out_families == [] and one.worded_as_promotion == []
+    assert one.across == [] and one.held_out_families == []
 
 
 def test_a_held_out_family_is_never_learned_from_and_is_measured_across(tmp_path):
@@ -316,26 +316,28 @@ def test_a_pack_too_small_for_the_split_is_refused_with_a_reason(tmp_path):
         curve.split_pack(tasks, 0, 30, 14, 0, held_out_families=1)  # 44: all, and a family is held out
 
 
-def test_no_training_task_is_worded_as_a_promotion_task(tmp_path):
-    """The daemon holds out every task worded as a promotion task (``evolver.tree.split``): a family whose
-    instances share their words (a count from another log) gives the promotion tasks none, and one with two
-    wordings gives them instances of one wording only."""
+def test_a_training_instance_worded_as_a_promotion_instance_is_still_learned_from(tmp_path):
+    """A family's instances may share their words and differ in their files (a count from another log). The
+    daemon holds out its pack's promotion tasks, by their words and files: the training instances of the same
+    words come in as training tasks, learnable."""
+    from evolver.judge.taskpack import load_pack
+    from evolver.tree.split import Admission, held_out_tasks
+
     lines = [
         _answer_task(f"log-{n}", "How many errors are in app.log?", n, "log", files={"app.log": "E\n" * n})
         for n in range(8)
     ]
-    lines += [
-        _answer_task(f"two-{n}", f"Count the {'cats' if n % 2 else 'dogs'} in a.txt.", n, "two") for n in range(8)
-    ]
-    lines += [_answer_task(f"sum-{n}", f"What is {n} + {n}?", 2 * n, "sum") for n in range(8)]
-    from evolver.judge.taskpack import load_pack
-
-    tasks = load_pack(_write(tmp_path / "words.jsonl", lines))
-    for seed in range(5):
-        split = curve.split_pack(tasks, seed, 3, 9, 4)
-        promoted = {t.prompt for t in split.promotion}
-        assert len(split.promotion) == 4 and not [t for t in split.train if t.prompt in promoted]
-        assert "log" not in {split.families[t.id] for t in split.promotion} and split.worded_as_promotion == []
+    split = curve.split_pack(load_pack(_write(tmp_path / "words.jsonl", lines)), 0, 2, 4, 2)
+    assert {t.prompt for t in split.train} == {t.prompt for t in split.promotion}  # one wording for all
+    pack = tmp_path / "daemon-pack.jsonl"
+    curve.write_pack(pack, [*split.train, *split.promotion])
+    door = Admission(held_out=held_out_tasks([str(pack)]))
+    for task in split.train:
+        item = door.admit("bench", task.prompt, check=task.check_data(), metadata=task.metadata())
+        assert item["metadata"]["split"] == "train", task.id
+    for task in [*split.promotion, *split.held]:
+        item = door.admit("bench", task.prompt, check=task.check_data(), metadata=task.metadata())
+        assert item["metadata"]["split"] == "test", task.id
 
 
 def test_the_model_alone_on_a_pack_task_is_its_words_and_files_its_reply_the_answer_its_code_delivered(tmp_path):
