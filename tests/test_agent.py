@@ -48,6 +48,22 @@ def scaffold_with(**parameters):
     return base.model_copy(update={"parameters": base.parameters.model_copy(update=parameters)})
 
 
+def test_the_task_is_shown_with_its_files_pasted_after_its_words(engine_for):
+    """As a person pastes a log after the question (and as the model alone is asked): the first message is the
+    task's words, then its files; the files are in the workspace too."""
+    pasted = r"\ATask:\nHow many errors are in app\.log\?\n\napp\.log:\n```\nERROR a\nINFO b\nERROR c\n```"
+    engine = engine_for(
+        {"rules": [{"match": pasted, "role": "user", "tool": "finish", "arguments": {"answer": "2"}}]}, "a-pasted"
+    )
+    task, _ = engine.store.inbox.add_task(
+        "How many errors are in app.log?",
+        check={"type": "answer", "expected": "2"},
+        metadata={"files": {"app.log": "ERROR a\nINFO b\nERROR c\n"}},
+    )
+    result = engine.agent(scaffold_with(max_attempts=1)).run_task(task)
+    assert (result.answer, result.success) == ("2", True)
+
+
 def test_a_task_is_solved_with_tools_verified_and_recorded_step_by_step(engine_for):
     engine = engine_for({"rules": ADD}, "a-add")
     task, _ = engine.store.inbox.add_task("What is 19 + 23?", check={"type": "answer", "expected": "42"})

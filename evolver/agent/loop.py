@@ -44,6 +44,7 @@ from .delivery import (
     try_examples,
 )
 from .failures import DRAFT_CALL, call_key
+from .given import task_text
 from .hooks import HookCalls, Hooks
 from .mcp_tools import ORIGIN as MCP_ORIGIN
 from .scaffold import Scaffold
@@ -435,7 +436,7 @@ class Agent:
                         form=None if deliverable else answer_form(task.prompt),
                     )
                     if code and attempt == 1 and deliverable is not None:  # a retry would draft the same again
-                        turn.draft = draft_prompt(self.scaffold, stub, prompt_context, task.prompt)
+                        turn.draft = draft_prompt(self.scaffold, stub, prompt_context, shown_task(task))
                     answer, ended = self._attempt(
                         trajectory.id, task, messages, schemas, tools, cancel, on_step, purpose, turn
                     )
@@ -580,7 +581,7 @@ class Agent:
     ) -> list[dict]:
         prompts = self.scaffold.prompts
         examples, insights = prompt_context
-        user = prompts.task.format(task=task.prompt, examples=examples, insights=insights)
+        user = prompts.task.format(task=shown_task(task), examples=examples, insights=insights)
         if code and deliverable is not None:
             names = ", ".join(f"`{f}`" for f in deliverable.functions)
             user += (
@@ -589,7 +590,7 @@ class Agent:
                 f"session's definition is then saved to {deliverable.file} for you."
             )
         if reflection is not None:
-            user += "\n\n" + prompts.retry.format(task=task.prompt, reflection=reflection)
+            user += "\n\n" + prompts.retry.format(task=shown_task(task), reflection=reflection)
         if note:
             user += "\n\n" + note
         system = prompts.system
@@ -611,9 +612,9 @@ class Agent:
 
     def _hand_in(self, trajectory_id: str, turn: _Turn, on_step) -> None:
         """Deliver what a code task asked for if the attempt defined it but did not write the file, and keep
-        the attempt's work as a step for worked examples: the delivered module, or the code the session ran
-        without an error (``worked_code``)."""
-        work = worked_code(turn.ran or turn.blocks[-1:])
+        the attempt's work as a step for worked examples: the delivered module, or in code what the session ran
+        without an error (``worked_code``; in tool calls the steps already show the code)."""
+        work = worked_code(turn.ran or turn.blocks[-1:]) if turn.code else None
         if turn.deliverable is not None and turn.workspace is not None:
             source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
             if source is not None and not own:
@@ -669,7 +670,7 @@ class Agent:
         params = self.scaffold.parameters
         record = self._recorder(trajectory_id, on_step)
         if params.plan_first and self.scaffold.prompts.plan:
-            messages.append({"role": "user", "content": self.scaffold.prompts.plan.format(task=task.prompt)})
+            messages.append({"role": "user", "content": self.scaffold.prompts.plan.format(task=shown_task(task))})
             reply = self._ask(messages, None, task, purpose)
             record("plan", reply.content, reply=reply)
             messages.append({"role": "assistant", "content": reply.content})
@@ -1159,7 +1160,7 @@ class Agent:
     def _reflect(
         self, trajectory_id: str, task: Task, messages: list[dict], verdict: Verdict, on_step, purpose: str
     ) -> str:
-        prompt = self.scaffold.prompts.reflection.format(task=task.prompt, verdict=verdict.for_learner)
+        prompt = self.scaffold.prompts.reflection.format(task=shown_task(task), verdict=verdict.for_learner)
         reply = self._ask(
             messages + [{"role": "user", "content": prompt}], None, task, purpose, max_tokens=self.reflection_tokens
         )
@@ -1181,6 +1182,11 @@ def _own_words(answer: str, said: list[str]) -> bool:
         if len(words) >= 40 and any(words[i : i + 40] in text for i in range(0, len(words) - 39, 10)):
             return True
     return False
+
+
+def shown_task(task: Task) -> str:
+    """The task as the model is shown it: its words, then the files it came with, pasted (``given``)."""
+    return task_text(task.prompt, task.metadata.get("files"))
 
 
 def task_deliverable(task: Task) -> Deliverable | None:
