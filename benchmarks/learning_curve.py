@@ -3,8 +3,8 @@
     python benchmarks/learning_curve.py [--quick | --full] [--model NAME | --local 0.5b|1.5b] [--api-base URL]
         [--meta 0.5b|1.5b] [--aa] [--seed 0] [--pack NAME_OR_PATH [--held-out-families K]]
         [--held-out N] [--train N] [--basic N] [--promotion N] [--generations G] [--evaluations K]
-        [--evolve-rounds R] [--slots S] [--workers W] [--max-steps N] [--max-attempts N] [--shard K/N]
-        [--baseline JSON | --direct-from JSON] [--out DIR] [--keep]
+        [--evolve-rounds R] [--learners examples,insights,tools,tree] [--slots S] [--workers W]
+        [--max-steps N] [--max-attempts N] [--shard K/N] [--baseline JSON | --direct-from JSON] [--out DIR] [--keep]
     python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
@@ -64,6 +64,12 @@ Measured on the same held-out tasks, in one run:
   rounds (each followed, once the search's tasks have run, by a record round) until ``--evaluations``
   evaluations were recorded in this generation or ``--evolve-rounds`` rounds were run; the tree
   promotes by itself when a node's held-out bound beats the incumbent's.
+
+``--learners`` names what a generation learns by, so a run can show which learner carried a gain: ``examples``
+(the training tasks' verified attempts, shown to a task of the same kind as worked examples), ``insights``
+(the distill rounds), ``tools`` (the synthesize round) and ``tree`` (the evolve and record rounds); all four by
+default. The training tasks are solved in every generation (every learner reads them); without ``examples``
+the seed retrieves no worked example (``similar_trajectories`` 0), and so neither does anything it learns.
 
 ``--max-steps`` and ``--max-attempts`` shorten the seed scaffold (the bundled one, with those two
 parameters changed, as ``[advanced.agent] seed_scaffold``): the seed's own limits (20 steps, 2 attempts) let
@@ -520,12 +526,27 @@ def pack_rules(held, trained) -> tuple[list[dict], list[dict]]:
     return direct, agent
 
 
-def seed_scaffold(max_steps: int | None, max_attempts: int | None) -> dict:
-    """The bundled seed scaffold with its step and attempt limits changed as asked."""
+LEARNERS = ("examples", "insights", "tools", "tree")
+"""What a generation may learn by (``--learners``): worked examples (its training tasks' verified attempts,
+retrieved for a task of the same kind), insights (distill rounds), synthesized tools (a synthesize round) and
+the tree's search (evolve and record rounds)."""
+
+
+def seed_changes(args) -> dict:
+    """The seed's parameters this run changes: its step and attempt limits where given, and no worked examples
+    (``similar_trajectories`` 0) when ``--learners`` leaves them out, for the seed and so for all it learns."""
+    changes = {k: v for k in ("max_steps", "max_attempts") if (v := getattr(args, k, None)) is not None}
+    if "examples" not in getattr(args, "learners", LEARNERS):
+        changes["similar_trajectories"] = 0
+    return changes
+
+
+def seed_scaffold(changes: dict) -> dict:
+    """The bundled seed scaffold with the parameters ``changes`` names changed."""
     from evolver.agent.scaffold import default_scaffold
 
     data = json.loads(default_scaffold().model_dump_json())
-    data["parameters"] |= {k: v for k, v in (("max_steps", max_steps), ("max_attempts", max_attempts)) if v is not None}
+    data["parameters"] |= changes
     return data
 
 
@@ -534,19 +555,19 @@ def seed_scaffold(max_steps: int | None, max_attempts: int | None) -> dict:
 DRAFT_DRAWS = "seeded by the draft prompt and its number"
 
 
-def seed_identity(max_steps: int | None, max_attempts: int | None) -> dict:
+def seed_identity(changes: dict) -> dict:
     """What the report records of the seed it measured: its parameters, and a digest of the whole scaffold
     (prompts included), so a ``--baseline`` from a run of another seed is refused."""
-    data = seed_scaffold(max_steps, max_attempts)
+    data = seed_scaffold(changes)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()
     return {"sha256": digest, "parameters": data["parameters"], "drafts": DRAFT_DRAWS}
 
 
-def short_seed(path: Path, max_steps: int | None, max_attempts: int | None) -> Path:
-    """The seed scaffold with its step and attempt limits changed, written and checked as the daemon loads it."""
+def short_seed(path: Path, changes: dict) -> Path:
+    """The seed scaffold with ``changes`` made, written and checked as the daemon loads it."""
     from evolver.agent.scaffold import load_scaffold
 
-    path.write_text(json.dumps(seed_scaffold(max_steps, max_attempts), indent=2), encoding="utf-8")
+    path.write_text(json.dumps(seed_scaffold(changes), indent=2), encoding="utf-8")
     load_scaffold(path)
     return path
 
@@ -938,16 +959,17 @@ def distill_all(http) -> list[dict]:
 
 
 def learn(http, trained, args) -> dict:
-    """One generation of learning: the training tasks, distill rounds until every trajectory was read, a
-    synthesize round, then tree steps."""
-    out: dict = {}
+    """One generation of learning by the ``--learners`` asked: the training tasks (whose verified attempts are
+    the worked examples, and what every other learner reads), distill rounds until every trajectory was read
+    (insights), a synthesize round (tools), then tree steps (tree)."""
+    out: dict = {"learners": list(args.learners)}
     run = run_tasks(http, trained, args.phase_timeout_s)
     out["training"] = {**rate(run["per_task"]), "failures": run["failures"]}
-    out["distill"] = distill_all(http)
-    out["synthesize"] = rounds_of(http, "synthesize")
+    out["distill"] = distill_all(http) if "insights" in args.learners else []
+    out["synthesize"] = rounds_of(http, "synthesize") if "tools" in args.learners else []
     before, steps = recorded(http), []
     rounds = 0
-    while rounds < args.evolve_rounds and recorded(http) - before < args.evaluations:
+    while "tree" in args.learners and rounds < args.evolve_rounds and recorded(http) - before < args.evaluations:
         rounds += 1
         steps += rounds_of(http, "evolve")
         if not wait_idle(http, args.phase_timeout_s):
@@ -1048,6 +1070,14 @@ def _shard(text: str) -> tuple[int, int]:
     return part, parts
 
 
+def _learners(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in LEARNERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: learners are {', '.join(LEARNERS)}, comma-separated")
+    return tuple(n for n in LEARNERS if n in names)
+
+
 def parse(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
@@ -1127,6 +1157,14 @@ def parse(argv: list[str] | None):
     parser.add_argument("--max-steps", type=int, default=None, help="the seed scaffold's step limit (default: its own)")
     parser.add_argument(
         "--max-attempts", type=int, default=None, help="the seed scaffold's attempts per task (default: its own)"
+    )
+    parser.add_argument(
+        "--learners",
+        type=_learners,
+        default=LEARNERS,
+        metavar="L,L",
+        help=f"what a generation learns by, of {','.join(LEARNERS)} (default: all); without examples the seed "
+        "retrieves none (similar_trajectories 0)",
     )
     parser.add_argument(
         "--phase-timeout-s",
@@ -1219,6 +1257,7 @@ def merge(reports: list[dict]) -> dict:
         "model",
         "pack",
         "held_out_families",
+        "learners",
     )
 
     def setting(report: dict, key: str):
@@ -1366,7 +1405,7 @@ def baseline_of(path: Path, args, held, trained, promote) -> dict:
         raise RuntimeError(f"--baseline {path}: not a learning-curve report with a generation 0 ({exc})") from None
     differ = _settings_differ(settings, args, BASELINE_SAME)
     # The settings name the limits, not the seed itself: a seed changed since (drafts, a prompt) is another agent.
-    recorded, seed_now = earlier.get("seed_scaffold", {}), seed_identity(args.max_steps, args.max_attempts)
+    recorded, seed_now = earlier.get("seed_scaffold", {}), seed_identity(seed_changes(args))
     if recorded.get("sha256") != seed_now["sha256"]:
         differ.append("seed scaffold" if recorded else "seed scaffold (not recorded)")
     elif recorded.get("drafts") != seed_now["drafts"]:
@@ -1441,10 +1480,8 @@ def main(argv: list[str] | None = None) -> int:
             "EVOLVER_BUDGET_USD_PER_DAY": "0",
             "TORCHINDUCTOR_CACHE_DIR": str(root / "torchinductor"),
         }
-        if args.max_steps is not None or args.max_attempts is not None:
-            settings["EVOLVER_AGENT_SEED_SCAFFOLD"] = str(
-                short_seed(root / "seed.json", args.max_steps, args.max_attempts)
-            )
+        if seed_changes(args):
+            settings["EVOLVER_AGENT_SEED_SCAFFOLD"] = str(short_seed(root / "seed.json", seed_changes(args)))
         if args.model == "scripted":
             model = scripted_model(root, [*held, *promote], trained, problems)
         elif args.model == "local":
@@ -1491,7 +1528,7 @@ def main(argv: list[str] | None = None) -> int:
                 "across": across,
                 "held_out_families": split.held_out_families,
             },
-            "seed_scaffold": seed_identity(args.max_steps, args.max_attempts),
+            "seed_scaffold": seed_identity(seed_changes(args)),
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
             "tasks are in no pack of the daemon's and decide nothing",
         }

@@ -38,7 +38,7 @@ def test_quick_runs_the_whole_path_and_leaves_its_json_and_plot(tmp_path):
     assert json.loads((out / "learning_curve.json").read_text()) == report
     assert (out / "learning_curve.png").read_bytes()[:8] == PNG_MAGIC
 
-    assert report["seed_scaffold"] == curve.seed_identity(None, None)  # what a --baseline from it must match
+    assert report["seed_scaffold"] == curve.seed_identity({})  # what a --baseline from it must match
     held, train = report["tasks"]["held_out"], report["tasks"]["train"]
     assert len(held) == 3 and not set(held) & set(train)
     assert set(report["direct"]["per_task"]) == set(held)
@@ -169,7 +169,7 @@ def test_a_baseline_is_taken_only_from_a_run_of_the_same_agent_on_the_same_tasks
             "train": [t.id for t in trained],
             "promotion": [t.id for t in promote],
         },
-        "seed_scaffold": curve.seed_identity(6, None),
+        "seed_scaffold": curve.seed_identity({"max_steps": 6}),
         "direct": {"per_task": dict.fromkeys((t.id for t in held), True)},
         "generations": [{"generation": 0, "per_task": dict.fromkeys((t.id for t in held), False)}],
     }
@@ -354,7 +354,7 @@ def test_the_model_alone_on_a_pack_task_is_its_words_and_files_its_reply_the_ans
             }
         )
     )
-    assert curve.direct_message(data, {}) == "How many lines in a.txt?\n\na.txt:\n```\nx\ny\n\n```"
+    assert curve.direct_message(data, {}) == "How many lines in a.txt?\n\na.txt:\n```\nx\ny\n```"
     assert curve.direct_message(data, {}) == curve.alone_prompt(data)
     workspace = tmp_path / "w"
     workspace.mkdir()
@@ -537,7 +537,7 @@ def test_a_baseline_on_a_pack_is_taken_only_from_a_run_of_the_same_pack_and_held
             "train": [t.id for t in trained],
             "promotion": [t.id for t in promote],
         },
-        "seed_scaffold": curve.seed_identity(None, None),
+        "seed_scaffold": curve.seed_identity({}),
         "direct": {"per_task": dict.fromkeys((t.id for t in held), True)},
         "generations": [{"generation": 0, "per_task": dict.fromkeys((t.id for t in held), False)}],
     }
@@ -573,3 +573,15 @@ def test_the_pack_flags_are_refused_where_they_mean_nothing():
     quick = curve.parse(["--quick", "--pack", "families"])
     assert (quick.held_out, quick.train, quick.basic, quick.promotion, quick.generations) == (6, 6, 0, 2, 1)
     assert curve.parse(["--quick"]).basic == 3  # HumanEval's quick run as before
+
+
+def test_the_learners_asked_are_the_jobs_a_generation_runs_and_without_examples_the_seed_retrieves_none():
+    args = curve.parse(["--quick", "--learners", "tree,examples"])
+    assert args.learners == ("examples", "tree")  # in their own order
+    assert curve.seed_changes(args) == {}
+    alone = curve.parse(["--quick", "--learners", "insights", "--max-steps", "6"])
+    assert curve.seed_changes(alone) == {"max_steps": 6, "similar_trajectories": 0}
+    assert curve.seed_identity(curve.seed_changes(alone))["parameters"]["similar_trajectories"] == 0
+    assert curve.parse(["--quick"]).learners == curve.LEARNERS
+    with pytest.raises(SystemExit):
+        curve.parse(["--quick", "--learners", "examples,magic"])
