@@ -87,6 +87,11 @@ FORMS = [
     ("Which weekday is 2025-03-14? Just the weekday's English name.", "It is a friday.", "Friday"),
     ("When is the invoice due? Give the date as YYYY-MM-DD.", "Due on 2025-04-01 at noon", "2025-04-01"),
     ("How many files are in the folder?", "There are 7 files", "7"),
+    ("What's the total for West in sales.csv? Round to cents.", "The total is 5469.9", "5469.90"),
+    ("Can you count the errors the auth service logged? A number is enough.", "It logged 3 errors.", "3"),
+    ("Sales went from 100 to 150. What's the percentage change, to one decimal?", "A change of 50.0%", "50.0"),
+    ("Which word comes up most often in notes.txt? Just the word.", "The most frequent word is 'backup'.", "backup"),
+    ("What's the most frequent word in notes.txt?", "Backup.", "Backup"),
 ]
 
 
@@ -103,6 +108,9 @@ def test_an_answer_with_none_or_several_of_the_asked_form_is_refused_with_a_reas
         shaped, why = form.shape(reply)
         assert shaped is None and why and "the number only" in why
     assert answer_form("Write a haiku about autumn.") is None
+    word = answer_form("Which word comes up most often? Just the word.")
+    assert word is not None
+    assert word.shape("either 'a' or 'b'")[0] is None and word.shape("I think it is x y")[0] is None
 
 
 def test_every_bundled_function_task_in_words_is_read_right_and_its_examples_pass_its_reference(sandbox, tmp_path):

@@ -138,7 +138,7 @@ _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 
 @dataclass(frozen=True)
 class AnswerForm:
-    """The form a task asks its answer in: ``kind`` is number, cents, weekday or date."""
+    """The form a task asks its answer in: ``kind`` is number, cents, word, weekday or date."""
 
     kind: str
     words: str  # how the last-answer turn asks for it
@@ -159,6 +159,14 @@ class AnswerForm:
                 except ValueError:
                     return None, f"the task asks for {self.words}"
             return value, None
+        if self.kind == "word":
+            quoted = set(re.findall(r"[\"'`\u201c\u2018]([A-Za-z][\w-]*)[\"'`\u201d\u2019]", text))
+            bare = text.strip(" .!\"'`*")
+            if re.fullmatch(r"[A-Za-z][\w-]*", bare):
+                return bare, None
+            if len(quoted) == 1:  # 'The most frequent word is "backup".'
+                return quoted.pop(), None
+            return None, f"the task asks for {self.words}, and this answer is not one word"
         if self.kind == "weekday":
             days = {d for d in _WEEKDAYS if re.search(rf"\b{d}\b", text, re.IGNORECASE)}
             if len(days) != 1:
@@ -177,13 +185,16 @@ def answer_form(prompt: str) -> AnswerForm | None:
         return AnswerForm("weekday", "the weekday's English name only (for example Tuesday)")
     if re.search(r"yyyy-mm-dd|iso (?:8601 )?(?:format|date)", text):
         return AnswerForm("date", "the date only, as YYYY-MM-DD")
-    if re.search(r"to the (?:nearest )?cent|two decimals|2 decimal places|two decimal places", text):
+    if re.search(r"to the (?:nearest )?cent|(?:round(?:ed)? )?to cents|(?:two|2) decimal(?:s| places)", text):
         return AnswerForm("cents", "the amount only, rounded to the cent (for example 12.50)")
     if re.search(
         r"(?:number|amount|figure|value|total|count|integer) only|only the (?:number|amount|total|count)|"
         r"just the (?:number|amount|total|count)|answer with (?:a|the) (?:number|amount|integer)|"
-        r"\bhow (?:many|much)\b",
+        r"\bhow (?:many|much)\b|\bcan you count\b|\bcount the\b|a number is enough|"
+        r"\bby what percent|\bpercentage change\b|\bone decimal(?: place)?\b",
         text,
     ):
         return AnswerForm("number", "the number only")
+    if re.search(r"just the word|the word only|\bone word\b|which word|what word|most (?:frequent|common) word", text):
+        return AnswerForm("word", "the word only")
     return None
