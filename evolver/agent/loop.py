@@ -614,7 +614,7 @@ class Agent:
         """Deliver what a code task asked for if the attempt defined it but did not write the file, and keep
         the attempt's work as a step for worked examples: the delivered module, or in code what the session ran
         without an error (``worked_code``; in tool calls the steps already show the code)."""
-        work = worked_code(turn.ran or turn.blocks[-1:]) if turn.code else None
+        work = worked_code(turn.ran) if turn.code else None  # never code that raised, headed "Code that worked"
         if turn.deliverable is not None and turn.workspace is not None:
             source, own = delivered_source(turn.workspace, turn.deliverable, turn.blocks)
             if source is not None and not own:
