@@ -128,6 +128,7 @@ import os
 import platform
 import random
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -832,9 +833,11 @@ def wait_idle(http, timeout_s: float) -> bool:
     return False
 
 
-def run_tasks(http, tasks, timeout_s: float) -> dict:
+def run_tasks(http, tasks, timeout_s: float, phase: str) -> dict:
     """Submit the pack tasks as `evolver bench` does and wait for them; per task, whether it succeeded
-    (its last attempt's verdict), and how the others ended."""
+    (its last attempt's verdict), and how the others ended. Each is submitted with an Idempotency-Key of the
+    run, the ``phase`` and the task, so a resumed run (``--resume``) submitting a phase again gets the tasks
+    it submitted before, ended or still under way, rather than new ones."""
     ids = {}
     for t in tasks:
         response = http.post(
@@ -845,6 +848,7 @@ def run_tasks(http, tasks, timeout_s: float) -> dict:
                 "source": "bench",
                 "metadata": {"pack_task": t.id, **t.metadata()},
             },
+            headers={"Idempotency-Key": f"{phase}:{t.id}"[:200]},
         )
         response.raise_for_status()
         ids[response.json()["id"]] = t.id
@@ -958,12 +962,12 @@ def distill_all(http) -> list[dict]:
     return rounds
 
 
-def learn(http, trained, args) -> dict:
+def learn(http, trained, args, phase: str) -> dict:
     """One generation of learning by the ``--learners`` asked: the training tasks (whose verified attempts are
     the worked examples, and what every other learner reads), distill rounds until every trajectory was read
     (insights), a synthesize round (tools), then tree steps (tree)."""
     out: dict = {"learners": list(args.learners)}
-    run = run_tasks(http, trained, args.phase_timeout_s)
+    run = run_tasks(http, trained, args.phase_timeout_s, phase)
     out["training"] = {**rate(run["per_task"]), "failures": run["failures"]}
     out["distill"] = distill_all(http) if "insights" in args.learners else []
     out["synthesize"] = rounds_of(http, "synthesize") if "tools" in args.learners else []
@@ -980,9 +984,9 @@ def learn(http, trained, args) -> dict:
     return out
 
 
-def measure(http, db: Path, held, args) -> dict:
+def measure(http, db: Path, held, args, phase: str) -> dict:
     started_at, started = time.time(), time.perf_counter()
-    run = run_tasks(http, held, args.phase_timeout_s)
+    run = run_tasks(http, held, args.phase_timeout_s, phase)
     wait_idle(http, 60.0)
     work = work_per_task(db, run["task_ids"])
     return {
@@ -1210,6 +1214,13 @@ def parse(argv: list[str] | None):
     )
     parser.add_argument("--out", type=Path, default=None, help="where the JSON and the PNG go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the daemon's data dir (its path goes to stderr)")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="go on with the run stopped with its output in DIR, as it was started (no other option)",
+    )
     args = parser.parse_args(argv)
     if args.baseline and args.aa:
         parser.error("--aa measures generation 0 twice, and --baseline measures it not at all")
@@ -1434,8 +1445,39 @@ def direct_of(path: Path, args, held) -> dict:
     return direct | {"reused_from": str(path)}
 
 
+def resumed(argv: list[str], args) -> tuple[list[str], dict]:
+    """The argv and the report so far of the run ``--resume DIR`` goes on with, refused (SystemExit, naming why)
+    unless DIR holds an unfinished run's report, its daemon's root is still there, and nothing else is asked."""
+    if len(argv) not in (1, 2) or not any(a == "--resume" or a.startswith("--resume=") for a in argv):
+        raise SystemExit("--resume DIR goes on as the run was started: give it no other option")
+    path = args.resume / "learning_curve.json"
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        state = earlier["resume"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--resume {args.resume}: no run to go on with there ({exc})") from None
+    if earlier.get("finished"):
+        raise SystemExit(f"--resume {args.resume}: that run finished; its report is {path}")
+    if not Path(state["root"]).is_dir():
+        raise SystemExit(f"--resume {args.resume}: the run's daemon root {state['root']} is gone")
+    return state["argv"], earlier
+
+
+def save(out: Path, report: dict, generations: list) -> None:
+    """What a run stopped later still leaves, and what ``--resume`` goes on from: the report so far."""
+    partial = report | {"generations": generations, "finished": False}
+    (out / "learning_curve.json").write_text(json.dumps(partial, indent=2) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
+    earlier: dict = {}
+    if args.resume:
+        out = args.resume
+        argv, earlier = resumed(argv, args)
+        args = parse(argv)
+        args.out = out
     if args.merge:
         out = args.out or Path(tempfile.mkdtemp(prefix="learning-curve-"))
         out.mkdir(parents=True, exist_ok=True)
@@ -1447,8 +1489,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or Path(tempfile.mkdtemp(prefix="learning-curve-"))
     out.mkdir(parents=True, exist_ok=True)
-    root = make_root()
-    started = time.perf_counter()
+    root = Path(earlier["resume"]["root"]) if earlier else make_root()
+    started = time.perf_counter() - earlier.get("wall_s_before_resume", 0.0)
+    finished = False
     server = LocalServer(root, args.local, baseline_python=args.baseline_python)
     meta_server = (
         LocalServer(root, args.meta, log_name="llama-meta-server.log", baseline_python=args.baseline_python)
@@ -1531,9 +1574,15 @@ def main(argv: list[str] | None = None) -> int:
             "seed_scaffold": seed_identity(seed_changes(args)),
             "selection_note": "promotion is decided on the promotion tasks' evaluations; the measured held-out "
             "tasks are in no pack of the daemon's and decide nothing",
+            "resume": {"root": str(root), "argv": argv, "resumed": earlier.get("resume", {}).get("resumed", 0)},
         }
+        if earlier:
+            report["resume"]["resumed"] += 1
+            log(f"resuming: {len(earlier.get('generations', []))} generations measured before")
         baseline = args.baseline and baseline_of(args.baseline, args, held, trained, promote)
-        if baseline:
+        if "direct" in earlier:
+            report["direct"] = earlier["direct"]
+        elif baseline:
             log(f"the model alone and generation 0 from {args.baseline}")
             report["direct"] = baseline["direct"]
         elif args.direct_from:
@@ -1542,31 +1591,53 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log(f"direct completions of the {len(held)} held-out problems")
             at_once = server.slots if server.server is not None else 1  # llama-server's slots, else one at a time
+            shutil.rmtree(root / "direct", ignore_errors=True)  # what a stopped run left half done
             report["direct"] = direct_reference(daemon.env, root, held, problems, at_once)
         report["direct"] |= kinds(report["direct"]["per_task"], {})
         log(f"direct: {report['direct']['successes']}/{report['direct']['total']}")
+        if "aa" in earlier:
+            report["aa"] = earlier["aa"]
+        save(out, report, earlier.get("generations", []))
         try:
             daemon.start(timeout_s=300.0)
         except AssertionError as exc:
             log(str(exc))
             return 2
         db = daemon.data_dir / "evolver.db"
-        generations = []
+        generations: list = list(earlier.get("generations", []))
+
+        def measure_aa(http) -> None:
+            """The seed again on the same tasks, once generation 0 is measured: the noise floor (``--aa``)."""
+            if not args.aa or "aa" in report or not generations:
+                return
+            save(out, report, generations)
+            first = generations[0]["per_task"]
+            log("A/A: the seed again on the held-out tasks")
+            again = measure(http, db, held, args, "aa")
+            report["aa"] = {
+                "held_out": {k: again[k] for k in ("successes", "total", "rate", "ci95")},
+                "paired_again_minus_first": paired(again["per_task"], first),
+                **kinds(again["per_task"], {"paired_again_minus_first": first}),
+                "per_task": again["per_task"],
+            }
+            log(f"A/A: {again['successes']}/{again['total']} against {sum(first.values())}")
+
         with daemon.client(timeout_s=600.0) as http:
-            if baseline:
+            measure_aa(http)  # where a run stopped during its A/A, it goes on there
+            if baseline and not generations:
                 seed = baseline["generation_0"]
                 pairs = {"paired_vs_seed": seed["per_task"], "paired_vs_direct": report["direct"]["per_task"]}
                 generations.append(seed | kinds(seed["per_task"], pairs, seed.get("measurement", {}).get("work")))
-            for g in range(1 if baseline else 0, args.generations + 1):
+            for g in range(len(generations), args.generations + 1):
                 began_at, began = time.time(), time.perf_counter()
                 row: dict = {"generation": g}
                 if g:
                     log(f"generation {g}: learning from {len(trained)} training tasks")
-                    row["learning"] = learn(http, trained, args)
+                    row["learning"] = learn(http, trained, args, f"g{g}-train")
                     row["learning"]["wall_s"] = round(time.perf_counter() - began, 1)
                     row["learning"] |= ledger(db, began_at, time.time())
                 log(f"generation {g}: the incumbent on the {len(held)} held-out tasks")
-                measured = measure(http, db, held, args)
+                measured = measure(http, db, held, args, f"g{g}")
                 row["held_out"] = {k: measured[k] for k in ("successes", "total", "rate", "ci95")}
                 row["paired_vs_seed"] = paired(
                     measured["per_task"], generations[0]["per_task"] if g else measured["per_task"]
@@ -1595,20 +1666,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"generation {g}: {measured['successes']}/{measured['total']} held-out, "
                     f"incumbent {row['learned']['incumbent']['node']}"
                 )
-                if g == 0 and args.aa:  # the same seed again, on the same tasks: the noise floor
-                    log("A/A: the seed again on the held-out tasks")
-                    again = measure(http, db, held, args)
-                    report["aa"] = {
-                        "held_out": {k: again[k] for k in ("successes", "total", "rate", "ci95")},
-                        "paired_again_minus_first": paired(again["per_task"], measured["per_task"]),
-                        **kinds(again["per_task"], {"paired_again_minus_first": measured["per_task"]}),
-                        "per_task": again["per_task"],
-                    }
-                    log(f"A/A: {again['successes']}/{again['total']} against {measured['successes']}")
-                # what a run stopped later still leaves: the generations measured so far
-                partial = report | {"generations": generations, "finished": False}
-                (out / "learning_curve.json").write_text(json.dumps(partial, indent=2) + "\n", encoding="utf-8")
+                if g == 0:
+                    measure_aa(http)
+                report["wall_s_before_resume"] = round(time.perf_counter() - started, 1)
+                save(out, report, generations)
         report["generations"], report["finished"] = generations, True
+        report.pop("wall_s_before_resume", None)
+        finished = True
         report["wall_s"] = round(time.perf_counter() - started, 1)
         write_report(out, report)
         log(f"wrote {report['json']} and {report['plot']} in {report['wall_s']:.0f} s")
@@ -1624,7 +1688,9 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
         if meta_server is not None:
             meta_server.stop()
-        if args.keep:
+        if not finished and (out / "learning_curve.json").exists():
+            log(f"stopped before the end; kept {root}: go on with python benchmarks/learning_curve.py --resume {out}")
+        elif args.keep:
             log(f"kept {root}")
         else:
             remove_root(root)

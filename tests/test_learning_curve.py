@@ -585,3 +585,61 @@ def test_the_learners_asked_are_the_jobs_a_generation_runs_and_without_examples_
     assert curve.parse(["--quick"]).learners == curve.LEARNERS
     with pytest.raises(SystemExit):
         curve.parse(["--quick", "--learners", "examples,magic"])
+
+
+def test_a_run_stopped_in_its_aa_goes_on_with_resume_where_it_stopped(tmp_path):
+    """SIGTERM during the A/A leaves the report so far and the daemon's root (kept whatever the run's --keep says,
+    which here keeps it at the end too, for the store to be read); --resume DIR goes on from there:
+    the model alone and generation 0 are not measured again, the A/A's tasks are the ones it had submitted
+    (each phase's submits are idempotent), and the run ends as a whole run would."""
+    import signal
+
+    from evolver.testing.daemon import remove_root, wait_for
+
+    out, script = tmp_path / "out", str(REPO / "benchmarks" / "learning_curve.py")
+    stderr = tmp_path / "first.log"
+    with open(stderr, "w") as log:
+        first = subprocess.Popen(
+            [sys.executable, script, "--quick", "--aa", "--keep", "--out", str(out)], cwd=str(REPO),
+            stdout=subprocess.DEVNULL, stderr=log, text=True,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: "A/A: the seed again" in stderr.read_text(), timeout_s=240, what="the A/A to start")
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(timeout=120) != 0
+        finally:
+            if first.poll() is None:
+                first.kill()
+    said = stderr.read_text()
+    assert f"--resume {out}" in said, said[-2000:]
+    before = json.loads((out / "learning_curve.json").read_text())
+    assert before["finished"] is False and [g["generation"] for g in before["generations"]] == [0]
+    root = Path(before["resume"]["root"])
+    assert root.is_dir()
+    try:
+        refused = subprocess.run(
+            [sys.executable, script, "--resume", str(out), "--keep"], cwd=str(REPO), capture_output=True, text=True
+        )
+        assert refused.returncode != 0 and "no other option" in refused.stderr
+        again = subprocess.run(
+            [sys.executable, script, "--resume", str(out)], cwd=str(REPO), capture_output=True, text=True, timeout=300
+        )
+        assert again.returncode == 0, again.stderr[-3000:]
+        report = json.loads(again.stdout)
+        assert report["finished"] is True and report["resume"]["resumed"] == 1
+        assert report["direct"] == before["direct"]  # not asked again
+        assert report["generations"][0] == before["generations"][0]  # nor measured again
+        assert [g["generation"] for g in report["generations"]] == [0, 1] and set(report["aa"]["per_task"]) == set(
+            report["tasks"]["held_out"]
+        )
+        # Each measured task was submitted once per phase (the seed, the A/A, generation 1), the stopped A/A's
+        # tasks taken up again rather than submitted twice.
+        with sqlite3.connect(f"file:{root / 'data' / 'evolver.db'}?mode=ro", uri=True) as db:
+            rows = db.execute(
+                "SELECT json_extract(metadata, '$.pack_task') FROM tasks WHERE source = 'bench'"
+            ).fetchall()
+        held = report["tasks"]["held_out"]
+        assert sorted(r[0] for r in rows if r[0] in held) == sorted(held * 3)
+        assert f"kept {root}" in again.stderr  # as the run was started: with --keep
+    finally:
+        remove_root(root)
