@@ -5,6 +5,7 @@
         [--held-out N] [--train N] [--basic N] [--promotion N] [--generations G] [--evaluations K]
         [--evolve-rounds R] [--learners examples,insights,tools,tree] [--slots S] [--workers W]
         [--max-steps N] [--max-attempts N] [--shard K/N] [--baseline JSON | --direct-from JSON] [--out DIR] [--keep]
+    python benchmarks/learning_curve.py --resume DIR
     python benchmarks/learning_curve.py --merge A.json B.json ... [--out DIR]
 
 The real product path: a daemon (``evolver up --foreground`` in a child process, as
@@ -88,6 +89,12 @@ its last attempt ended, and their means (``per_task_mean``, with how many answer
 last turn); tokens and model calls (from the daemon's ledger, by purpose, in the phase's time
 window), wall time; and what was learned so far: active insights, synthesized tools, the incumbent
 node with its diff and rationale, and the tree's nodes by status.
+
+A run stopped before its end (Ctrl-C, SIGTERM, a crash of this script) keeps its daemon's root and its report
+so far (``DIR/learning_curve.json``, rewritten after the model alone, before the A/A and after each
+generation); ``--resume DIR`` goes on as it was started: what was measured is not measured again, and the
+phase it stopped in submits its tasks again under the same Idempotency-Keys, so the daemon hands back the tasks
+it already has, ended or under way, and runs only the rest.
 
 A run too long for one sitting (the 1.5B model on 60 tasks) can be split: ``--shard K/N`` measures only
 the K-th of N interleaved parts of the held-out tasks (the same split, so the parts are disjoint and
