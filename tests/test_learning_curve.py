@@ -157,19 +157,26 @@ def test_the_parts_of_a_sharded_run_merge_into_one_paired_report():
         curve.merge([one, one])
 
 
-def test_a_baseline_is_taken_only_from_a_run_of_the_same_agent_on_the_same_tasks(tmp_path):
-    """--baseline reuses the model alone and generation 0 of an earlier report only when that run had this
-    run's split, models and seed limits; otherwise it names what differs."""
-    args = curve.parse(["--held-out", "4", "--train", "2", "--basic", "0", "--promotion", "1", "--max-steps", "6"])
-    held, trained, promote, _ = curve.split_tasks(args.seed, args.held_out, args.train, args.basic, args.promotion)
-    earlier = {
+def _report_of(args, held, trained, promote) -> dict:
+    """The settings, tasks and seed an earlier report of this run's arguments and split would record."""
+    return {
         "settings": {name: json.loads(json.dumps(getattr(args, name))) for name in curve.BASELINE_SAME},
         "tasks": {
             "held_out": [t.id for t in held],
             "train": [t.id for t in trained],
             "promotion": [t.id for t in promote],
         },
-        "seed_scaffold": curve.seed_identity({"max_steps": 6}),
+        "seed_scaffold": curve.seed_identity(curve.seed_changes(args)),
+    }
+
+
+def test_a_baseline_is_taken_only_from_a_run_of_the_same_agent_on_the_same_tasks(tmp_path):
+    """--baseline reuses the model alone and generation 0 of an earlier report only when that run had this
+    run's split, models and seed limits; otherwise it names what differs."""
+    args = curve.parse(["--held-out", "4", "--train", "2", "--basic", "0", "--promotion", "1", "--max-steps", "6"])
+    held, trained, promote, _ = curve.split_tasks(args.seed, args.held_out, args.train, args.basic, args.promotion)
+    earlier = {
+        **_report_of(args, held, trained, promote),
         "direct": {"per_task": dict.fromkeys((t.id for t in held), True)},
         "generations": [{"generation": 0, "per_task": dict.fromkeys((t.id for t in held), False)}],
     }
@@ -531,13 +538,7 @@ def test_a_baseline_on_a_pack_is_taken_only_from_a_run_of_the_same_pack_and_held
     held, trained, promote, problems, split = curve.tasks_of(args)
     assert problems == {} and split.held_out_families == []
     earlier = {
-        "settings": {name: json.loads(json.dumps(getattr(args, name))) for name in curve.BASELINE_SAME},
-        "tasks": {
-            "held_out": [t.id for t in held],
-            "train": [t.id for t in trained],
-            "promotion": [t.id for t in promote],
-        },
-        "seed_scaffold": curve.seed_identity({}),
+        **_report_of(args, held, trained, promote),
         "direct": {"per_task": dict.fromkeys((t.id for t in held), True)},
         "generations": [{"generation": 0, "per_task": dict.fromkeys((t.id for t in held), False)}],
     }
