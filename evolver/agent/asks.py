@@ -195,6 +195,6 @@ def answer_form(prompt: str) -> AnswerForm | None:
         text,
     ):
         return AnswerForm("number", "the number only")
-    if re.search(r"just the word|the word only|\bone word\b|which word|what word|most (?:frequent|common) word", text):
+    if re.search(r"just the word|the word only|which word|what word|most (?:frequent|common) word", text):
         return AnswerForm("word", "the word only")
     return None
