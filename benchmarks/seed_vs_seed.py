@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from learning_curve import LocalServer, alone_prompt, log, paired, rate  # noqa: E402
+from learning_curve import LocalServer, alone_prompt, direct_work, log, paired, rate  # noqa: E402
 
 
 def seeds(max_steps: int | None, max_attempts: int | None, changed: dict | None = None) -> dict:
@@ -97,13 +97,9 @@ def alone(engine, tasks) -> dict:
     """The model alone: one completion per task, its reply the answer and its code the deliverable."""
     import os
 
-    from evolver.agent.delivery import draft_code
-    from evolver.agent.loop import task_deliverable
     from evolver.engine import sandbox_limits
-    from evolver.judge.checks import parse_check
     from evolver.judge.verify import verify
     from evolver.llm.client import ModelError
-    from sandbox import write_text
 
     per_task, work = {}, {}
     for pack_task in tasks:
@@ -115,8 +111,6 @@ def alone(engine, tasks) -> dict:
         workspace.mkdir(parents=True)
         os.chmod(workspace, 0o700)
         engine.sandbox.workspace_dir(workspace)
-        for path, text in pack_task.files.items():
-            write_text(workspace, path, text)
         try:
             reply = engine.model.complete(
                 [{"role": "user", "content": alone_prompt(pack_task)}], temperature=0.0, purpose="evaluate"
@@ -125,12 +119,11 @@ def alone(engine, tasks) -> dict:
             per_task[pack_task.id] = False
             work[pack_task.id] = {"turns": 1, "tokens": 0, "wall_s": 0.0, "ended": f"model error: {exc}"[:200]}
             continue
-        deliverable = task_deliverable(task)
-        if deliverable is not None:
-            write_text(workspace, deliverable.file, draft_code(reply.content, None, deliverable.functions))
+        # its files, then its code where its words ask for a file: as the learning curve judges the model alone
+        answer = direct_work(workspace, pack_task, reply.content, {})
         verdict = verify(
-            parse_check(task.check),
-            answer=reply.content.strip(),
+            pack_task.check,
+            answer=answer,
             sandbox=engine.sandbox,
             workspace=workspace,
             limits=sandbox_limits(engine.config),
